@@ -1,0 +1,513 @@
+"""Capture one training step (forward, loss, backward, optimizer step) as a torch.fx graph.
+
+The step runs on fake tensors (``FakeTensorMode``): shapes, dtypes and
+aliasing are exact, but no weight or activation is ever allocated, so a 70B
+model is captured on a laptop.  A ``TorchDispatchMode`` records every aten op
+that reaches the kernels, forward and backward alike, as a ``call_function``
+node of an ``fx.Graph`` in execution order.  This works for any module,
+including those ``torch.fx.symbolic_trace`` cannot trace (HF transformers),
+because it records what runs rather than reading Python source.
+
+Each node carries, in ``node.meta``:
+
+* ``val``: the fake output (tensor, or tuple/list of them),
+* ``spec``: :class:`~estimator.rules.registry.TensorSpec` of each tensor output,
+* ``storage``: the storage key of each tensor output (views share their base's key),
+* ``module``: the module path that produced it (backward ops inherit the path of the
+  forward op whose autograd node runs them, matched by autograd sequence number),
+* ``phase``: ``forward``, ``loss``, ``backward`` or ``optimizer``.
+
+Data-dependent Python control flow (``if x.sum() > 0:``) cannot run on fake
+tensors; the step is then captured again on small real CPU tensors when the
+model fits in memory, else a :class:`UserError` names the module and op.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import operator
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+)
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .errors import UnsupportedModelError, UserError
+from .optim import build_optimizer
+from .rules.registry import TensorSpec
+
+log = logging.getLogger(__name__)
+aten = torch.ops.aten
+
+PHASES = ("forward", "loss", "backward", "optimizer")
+LOSS_MODULE = "(loss)"
+INPUT_MODULE = "(input)"
+
+# Metadata queries: they return no tensor and do no work, so they are not graph nodes.
+_METADATA_QUERIES = frozenset(
+    {
+        torch.ops.prim.device.default,
+        torch.ops.prim.layout.default,
+        aten.sym_size.int,
+        aten.sym_stride.int,
+        aten.sym_numel.default,
+        aten.sym_storage_offset.default,
+        aten.is_contiguous.default,
+        aten.is_contiguous.memory_format,
+        aten.is_strides_like_format.default,
+        aten.is_non_overlapping_and_dense.default,
+        aten.dim.default,
+        aten.size.default,
+        aten.stride.default,
+    }
+)
+_DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """Identity of a tensor's storage: views of one base share it."""
+    return t.untyped_storage()._cdata
+
+
+def tensor_spec(t: torch.Tensor) -> TensorSpec:
+    return TensorSpec(tuple(t.shape), t.dtype)
+
+
+@dataclass
+class Capture:
+    """A captured training step: the fx graph plus what the tallies need."""
+
+    graph: fx.Graph
+    mode: str  # "fake" or "real"
+    loss_source: str
+    module_types: dict[str, str]  # module path -> class name
+    module_outputs: dict[str, list[tuple[int, ...]]]  # module path -> output shapes (first call)
+    params: dict[str, torch.Tensor]  # name -> the traced (fake) parameter, deduplicated
+    param_owner: dict[str, str]  # param/buffer name -> owning module path
+    buffers: dict[str, torch.Tensor]
+    inputs: list[torch.Tensor]  # flat list of traced input tensors
+    saved: dict[int, tuple[int, str]]  # storage key -> (nbytes, module) held by autograd after forward
+    grads: dict[str, torch.Tensor]  # param name -> traced gradient
+    optimizer_state: dict[str, dict[str, torch.Tensor]]  # param name -> state tensors
+    optimizer_name: str | None
+    fallback_reason: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class _Recorder(TorchDispatchMode):
+    """Records each dispatched aten op as an fx node, with its module and phase."""
+
+    def __init__(self, graph: fx.Graph, fake: bool):
+        super().__init__()
+        self.graph = graph
+        self.fake = fake
+        self.nodes: dict[int, fx.Node] = {}  # id(tensor) -> node that produced it
+        self.keepalive: list[torch.Tensor] = []  # constants seen as inputs (ids must stay unique)
+        self.phase = "forward"
+        self.module_stack: list[str] = []
+        self.seq_module: dict[int, tuple[str, fx.Node]] = {}  # autograd seq nr -> (module, forward node)
+        self.accumulate_owner: Callable[[Any], str] = lambda fn: ""
+        self._anchor: fx.Node | None = None  # last placeholder
+        self.current_op: Any = None
+
+    # -- placeholders -------------------------------------------------------
+    def placeholder(self, name: str, t: torch.Tensor, kind: str, module: str = "") -> fx.Node:
+        if self._anchor is None:
+            node = self.graph.placeholder(name)
+        else:
+            with self.graph.inserting_after(self._anchor):
+                node = self.graph.placeholder(name)
+        self._anchor = node
+        node.meta.update(
+            val=t, spec=(tensor_spec(t),), storage=(storage_key(t),), module=module, phase=kind,
+            kind=kind,
+        )
+        self.nodes[id(t)] = node
+        return node
+
+    def _node_of(self, t: torch.Tensor) -> fx.Node:
+        node = self.nodes.get(id(t))
+        if node is None:  # a tensor created outside the trace (a plain attribute constant)
+            self.keepalive.append(t)
+            node = self.placeholder(f"constant_{len(self.keepalive)}", t, "constant", self._where()[0])
+        return node
+
+    # -- attribution --------------------------------------------------------
+    def _where(self) -> tuple[str, fx.Node | None]:
+        """(module path, forward node) of the op being dispatched now."""
+        if self.phase in ("forward", "loss"):
+            return (self.module_stack[-1] if self.module_stack else LOSS_MODULE), None
+        if self.phase == "backward":
+            fn = torch._C._current_autograd_node()
+            if self.module_stack:  # recomputation inside backward (activation checkpointing)
+                return self.module_stack[-1], None
+            if fn is None:
+                return LOSS_MODULE, None
+            hit = self.seq_module.get(fn._sequence_nr())
+            if hit is not None:
+                return hit
+            return self.accumulate_owner(fn), None
+        return "", None
+
+    # -- the hook -----------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _METADATA_QUERIES:
+            return func(*args, **kwargs)
+        if func is aten._local_scalar_dense.default and self.fake and self.phase == "optimizer":
+            # Optimizers read scalar step counts (``step.item()``); any value gives the same shapes.
+            return 1.0
+        self.current_op = func
+        out = func(*args, **kwargs)
+        module, fwd_node = self._where()
+        node_args, node_kwargs = pytree.tree_map_only(torch.Tensor, self._node_of, (args, kwargs))
+        node = self.graph.create_node("call_function", func, node_args, node_kwargs)
+        flat_out = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+        node.meta.update(
+            val=out,
+            spec=tuple(tensor_spec(o) for o in flat_out),
+            storage=tuple(storage_key(o) for o in flat_out),
+            module=module,
+            phase=self.phase,
+        )
+        if fwd_node is not None:
+            node.meta["forward_node"] = fwd_node
+        if self.phase in ("forward", "loss"):
+            # The autograd node created for this op (if any) has the latest sequence number.
+            self.seq_module[torch.autograd._get_sequence_nr() - 1] = (module, node)
+        if isinstance(out, torch.Tensor):
+            self.nodes[id(out)] = node
+        else:
+            for i, o in enumerate(flat_out):
+                item = self.graph.create_node("call_function", operator.getitem, (node, i))
+                item.meta.update(val=o, spec=(tensor_spec(o),), storage=(storage_key(o),),
+                                 module=module, phase=self.phase)
+                self.nodes[id(o)] = item
+        return out
+
+
+# -- loss ---------------------------------------------------------------------
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """The default loss: the sum of the means of every floating-point output tensor."""
+    terms = [
+        t.mean()
+        for t in pytree.tree_leaves(output)
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad
+    ]
+    if not terms:
+        raise UserError(
+            "the model's output has no floating-point tensor that requires grad: "
+            "nothing to train; pass loss_fn= or check that parameters require grad"
+        )
+    loss = terms[0]
+    for t in terms[1:]:
+        loss = loss + t
+    return loss
+
+
+def select_loss(output: Any, loss_fn: Callable[[Any], torch.Tensor] | None) -> tuple[torch.Tensor, str]:
+    """Pick the loss of one step, and say which rule picked it.
+
+    In order: ``loss_fn(output)`` when given; the output itself when it is a
+    scalar tensor; ``output.loss`` (HF style) or ``output["loss"]``; else
+    :func:`default_loss`.
+    """
+    if loss_fn is not None:
+        return loss_fn(output), "loss_fn(output)"
+    if isinstance(output, torch.Tensor) and output.numel() == 1:
+        return output.reshape(()) if output.ndim else output, "model output (scalar)"
+    loss = getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss, "output.loss"
+    if isinstance(output, Mapping) and isinstance(output.get("loss"), torch.Tensor):
+        return output["loss"], 'output["loss"]'
+    return default_loss(output), "default: sum of the means of the floating-point outputs"
+
+
+# -- inputs -------------------------------------------------------------------
+
+
+def split_inputs(inputs: Any) -> tuple[tuple, dict]:
+    """A tensor -> (t,); a tuple/list -> positional args; a dict -> keyword args."""
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,), {}
+    if isinstance(inputs, Mapping):
+        return (), dict(inputs)
+    if isinstance(inputs, (tuple, list)):
+        return tuple(inputs), {}
+    raise UserError(
+        f"inputs must be a tensor, a tuple of positional arguments or a dict of keyword "
+        f"arguments, not {type(inputs).__name__}"
+    )
+
+
+def _materialize(t: torch.Tensor) -> torch.Tensor:
+    """A real CPU tensor like ``t``: ``t`` itself if real, else random floats / zero integers."""
+    if t.device.type != "meta" and not isinstance(t, torch._subclasses.FakeTensor):
+        return t
+    with torch.no_grad():
+        if t.is_floating_point() or t.is_complex():
+            out = torch.randn(t.shape, dtype=t.dtype)
+        else:
+            out = torch.zeros(t.shape, dtype=t.dtype)
+    return out.requires_grad_(t.requires_grad)
+
+
+# -- the capture --------------------------------------------------------------
+
+
+def _real_param_copy(model: torch.nn.Module, name: str, t: torch.Tensor, is_param: bool) -> torch.Tensor:
+    """A private real CPU copy of a parameter or buffer (the user's tensors are never touched)."""
+    with torch.no_grad():
+        if t.device.type == "meta" or isinstance(t, torch._subclasses.FakeTensor):
+            if t.is_floating_point():
+                out = torch.randn(t.shape, dtype=t.dtype) * 0.02 if is_param else torch.ones(t.shape, dtype=t.dtype)
+            else:
+                out = torch.zeros(t.shape, dtype=t.dtype)
+        else:
+            out = t.detach().to("cpu", copy=True)
+    return out.requires_grad_(is_param and t.requires_grad)
+
+
+def _model_bytes(model: torch.nn.Module) -> int:
+    seen: set[int] = set()
+    total = 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _available_ram() -> int:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 4 << 30
+
+
+def capture(
+    model: torch.nn.Module,
+    inputs: Any,
+    *,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    optimizer: Any = "adamw",
+    optimizer_kwargs: Mapping[str, Any] | None = None,
+    foreach: bool | None = None,
+    mode: str = "auto",
+) -> Capture:
+    """Capture one training step of ``model`` on ``inputs``.
+
+    ``mode``: ``"fake"`` (never allocate), ``"real"`` (small real CPU tensors),
+    or ``"auto"`` (fake, falling back to real on data-dependent control flow
+    when the model fits in memory).
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise UserError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    args, kwargs = split_inputs(inputs)
+    if mode in ("auto", "fake"):
+        try:
+            return _capture(model, args, kwargs, loss_fn, optimizer, optimizer_kwargs, foreach, fake=True)
+        except _DataDependent as exc:
+            need = 3 * _model_bytes(model)
+            if mode == "fake" or need > _available_ram() // 2:
+                raise UnsupportedModelError(
+                    f"{exc}: data-dependent control flow cannot be traced on fake tensors and the model "
+                    f"is too large to trace on real ones; make the branch shape-only or pass smaller shapes"
+                ) from exc.__cause__
+            log.info("%s; capturing again on real CPU tensors", exc)
+            cap = _capture(model, args, kwargs, loss_fn, optimizer, optimizer_kwargs, foreach, fake=False)
+            cap.fallback_reason = str(exc)
+            return cap
+    if mode == "real":
+        return _capture(model, args, kwargs, loss_fn, optimizer, optimizer_kwargs, foreach, fake=False)
+    raise ValueError(f"mode must be 'auto', 'fake' or 'real', not {mode!r}")
+
+
+class _DataDependent(Exception):
+    """Raised internally when the step reads tensor values on fake tensors."""
+
+
+def _capture(model, args, kwargs, loss_fn, optimizer, optimizer_kwargs, foreach, *, fake: bool) -> Capture:
+    graph = fx.Graph()
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
+    rec = _Recorder(graph, fake)
+
+    module_paths: dict[int, str] = {}
+    module_types: dict[str, str] = {}
+    for path, mod in model.named_modules(remove_duplicate=True):
+        module_paths[id(mod)] = path
+        module_types[path] = type(mod).__name__
+
+    named_params = dict(model.named_parameters())  # tied weights appear once
+    named_buffers = dict(model.named_buffers())
+    param_owner = {n: n.rpartition(".")[0] for n in list(named_params) + list(named_buffers)}
+
+    def to_traced(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+        if fake:
+            with fake_mode:
+                out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+            return out.requires_grad_(requires_grad)
+        return _materialize(t)
+
+    if fake:
+        params = {n: to_traced(p, p.requires_grad) for n, p in named_params.items()}
+        buffers = {n: to_traced(b, False) for n, b in named_buffers.items()}
+    else:
+        params = {n: _real_param_copy(model, n, p, True) for n, p in named_params.items()}
+        buffers = {n: _real_param_copy(model, n, b, False) for n, b in named_buffers.items()}
+
+    def input_to_traced(t: torch.Tensor) -> torch.Tensor:
+        return to_traced(t, t.requires_grad) if fake else _materialize(t).detach().requires_grad_(t.requires_grad)
+
+    t_args, t_kwargs = pytree.tree_map_only(torch.Tensor, input_to_traced, (args, kwargs))
+    flat_inputs = [t for t in pytree.tree_leaves((t_args, t_kwargs)) if isinstance(t, torch.Tensor)]
+
+    for n, p in params.items():
+        rec.placeholder(f"param_{n}", p, "parameter", param_owner[n])
+    for n, b in buffers.items():
+        rec.placeholder(f"buffer_{n}", b, "buffer", param_owner[n])
+    for i, t in enumerate(flat_inputs):
+        rec.placeholder(f"input_{i}", t, "input", INPUT_MODULE)
+
+    param_by_id = {id(p): n for n, p in params.items()}
+
+    def accumulate_owner(fn: Any) -> str:
+        var = getattr(fn, "variable", None)  # AccumulateGrad holds its leaf
+        name = param_by_id.get(id(var)) if var is not None else None
+        return param_owner.get(name, "") if name is not None else ""
+
+    rec.accumulate_owner = accumulate_owner
+
+    # Module attribution: forward hooks push and pop the module path.
+    module_outputs: dict[str, list[tuple[int, ...]]] = {}
+    handles = []
+
+    def pre_hook(mod, _args):
+        rec.module_stack.append(module_paths.get(id(mod), type(mod).__name__))
+
+    def post_hook(mod, _args, output):
+        path = rec.module_stack.pop() if rec.module_stack else ""
+        if path not in module_outputs and rec.phase in ("forward", "loss"):
+            module_outputs[path] = [tuple(t.shape) for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor)]
+
+    for mod in model.modules():
+        handles.append(mod.register_forward_pre_hook(pre_hook))
+        handles.append(mod.register_forward_hook(post_hook, always_call=True))
+
+    saved: dict[int, tuple[int, str]] = {}
+    param_storages = {storage_key(p) for p in params.values()}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if rec.phase in ("forward", "loss"):
+            key = storage_key(t)
+            if key not in saved and key not in param_storages:
+                saved[key] = (t.untyped_storage().nbytes(), rec._where()[0] if rec.phase == "forward" else LOSS_MODULE)
+        return t
+
+    was_training = model.training
+    model.train()
+    loss_source = ""
+    opt_state: dict[str, dict[str, torch.Tensor]] = {}
+    optimizer_name = None
+    try:
+        ctx = [fake_mode] if fake else []
+        for c in ctx:
+            c.__enter__()
+        try:
+            with rec, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                rec.phase = "forward"
+                output = _run_forward(model, params, buffers, t_args, t_kwargs, rec)
+                rec.phase = "loss"
+                loss, loss_source = select_loss(output, loss_fn)
+                if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                    raise UserError("the loss must be a scalar tensor; check loss_fn")
+                if not loss.requires_grad:
+                    raise UserError("the loss does not require grad: no parameter is trainable or the "
+                                    "output is detached; check requires_grad and loss_fn")
+            with rec:
+                rec.phase = "backward"
+                _guard(rec, lambda: loss.backward())
+                rec.phase = "optimizer"
+                opt, optimizer_name = build_optimizer(optimizer, params, named_params, optimizer_kwargs, foreach)
+                if opt is not None:
+                    _guard(rec, opt.step)
+                    for n, p in params.items():
+                        st = opt.state.get(p)
+                        if st:
+                            opt_state[n] = {k: v for k, v in st.items() if isinstance(v, torch.Tensor)}
+        finally:
+            for c in reversed(ctx):
+                c.__exit__(None, None, None)
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+
+    out_nodes = [rec.nodes[id(t)] for t in [loss] if id(t) in rec.nodes]
+    graph.output(tuple(out_nodes))
+    grads = {n: p.grad for n, p in params.items() if p.grad is not None}
+    return Capture(
+        graph=graph,
+        mode="fake" if fake else "real",
+        loss_source=loss_source,
+        module_types=module_types,
+        module_outputs=module_outputs,
+        params=params,
+        param_owner=param_owner,
+        buffers=buffers,
+        inputs=flat_inputs,
+        saved=saved,
+        grads=grads,
+        optimizer_state=opt_state,
+        optimizer_name=optimizer_name,
+    )
+
+
+def _guard(rec: _Recorder, fn: Callable[[], Any]) -> Any:
+    """Run ``fn``; turn data-dependent failures into :class:`_DataDependent`, others into one-line user errors."""
+    try:
+        return fn()
+    except UserError:
+        raise
+    except _DATA_DEPENDENT as exc:
+        where = rec.module_stack[-1] if rec.module_stack else rec._where()[0]
+        raise _DataDependent(f"module '{where or type(exc).__name__}' reads tensor values in "
+                             f"{rec.current_op} ({rec.phase})") from exc
+    except Exception as exc:
+        if _caused_by_data_dependence(exc):
+            where = rec.module_stack[-1] if rec.module_stack else ""
+            raise _DataDependent(f"module '{where}' reads tensor values in {rec.current_op} ({rec.phase})") from exc
+        where = rec.module_stack[-1] if rec.module_stack else ""
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UserError(
+            f"the {rec.phase} pass failed{f' in module {where!r}' if where else ''}: "
+            f"{type(exc).__name__}: {first}; check the input shapes and dtypes"
+        ) from exc
+
+
+def _caused_by_data_dependence(exc: BaseException) -> bool:
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, _DATA_DEPENDENT):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
+def _run_forward(model, params, buffers, args, kwargs, rec):
+    from torch.func import functional_call
+
+    return _guard(rec, lambda: functional_call(model, {**params, **buffers}, args, kwargs, strict=False))

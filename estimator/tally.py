@@ -1,0 +1,206 @@
+"""Apply the rule registry to every node of a captured step and add the costs up.
+
+Per node: FLOPs and their kind (matmul-class, other, zero) stored as
+``node.meta["cost"]``.  Per module and in total: parameters, buffers,
+gradients, optimizer state, saved activations, forward/backward FLOPs by
+dtype.  Ops with no rule are collected as ``unsupported`` (op, count, module)
+and never counted as zero silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from . import rules as _rules  # noqa: F401  (registers the built-in rules)
+from .capture import INPUT_MODULE, LOSS_MODULE, Capture, storage_key
+from .rules.registry import MATMUL, OTHER, ZERO, OpCall, TensorSpec, bind, lookup
+
+log = logging.getLogger(__name__)
+
+FORWARD_PHASES = ("forward", "loss")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCost:
+    """The cost of one node: FLOPs, their kind and the dtype they run in."""
+
+    flops: int
+    kind: str  # MATMUL, OTHER, ZERO, or "unsupported"
+    dtype: str | None
+
+
+@dataclass
+class ModuleTally:
+    path: str
+    type: str
+    params: int = 0
+    trainable: int = 0
+    param_bytes: int = 0
+    saved_bytes: int = 0
+    flops_forward: int = 0
+    flops_backward: int = 0
+    matmul_forward: int = 0
+    matmul_backward: int = 0
+
+
+@dataclass
+class Tally:
+    params_total: int
+    params_trainable: int
+    parameters_bytes: int
+    buffers_bytes: int
+    gradients_bytes: int
+    optimizer_state_bytes: int
+    activations_bytes: int
+    inputs_bytes: int
+    flops: dict[str, int]  # forward, backward, optimizer, matmul_forward, matmul_backward
+    flops_by_dtype: dict[str, int]  # forward + backward
+    modules: dict[str, ModuleTally]  # every module path (and (loss), (input)) -> its own costs
+    unsupported: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _spec_of(node: fx.Node) -> TensorSpec | None:
+    specs = node.meta.get("spec") or ()
+    return specs[0] if len(specs) == 1 else None
+
+
+def _to_specs(value: Any) -> Any:
+    if isinstance(value, fx.Node):
+        return _spec_of(value)
+    if isinstance(value, (list, tuple)):
+        return tuple(_to_specs(v) for v in value)
+    return value
+
+
+def op_call(node: fx.Node) -> OpCall:
+    """The :class:`OpCall` a rule sees for ``node``: arguments bound by name, tensors as specs."""
+    args = tuple(_to_specs(a) for a in node.args)
+    kwargs = {k: _to_specs(v) for k, v in node.kwargs.items()}
+    return OpCall(node.target, bind(node.target, args, kwargs), tuple(node.meta.get("spec") or ()))
+
+
+def _compute_dtype(call: OpCall) -> str | None:
+    """The dtype an op computes in: its first floating-point tensor input, else its output."""
+    for v in call.args.values():
+        if isinstance(v, TensorSpec) and v.dtype.is_floating_point:
+            return str(v.dtype).removeprefix("torch.")
+    for o in call.outputs:
+        if o is not None:
+            return str(o.dtype).removeprefix("torch.")
+    return None
+
+
+def node_cost(node: fx.Node) -> NodeCost | None:
+    """Cost of one call_function node; None for bookkeeping nodes (getitem)."""
+    target = node.target
+    if node.op != "call_function" or target is operator.getitem:
+        return None
+    rule = lookup(target)
+    if rule is None:
+        return NodeCost(0, "unsupported", None)
+    if rule.kind == ZERO:
+        return NodeCost(0, ZERO, None)
+    call = op_call(node)
+    try:
+        flops = int(rule.fn(call))
+    except Exception as exc:  # a rule that cannot handle these arguments is a bug: say where
+        raise RuntimeError(f"rule for {target} failed on {node.format_node()}: {exc}") from exc
+    return NodeCost(flops, rule.kind, _compute_dtype(call))
+
+
+def _storage_bytes(tensors: Any) -> int:
+    """Bytes of the distinct storages behind ``tensors``."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        seen.setdefault(storage_key(t), t.untyped_storage().nbytes())
+    return sum(seen.values())
+
+
+def tally(cap: Capture) -> Tally:
+    modules: dict[str, ModuleTally] = {}
+
+    def mod(path: str) -> ModuleTally:
+        m = modules.get(path)
+        if m is None:
+            m = modules[path] = ModuleTally(path, cap.module_types.get(path, path))
+        return m
+
+    for path in cap.module_types:
+        mod(path)
+
+    # Parameters: each distinct tensor once, to the module that owns it (first name of a tied weight).
+    for name, p in cap.params.items():
+        m = mod(cap.param_owner[name])
+        m.params += p.numel()
+        m.param_bytes += p.numel() * p.element_size()
+        if p.requires_grad:
+            m.trainable += p.numel()
+
+    flops = Counter()
+    by_dtype: Counter[str] = Counter()
+    unsupported: Counter[tuple[str, str]] = Counter()
+    for node in cap.graph.nodes:
+        cost = node_cost(node)
+        if cost is None:
+            continue
+        node.meta["cost"] = cost
+        phase = node.meta["phase"]
+        module = node.meta["module"]
+        if cost.kind == "unsupported":
+            unsupported[(str(node.target.overloadpacket if hasattr(node.target, "overloadpacket") else node.target), module)] += 1
+            continue
+        if not cost.flops:
+            continue
+        if phase in FORWARD_PHASES:
+            flops["forward"] += cost.flops
+            mod(module).flops_forward += cost.flops
+            if cost.kind == MATMUL:
+                flops["matmul_forward"] += cost.flops
+                mod(module).matmul_forward += cost.flops
+        elif phase == "backward":
+            flops["backward"] += cost.flops
+            mod(module).flops_backward += cost.flops
+            if cost.kind == MATMUL:
+                flops["matmul_backward"] += cost.flops
+                mod(module).matmul_backward += cost.flops
+        else:
+            flops[phase] += cost.flops
+            continue
+        if cost.dtype is not None:
+            by_dtype[cost.dtype] += cost.flops
+
+    input_storages = {storage_key(t) for t in cap.inputs}
+    for key, (nbytes, module) in cap.saved.items():
+        mod(INPUT_MODULE if key in input_storages else module).saved_bytes += nbytes
+
+    unsupported_rows = [
+        {"op": op, "count": n, "module": module} for (op, module), n in sorted(unsupported.items())
+    ]
+    if unsupported_rows:
+        names = sorted({r["op"] for r in unsupported_rows})
+        log.warning("%d op(s) have no cost rule and are listed as unsupported: %s", len(names), ", ".join(names))
+
+    params = list(cap.params.values())
+    trainable = [p for p in params if p.requires_grad]
+    state = [t for st in cap.optimizer_state.values() for t in st.values()]
+    return Tally(
+        params_total=sum(p.numel() for p in params),
+        params_trainable=sum(p.numel() for p in trainable),
+        parameters_bytes=_storage_bytes(params),
+        buffers_bytes=_storage_bytes(cap.buffers.values()),
+        gradients_bytes=sum(p.numel() * p.element_size() for p in trainable),
+        optimizer_state_bytes=_storage_bytes(state),
+        activations_bytes=sum(nbytes for nbytes, _ in cap.saved.values()),
+        inputs_bytes=_storage_bytes(cap.inputs),
+        flops={k: flops.get(k, 0) for k in ("forward", "backward", "optimizer", "matmul_forward", "matmul_backward")},
+        flops_by_dtype=dict(by_dtype),
+        modules=modules,
+        unsupported=unsupported_rows,
+    )
