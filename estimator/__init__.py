@@ -1,1 +1,15 @@
-"""estimator: what one training step of a PyTorch model costs, before you train."""
+"""estimator: what one training step of a PyTorch model costs, before you train.
+
+    >>> from estimator import estimate
+    >>> report = estimate(model, inputs, optimizer="adamw")
+    >>> print(report)
+    >>> report.to_dict()
+"""
+
+from .errors import UserError
+from .estimate import estimate
+from .report import Report
+from .rules import MATMUL, OTHER, ZERO, register, register_zero
+
+__all__ = ["estimate", "Report", "UserError", "register", "register_zero", "MATMUL", "OTHER", "ZERO"]
+__version__ = "0.1.0"

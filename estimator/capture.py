@@ -51,6 +51,7 @@ aten = torch.ops.aten
 PHASES = ("forward", "loss", "backward", "optimizer")
 LOSS_MODULE = "(loss)"
 INPUT_MODULE = "(input)"
+OPTIMIZER_MODULE = "(optimizer)"
 
 # Metadata queries: they return no tensor and do no work, so they are not graph nodes.
 _METADATA_QUERIES = frozenset(
@@ -156,7 +157,7 @@ class _Recorder(TorchDispatchMode):
             if hit is not None:
                 return hit
             return self.accumulate_owner(fn), None
-        return "", None
+        return OPTIMIZER_MODULE, None
 
     # -- the hook -----------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
