@@ -1,0 +1,126 @@
+"""Command line: ``estimator estimate SPEC ...``.
+
+User errors (a bad spec, shape, optimizer; a forward that fails on the given
+shapes; an untraceable model) print one line saying what to fix and exit 2,
+with no traceback unless ``--debug``; nothing is written unless the whole
+command succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+from typing import Sequence
+
+from .errors import UserError
+
+EPILOG_ESTIMATE = """examples:
+  estimator estimate examples/cruncher.py:build
+  estimator estimate examples/mlp.py:build --optimizer sgd:momentum=0.9 --format json
+  estimator estimate examples/vgg.py:model --input 8x3x64x64 --depth 1
+  estimator estimate examples/gpt.py:build --optimizer adam:amsgrad=true --format markdown
+  estimator estimate mypkg.models:make_model --input 8x1024:int64 --output report.json --format json
+"""
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", metavar="SPEC",
+                   help="path/to/file.py:callable or package.module:callable; the callable returns an "
+                        "nn.Module or a (module, inputs) pair (e.g. examples/gpt.py:build)")
+    p.add_argument("--input", action="append", metavar="SHAPE[:DTYPE]", default=[],
+                   help="an input tensor's shape, repeatable for several positional inputs "
+                        "(e.g. --input 8x3x224x224, --input 8x1024:int64); overrides inputs from SPEC")
+    p.add_argument("--optimizer", default="adamw", metavar="NAME[:k=v,...]",
+                   help="sgd, sgd-momentum, adam, adamw, adagrad, rmsprop, adamax, adadelta, nadam, radam or none, "
+                        "with options, e.g. sgd:momentum=0.9 or adam:amsgrad=true (default: adamw)")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                   help="target device whose kernels and optimizer defaults are modelled (default: cuda)")
+    p.add_argument("--debug", action="store_true", help="show the full traceback of errors")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="estimator",
+        description="Estimate what one training step of a PyTorch model costs before you train: "
+                    "parameters, gradients, optimizer state, saved activations, FLOPs, peak memory.",
+        epilog="run 'estimator estimate --help' for the options, e.g. "
+               "'estimator estimate examples/cruncher.py:build'",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    est = sub.add_parser("estimate", help="estimate one training step (e.g. estimator estimate examples/gpt.py:build)",
+                         description="Capture one training step (forward, loss, backward, optimizer step) on fake "
+                                     "tensors and report its costs.",
+                         epilog=EPILOG_ESTIMATE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_common(est)
+    est.add_argument("--format", default="table", choices=("table", "json", "markdown"),
+                     help="output format (default: table), e.g. --format json")
+    est.add_argument("--depth", type=int, default=2, metavar="N",
+                     help="module depth of the per-module table (default: 2), e.g. --depth 1")
+    est.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout, e.g. --output r.json")
+    est.set_defaults(run=_run_estimate)
+    return parser
+
+
+def _write(text: str, output: str | None) -> None:
+    """Print, or write FILE atomically (a temp file renamed into place: never half-written)."""
+    if not output:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        return
+    directory = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(directory):
+        raise UserError(f"cannot write {output}: directory {directory} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".estimator-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
+        os.replace(tmp, output)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _run_estimate(args: argparse.Namespace) -> int:
+    from .estimate import estimate
+    from .specs import load
+
+    if args.depth < 0:
+        raise UserError(f"--depth must be >= 0, not {args.depth}")
+    model, inputs = load(args.spec, args.input)
+    report = estimate(model, inputs, optimizer=args.optimizer, device=args.device, depth=args.depth,
+                      model_name=args.spec)
+    if args.format == "json":
+        text = json.dumps(report.to_dict(), indent=2)
+    elif args.format == "markdown":
+        text = report.to_markdown()
+    else:
+        text = report.render()
+    _write(text, args.output)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                        format="estimator: %(levelname)s: %(message)s", stream=sys.stderr)
+    try:
+        return args.run(args)
+    except UserError as exc:
+        if args.debug:
+            raise
+        print(f"estimator: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("estimator: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
