@@ -10,9 +10,9 @@ because it records what runs rather than reading Python source.
 
 Each node carries, in ``node.meta``:
 
-* ``val``: the fake output (tensor, or tuple/list of them),
 * ``spec``: :class:`~estimator.rules.registry.TensorSpec` of each tensor output,
-* ``storage``: the storage key of each tensor output (views share their base's key),
+* ``storage``: the storage id of each tensor output (views and in-place results share
+  their base's id),
 * ``module``: the module path that produced it (backward ops inherit the path of the
   forward op whose autograd node runs them, matched by autograd sequence number),
 * ``phase``: ``forward``, ``loss``, ``backward`` or ``optimizer``.
@@ -20,14 +20,22 @@ Each node carries, in ``node.meta``:
 Data-dependent Python control flow (``if x.sum() > 0:``) cannot run on fake
 tensors; the step is then captured again on small real CPU tensors when the
 model fits in memory, else a :class:`UserError` names the module and op.
+
+Storage lifetimes are observed, not guessed: the recorder holds no reference
+to any traced tensor, and a ``weakref.finalize`` on each storage records the
+moment it is freed.  Fake tensors follow the same reference counting as real
+ones (Python variables, autograd's saved tensors released when their backward
+node has run, ``.grad`` accumulation), so the ``events`` list (allocation and
+free, in execution order) is the memory timeline of the step; see
+:mod:`estimator.memory`.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import operator
 import os
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -40,6 +48,7 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .errors import UnsupportedModelError, UserError
 from .optim import build_optimizer
@@ -74,51 +83,92 @@ _METADATA_QUERIES = frozenset(
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
 
 
-def storage_key(t: torch.Tensor) -> int:
-    """Identity of a tensor's storage: views of one base share it."""
-    return t.untyped_storage()._cdata
-
-
 def tensor_spec(t: torch.Tensor) -> TensorSpec:
     return TensorSpec(tuple(t.shape), t.dtype)
 
 
 @dataclass
 class Capture:
-    """A captured training step: the fx graph plus what the tallies need."""
+    """A captured training step: the fx graph plus what the tallies and the memory simulation need.
+
+    Storages are named by *storage ids* (``sid``), small integers given in order of
+    first sight; ``storage_bytes[sid]`` is the size.  ``events`` is the memory
+    timeline: ``(node_index, sid, +bytes)`` when a storage is first produced by the
+    op recorded as ``nodes[node_index]`` and ``(node_index, sid, -bytes)`` when it is
+    freed after that op (index -1: before the first op).  The traced tensors kept
+    here (parameters, buffers, inputs, gradients, optimizer state) are the ones
+    alive at the end of the step.
+    """
 
     graph: fx.Graph
+    nodes: list[fx.Node]  # call_function nodes in execution order (events index into it)
     mode: str  # "fake" or "real"
     loss_source: str
     module_types: dict[str, str]  # module path -> class name
     module_outputs: dict[str, list[tuple[int, ...]]]  # module path -> output shapes (first call)
-    params: dict[str, torch.Tensor]  # name -> the traced (fake) parameter, deduplicated
+    params: dict[str, torch.Tensor]  # name -> the traced parameter, deduplicated (tied weights once)
     param_owner: dict[str, str]  # param/buffer name -> owning module path
     buffers: dict[str, torch.Tensor]
     inputs: list[torch.Tensor]  # flat list of traced input tensors
-    saved: dict[int, tuple[int, str]]  # storage key -> (nbytes, module) held by autograd after forward
+    saved: dict[int, tuple[int, str]]  # sid -> (nbytes, module) held by autograd at the end of forward
     grads: dict[str, torch.Tensor]  # param name -> traced gradient
     optimizer_state: dict[str, dict[str, torch.Tensor]]  # param name -> state tensors
     optimizer_name: str | None
+    storage_bytes: list[int]
+    events: list[tuple[int, int, int]]
+    sids: dict[str, set[int]]  # category -> sids: parameter, buffer, input, gradient, optimizer_state, saved, loss
     fallback_reason: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 class _Recorder(TorchDispatchMode):
-    """Records each dispatched aten op as an fx node, with its module and phase."""
+    """Records each dispatched aten op as an fx node, with its module, phase and storage events.
+
+    It holds no strong reference to any tensor it sees, so tensors die when the
+    traced program drops them, and each storage's death is recorded.
+    """
 
     def __init__(self, graph: fx.Graph, fake: bool):
         super().__init__()
         self.graph = graph
         self.fake = fake
-        self.nodes: dict[int, fx.Node] = {}  # id(tensor) -> node that produced it
-        self.keepalive: list[torch.Tensor] = []  # constants seen as inputs (ids must stay unique)
+        self.nodes: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> node that produced it
+        self.order: list[fx.Node] = []
         self.phase = "forward"
         self.module_stack: list[str] = []
         self.seq_module: dict[int, tuple[str, fx.Node]] = {}  # autograd seq nr -> (module, forward node)
         self.accumulate_owner: Callable[[Any], str] = lambda fn: ""
         self._anchor: fx.Node | None = None  # last placeholder
         self.current_op: Any = None
+        self.n_constants = 0
+        # storage bookkeeping
+        self.sid_of: dict[int, int] = {}  # live storage _cdata -> sid
+        self.storage_bytes: list[int] = []
+        self.events: list[tuple[int, int, int]] = []
+        self.closed = False
+
+    # -- storages -------------------------------------------------------------
+    def sid(self, t: torch.Tensor) -> int:
+        """The storage id of ``t``; a storage seen for the first time is allocated now."""
+        st = t.untyped_storage()
+        cdata = st._cdata
+        sid = self.sid_of.get(cdata)
+        if sid is None:
+            sid = len(self.storage_bytes)
+            nbytes = st.nbytes()
+            self.sid_of[cdata] = sid
+            self.storage_bytes.append(nbytes)
+            self.events.append((len(self.order) - 1, sid, nbytes))
+            fin = weakref.finalize(st, self._freed, cdata, sid)
+            fin.atexit = False
+        return sid
+
+    def _freed(self, cdata: int, sid: int) -> None:
+        if self.closed:
+            return
+        if self.sid_of.get(cdata) == sid:
+            del self.sid_of[cdata]
+        self.events.append((len(self.order) - 1, sid, -self.storage_bytes[sid]))
 
     # -- placeholders -------------------------------------------------------
     def placeholder(self, name: str, t: torch.Tensor, kind: str, module: str = "") -> fx.Node:
@@ -128,18 +178,15 @@ class _Recorder(TorchDispatchMode):
             with self.graph.inserting_after(self._anchor):
                 node = self.graph.placeholder(name)
         self._anchor = node
-        node.meta.update(
-            val=t, spec=(tensor_spec(t),), storage=(storage_key(t),), module=module, phase=kind,
-            kind=kind,
-        )
-        self.nodes[id(t)] = node
+        node.meta.update(spec=(tensor_spec(t),), storage=(self.sid(t),), module=module, phase=kind, kind=kind)
+        self.nodes[t] = node
         return node
 
     def _node_of(self, t: torch.Tensor) -> fx.Node:
-        node = self.nodes.get(id(t))
-        if node is None:  # a tensor created outside the trace (a plain attribute constant)
-            self.keepalive.append(t)
-            node = self.placeholder(f"constant_{len(self.keepalive)}", t, "constant", self._where()[0])
+        node = self.nodes.get(t)
+        if node is None:  # a tensor created outside the trace (a constant attribute, torch.tensor(...))
+            self.n_constants += 1
+            node = self.placeholder(f"constant_{self.n_constants}", t, "constant", self._where()[0])
         return node
 
     # -- attribution --------------------------------------------------------
@@ -168,15 +215,15 @@ class _Recorder(TorchDispatchMode):
             # Optimizers read scalar step counts (``step.item()``); any value gives the same shapes.
             return 1.0
         self.current_op = func
+        node_args, node_kwargs = pytree.tree_map_only(torch.Tensor, self._node_of, (args, kwargs))
         out = func(*args, **kwargs)
         module, fwd_node = self._where()
-        node_args, node_kwargs = pytree.tree_map_only(torch.Tensor, self._node_of, (args, kwargs))
         node = self.graph.create_node("call_function", func, node_args, node_kwargs)
+        self.order.append(node)
         flat_out = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
         node.meta.update(
-            val=out,
             spec=tuple(tensor_spec(o) for o in flat_out),
-            storage=tuple(storage_key(o) for o in flat_out),
+            storage=tuple(self.sid(o) for o in flat_out),
             module=module,
             phase=self.phase,
         )
@@ -186,13 +233,13 @@ class _Recorder(TorchDispatchMode):
             # The autograd node created for this op (if any) has the latest sequence number.
             self.seq_module[torch.autograd._get_sequence_nr() - 1] = (module, node)
         if isinstance(out, torch.Tensor):
-            self.nodes[id(out)] = node
+            self.nodes[out] = node
         else:
             for i, o in enumerate(flat_out):
                 item = self.graph.create_node("call_function", operator.getitem, (node, i))
-                item.meta.update(val=o, spec=(tensor_spec(o),), storage=(storage_key(o),),
+                item.meta.update(spec=(node.meta["spec"][i],), storage=(node.meta["storage"][i],),
                                  module=module, phase=self.phase)
-                self.nodes[id(o)] = item
+                self.nodes[o] = item
         return out
 
 
@@ -356,23 +403,19 @@ def _capture(model, args, kwargs, loss_fn, optimizer, optimizer_kwargs, foreach,
     param_owner = {n: n.rpartition(".")[0] for n in list(named_params) + list(named_buffers)}
 
     def to_traced(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
-        if fake:
-            with fake_mode:
-                out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
-            return out.requires_grad_(requires_grad)
-        return _materialize(t)
+        with fake_mode:
+            out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+        return out.requires_grad_(requires_grad)
 
     if fake:
         params = {n: to_traced(p, p.requires_grad) for n, p in named_params.items()}
         buffers = {n: to_traced(b, False) for n, b in named_buffers.items()}
+        t_args, t_kwargs = pytree.tree_map_only(torch.Tensor, lambda t: to_traced(t, t.requires_grad), (args, kwargs))
     else:
         params = {n: _real_param_copy(model, n, p, True) for n, p in named_params.items()}
         buffers = {n: _real_param_copy(model, n, b, False) for n, b in named_buffers.items()}
-
-    def input_to_traced(t: torch.Tensor) -> torch.Tensor:
-        return to_traced(t, t.requires_grad) if fake else _materialize(t).detach().requires_grad_(t.requires_grad)
-
-    t_args, t_kwargs = pytree.tree_map_only(torch.Tensor, input_to_traced, (args, kwargs))
+        t_args, t_kwargs = pytree.tree_map_only(
+            torch.Tensor, lambda t: _materialize(t).detach().requires_grad_(t.requires_grad), (args, kwargs))
     flat_inputs = [t for t in pytree.tree_leaves((t_args, t_kwargs)) if isinstance(t, torch.Tensor)]
 
     for n, p in params.items():
@@ -408,30 +451,29 @@ def _capture(model, args, kwargs, loss_fn, optimizer, optimizer_kwargs, foreach,
         handles.append(mod.register_forward_hook(post_hook, always_call=True))
 
     saved: dict[int, tuple[int, str]] = {}
-    param_storages = {storage_key(p) for p in params.values()}
+    param_sids = {rec.sid(p) for p in params.values()}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         if rec.phase in ("forward", "loss"):
-            key = storage_key(t)
-            if key not in saved and key not in param_storages:
-                saved[key] = (t.untyped_storage().nbytes(), rec._where()[0] if rec.phase == "forward" else LOSS_MODULE)
+            sid = rec.sid(t)
+            if sid not in saved and sid not in param_sids:
+                saved[sid] = (rec.storage_bytes[sid], rec._where()[0])
         return t
 
     was_training = model.training
     model.train()
-    loss_source = ""
     opt_state: dict[str, dict[str, torch.Tensor]] = {}
     optimizer_name = None
     try:
-        ctx = [fake_mode] if fake else []
-        for c in ctx:
-            c.__enter__()
+        if fake:
+            fake_mode.__enter__()
         try:
             with rec, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 rec.phase = "forward"
                 output = _run_forward(model, params, buffers, t_args, t_kwargs, rec)
                 rec.phase = "loss"
                 loss, loss_source = select_loss(output, loss_fn)
+                del output  # a training loop keeps only the loss
                 if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                     raise UserError("the loss must be a scalar tensor; check loss_fn")
                 if not loss.requires_grad:
@@ -439,7 +481,7 @@ def _capture(model, args, kwargs, loss_fn, optimizer, optimizer_kwargs, foreach,
                                     "output is detached; check requires_grad and loss_fn")
             with rec:
                 rec.phase = "backward"
-                _guard(rec, lambda: loss.backward())
+                _guard(rec, loss.backward)
                 rec.phase = "optimizer"
                 opt, optimizer_name = build_optimizer(optimizer, params, named_params, optimizer_kwargs, foreach)
                 if opt is not None:
@@ -449,18 +491,28 @@ def _capture(model, args, kwargs, loss_fn, optimizer, optimizer_kwargs, foreach,
                         if st:
                             opt_state[n] = {k: v for k, v in st.items() if isinstance(v, torch.Tensor)}
         finally:
-            for c in reversed(ctx):
-                c.__exit__(None, None, None)
+            if fake:
+                fake_mode.__exit__(None, None, None)
     finally:
         for h in handles:
             h.remove()
         model.train(was_training)
 
-    out_nodes = [rec.nodes[id(t)] for t in [loss] if id(t) in rec.nodes]
-    graph.output(tuple(out_nodes))
     grads = {n: p.grad for n, p in params.items() if p.grad is not None}
+    sids = {
+        "parameter": param_sids,
+        "buffer": {rec.sid(b) for b in buffers.values()},
+        "input": {rec.sid(t) for t in flat_inputs},
+        "gradient": {rec.sid(g) for g in grads.values()},
+        "optimizer_state": {rec.sid(t) for st in opt_state.values() for t in st.values()},
+        "saved": set(saved),
+        "loss": {rec.sid(loss)},
+    }
+    rec.closed = True
+    graph.output((rec.nodes[loss],) if loss in rec.nodes else ())
     return Capture(
         graph=graph,
+        nodes=rec.order,
         mode="fake" if fake else "real",
         loss_source=loss_source,
         module_types=module_types,
@@ -473,6 +525,9 @@ def _capture(model, args, kwargs, loss_fn, optimizer, optimizer_kwargs, foreach,
         grads=grads,
         optimizer_state=opt_state,
         optimizer_name=optimizer_name,
+        storage_bytes=rec.storage_bytes,
+        events=rec.events,
+        sids=sids,
     )
 
 

@@ -7,6 +7,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from .capture import capture
+from .memory import simulate
 from .report import Report
 from .tally import tally
 
@@ -54,6 +55,5 @@ def estimate(
         mode=mode,
     )
     t = tally(cap)
-    peak = (t.parameters_bytes + t.buffers_bytes + t.gradients_bytes + t.optimizer_state_bytes
-            + t.activations_bytes + t.inputs_bytes)
-    return Report(cap, t, model_name=model_name or type(model).__name__, depth=depth, peak=peak)
+    profile = simulate(cap, device)
+    return Report(cap, t, model_name=model_name or type(model).__name__, depth=depth, memory=profile)

@@ -14,6 +14,7 @@ import torch.fx as fx
 from tabulate import tabulate
 
 from .capture import INPUT_MODULE, LOSS_MODULE, Capture
+from .memory import MemoryProfile
 from .tally import ModuleTally, Tally
 
 SCHEMA_VERSION = 1
@@ -76,9 +77,7 @@ class Report:
     tally: Tally
     model_name: str = ""
     depth: int = 2
-    peak: int = 0
-    peak_method: str = "sum of components (upper bound; not simulated)"
-    memory_extra: dict[str, Any] = field(default_factory=dict)
+    memory: MemoryProfile | None = None
 
     # -- access ---------------------------------------------------------------
     @property
@@ -146,9 +145,7 @@ class Report:
                 "optimizer_state": t.optimizer_state_bytes,
                 "activations": t.activations_bytes,
                 "inputs": t.inputs_bytes,
-                "peak": self.peak,
-                "peak_method": self.peak_method,
-                **self.memory_extra,
+                **(self.memory.to_dict() if self.memory else {}),
             },
             "flops": {
                 "forward": t.flops["forward"],
@@ -177,7 +174,21 @@ class Report:
             ("Memory: gradients", fmt_bytes(t.gradients_bytes)),
             ("Memory: optimizer state", fmt_bytes(t.optimizer_state_bytes)),
             ("Memory: activations (saved for backward)", fmt_bytes(t.activations_bytes)),
-            (f"Memory: peak ({self.peak_method})", fmt_bytes(self.peak)),
+        ]
+        if self.memory is not None:
+            m = self.memory
+            at = m.peak_at
+            where = f"in {at.phase}" + (f", {at.module}" if at.module else "") + (f", {at.op}" if at.op else "")
+            rows += [
+                ("Memory: peak (steady-state step)", f"{fmt_bytes(m.peak)} ({where})"),
+                ("Memory: peak at that moment", ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}"
+                                                          for k, v in at.by_category.items() if v)),
+                ("Memory: peak (first step)", fmt_bytes(m.peak_first_step)),
+            ]
+            if m.reserve:
+                rows.append(("Memory: reserve outside the allocator",
+                             f"{fmt_bytes(sum(m.reserve.values()))} (CUDA context, cuBLAS workspace, fragmentation)"))
+        rows += [
             ("FLOPs: forward", fmt_flops(fwd)),
             ("FLOPs: backward", fmt_flops(bwd)),
             ("FLOPs: total", f"{fmt_flops(fwd + bwd)} ({100.0 * mm / max(fwd + bwd, 1):.1f}% matmul-class)"),

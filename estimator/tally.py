@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 
 from . import rules as _rules  # noqa: F401  (registers the built-in rules)
-from .capture import INPUT_MODULE, LOSS_MODULE, Capture, storage_key
+from .capture import INPUT_MODULE, LOSS_MODULE, Capture
 from .rules.registry import MATMUL, OTHER, ZERO, OpCall, TensorSpec, bind, lookup
 
 log = logging.getLogger(__name__)
@@ -115,12 +115,9 @@ def node_cost(node: fx.Node) -> NodeCost | None:
     return NodeCost(flops, rule.kind, _compute_dtype(call))
 
 
-def _storage_bytes(tensors: Any) -> int:
-    """Bytes of the distinct storages behind ``tensors``."""
-    seen: dict[int, int] = {}
-    for t in tensors:
-        seen.setdefault(storage_key(t), t.untyped_storage().nbytes())
-    return sum(seen.values())
+def _sid_bytes(cap: Capture, category: str) -> int:
+    """Bytes of the distinct storages of one category (views and tied tensors once)."""
+    return sum(cap.storage_bytes[sid] for sid in cap.sids[category])
 
 
 def tally(cap: Capture) -> Tally:
@@ -176,9 +173,8 @@ def tally(cap: Capture) -> Tally:
         if cost.dtype is not None:
             by_dtype[cost.dtype] += cost.flops
 
-    input_storages = {storage_key(t) for t in cap.inputs}
-    for key, (nbytes, module) in cap.saved.items():
-        mod(INPUT_MODULE if key in input_storages else module).saved_bytes += nbytes
+    for sid, (nbytes, module) in cap.saved.items():
+        mod(INPUT_MODULE if sid in cap.sids["input"] else module).saved_bytes += nbytes
 
     unsupported_rows = [
         {"op": op, "count": n, "module": module} for (op, module), n in sorted(unsupported.items())
@@ -189,16 +185,15 @@ def tally(cap: Capture) -> Tally:
 
     params = list(cap.params.values())
     trainable = [p for p in params if p.requires_grad]
-    state = [t for st in cap.optimizer_state.values() for t in st.values()]
     return Tally(
         params_total=sum(p.numel() for p in params),
         params_trainable=sum(p.numel() for p in trainable),
-        parameters_bytes=_storage_bytes(params),
-        buffers_bytes=_storage_bytes(cap.buffers.values()),
+        parameters_bytes=_sid_bytes(cap, "parameter"),
+        buffers_bytes=_sid_bytes(cap, "buffer"),
         gradients_bytes=sum(p.numel() * p.element_size() for p in trainable),
-        optimizer_state_bytes=_storage_bytes(state),
+        optimizer_state_bytes=_sid_bytes(cap, "optimizer_state"),
         activations_bytes=sum(nbytes for nbytes, _ in cap.saved.values()),
-        inputs_bytes=_storage_bytes(cap.inputs),
+        inputs_bytes=_sid_bytes(cap, "input"),
         flops={k: flops.get(k, 0) for k in ("forward", "backward", "optimizer", "matmul_forward", "matmul_backward")},
         flops_by_dtype=dict(by_dtype),
         modules=modules,

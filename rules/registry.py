@@ -148,6 +148,21 @@ def register_zero(*ops: Any, override: bool = False) -> None:
     register(*ops, kind=ZERO, override=override)(_no_flops)
 
 
+def aten_ops(*names: str) -> list[Any]:
+    """The ``torch.ops.aten`` overload packets named ``names`` that this torch build has.
+
+    Names missing from the build (an op added or removed between torch versions)
+    are skipped, so rule modules load on every supported torch.
+    """
+    found = []
+    for name in names:
+        try:
+            found.append(getattr(torch.ops.aten, name))
+        except (AttributeError, RuntimeError):
+            pass
+    return found
+
+
 def lookup(op: Any) -> Rule | None:
     """The rule for ``op`` (an overload or packet), or None if it has none."""
     return _RULES.get(_packet(op))

@@ -1,0 +1,119 @@
+"""Matrix products: mm, addmm, bmm, baddbmm and their relatives.
+
+``nn.Linear``, ``torch.matmul`` and ``torch.einsum`` reach the dispatcher as
+these ops (plus views), so they are covered here.  The matmul-class formulas
+equal ``torch.utils.flop_counter`` exactly: ``2*m*k*n`` per product, bias and
+``alpha``/``beta`` scaling not counted.
+
+Matrix-vector and vector-vector products (mv, addmv, dot, vdot, addr) are
+counted as OTHER: they are memory-bound, run on no tensor core, and
+``FlopCounterMode`` does not count them either.
+"""
+
+from __future__ import annotations
+
+from .registry import MATMUL, OTHER, aten_ops, register
+
+# -- math helpers (pure functions of shapes) ---------------------------------
+
+
+def mm_flops(a_shape, b_shape) -> int:
+    """FLOPs of ``[m, k] @ [k, n]``."""
+    # [m, k] @ [k, n] -> [m, n]: one multiply-add per (m, n, k) triple
+    m, k = a_shape
+    k2, n = b_shape
+    if k != k2:
+        raise ValueError(f"mm: inner dimensions differ: {tuple(a_shape)} @ {tuple(b_shape)}")
+    return 2 * m * k * n
+
+
+def bmm_flops(a_shape, b_shape) -> int:
+    """FLOPs of ``[b, m, k] @ [b, k, n]``."""
+    # [b, m, k] @ [b, k, n] -> [b, m, n]: b independent mm's
+    b, m, k = a_shape
+    b2, k2, n = b_shape
+    if b != b2:
+        raise ValueError(f"bmm: batch dimensions differ: {tuple(a_shape)} @ {tuple(b_shape)}")
+    return b * mm_flops((m, k), (k2, n))
+
+
+def mv_flops(a_shape, v_shape) -> int:
+    """FLOPs of ``[m, n] @ [n]``."""
+    # [m, n] @ [n] -> [m]: one multiply-add per matrix element
+    return mm_flops(a_shape, (v_shape[0], 1))
+
+
+def dot_flops(v_shape) -> int:
+    """FLOPs of ``[n] . [n]``."""
+    # [n] . [n] -> []: one multiply-add per element
+    return 2 * v_shape[0]
+
+
+def outer_flops(u_shape, v_shape) -> int:
+    """FLOPs of ``self + u (x) v``: one multiply and one add per output element."""
+    # [m] (x) [n] -> [m, n]
+    return 2 * u_shape[0] * v_shape[0]
+
+
+# -- rules ---------------------------------------------------------------------
+
+
+@register(*aten_ops("mm", "_int_mm"), kind=MATMUL)
+def mm(call):
+    """2*m*k*n for self [m, k] @ mat2 [k, n]."""
+    return mm_flops(call["self"].shape, call["mat2"].shape)
+
+
+@register(*aten_ops("addmm", "_addmm_activation"), kind=MATMUL)
+def addmm(call):
+    """2*m*k*n for mat1 [m, k] @ mat2 [k, n]; the bias add is not counted (as torch)."""
+    return mm_flops(call["mat1"].shape, call["mat2"].shape)
+
+
+@register(*aten_ops("_scaled_mm", "_scaled_mm_v2"), kind=MATMUL)
+def scaled_mm(call):
+    """2*m*k*n for self [m, k] @ mat2 [k, n]; scaling and bias are not counted (as torch)."""
+    return mm_flops(call["self"].shape, call["mat2"].shape)
+
+
+@register(*aten_ops("bmm"), kind=MATMUL)
+def bmm(call):
+    """2*b*m*k*n for self [b, m, k] @ mat2 [b, k, n]."""
+    return bmm_flops(call["self"].shape, call["mat2"].shape)
+
+
+@register(*aten_ops("baddbmm"), kind=MATMUL)
+def baddbmm(call):
+    """2*b*m*k*n for batch1 [b, m, k] @ batch2 [b, k, n]; the add of self is not counted (as torch)."""
+    return bmm_flops(call["batch1"].shape, call["batch2"].shape)
+
+
+@register(*aten_ops("addbmm"), kind=MATMUL)
+def addbmm(call):
+    """2*b*m*k*n for batch1 [b, m, k] @ batch2 [b, k, n] summed over b (FlopCounterMode has no formula)."""
+    # the sum over b is the accumulation the multiply-adds already count
+    return bmm_flops(call["batch1"].shape, call["batch2"].shape)
+
+
+@register(*aten_ops("mv"), kind=OTHER)
+def mv(call):
+    """2*m*n for self [m, n] @ vec [n] (matrix-vector: memory-bound, not matmul class)."""
+    return mv_flops(call["self"].shape, call["vec"].shape)
+
+
+@register(*aten_ops("addmv"), kind=OTHER)
+def addmv(call):
+    """2*m*n for mat [m, n] @ vec [n]; the add of self is not counted."""
+    return mv_flops(call["mat"].shape, call["vec"].shape)
+
+
+@register(*aten_ops("dot", "vdot"), kind=OTHER)
+def dot(call):
+    """2*n for a dot product of two [n] vectors."""
+    return dot_flops(call["self"].shape)
+
+
+@register(*aten_ops("addr"), kind=OTHER)
+def addr(call):
+    """2*m*n for self + vec1 [m] (x) vec2 [n]: one multiply and one add per output element."""
+    return outer_flops(call["vec1"].shape, call["vec2"].shape)

@@ -1,0 +1,344 @@
+"""Ground truth for one training step, measured on a REAL CPU step.
+
+Independent of the estimator's code: nothing from ``estimator`` is imported
+here.  :func:`measure` deep-copies the model (the caller's model, inputs and
+optimizer are never changed), then
+
+1. memory run: forward + loss under a ``saved_tensors_hooks`` pack hook (every
+   tensor autograd saves is recorded; distinct storages by ``data_ptr``,
+   parameter storages excluded, bytes = ``untyped_storage().nbytes()``), the
+   real ``backward()`` (gradient bytes from the real ``.grad`` tensors) and a
+   real ``optimizer.step()`` (state bytes from the real ``optimizer.state``);
+2. FLOP run, on a second copy and with no pack hook (so that neither run can
+   perturb the other): ``FlopCounterMode`` around forward + loss, and a second
+   one around backward, with the three defects of ``torch.utils.flop_counter``
+   fixed by :data:`FLOP_FIXES` (see the formulas below).
+
+The FLOP count is "matmul-class": the ops ``FlopCounterMode`` has formulas for
+(mm, addmm, bmm, baddbmm, convolution and its backward, the SDPA kernels) plus
+the ones this module adds (CPU SDPA, ``mkldnn_rnn_layer`` and its backward).
+One multiply-add = 2 FLOPs, as in ``torch.utils.flop_counter``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from math import prod
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.utils._pytree as pytree
+from torch.utils.flop_counter import (
+    FlopCounterMode,
+    conv_flop_count,
+    sdpa_backward_flop_count,
+    sdpa_flop_count,
+)
+
+aten = torch.ops.aten
+
+
+# ---------------------------------------------------------------------------
+# FlopCounterMode fixes (passed as ``custom_mapping``; formulas get shapes:
+# every tensor argument is replaced by its ``torch.Size``; ``out_shape`` is the
+# output's shape (tuple of shapes for multi-output ops)).
+# ---------------------------------------------------------------------------
+
+
+def sdpa_cpu_flop(query, key, value, *args, out_shape=None, **kwargs) -> int:
+    """aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p,
+    is_causal, *, attn_mask, scale) -> (output, logsumexp).
+
+    Same formula as torch's flash/efficient SDPA (``sdpa_flop_count``), causal
+    mask ignored (as torch does):
+      scores = q @ k^T : 2 * (b*h_q) * s_q * d_q * s_k
+      out    = p @ v   : 2 * (b*h_q) * s_q * s_k * d_v
+    """
+    return sdpa_flop_count(query, key, value)
+
+
+def sdpa_cpu_backward_flop(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+    """aten._scaled_dot_product_flash_attention_for_cpu_backward(grad_out, query, key,
+    value, out, logsumexp, dropout_p, is_causal, *, attn_mask, scale)
+    -> (grad_query, grad_key, grad_value).
+
+    torch's ``sdpa_backward_flop_count`` (5 bmm-sized products, causal ignored):
+      recompute scores  q @ k^T      : 2 * bh * s_q * d_q * s_k
+      dP = dO @ v^T                  : 2 * bh * s_q * d_v * s_k
+      dV = P^T @ dO                  : 2 * bh * s_k * s_q * d_v
+      dQ = dS @ k                    : 2 * bh * s_q * s_k * d_q
+      dK = dS^T @ q                  : 2 * bh * d_q * s_q * s_k
+    """
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+def _rnn_layer_flops(input_shape, w_ih_shape, w_hh_shape) -> int:
+    """One recurrent layer, one direction, over the whole sequence.
+
+    input (T, B, I) [time-major after at::lstm's transpose; only T*B matters],
+    w_ih (G*H, I), w_hh (G*H, H) with G = 4 gates for LSTM (i, f, g, o).
+    Per time step and batch row: the input projection x_t @ w_ih^T is I*G*H
+    multiply-adds, the hidden projection h_{t-1} @ w_hh^T is H*G*H.  So
+      forward = 2 * T*B * (I + H) * G*H = 2 * T*B * (numel(w_ih) + numel(w_hh)).
+    (Gate nonlinearities and bias adds are elementwise, not matmul-class.)
+    """
+    rows = prod(input_shape[:-1])  # T * B
+    return 2 * rows * (prod(w_ih_shape) + prod(w_hh_shape))
+
+
+def mkldnn_rnn_layer_flop(input, weight0, weight1, *args, out_shape=None, **kwargs) -> int:
+    """aten::mkldnn_rnn_layer(Tensor input, Tensor weight0 [w_ih: (G*H, I)],
+    Tensor weight1 [w_hh: (G*H, H)], Tensor weight2 [b_ih], Tensor weight3 [b_hh],
+    Tensor hx_, Tensor cx_, bool reverse, int[] batch_sizes, int mode, int hidden_size,
+    int num_layers, bool has_biases, bool bidirectional, bool batch_first, bool train)
+    -> (output, hy, cy, workspace).   Verified with a dispatch trace: input (T, B, I).
+
+    forward = 2 * T*B * (I + H) * G*H   (see _rnn_layer_flops)."""
+    return _rnn_layer_flops(input, weight0, weight1)
+
+
+def mkldnn_rnn_layer_backward_flop(input, weight1, weight2, *args, out_shape=None, **kwargs) -> int:
+    """aten::mkldnn_rnn_layer_backward(Tensor input, Tensor weight1 [w_ih: (G*H, I)],
+    Tensor weight2 [w_hh: (G*H, H)], Tensor weight3, Tensor weight4, Tensor hx_, ...)
+    (note: the backward numbers its weights from 1).
+
+    backward = 2 x forward = 4 * T*B * (I + H) * G*H:
+      grad wrt input and hidden (dgates @ w_ih, dgates @ w_hh):   2 * T*B * (I + H) * G*H
+      grad wrt weights (dgates^T @ x, dgates^T @ h):              2 * T*B * (I + H) * G*H
+    """
+    return 2 * _rnn_layer_flops(input, weight1, weight2)
+
+
+def conv_backward_flop_groups(
+    grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+    _output_padding, groups, output_mask, out_shape=None, **kwargs,
+) -> int:
+    """aten.convolution_backward with ``groups`` honoured.
+
+    grad_input: torch's formula (correct for groups, since it reads the weight
+    shape (C_out, C_in/g, *k)): a transposed conv of grad_out with the weight,
+      2 * N * prod(out_spatial) * C_out * (C_in/g) * prod(k)   (= the forward FLOPs).
+    grad_weight: each weight element accumulates over every batch row and every
+    output position where it was used:
+      normal conv     w (C_out, C_in/g, *k): 2 * N * prod(out_spatial) * C_out * (C_in/g) * prod(k)
+      transposed conv w (C_in, C_out/g, *k): 2 * N * prod(in_spatial)  * C_in * (C_out/g) * prod(k)
+    i.e. 2 * N * prod(spatial positions the kernel visits) * numel(w); torch's own
+    formula computes it as conv(t(x), t(grad_out)) over ALL C_in x C_out channel pairs,
+    i.e. ``groups`` times too many (C x for a depthwise conv).
+    """
+    flops = 0
+    if output_mask[0]:
+        grad_input_shape = out_shape[0]
+        flops += conv_flop_count(grad_out_shape, w_shape, grad_input_shape, not transposed)
+    if output_mask[1]:
+        n = x_shape[0]
+        visited = (x_shape if transposed else grad_out_shape)[2:]
+        flops += 2 * n * prod(visited) * prod(w_shape)
+    return flops
+
+
+FLOP_FIXES: dict[Any, Callable[..., int]] = {
+    aten._scaled_dot_product_flash_attention_for_cpu: sdpa_cpu_flop,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: sdpa_cpu_backward_flop,
+    aten.mkldnn_rnn_layer: mkldnn_rnn_layer_flop,
+    aten.mkldnn_rnn_layer_backward: mkldnn_rnn_layer_backward_flop,
+    aten.convolution_backward: conv_backward_flop_groups,
+}
+
+
+def flop_counter() -> FlopCounterMode:
+    return FlopCounterMode(display=False, custom_mapping=FLOP_FIXES)
+
+
+def _by_op(counter: FlopCounterMode) -> dict[str, int]:
+    return {str(k): v for k, v in counter.get_flop_counts().get("Global", {}).items()}
+
+
+# ---------------------------------------------------------------------------
+# Optimizers (own table and parser: the same spec forms as estimate())
+# ---------------------------------------------------------------------------
+
+_OPTIMIZERS = {
+    "sgd": torch.optim.SGD,
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "adagrad": torch.optim.Adagrad,
+    "rmsprop": torch.optim.RMSprop,
+}
+
+
+def _value(text: str) -> Any:
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def build_real_optimizer(spec: Any, model: torch.nn.Module, memo: Mapping[int, Any] | None = None):
+    """The real optimizer over ``model``'s trainable parameters (None for "none").
+
+    ``spec``: "name[:k=v,...]", an Optimizer class, or an Optimizer instance built
+    over the ORIGINAL model (``memo`` maps its parameters' ids to ``model``'s copies).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    if spec is None or spec == "none":
+        return None
+    if isinstance(spec, str):
+        name, _, rest = spec.partition(":")
+        kwargs = {"lr": 1e-3}
+        for item in filter(None, rest.split(",")):
+            k, _, v = item.partition("=")
+            kwargs[k.strip()] = _value(v.strip())
+        return _OPTIMIZERS[name.strip().lower()](params, **kwargs)
+    if isinstance(spec, type):
+        return spec(params, lr=1e-3)
+    if isinstance(spec, torch.optim.Optimizer):
+        groups = []
+        for g in spec.param_groups:
+            groups.append({**{k: v for k, v in g.items() if k != "params"},
+                           "params": [memo[id(p)] for p in g["params"] if memo[id(p)].requires_grad]})
+        return type(spec)(groups, **spec.defaults)
+    raise TypeError(f"unknown optimizer spec {spec!r}")
+
+
+# ---------------------------------------------------------------------------
+# The step
+# ---------------------------------------------------------------------------
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """Same rule as documented for estimate(): loss_fn(output); the output if it is a
+    scalar; output.loss; else the sum of ``t.mean()`` over floating outputs requiring grad."""
+    if isinstance(output, torch.Tensor) and output.numel() == 1:
+        return output.reshape(())
+    loss = getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    if isinstance(output, Mapping) and isinstance(output.get("loss"), torch.Tensor):
+        return output["loss"]
+    terms = [t.mean() for t in pytree.tree_leaves(output)
+             if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad]
+    total = terms[0]
+    for t in terms[1:]:
+        total = total + t
+    return total
+
+
+def _call(model, inputs):
+    if isinstance(inputs, torch.Tensor):
+        return model(inputs)
+    if isinstance(inputs, Mapping):
+        return model(**inputs)
+    return model(*inputs)
+
+
+def _copy(model, inputs):
+    memo: dict[int, Any] = {}
+    m = copy.deepcopy(model, memo)
+    x = copy.deepcopy(inputs)
+    m.train()
+    return m, x, memo
+
+
+def _loss(output, loss_fn):
+    return loss_fn(output) if loss_fn is not None else default_loss(output)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def measure(model: torch.nn.Module, inputs: Any, optimizer: Any = "adamw",
+            loss_fn: Callable[[Any], torch.Tensor] | None = None, seed: int = 0) -> dict[str, Any]:
+    """Measure one real training step of a deep copy of ``model`` on ``inputs``."""
+    # -- memory run -------------------------------------------------------------
+    m, x, memo = _copy(model, inputs)
+    params = list(m.parameters())  # tied weights once
+    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+    saved: dict[int, int] = {}
+    keep: list[torch.Tensor] = []  # hold saved tensors: no storage address is reused meanwhile
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        ptr = st.data_ptr()
+        if ptr not in param_ptrs and ptr not in saved:
+            saved[ptr] = st.nbytes()
+        keep.append(t)
+        return t
+
+    torch.manual_seed(seed)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = _call(m, x)
+        loss = _loss(out, loss_fn)
+    loss.backward()
+    opt = build_real_optimizer(optimizer, m, memo)
+    if opt is not None:
+        opt.step()
+    grads = [p.grad for p in params if p.grad is not None]
+    state_storages: dict[int, int] = {}
+    if opt is not None:
+        for st in opt.state.values():
+            for v in st.values():
+                if isinstance(v, torch.Tensor):
+                    state_storages.setdefault(v.untyped_storage().data_ptr(), v.untyped_storage().nbytes())
+    buffers = list(m.buffers())
+    result = {
+        "params_total": sum(p.numel() for p in params),
+        "params_trainable": sum(p.numel() for p in params if p.requires_grad),
+        "param_bytes": sum(_nbytes(p) for p in params),
+        "buffer_bytes": sum(_nbytes(b) for b in buffers),
+        "grad_bytes": sum(_nbytes(g) for g in grads),
+        "grad_params": sum(1 for p in params if p.grad is not None),
+        "trainable_params": sum(1 for p in params if p.requires_grad),
+        "optimizer_state_bytes": sum(state_storages.values()),
+        "activation_bytes": sum(saved.values()),
+        "saved_tensors": len(keep),
+    }
+    del keep, out, loss, opt, m
+
+    # -- FLOP run ---------------------------------------------------------------
+    m, x, _ = _copy(model, inputs)
+    torch.manual_seed(seed)
+    fwd = flop_counter()
+    with fwd:
+        out = _call(m, x)
+        loss = _loss(out, loss_fn)
+    bwd = flop_counter()
+    with bwd:
+        loss.backward()
+    result.update(
+        matmul_forward=fwd.get_total_flops(),
+        matmul_backward=bwd.get_total_flops(),
+        flops_forward_by_op=_by_op(fwd),
+        flops_backward_by_op=_by_op(bwd),
+    )
+    return result
+
+
+def saved_tensor_log(model: torch.nn.Module, inputs: Any, loss_fn=None) -> list[tuple[str, tuple, str, int]]:
+    """Diagnostics: (grad_fn name, shape, dtype, storage nbytes) of every tensor packed
+    during forward + loss on a real copy (for chasing activation discrepancies)."""
+    m, x, _ = _copy(model, inputs)
+    param_ptrs = {p.untyped_storage().data_ptr() for p in m.parameters()}
+    rows, keep = [], []
+
+    def pack(t):
+        keep.append(t)
+        fn = torch._C._current_autograd_node()
+        if t.untyped_storage().data_ptr() not in param_ptrs:
+            rows.append((type(fn).__name__ if fn is not None else "?", tuple(t.shape), str(t.dtype),
+                         t.untyped_storage().nbytes(), t.untyped_storage().data_ptr()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _loss(_call(m, x), loss_fn)
+    return rows
+
+
+__all__ = ["measure", "FLOP_FIXES", "flop_counter", "build_real_optimizer", "saved_tensor_log", "Counter"]

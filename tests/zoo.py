@@ -1,0 +1,412 @@
+"""Small models for the accuracy tests: each builder returns ``(model, inputs, loss_fn or None)``.
+
+Every builder is seeded and takes a few ms on CPU.  Builders accept ``device``
+("cpu" or "meta") where the meta-device test uses them: the model and its
+inputs are then built under ``torch.device("meta")`` with the same shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+Case = tuple[nn.Module, Any, Callable | None]
+
+
+# ---------------------------------------------------------------------------
+# examples-like models
+# ---------------------------------------------------------------------------
+
+
+class XW(nn.Module):
+    """``x @ W``, W of shape (in, out), no bias."""
+
+    def __init__(self, d_in: int, d_out: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(d_in, d_out) / math.sqrt(d_in))
+
+    def forward(self, x):
+        return x @ self.weight
+
+
+class Cruncher(nn.Module):
+    def __init__(self, dim: int = 32, num_layers: int = 4):
+        super().__init__()
+        self.layers = nn.ModuleList([XW(dim, dim) for _ in range(num_layers)])
+        self.final = XW(dim, 1)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.final(x).squeeze(-1)  # (B,)
+
+
+def cruncher(device: str = "cpu") -> Case:
+    torch.manual_seed(0)
+    with torch.device(device):
+        return Cruncher(), torch.randn(16, 32), None  # default loss: output.mean()
+
+
+class MLP(nn.Module):
+    def __init__(self, d_in: int = 48, hidden: int = 64, depth: int = 3, classes: int = 10):
+        super().__init__()
+        dims = [d_in] + [hidden] * depth
+        self.hidden = nn.Sequential(*[nn.Sequential(nn.Linear(a, b), nn.GELU(), nn.Dropout(0.1))
+                                      for a, b in zip(dims, dims[1:])])
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, x, target):
+        return F.cross_entropy(self.head(self.hidden(x.flatten(1))), target)
+
+
+def mlp(device: str = "cpu") -> Case:
+    torch.manual_seed(0)
+    with torch.device(device):
+        return MLP(), (torch.randn(8, 3, 4, 4), torch.randint(0, 10, (8,))), None
+
+
+class VGG(nn.Module):
+    def __init__(self, config=(8, 8, "M", 16, 16, "M"), classes: int = 10):
+        super().__init__()
+        layers: list[nn.Module] = []
+        c = 3
+        for v in config:
+            if v == "M":
+                layers.append(nn.MaxPool2d(2))
+            else:
+                layers += [nn.Conv2d(c, v, 3, padding=1, bias=False), nn.BatchNorm2d(v), nn.ReLU(inplace=True)]
+                c = v
+        self.features = nn.Sequential(*layers)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.classifier = nn.Linear(c, classes)
+
+    def forward(self, x, target=None):
+        logits = self.classifier(self.pool(self.features(x)).flatten(1))
+        return logits if target is None else F.cross_entropy(logits, target)
+
+
+def vgg(device: str = "cpu") -> Case:
+    torch.manual_seed(0)
+    with torch.device(device):
+        return VGG(), (torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,))), None
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, n_head: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d)
+        self.attn = CausalSelfAttention(d, n_head)
+        self.ln_2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """GPT-style decoder: causal SDPA, lm head tied to the token embedding."""
+
+    def __init__(self, vocab: int = 96, block: int = 32, n_layer: int = 2, n_head: int = 4, d: int = 32):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Embedding(block, d)
+        self.blocks = nn.ModuleList([Block(d, n_head) for _ in range(n_layer)])
+        self.ln_f = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, idx, targets):
+        B, T = idx.shape
+        pos = torch.arange(T, device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
+
+
+def gpt(device: str = "cpu") -> Case:
+    torch.manual_seed(0)
+    with torch.device(device):
+        idx = torch.randint(0, 96, (2, 16))
+        return GPT(), (idx, torch.randint(0, 96, (2, 16))), None
+
+
+# ---------------------------------------------------------------------------
+# HF transformers (shrunk configs, random weights, no download)
+# ---------------------------------------------------------------------------
+
+
+def _hf(model_type: str, auto: str, attn: str | None = None, **cfg_kwargs):
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model(model_type, **cfg_kwargs)
+    if attn is not None:
+        cfg._attn_implementation = attn
+    torch.manual_seed(0)
+    kwargs = {"attn_implementation": attn} if attn is not None else {}
+    return getattr(transformers, auto).from_config(cfg, **kwargs)
+
+
+def hf_gpt2(device: str = "cpu") -> Case:
+    model = _hf("gpt2", "AutoModelForCausalLM", n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64)
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    return model, {"input_ids": ids, "labels": ids.clone()}, None
+
+
+def hf_bert(device: str = "cpu") -> Case:
+    model = _hf("bert", "AutoModelForMaskedLM", vocab_size=128, hidden_size=64, num_hidden_layers=2,
+                num_attention_heads=4, intermediate_size=128, max_position_embeddings=64,
+                hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 128, (2, 16), generator=g)
+    labels = torch.where(torch.rand(2, 16, generator=g) < 0.3, ids, torch.full_like(ids, -100))
+    return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}, None
+
+
+def _llama(attn: str) -> Case:
+    model = _hf("llama", "AutoModelForCausalLM", attn, vocab_size=128, hidden_size=64, intermediate_size=128,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    return model, {"input_ids": ids, "labels": ids.clone()}, None
+
+
+def hf_llama_sdpa(device: str = "cpu") -> Case:
+    return _llama("sdpa")
+
+
+def hf_llama_eager(device: str = "cpu") -> Case:
+    return _llama("eager")
+
+
+def hf_t5(device: str = "cpu") -> Case:
+    model = _hf("t5", "AutoModelForSeq2SeqLM", vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                num_decoder_layers=2, num_heads=4, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0)
+    g = torch.Generator().manual_seed(1)
+    return model, {"input_ids": torch.randint(1, 128, (2, 12), generator=g),
+                   "labels": torch.randint(1, 128, (2, 8), generator=g)}, None
+
+
+# ---------------------------------------------------------------------------
+# other architectures and features
+# ---------------------------------------------------------------------------
+
+
+class LSTMModel(nn.Module):
+    def __init__(self, vocab: int = 64, d: int = 16, hidden: int = 24, classes: int = 5):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.rnn = nn.LSTM(d, hidden, num_layers=2, batch_first=True)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, ids, target):
+        out, _ = self.rnn(self.emb(ids))
+        return F.cross_entropy(self.head(out[:, -1]), target)
+
+
+def lstm(device: str = "cpu") -> Case:
+    torch.manual_seed(0)
+    with torch.device(device):
+        return LSTMModel(), (torch.randint(0, 64, (4, 10)), torch.randint(0, 5, (4,))), None
+
+
+class GRUModel(nn.Module):
+    def __init__(self, d: int = 12, hidden: int = 20):
+        super().__init__()
+        self.rnn = nn.GRU(d, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, 1)
+
+    def forward(self, x):
+        out, h = self.rnn(x)
+        return self.head(out).squeeze(-1)  # (B, T): default loss
+
+
+def gru(device: str = "cpu") -> Case:
+    torch.manual_seed(0)
+    with torch.device(device):
+        return GRUModel(), torch.randn(3, 7, 12), None
+
+
+class MobileBlock(nn.Module):
+    """Depthwise (groups=C) 3x3 conv + BN + hardswish, pointwise 1x1 conv + BN, grouped conv."""
+
+    def __init__(self, c: int = 16, out: int = 24):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, stride=2, padding=1, bias=False)
+        self.dw = nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.pw = nn.Conv2d(c, out, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out)
+        self.grouped = nn.Conv2d(out, out, 3, padding=1, groups=4)
+        self.head = nn.Linear(out, 10)
+
+    def forward(self, x):
+        x = F.hardswish(self.stem(x))
+        x = F.hardswish(self.bn1(self.dw(x)))
+        x = self.bn2(self.pw(x))
+        x = F.relu(self.grouped(x))
+        return self.head(x.mean((2, 3)))
+
+
+def mobilenet(device: str = "cpu") -> Case:
+    torch.manual_seed(0)
+    with torch.device(device):
+        return MobileBlock(), torch.randn(2, 3, 16, 16), lambda out: out.logsumexp(-1).mean()
+
+
+class Branchy(nn.Module):
+    """Data-dependent Python control flow: cannot run on fake tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 16)
+        self.c = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.sum() > 0:
+            h = torch.tanh(self.b(h))
+        else:
+            h = torch.sigmoid(self.b(h)) * 2
+        return self.c(h)
+
+
+def branchy(device: str = "cpu") -> Case:
+    torch.manual_seed(0)
+    with torch.device(device):
+        return Branchy(), torch.randn(8, 16), None
+
+
+class Checkpointed(nn.Module):
+    def __init__(self, reentrant: bool, d: int = 24):
+        super().__init__()
+        self.reentrant = reentrant
+        self.inp = nn.Linear(d, d)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+                                     for _ in range(2)])
+        self.out = nn.Linear(d, 1)
+
+    def forward(self, x):
+        x = self.inp(x)
+        for blk in self.blocks:
+            x = x + checkpoint(blk, x, use_reentrant=self.reentrant)
+        return self.out(torch.tanh(x)).mean()  # scalar output
+
+
+def checkpoint_reentrant(device: str = "cpu") -> Case:
+    torch.manual_seed(0)
+    with torch.device(device):
+        return Checkpointed(True), torch.randn(6, 24), None
+
+
+def checkpoint_nonreentrant(device: str = "cpu") -> Case:
+    torch.manual_seed(0)
+    with torch.device(device):
+        return Checkpointed(False), torch.randn(6, 24), None
+
+
+class DictInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.proj = nn.Linear(8, 6)
+
+    def forward(self, *, image, mask):
+        h = F.silu(self.conv(image)) * mask[:, None]  # mask (B, H, W)
+        return {"logits": self.proj(h.flatten(2).transpose(1, 2)), "mask": mask}
+
+
+def dict_inputs(device: str = "cpu") -> Case:
+    torch.manual_seed(0)
+    with torch.device(device):
+        image = torch.randn(2, 3, 8, 8)
+        mask = (torch.rand(2, 8, 8) > 0.5).float()
+        model = DictInputs()
+    return model, {"image": image, "mask": mask}, lambda out: out["logits"].square().mean()
+
+
+class TiedEmbeddings(nn.Module):
+    def __init__(self, vocab: int = 50, d: int = 16):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.mix = nn.Linear(d, d)
+        self.out = nn.Linear(d, vocab, bias=False)
+        self.out.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.out(torch.relu(self.mix(self.emb(ids))))  # (B, T, vocab)
+
+
+def tied(device: str = "cpu") -> Case:
+    torch.manual_seed(0)
+    with torch.device(device):
+        ids = torch.randint(0, 50, (3, 9))
+        return TiedEmbeddings(), ids, lambda logits: F.cross_entropy(logits.flatten(0, 1), ids.flatten())
+
+
+class Frozen(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Linear(20, 32)
+        self.first.requires_grad_(False)
+        self.norm = nn.LayerNorm(32)
+        self.second = nn.Linear(32, 32)
+        self.third = nn.Linear(32, 3)
+
+    def forward(self, x):
+        return self.third(F.relu(self.second(self.norm(self.first(x)))))
+
+
+def frozen(device: str = "cpu") -> Case:
+    torch.manual_seed(0)
+    with torch.device(device):
+        return Frozen(), torch.randn(5, 20), None
+
+
+# name -> builder
+ZOO: dict[str, Callable[..., Case]] = {
+    "cruncher": cruncher,
+    "mlp": mlp,
+    "vgg": vgg,
+    "gpt": gpt,
+    "hf_gpt2": hf_gpt2,
+    "hf_bert": hf_bert,
+    "hf_llama_sdpa": hf_llama_sdpa,
+    "hf_llama_eager": hf_llama_eager,
+    "hf_t5": hf_t5,
+    "lstm": lstm,
+    "gru": gru,
+    "mobilenet": mobilenet,
+    "branchy": branchy,
+    "checkpoint_reentrant": checkpoint_reentrant,
+    "checkpoint_nonreentrant": checkpoint_nonreentrant,
+    "dict_inputs": dict_inputs,
+    "tied": tied,
+    "frozen": frozen,
+}
+HF = {name for name in ZOO if name.startswith("hf_")}
+# builders whose model and inputs can be built on the meta device
+META_OK = {"cruncher", "mlp", "vgg", "gpt", "lstm", "gru", "mobilenet", "checkpoint_reentrant",
+           "checkpoint_nonreentrant", "dict_inputs", "tied", "frozen"}
