@@ -48,10 +48,12 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .errors import UnsupportedModelError, UserError
 from .optim import build_optimizer
+from .precision import Precision, parse_precision
 from .rules.registry import TensorSpec
 
 log = logging.getLogger(__name__)
@@ -315,17 +317,45 @@ def _materialize(t: torch.Tensor) -> torch.Tensor:
 # -- the capture --------------------------------------------------------------
 
 
-def _real_param_copy(model: torch.nn.Module, name: str, t: torch.Tensor, is_param: bool) -> torch.Tensor:
+def _real_param_copy(t: torch.Tensor, is_param: bool, dtype: torch.dtype) -> torch.Tensor:
     """A private real CPU copy of a parameter or buffer (the user's tensors are never touched)."""
     with torch.no_grad():
         if t.device.type == "meta" or isinstance(t, torch._subclasses.FakeTensor):
             if t.is_floating_point():
-                out = torch.randn(t.shape, dtype=t.dtype) * 0.02 if is_param else torch.ones(t.shape, dtype=t.dtype)
+                out = torch.randn(t.shape, dtype=dtype) * 0.02 if is_param else torch.ones(t.shape, dtype=dtype)
             else:
-                out = torch.zeros(t.shape, dtype=t.dtype)
+                out = torch.zeros(t.shape, dtype=dtype)
         else:
-            out = t.detach().to("cpu", copy=True)
+            out = t.detach().to("cpu", dtype=dtype, copy=True)
     return out.requires_grad_(is_param and t.requires_grad)
+
+
+def _grad_scaler():
+    return torch.amp.GradScaler("cpu")
+
+
+def _wrap_checkpointed(model: torch.nn.Module, classes: tuple[type, ...]) -> Callable[[], None]:
+    """Run every instance of ``classes`` under non-reentrant ``torch.utils.checkpoint``; return an undo."""
+    if not classes:
+        return lambda: None
+    from torch.utils.checkpoint import checkpoint
+
+    wrapped = []
+    for mod in model.modules():
+        if isinstance(mod, classes) and mod is not model:
+            original = mod.forward
+
+            def forward(*a, __f=original, **k):
+                return checkpoint(__f, *a, use_reentrant=False, **k)
+
+            mod.forward = forward
+            wrapped.append(mod)
+
+    def undo() -> None:
+        for mod in wrapped:
+            del mod.forward  # back to the class's forward
+
+    return undo
 
 
 def _model_bytes(model: torch.nn.Module) -> int:
@@ -345,49 +375,56 @@ def _available_ram() -> int:
         return 4 << 30
 
 
-def capture(
-    model: torch.nn.Module,
-    inputs: Any,
-    *,
-    loss_fn: Callable[[Any], torch.Tensor] | None = None,
-    optimizer: Any = "adamw",
-    optimizer_kwargs: Mapping[str, Any] | None = None,
-    foreach: bool | None = None,
-    mode: str = "auto",
-) -> Capture:
+@dataclass(frozen=True)
+class StepOptions:
+    """How the step is run: loss, optimizer, precision, training or inference, checkpointing."""
+
+    loss_fn: Callable[[Any], torch.Tensor] | None = None
+    optimizer: Any = "adamw"
+    optimizer_kwargs: Mapping[str, Any] | None = None
+    foreach: bool | None = None  # optimizer implementation (None: PyTorch's default for the traced device)
+    precision: Precision = parse_precision("fp32")
+    train: bool = True  # False: forward only, under torch.no_grad() and model.eval()
+    checkpoint: tuple[type, ...] = ()  # module classes run under torch.utils.checkpoint (non-reentrant)
+
+
+def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = None, *, mode: str = "auto",
+            **kwargs: Any) -> Capture:
     """Capture one training step of ``model`` on ``inputs``.
 
+    ``options`` (or the same fields as keyword arguments) say how the step runs.
     ``mode``: ``"fake"`` (never allocate), ``"real"`` (small real CPU tensors),
     or ``"auto"`` (fake, falling back to real on data-dependent control flow
     when the model fits in memory).
     """
     if not isinstance(model, torch.nn.Module):
         raise UserError(f"model must be a torch.nn.Module, not {type(model).__name__}")
-    args, kwargs = split_inputs(inputs)
-    if mode in ("auto", "fake"):
-        try:
-            return _capture(model, args, kwargs, loss_fn, optimizer, optimizer_kwargs, foreach, fake=True)
-        except _DataDependent as exc:
-            need = 3 * _model_bytes(model)
-            if mode == "fake" or need > _available_ram() // 2:
-                raise UnsupportedModelError(
-                    f"{exc}: data-dependent control flow cannot be traced on fake tensors and the model "
-                    f"is too large to trace on real ones; make the branch shape-only or pass smaller shapes"
-                ) from exc.__cause__
-            log.info("%s; capturing again on real CPU tensors", exc)
-            cap = _capture(model, args, kwargs, loss_fn, optimizer, optimizer_kwargs, foreach, fake=False)
-            cap.fallback_reason = str(exc)
-            return cap
+    opts = options or StepOptions(**kwargs)
+    args, kw = split_inputs(inputs)
+    if mode not in ("auto", "fake", "real"):
+        raise ValueError(f"mode must be 'auto', 'fake' or 'real', not {mode!r}")
     if mode == "real":
-        return _capture(model, args, kwargs, loss_fn, optimizer, optimizer_kwargs, foreach, fake=False)
-    raise ValueError(f"mode must be 'auto', 'fake' or 'real', not {mode!r}")
+        return _capture(model, args, kw, opts, fake=False)
+    try:
+        return _capture(model, args, kw, opts, fake=True)
+    except _DataDependent as exc:
+        need = 3 * _model_bytes(model)
+        if mode == "fake" or need > _available_ram() // 2:
+            raise UnsupportedModelError(
+                f"{exc}: data-dependent control flow cannot be traced on fake tensors and the model "
+                f"is too large to trace on real ones; make the branch shape-only or pass smaller shapes"
+            ) from exc.__cause__
+        log.info("%s; capturing again on real CPU tensors", exc)
+        cap = _capture(model, args, kw, opts, fake=False)
+        cap.fallback_reason = str(exc)
+        return cap
 
 
 class _DataDependent(Exception):
     """Raised internally when the step reads tensor values on fake tensors."""
 
 
-def _capture(model, args, kwargs, loss_fn, optimizer, optimizer_kwargs, foreach, *, fake: bool) -> Capture:
+def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
     graph = fx.Graph()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
     rec = _Recorder(graph, fake)
@@ -402,9 +439,11 @@ def _capture(model, args, kwargs, loss_fn, optimizer, optimizer_kwargs, foreach,
     named_buffers = dict(model.named_buffers())
     param_owner = {n: n.rpartition(".")[0] for n in list(named_params) + list(named_buffers)}
 
+    dtype_of = opts.precision.traced_dtype
+
     def to_traced(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
         with fake_mode:
-            out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+            out = torch.empty_strided(t.shape, t.stride(), dtype=dtype_of(t.dtype), device="cpu")
         return out.requires_grad_(requires_grad)
 
     if fake:
@@ -412,10 +451,12 @@ def _capture(model, args, kwargs, loss_fn, optimizer, optimizer_kwargs, foreach,
         buffers = {n: to_traced(b, False) for n, b in named_buffers.items()}
         t_args, t_kwargs = pytree.tree_map_only(torch.Tensor, lambda t: to_traced(t, t.requires_grad), (args, kwargs))
     else:
-        params = {n: _real_param_copy(model, n, p, True) for n, p in named_params.items()}
-        buffers = {n: _real_param_copy(model, n, b, False) for n, b in named_buffers.items()}
+        params = {n: _real_param_copy(p, True, dtype_of(p.dtype)) for n, p in named_params.items()}
+        buffers = {n: _real_param_copy(b, False, dtype_of(b.dtype)) for n, b in named_buffers.items()}
         t_args, t_kwargs = pytree.tree_map_only(
-            torch.Tensor, lambda t: _materialize(t).detach().requires_grad_(t.requires_grad), (args, kwargs))
+            torch.Tensor,
+            lambda t: _materialize(t).detach().to(dtype_of(t.dtype)).requires_grad_(t.requires_grad),
+            (args, kwargs))
     flat_inputs = [t for t in pytree.tree_leaves((t_args, t_kwargs)) if isinstance(t, torch.Tensor)]
 
     for n, p in params.items():
@@ -461,39 +502,58 @@ def _capture(model, args, kwargs, loss_fn, optimizer, optimizer_kwargs, foreach,
         return t
 
     was_training = model.training
-    model.train()
+    model.train(opts.train)
     opt_state: dict[str, dict[str, torch.Tensor]] = {}
     optimizer_name = None
+    loss = None
+    loss_source = "none (inference)"
+    restore_forward = _wrap_checkpointed(model, opts.checkpoint)
+    # The traced tensors stand in for the model's own for the whole step (backward recomputation of
+    # checkpointed regions included), as torch.func.functional_call does for a single call.
+    swap = _reparametrize_module(model, {**params, **buffers}, tie_weights=True, strict=False)
     try:
         if fake:
             fake_mode.__enter__()
+        swap.__enter__()
         try:
-            with rec, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                rec.phase = "forward"
-                output = _run_forward(model, params, buffers, t_args, t_kwargs, rec)
-                rec.phase = "loss"
-                loss, loss_source = select_loss(output, loss_fn)
-                del output  # a training loop keeps only the loss
-                if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                    raise UserError("the loss must be a scalar tensor; check loss_fn")
-                if not loss.requires_grad:
-                    raise UserError("the loss does not require grad: no parameter is trainable or the "
-                                    "output is detached; check requires_grad and loss_fn")
-            with rec:
-                rec.phase = "backward"
-                _guard(rec, loss.backward)
-                rec.phase = "optimizer"
-                opt, optimizer_name = build_optimizer(optimizer, params, named_params, optimizer_kwargs, foreach)
-                if opt is not None:
-                    _guard(rec, opt.step)
-                    for n, p in params.items():
-                        st = opt.state.get(p)
-                        if st:
-                            opt_state[n] = {k: v for k, v in st.items() if isinstance(v, torch.Tensor)}
+            if not opts.train:
+                with rec, torch.no_grad():
+                    output = _run_forward(model, t_args, t_kwargs, rec)
+            else:
+                with rec, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    with opts.precision.autocast_context():
+                        output = _run_forward(model, t_args, t_kwargs, rec)
+                        rec.phase = "loss"
+                        loss, loss_source = select_loss(output, opts.loss_fn)
+                    del output  # a training loop keeps only the loss
+                    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                        raise UserError("the loss must be a scalar tensor; check loss_fn")
+                    if not loss.requires_grad:
+                        raise UserError("the loss does not require grad: no parameter is trainable or the "
+                                        "output is detached; check requires_grad and loss_fn")
+                with rec:
+                    rec.phase = "backward"
+                    scaler = _grad_scaler() if opts.precision.grad_scaler else None
+                    _guard(rec, (scaler.scale(loss) if scaler else loss).backward)
+                    rec.phase = "optimizer"
+                    opt, optimizer_name = build_optimizer(opts.optimizer, params, named_params,
+                                                          opts.optimizer_kwargs, opts.foreach)
+                    if opt is not None:
+                        if scaler is not None:
+                            _guard(rec, lambda: scaler.unscale_(opt))
+                        _guard(rec, opt.step)  # GradScaler.step(opt) would skip it on a fake inf check
+                        if scaler is not None:
+                            _guard(rec, scaler.update)
+                        for n, p in params.items():
+                            st = opt.state.get(p)
+                            if st:
+                                opt_state[n] = {k: v for k, v in st.items() if isinstance(v, torch.Tensor)}
         finally:
+            swap.__exit__(None, None, None)
             if fake:
                 fake_mode.__exit__(None, None, None)
     finally:
+        restore_forward()
         for h in handles:
             h.remove()
         model.train(was_training)
@@ -506,10 +566,10 @@ def _capture(model, args, kwargs, loss_fn, optimizer, optimizer_kwargs, foreach,
         "gradient": {rec.sid(g) for g in grads.values()},
         "optimizer_state": {rec.sid(t) for st in opt_state.values() for t in st.values()},
         "saved": set(saved),
-        "loss": {rec.sid(loss)},
+        "loss": {rec.sid(loss)} if loss is not None else set(),
     }
     rec.closed = True
-    graph.output((rec.nodes[loss],) if loss in rec.nodes else ())
+    graph.output((rec.nodes[loss],) if loss is not None and loss in rec.nodes else ())
     return Capture(
         graph=graph,
         nodes=rec.order,
@@ -563,7 +623,5 @@ def _caused_by_data_dependence(exc: BaseException) -> bool:
     return False
 
 
-def _run_forward(model, params, buffers, args, kwargs, rec):
-    from torch.func import functional_call
-
-    return _guard(rec, lambda: functional_call(model, {**params, **buffers}, args, kwargs, strict=False))
+def _run_forward(model, args, kwargs, rec):
+    return _guard(rec, lambda: model(*args, **kwargs))

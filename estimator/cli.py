@@ -39,6 +39,15 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                         "with options, e.g. sgd:momentum=0.9 or adam:amsgrad=true (default: adamw)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="target device whose kernels and optimizer defaults are modelled (default: cuda)")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed"),
+                   help="fp32; bf16/fp16 (model cast); bf16-mixed/fp16-mixed (torch.autocast, fp32 master "
+                        "weights; fp16 with a GradScaler) (default: fp32), e.g. --precision bf16-mixed")
+    p.add_argument("--mode", default="train", choices=("train", "inference"),
+                   help="train: one training step; inference: forward only under torch.no_grad() "
+                        "(default: train), e.g. --mode inference")
+    p.add_argument("--checkpoint", action="append", metavar="CLASS", default=[],
+                   help="what-if: run every instance of this module class under activation checkpointing "
+                        "and show the memory saved and FLOPs added; repeatable, e.g. --checkpoint Block")
     p.add_argument("--debug", action="store_true", help="show the full traceback of errors")
 
 
@@ -63,27 +72,40 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--depth", type=int, default=2, metavar="N",
                      help="module depth of the per-module table (default: 2), e.g. --depth 1")
     est.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout, e.g. --output r.json")
+    est.add_argument("--plot", metavar="FILE.png",
+                     help="draw the live-memory timeline with the peak marked (needs matplotlib), e.g. --plot mem.png")
     est.set_defaults(run=_run_estimate)
     return parser
 
 
-def _write(text: str, output: str | None) -> None:
-    """Print, or write FILE atomically (a temp file renamed into place: never half-written)."""
-    if not output:
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
-        return
-    directory = os.path.dirname(os.path.abspath(output))
+def _atomic(path: str, write, suffix: str = ".tmp") -> None:
+    """Call ``write(tmp)`` on a temp file beside ``path``, then rename it into place: never half-written."""
+    directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
-        raise UserError(f"cannot write {output}: directory {directory} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".estimator-", suffix=".tmp")
+        raise UserError(f"cannot write {path}: directory {directory} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".estimator-", suffix=suffix)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text if text.endswith("\n") else text + "\n")
-        os.replace(tmp, output)
+        write(tmp)
+        os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _write(text: str, output: str | None) -> None:
+    """Print, or write FILE atomically."""
+    text = text if text.endswith("\n") else text + "\n"
+    if not output:
+        sys.stdout.write(text)
+        return
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            f.write(text)
+
+    _atomic(output, write)
 
 
 def _run_estimate(args: argparse.Namespace) -> int:
@@ -94,6 +116,7 @@ def _run_estimate(args: argparse.Namespace) -> int:
         raise UserError(f"--depth must be >= 0, not {args.depth}")
     model, inputs = load(args.spec, args.input)
     report = estimate(model, inputs, optimizer=args.optimizer, device=args.device, depth=args.depth,
+                      precision=args.precision, mode=args.mode, checkpoint=args.checkpoint or None,
                       model_name=args.spec)
     if args.format == "json":
         text = json.dumps(report.to_dict(), indent=2)
@@ -101,6 +124,10 @@ def _run_estimate(args: argparse.Namespace) -> int:
         text = report.to_markdown()
     else:
         text = report.render()
+    if args.plot:
+        from .memory import plot
+
+        _atomic(args.plot, lambda tmp: plot(report.memory, tmp, title=f"{args.spec}: live memory"), suffix=".png")
     _write(text, args.output)
     return 0
 

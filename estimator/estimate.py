@@ -1,4 +1,4 @@
-"""The one-call API: capture a training step, apply the rules, tally, report."""
+"""The one-call API: capture a training step, apply the rules, tally, simulate memory, report."""
 
 from __future__ import annotations
 
@@ -6,10 +6,30 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from .capture import capture
+from .capture import StepOptions, capture
+from .errors import UserError
 from .memory import simulate
-from .report import Report
+from .precision import parse_precision
+from .report import CheckpointWhatIf, Report
 from .tally import tally
+
+
+def _resolve_classes(model: torch.nn.Module, checkpoint: Any) -> tuple[type, ...]:
+    """Module classes from classes or class names (``"Block"``, ``"GPT2Block"``) found in ``model``."""
+    if not checkpoint:
+        return ()
+    items = checkpoint if isinstance(checkpoint, (list, tuple, set)) else [checkpoint]
+    by_name = {type(m).__name__: type(m) for m in model.modules()}
+    classes = []
+    for item in items:
+        if isinstance(item, type):
+            classes.append(item)
+        elif isinstance(item, str) and item in by_name:
+            classes.append(by_name[item])
+        else:
+            raise UserError(f"--checkpoint {item!r}: no module of that class in the model; "
+                            f"classes present: {', '.join(sorted(by_name)[:15])}")
+    return tuple(classes)
 
 
 def estimate(
@@ -20,8 +40,11 @@ def estimate(
     optimizer_kwargs: Mapping[str, Any] | None = None,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     device: str = "cuda",
+    precision: str = "fp32",
+    mode: str = "train",
+    checkpoint: Any = None,
     depth: int = 2,
-    mode: str = "auto",
+    trace: str = "auto",
     model_name: str | None = None,
 ) -> Report:
     """Estimate one training step (forward, loss, backward, optimizer step) of ``model``.
@@ -36,24 +59,45 @@ def estimate(
         optimizer_kwargs: extra keyword arguments for the optimizer.
         loss_fn: ``loss_fn(output) -> scalar``; default: the output if it is a scalar,
             else ``output.loss``, else the sum of the means of the floating-point outputs.
-        device: the target device (``"cuda"`` or ``"cpu"``): picks the optimizer
-            implementation PyTorch defaults to there (foreach on CUDA).
+        device: the target device (``"cuda"`` or ``"cpu"``): the optimizer implementation
+            PyTorch defaults to there (foreach on CUDA) and the allocator's rounding.
+        precision: ``fp32``, ``bf16``, ``fp16``, ``bf16-mixed`` or ``fp16-mixed`` (see
+            :mod:`estimator.precision`).
+        mode: ``"train"`` (one training step) or ``"inference"`` (forward under ``no_grad``).
+        checkpoint: module classes (or class names) to run under activation checkpointing,
+            as a what-if: the report shows the memory saved and the FLOPs added.
         depth: module depth of the per-module table.
-        mode: ``"auto"``, ``"fake"`` or ``"real"`` (see :func:`estimator.capture.capture`).
+        trace: ``"auto"``, ``"fake"`` or ``"real"`` (see :func:`estimator.capture.capture`).
     """
     if device not in ("cuda", "cpu"):
-        from .errors import UserError
-
         raise UserError(f"device must be 'cuda' or 'cpu', not {device!r}")
-    cap = capture(
-        model,
-        inputs,
+    if mode not in ("train", "inference"):
+        raise UserError(f"mode must be 'train' or 'inference', not {mode!r}")
+    options = StepOptions(
         loss_fn=loss_fn,
-        optimizer=optimizer,
+        optimizer=optimizer if mode == "train" else None,
         optimizer_kwargs=optimizer_kwargs,
         foreach=True if device == "cuda" else None,
-        mode=mode,
+        precision=parse_precision(precision),
+        train=mode == "train",
     )
+    classes = _resolve_classes(model, checkpoint)
+    cap = capture(model, inputs, options, mode=trace)
     t = tally(cap)
     profile = simulate(cap, device)
-    return Report(cap, t, model_name=model_name or type(model).__name__, depth=depth, memory=profile)
+    report = Report(cap, t, model_name=model_name or type(model).__name__, depth=depth, memory=profile,
+                    device=device, precision=options.precision.name, mode=mode)
+    if classes:
+        from dataclasses import replace
+
+        cap_ckpt = capture(model, inputs, replace(options, checkpoint=classes), mode=trace)
+        t_ckpt = tally(cap_ckpt)
+        prof_ckpt = simulate(cap_ckpt, device)
+        report.checkpoint = CheckpointWhatIf(
+            classes=[c.__name__ for c in classes],
+            peak=prof_ckpt.peak,
+            peak_saved=profile.peak - prof_ckpt.peak,
+            flops_backward=t_ckpt.flops["backward"],
+            flops_added=t_ckpt.flops["backward"] - t.flops["backward"],
+        )
+    return report

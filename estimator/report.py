@@ -70,6 +70,20 @@ class ModuleRow:
 
 
 @dataclass
+class CheckpointWhatIf:
+    """The same step with activation checkpointing on every instance of ``classes``."""
+
+    classes: list[str]
+    peak: int
+    peak_saved: int
+    flops_backward: int
+    flops_added: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
 class Report:
     """The estimate of one training step.  ``print(report)`` shows tables; ``to_dict()`` is JSON-ready."""
 
@@ -78,6 +92,10 @@ class Report:
     model_name: str = ""
     depth: int = 2
     memory: MemoryProfile | None = None
+    device: str = "cuda"
+    precision: str = "fp32"
+    mode: str = "train"
+    checkpoint: CheckpointWhatIf | None = None
 
     # -- access ---------------------------------------------------------------
     @property
@@ -137,6 +155,9 @@ class Report:
             "capture_fallback": self.capture.fallback_reason,
             "loss": self.capture.loss_source,
             "optimizer": self.capture.optimizer_name,
+            "device": self.device,
+            "precision": self.precision,
+            "mode": self.mode,
             "params": {"total": t.params_total, "trainable": t.params_trainable},
             "memory": {
                 "parameters": t.parameters_bytes,
@@ -156,6 +177,7 @@ class Report:
                 "optimizer": t.flops["optimizer"],
                 "by_dtype": dict(t.flops_by_dtype),
             },
+            "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None,
             "modules": [r.to_dict() for r in self.module_rows(depth)],
             "unsupported_ops": list(t.unsupported),
         }
@@ -169,6 +191,7 @@ class Report:
             ("Parameters", f"{fmt_count(t.params_total)} ({fmt_count(t.params_trainable)} trainable)"),
             ("Loss", self.capture.loss_source),
             ("Optimizer", self.capture.optimizer_name or "none"),
+            ("Target", f"{self.device}, {self.precision}, {self.mode}"),
             ("Memory: parameters", fmt_bytes(t.parameters_bytes)),
             ("Memory: buffers", fmt_bytes(t.buffers_bytes)),
             ("Memory: gradients", fmt_bytes(t.gradients_bytes)),
@@ -195,6 +218,11 @@ class Report:
         ]
         for dtype, n in sorted(t.flops_by_dtype.items()):
             rows.append((f"FLOPs: {dtype}", fmt_flops(n)))
+        if self.checkpoint:
+            c = self.checkpoint
+            rows.append((f"What-if: checkpoint {', '.join(c.classes)}",
+                         f"peak {fmt_bytes(c.peak)} (saves {fmt_bytes(c.peak_saved)}), "
+                         f"backward +{fmt_flops(c.flops_added)}"))
         if t.flops["optimizer"]:
             rows.append(("FLOPs: optimizer step", fmt_flops(t.flops["optimizer"])))
         if self.capture.fallback_reason:

@@ -169,20 +169,46 @@ def _hf(model_type: str, auto: str, attn: str | None = None, **cfg_kwargs):
     return getattr(transformers, auto).from_config(cfg, **kwargs)
 
 
+def gpt_bf16(device: str = "cpu") -> Case:
+    """The GPT above in bfloat16 (CPU SDPA, layer norm and cross-entropy in bf16)."""
+    model, inputs, loss_fn = gpt(device)
+    return model.to(torch.bfloat16), inputs, loss_fn
+
+
+def vgg_channels_last(device: str = "cpu") -> Case:
+    model, (x, target), loss_fn = vgg(device)
+    return model.to(memory_format=torch.channels_last), (x.contiguous(memory_format=torch.channels_last), target), loss_fn
+
+
 def hf_gpt2(device: str = "cpu") -> Case:
     model = _hf("gpt2", "AutoModelForCausalLM", n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64)
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
     return model, {"input_ids": ids, "labels": ids.clone()}, None
 
 
-def hf_bert(device: str = "cpu") -> Case:
+def _bert(padded: bool) -> Case:
     model = _hf("bert", "AutoModelForMaskedLM", vocab_size=128, hidden_size=64, num_hidden_layers=2,
                 num_attention_heads=4, intermediate_size=128, max_position_embeddings=64,
                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 128, (2, 16), generator=g)
     labels = torch.where(torch.rand(2, 16, generator=g) < 0.3, ids, torch.full_like(ids, -100))
-    return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}, None
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, 12:] = 0  # the second sequence is 12 tokens long
+    return model, {"input_ids": ids, "attention_mask": mask, "labels": labels}, None
+
+
+def hf_bert(device: str = "cpu") -> Case:
+    """BERT MLM, a padded batch: HF builds the SDPA mask in both the real and the fake step."""
+    return _bert(padded=True)
+
+
+def hf_bert_unpadded(device: str = "cpu") -> Case:
+    """BERT MLM with an all-ones attention_mask: on real tensors HF drops the mask
+    (``padding_mask.all()`` in transformers.masking_utils), on fake tensors it cannot read
+    the values and keeps it, so SDPA saves a (B, 1, S, S) mask per layer in the fake step only."""
+    return _bert(padded=False)
 
 
 def _llama(attn: str) -> Case:
@@ -344,7 +370,7 @@ def dict_inputs(device: str = "cpu") -> Case:
         image = torch.randn(2, 3, 8, 8)
         mask = (torch.rand(2, 8, 8) > 0.5).float()
         model = DictInputs()
-    return model, {"image": image, "mask": mask}, lambda out: out["logits"].square().mean()
+    return model, {"image": image, "mask": mask}, None  # default loss: mean of "logits" ("mask" needs no grad)
 
 
 class TiedEmbeddings(nn.Module):
@@ -391,8 +417,11 @@ ZOO: dict[str, Callable[..., Case]] = {
     "mlp": mlp,
     "vgg": vgg,
     "gpt": gpt,
+    "gpt_bf16": gpt_bf16,
+    "vgg_channels_last": vgg_channels_last,
     "hf_gpt2": hf_gpt2,
     "hf_bert": hf_bert,
+    "hf_bert_unpadded": hf_bert_unpadded,
     "hf_llama_sdpa": hf_llama_sdpa,
     "hf_llama_eager": hf_llama_eager,
     "hf_t5": hf_t5,
@@ -408,5 +437,5 @@ ZOO: dict[str, Callable[..., Case]] = {
 }
 HF = {name for name in ZOO if name.startswith("hf_")}
 # builders whose model and inputs can be built on the meta device
-META_OK = {"cruncher", "mlp", "vgg", "gpt", "lstm", "gru", "mobilenet", "checkpoint_reentrant",
+META_OK = {"cruncher", "mlp", "vgg", "gpt", "gpt_bf16", "vgg_channels_last", "branchy", "lstm", "gru", "mobilenet", "checkpoint_reentrant",
            "checkpoint_nonreentrant", "dict_inputs", "tied", "frozen"}
