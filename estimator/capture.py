@@ -142,6 +142,7 @@ class _Recorder(TorchDispatchMode):
         self.accumulate_owner: Callable[[Any], str] = lambda fn: ""
         self._anchor: fx.Node | None = None  # last placeholder
         self.current_op: Any = None
+        self.current_module = ""
         self.n_constants = 0
         # storage bookkeeping
         self.sid_of: dict[int, int] = {}  # live storage _cdata -> sid
@@ -217,6 +218,7 @@ class _Recorder(TorchDispatchMode):
             # Optimizers read scalar step counts (``step.item()``); any value gives the same shapes.
             return 1.0
         self.current_op = func
+        self.current_module = self.module_stack[-1] if self.module_stack else ""
         node_args, node_kwargs = pytree.tree_map_only(torch.Tensor, self._node_of, (args, kwargs))
         out = func(*args, **kwargs)
         module, fwd_node = self._where()
@@ -597,15 +599,11 @@ def _guard(rec: _Recorder, fn: Callable[[], Any]) -> Any:
         return fn()
     except UserError:
         raise
-    except _DATA_DEPENDENT as exc:
-        where = rec.module_stack[-1] if rec.module_stack else rec._where()[0]
-        raise _DataDependent(f"module '{where or type(exc).__name__}' reads tensor values in "
-                             f"{rec.current_op} ({rec.phase})") from exc
     except Exception as exc:
+        where = rec.current_module
         if _caused_by_data_dependence(exc):
-            where = rec.module_stack[-1] if rec.module_stack else ""
-            raise _DataDependent(f"module '{where}' reads tensor values in {rec.current_op} ({rec.phase})") from exc
-        where = rec.module_stack[-1] if rec.module_stack else ""
+            raise _DataDependent(f"module {where or '(root)'!r} reads tensor values in "
+                                 f"{rec.current_op} ({rec.phase})") from exc
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UserError(
             f"the {rec.phase} pass failed{f' in module {where!r}' if where else ''}: "
