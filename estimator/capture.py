@@ -410,8 +410,11 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
     try:
         return _capture(model, args, kw, opts, fake=True)
     except _DataDependent as exc:
+        if mode == "fake":
+            raise UnsupportedModelError(f"{exc}: data-dependent control flow cannot be traced on fake tensors; "
+                                        f"allow a trace on real CPU tensors (trace='auto')") from exc.__cause__
         need = 3 * _model_bytes(model)
-        if mode == "fake" or need > _available_ram() // 2:
+        if need > _available_ram() // 2:
             raise UnsupportedModelError(
                 f"{exc}: data-dependent control flow cannot be traced on fake tensors and the model "
                 f"is too large to trace on real ones; make the branch shape-only or pass smaller shapes"

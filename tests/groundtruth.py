@@ -203,7 +203,7 @@ def build_real_optimizer(spec: Any, model: torch.nn.Module, memo: Mapping[int, A
         for g in spec.param_groups:
             groups.append({**{k: v for k, v in g.items() if k != "params"},
                            "params": [memo[id(p)] for p in g["params"] if memo[id(p)].requires_grad]})
-        return type(spec)(groups, **spec.defaults)
+        return type(spec)(groups)
     raise TypeError(f"unknown optimizer spec {spec!r}")
 
 
