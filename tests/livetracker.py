@@ -49,3 +49,42 @@ class LiveTracker(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 self.register(t)
         return out
+
+
+def measure_peaks(model, inputs, optimizer_factory, loss_of, *, autocast_dtype=None, train=True, steps=2):
+    """Live-byte peaks of ``steps`` real CPU iterations: [first, second, ...].
+
+    Each iteration: forward (under CPU autocast when ``autocast_dtype``), loss, backward,
+    ``optimizer.step()``, ``zero_grad(set_to_none=True)``; the model output is dropped once the
+    loss is computed, as a training loop does.  ``train=False``: forward under ``no_grad`` in eval mode.
+    """
+    import contextlib
+
+    args, kwargs = ((), dict(inputs)) if isinstance(inputs, dict) else (
+        (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs), {})
+    tracker = LiveTracker()
+    for t in list(model.parameters()) + list(model.buffers()):
+        tracker.register(t)
+    for t in pytree.tree_leaves((args, kwargs)):
+        if isinstance(t, torch.Tensor):
+            tracker.register(t)
+    model.train(train)
+    opt = optimizer_factory(model.parameters()) if train else None
+    amp = (lambda: torch.autocast("cpu", dtype=autocast_dtype)) if autocast_dtype else contextlib.nullcontext
+    peaks = []
+    with tracker:
+        for _ in range(steps):
+            tracker.reset_peak()
+            if train:
+                with amp():
+                    loss = loss_of(model(*args, **kwargs))
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                del loss
+            else:
+                with torch.no_grad():
+                    out = model(*args, **kwargs)
+                del out
+            peaks.append(tracker.peak)
+    return peaks

@@ -1,0 +1,105 @@
+"""Peak memory: the lifetime simulation against a live-tensor tracker on a real CPU step.
+
+Ground truth is measured in the same run (``livetracker.measure_peaks``) on a real
+training loop; the estimate comes from fake tensors. Targets (issue: memory
+simulation): steady-state and first-step peaks within 1 %, fp32 and bf16-mixed.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import groundtruth
+import zoo
+from livetracker import measure_peaks
+
+from estimator import estimate
+from estimator.memory import CUDA_BLOCK, round_cuda
+
+# nn.LSTM on CPU runs oneDNN's mkldnn_rnn_layer, whose real workspace (86,016 B for the zoo's
+# 10x4x24 LSTM layer) the meta kernel reports as 0 bytes: the fake trace cannot see it.
+LSTM_WORKSPACE = pytest.mark.xfail(strict=True, reason="mkldnn_rnn_layer meta kernel returns a 0-byte workspace")
+CASES = ["cruncher", "mlp", "vgg", "gpt", pytest.param("lstm", marks=LSTM_WORKSPACE), "mobilenet", "tied", "frozen", "checkpoint_reentrant",
+         "checkpoint_nonreentrant", "dict_inputs", "hf_gpt2", "hf_llama_sdpa", "hf_bert"]
+
+
+def _case(name):
+    if name in zoo.HF:
+        pytest.importorskip("transformers")
+    return zoo.ZOO[name]()
+
+
+def _truth(name, precision="fp32", train=True):
+    model, inputs, loss_fn = _case(name)
+    dtype = torch.bfloat16 if precision == "bf16-mixed" else None
+    return measure_peaks(copy.deepcopy(model), inputs, lambda p: torch.optim.AdamW(p, lr=1e-3),
+                         lambda out: groundtruth._loss(out, loss_fn), autocast_dtype=dtype, train=train)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+@pytest.mark.parametrize("name", CASES)
+def test_peak_matches_live_tracker(name, precision):
+    model, inputs, loss_fn = _case(name)
+    first, steady = _truth(name, precision)
+    report = estimate(model, inputs, optimizer="adamw", loss_fn=loss_fn, device="cpu", precision=precision)
+    mem = report.to_dict()["memory"]
+    assert mem["peak"] == pytest.approx(steady, rel=0.01), (mem["peak"], steady)
+    assert mem["peak_first_step"] == pytest.approx(first, rel=0.01), (mem["peak_first_step"], first)
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt", "vgg"])
+def test_inference_peak(name):
+    model, inputs, loss_fn = _case(name)
+    truth = _truth(name, train=False)[-1]
+    report = estimate(model, inputs, loss_fn=loss_fn, device="cpu", mode="inference")
+    d = report.to_dict()
+    assert d["memory"]["peak"] == pytest.approx(truth, rel=0.01)
+    assert d["memory"]["activations"] == 0  # nothing saved under no_grad
+
+
+def test_peak_is_more_than_any_component_and_breakdown_sums():
+    model, inputs, loss_fn = _case("gpt")
+    mem = estimate(model, inputs, device="cpu").to_dict()["memory"]
+    assert sum(mem["peak_breakdown"].values()) == mem["peak"]
+    assert mem["peak"] >= mem["parameters"] + mem["optimizer_state"]
+    assert mem["peak_phase"] in ("forward", "loss", "backward", "optimizer")
+
+
+def test_cuda_rounding_to_allocator_blocks():
+    # Each allocation is rounded up to a multiple of 512 bytes (c10 CUDACachingAllocator kMinBlockSize).
+    assert round_cuda(1) == CUDA_BLOCK and round_cuda(512) == 512 and round_cuda(513) == 1024 and round_cuda(0) == 0
+    model, inputs, loss_fn = _case("mlp")
+    cpu = estimate(model, inputs, device="cpu").to_dict()["memory"]
+    cuda = estimate(model, inputs, device="cuda").to_dict()["memory"]
+    assert cuda["peak"] >= cpu["peak"]  # rounding only adds
+    assert set(cuda["reserve"]) == {"cuda_context", "cublas_workspace", "fragmentation"}
+
+
+def test_checkpoint_what_if_saves_memory_and_adds_flops():
+    model, inputs, loss_fn = _case("gpt")
+    base = estimate(model, inputs, device="cpu", optimizer="sgd")
+    what_if = estimate(model, inputs, device="cpu", optimizer="sgd", checkpoint=zoo.Block)
+    c = what_if.to_dict()["checkpoint"]
+    assert c["classes"] == ["Block"]
+    # Backward recomputes each Block's forward, up to the last tensor backward needs (non-reentrant
+    # checkpoint stops early), so it adds at most the Blocks' forward FLOPs; exact recompute FLOPs
+    # are checked against FlopCounterMode in test_accuracy's checkpoint cases.
+    block_fwd = sum(m.flops_forward for path, m in base.tally.modules.items() if path.startswith("blocks."))
+    assert 0 < c["flops_added"] <= block_fwd
+    assert c["peak_saved"] > 0
+
+
+def test_timeline_and_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    from estimator.memory import plot
+
+    model, inputs, loss_fn = _case("mlp")
+    report = estimate(model, inputs, device="cpu")
+    phases = {p.phase for p in report.memory.timeline}
+    assert {"forward", "backward", "optimizer"} <= phases
+    out = tmp_path / "mem.png"
+    plot(report.memory, str(out))
+    assert out.stat().st_size > 1000
