@@ -75,6 +75,35 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--plot", metavar="FILE.png",
                      help="draw the live-memory timeline with the peak marked (needs matplotlib), e.g. --plot mem.png")
     est.set_defaults(run=_run_estimate)
+
+    val = sub.add_parser("validate", help="check an estimate against a live run (e.g. estimator validate "
+                                          "examples/mlp.py:build --device cpu)",
+                         description="Estimate, then run real training iterations on the device and compare: "
+                                     "model states, saved activations, peak memory, FLOPs, step time, MFU. "
+                                     "Exit 0 when every line is within the tolerance, 1 otherwise.",
+                         epilog="examples:\n  estimator validate examples/mlp.py:build --device cpu\n"
+                                "  estimator validate examples/gpt.py:build --precision bf16-mixed --steps 20 "
+                                "--format json",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_common(val)
+    val.set_defaults(device=None)
+    val.add_argument("--steps", type=int, default=5, metavar="N",
+                     help="timed iterations after the warm-up (default: 5), e.g. --steps 20")
+    val.add_argument("--tolerance", type=float, default=5.0, metavar="PCT",
+                     help="largest relative error accepted, in percent (default: 5), e.g. --tolerance 1")
+    val.add_argument("--peak-tflops", type=float, metavar="TFLOPS",
+                     help="the device's peak for MFU when it is not in the hardware table, e.g. --peak-tflops 312")
+    val.add_argument("--force", action="store_true", help="run even if the estimated peak exceeds free memory")
+    val.add_argument("--format", default="table", choices=("table", "json"), help="output format, e.g. --format json")
+    val.set_defaults(run=_run_validate)
+
+    hw = sub.add_parser("hardware", help="list the GPUs known to the tool (e.g. estimator hardware --format json)",
+                        description="GPUs with memory, bandwidth and dense peak TFLOP/s per dtype "
+                                    "(sources in estimator/hardware.py).")
+    hw.add_argument("--format", default="table", choices=("table", "json", "markdown"),
+                    help="output format, e.g. --format markdown")
+    hw.add_argument("--debug", action="store_true", help="show the full traceback of errors")
+    hw.set_defaults(run=_run_hardware)
     return parser
 
 
@@ -129,6 +158,33 @@ def _run_estimate(args: argparse.Namespace) -> int:
 
         _atomic(args.plot, lambda tmp: plot(report.memory, tmp, title=f"{args.spec}: live memory"), suffix=".png")
     _write(text, args.output)
+    return 0
+
+
+def _run_validate(args: argparse.Namespace) -> int:
+    from .specs import load
+    from .validate import validate
+
+    model, inputs = load(args.spec, args.input)
+    result = validate(model, inputs, optimizer=args.optimizer, device=args.device, precision=args.precision,
+                      steps=args.steps, tolerance=args.tolerance, force=args.force, peak_tflops=args.peak_tflops)
+    _write(json.dumps(result.to_dict(), indent=2) if args.format == "json" else result.render(), None)
+    return 0 if result.ok else 1
+
+
+def _run_hardware(args: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    from .hardware import GPUS, TABLE_HEADERS, table_rows
+
+    if args.format == "json":
+        text = json.dumps([{"name": g.name, "memory": g.memory, "bandwidth": g.bandwidth, "peak_flops": g.peak,
+                            "aliases": list(g.aliases)} for g in GPUS], indent=2)
+    else:
+        text = ("Dense peak TFLOP/s (no sparsity); memory in GB (10^9 bytes)\n" +
+                tabulate(table_rows(), headers=TABLE_HEADERS, tablefmt="github" if args.format == "markdown"
+                         else "simple", disable_numparse=True))
+    _write(text, None)
     return 0
 
 

@@ -1,0 +1,115 @@
+"""Accelerators: memory, bandwidth and dense peak FLOP/s per dtype.
+
+All FLOP/s are *dense* (no 2:4 structured sparsity) tensor-core peaks from the
+vendors' datasheets; ``fp32`` is the non-tensor-core peak.  ``None`` means the
+chip has no such mode.  Sources (one per entry, the vendor's datasheet):
+
+* V100: NVIDIA Tesla V100 datasheet (SXM2 32 GB): 15.7 fp32, 125 fp16 tensor, 900 GB/s.
+* A100: NVIDIA A100 datasheet (SXM): 19.5 fp32, 156 tf32, 312 bf16/fp16; 40 GB at 1,555 GB/s,
+  80 GB at 2,039 GB/s (the CS336 lecture's 19.5 / 312 figures).
+* H100 SXM / PCIe: NVIDIA H100 datasheet: SXM 67 fp32, 494.7 tf32, 989.4 bf16/fp16 (1,979 is with
+  sparsity), 1,978.9 fp8, 3.35 TB/s; PCIe 51 fp32, 378 tf32, 756 bf16/fp16, 1,513 fp8, 2.0 TB/s.
+* H200: NVIDIA H200 datasheet (SXM): H100 SXM compute, 141 GB at 4.8 TB/s.
+* B200: NVIDIA DGX/HGX B200 datasheet, per GPU: 80 fp32, 1,100 tf32, 2,250 bf16/fp16, 4,500 fp8
+  (dense = half the sparse figures), 180 GB at 8 TB/s.
+* L4: NVIDIA L4 datasheet: 30.3 fp32, 60 tf32, 121 bf16/fp16, 242.5 fp8, 24 GB at 300 GB/s.
+* L40S: NVIDIA L40S datasheet: 91.6 fp32, 183 tf32, 362 bf16/fp16, 733 fp8, 48 GB at 864 GB/s.
+* RTX 3090: NVIDIA Ampere GA102 whitepaper: 35.6 fp32, 35.6 tf32, 71 bf16/fp16 (fp32
+  accumulate), 24 GB at 936 GB/s.
+* RTX 4090: NVIDIA Ada Lovelace whitepaper: 82.6 fp32, 82.6 tf32, 165.2 bf16/fp16 (fp32
+  accumulate), 330.3 fp8, 24 GB at 1,008 GB/s.
+* MI300X: AMD Instinct MI300X datasheet: 163.4 fp32, 653.7 tf32, 1,307.4 bf16/fp16, 2,614.9 fp8,
+  192 GB at 5.3 TB/s.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+
+from .errors import UserError
+
+GB = 10**9
+GiB = 2**30
+TERA = 10**12
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory: int  # bytes
+    bandwidth: float  # bytes/s
+    peak: dict[str, float | None]  # dtype -> dense FLOP/s
+    aliases: tuple[str, ...] = ()
+
+    def peak_flops(self, dtype: str) -> float | None:
+        return self.peak.get(_DTYPE_KEYS.get(dtype, dtype))
+
+
+_DTYPE_KEYS = {"float32": "fp32", "float": "fp32", "tf32": "tf32", "bfloat16": "bf16", "float16": "fp16",
+               "half": "fp16", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8"}
+
+
+def _gpu(name, memory_gb, bw_gbs, fp32, tf32, bf16, fp16, fp8, aliases=()):
+    t = lambda x: None if x is None else x * TERA  # noqa: E731
+    return GPU(name, int(memory_gb * GB), bw_gbs * GB,
+               {"fp32": t(fp32), "tf32": t(tf32), "bf16": t(bf16), "fp16": t(fp16), "fp8": t(fp8)}, aliases)
+
+
+GPUS: tuple[GPU, ...] = (
+    _gpu("V100", 32, 900, 15.7, None, None, 125, None, ("v100-sxm2", "tesla v100", "v100-32gb")),
+    _gpu("A100-40GB", 40, 1555, 19.5, 156, 312, 312, None, ("a100", "a100-sxm4-40gb", "a100 40gb")),
+    _gpu("A100-80GB", 80, 2039, 19.5, 156, 312, 312, None, ("a100-sxm4-80gb", "a100 80gb", "a100-80g")),
+    _gpu("H100-SXM", 80, 3350, 67, 494.7, 989.4, 989.4, 1978.9, ("h100", "h100 80gb hbm3", "h100-sxm5")),
+    _gpu("H100-PCIe", 80, 2000, 51, 378, 756, 756, 1513, ("h100 pcie", "h100-pcie-80gb")),
+    _gpu("H200", 141, 4800, 67, 494.7, 989.4, 989.4, 1978.9, ("h200-sxm", "h200 141gb")),
+    _gpu("B200", 180, 8000, 80, 1100, 2250, 2250, 4500, ("b200-sxm", "nvidia b200")),
+    _gpu("L4", 24, 300, 30.3, 60, 121, 121, 242.5, ("nvidia l4",)),
+    _gpu("L40S", 48, 864, 91.6, 183, 362, 362, 733, ("nvidia l40s",)),
+    _gpu("RTX3090", 24, 936, 35.6, 35.6, 71, 71, None, ("rtx 3090", "geforce rtx 3090", "3090")),
+    _gpu("RTX4090", 24, 1008, 82.6, 82.6, 165.2, 165.2, 330.3, ("rtx 4090", "geforce rtx 4090", "4090")),
+    _gpu("MI300X", 192, 5300, 163.4, 653.7, 1307.4, 1307.4, 2614.9, ("amd instinct mi300x", "mi300")),
+)
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+_INDEX = {_norm(a): g for g in GPUS for a in (g.name, *g.aliases)}
+
+
+def lookup(name: str) -> GPU:
+    """The GPU called ``name`` (case-insensitive, aliases accepted); a UserError lists close names."""
+    gpu = _INDEX.get(_norm(name))
+    if gpu is not None:
+        return gpu
+    close = difflib.get_close_matches(_norm(name), list(_INDEX), n=3, cutoff=0.5)
+    names = sorted({_INDEX[c].name for c in close}) or [g.name for g in GPUS]
+    raise UserError(f"unknown GPU {name!r}; did you mean {', '.join(names)}? (estimator hardware lists all)")
+
+
+def match_device_name(device_name: str) -> GPU | None:
+    """Match ``torch.cuda.get_device_name()`` (e.g. 'NVIDIA H100 80GB HBM3') to the table, or None."""
+    n = _norm(device_name)
+    if n in _INDEX:
+        return _INDEX[n]
+    if "h100" in n:
+        return _INDEX[_norm("H100-PCIe")] if "pcie" in n else _INDEX[_norm("H100-SXM")]
+    if "a100" in n:
+        return _INDEX[_norm("A100-80GB")] if "80" in n else _INDEX[_norm("A100-40GB")]
+    for g in sorted(GPUS, key=lambda g: -len(g.name)):
+        if _norm(g.name) in n:
+            return g
+    return None
+
+
+def table_rows() -> list[list[str]]:
+    fmt = lambda v: "-" if v is None else f"{v / TERA:g}"  # noqa: E731
+    return [[g.name, f"{g.memory / GB:g} GB", f"{g.bandwidth / GB:g} GB/s",
+             *(fmt(g.peak[k]) for k in ("fp32", "tf32", "bf16", "fp16", "fp8")), ", ".join(g.aliases)]
+            for g in GPUS]
+
+
+TABLE_HEADERS = ["GPU", "Memory", "Bandwidth", "fp32", "tf32", "bf16", "fp16", "fp8", "Aliases"]

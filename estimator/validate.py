@@ -1,0 +1,379 @@
+"""Check an estimate against a live training run on the GPU (or CPU).
+
+The measurements, independent of the estimator's rules and simulation:
+
+* parameters, buffers, gradients, optimizer state: bytes of the real tensors
+  after a real ``optimizer.step()``;
+* activations: distinct storages that autograd saves during forward + loss
+  (``torch.autograd.graph.saved_tensors_hooks``), parameters excluded;
+* peak: ``torch.cuda.max_memory_allocated()`` after ``reset_peak_memory_stats()``
+  over a steady-state iteration (CUDA), or a live-tensor tracker (CPU), less what
+  was allocated before the run;
+* FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` with its three known
+  defects fixed (:data:`FLOP_FIXES`);
+* step time: median of ``steps`` synchronised iterations after a warm-up;
+  achieved FLOP/s = measured matmul-class FLOPs (forward + backward) / step time;
+  MFU = achieved / the device's dense peak for the dtype (PaLM, Chowdhery et al.
+  2022, appendix B: model FLOPs utilisation).
+
+The user's model is never changed: the run uses a deep copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import statistics
+import time
+import weakref
+from dataclasses import dataclass, field
+from math import prod
+from typing import Any, Callable
+
+import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, sdpa_backward_flop_count, sdpa_flop_count
+
+from .capture import select_loss, split_inputs
+from .errors import UserError
+from .estimate import estimate
+from .hardware import match_device_name
+from .optim import build_optimizer
+from .precision import parse_precision
+
+aten = torch.ops.aten
+
+ROWS = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "peak",
+        "flops_forward", "flops_backward")
+
+
+# -- FlopCounterMode with its known defects fixed ----------------------------
+# Formulas get shapes (tensor arguments as torch.Size) and out_shape, as FlopCounterMode passes them.
+
+
+def sdpa_cpu_flop(query, key, value, *args, out_shape=None, **kwargs) -> int:
+    """CPU flash attention, forward: torch's SDPA formula, 2*bh*s_q*s_k*(d_q + d_v)."""
+    return sdpa_flop_count(query, key, value)
+
+
+def sdpa_cpu_backward_flop(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+    """CPU flash attention, backward: torch's SDPA backward formula (recompute QK^T, dP, dV, dQ, dK)."""
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+def _rnn_layer_flops(input_shape, w_ih_shape, w_hh_shape) -> int:
+    """One layer and direction: 2 * T*B * (numel(w_ih) + numel(w_hh)) (input and hidden projections)."""
+    return 2 * prod(input_shape[:-1]) * (prod(w_ih_shape) + prod(w_hh_shape))
+
+
+def mkldnn_rnn_layer_flop(input, weight0, weight1, *args, out_shape=None, **kwargs) -> int:
+    """aten.mkldnn_rnn_layer (CPU LSTM/GRU layer): weight0 = w_ih (G*H, I), weight1 = w_hh (G*H, H)."""
+    return _rnn_layer_flops(input, weight0, weight1)
+
+
+def mkldnn_rnn_layer_backward_flop(input, weight1, weight2, *args, out_shape=None, **kwargs) -> int:
+    """Backward: grads wrt input/hidden and wrt weights, each the size of the forward: 2x forward."""
+    return 2 * _rnn_layer_flops(input, weight1, weight2)
+
+
+def conv_backward_flop_groups(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+                              _output_padding, groups, output_mask, out_shape=None, **kwargs) -> int:
+    """convolution_backward honouring ``groups``: grad_weight = 2 * N * prod(visited positions) * numel(w)
+    (torch's own formula pairs all C_in x C_out channels, ``groups`` times too many)."""
+    flops = 0
+    if output_mask[0]:
+        flops += conv_flop_count(grad_out_shape, w_shape, out_shape[0], not transposed)
+    if output_mask[1]:
+        visited = (x_shape if transposed else grad_out_shape)[2:]
+        flops += 2 * x_shape[0] * prod(visited) * prod(w_shape)
+    return flops
+
+
+FLOP_FIXES: dict[Any, Callable[..., int]] = {
+    aten._scaled_dot_product_flash_attention_for_cpu: sdpa_cpu_flop,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: sdpa_cpu_backward_flop,
+    aten.mkldnn_rnn_layer: mkldnn_rnn_layer_flop,
+    aten.mkldnn_rnn_layer_backward: mkldnn_rnn_layer_backward_flop,
+    aten.convolution_backward: conv_backward_flop_groups,
+}
+
+
+def flop_counter() -> FlopCounterMode:
+    """``FlopCounterMode`` with the fixes of :data:`FLOP_FIXES`."""
+    return FlopCounterMode(display=False, custom_mapping=FLOP_FIXES)
+
+
+# -- live-tensor tracker (CPU peak) -------------------------------------------
+
+
+class LiveTracker(TorchDispatchMode):
+    """Live bytes of real tensors: each output storage's bytes are added when it first appears
+    and subtracted when a ``weakref.finalize`` sees it freed; :meth:`register` the tensors that
+    exist before (parameters, buffers, inputs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self.known: dict[int, int] = {}  # storage _cdata -> bytes
+
+    def register(self, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        key = st._cdata
+        if key in self.known:
+            return
+        n = st.nbytes()
+        self.known[key] = n
+        self.live += n
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(st, self._free, key).atexit = False
+
+    def _free(self, key: int) -> None:
+        n = self.known.pop(key, None)
+        if n is not None:
+            self.live -= n
+
+    def reset_peak(self) -> None:
+        self.peak = self.live
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        for t in pytree.tree_leaves((args, kwargs or {})):
+            if isinstance(t, torch.Tensor):
+                self.register(t)
+        out = func(*args, **(kwargs or {}))
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.register(t)
+        return out
+
+
+# -- the run --------------------------------------------------------------------
+
+
+@dataclass
+class Validation:
+    device: str
+    device_name: str
+    rows: dict[str, dict[str, float]]
+    step_time_s: float
+    achieved_flops_per_s: float
+    mfu: float | None
+    peak_flops_per_s: float | None
+    tolerance: float  # percent
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(abs(r["error"]) * 100 <= self.tolerance for r in self.rows.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "device_name": self.device_name, "rows": self.rows,
+                "step_time_s": self.step_time_s, "achieved_flops_per_s": self.achieved_flops_per_s,
+                "mfu": self.mfu, "peak_flops_per_s": self.peak_flops_per_s, "tolerance_percent": self.tolerance,
+                "ok": self.ok, "notes": self.notes}
+
+    def render(self, tablefmt: str = "simple") -> str:
+        from tabulate import tabulate
+
+        body = [[name, f"{r['estimated']:,.0f}", f"{r['measured']:,.0f}", f"{100 * r['error']:+.2f}%",
+                 "ok" if abs(r["error"]) * 100 <= self.tolerance else "OFF"] for name, r in self.rows.items()]
+        head = tabulate(body, headers=["", "estimated", "measured", "error", f"within {self.tolerance:g}%"],
+                        tablefmt=tablefmt, disable_numparse=True)
+        mfu = "unknown (pass --peak-tflops)" if self.mfu is None else f"{100 * self.mfu:.1f}%"
+        tail = (f"device: {self.device_name}\nstep time: {self.step_time_s * 1e3:.2f} ms (median)\n"
+                f"achieved: {self.achieved_flops_per_s / 1e12:.3f} TFLOP/s, MFU {mfu}")
+        return "\n".join([head, tail, *self.notes]) + "\n"
+
+
+def _error(est: float, meas: float) -> float:
+    if meas == 0:
+        return 0.0 if est == 0 else 1.0
+    return (est - meas) / meas
+
+
+def _materialize_model(model: torch.nn.Module, device: torch.device, dtype: torch.dtype | None) -> torch.nn.Module:
+    """A private copy of ``model`` on ``device`` with real weights (random if it had none)."""
+    meta = any(t.device.type == "meta" for t in list(model.parameters()) + list(model.buffers()))
+    m = copy.deepcopy(model)
+    if meta:
+        m = m.to_empty(device=device)
+        with torch.no_grad():
+            for mod in m.modules():
+                if hasattr(mod, "reset_parameters"):
+                    try:
+                        mod.reset_parameters()
+                        continue
+                    except Exception:  # noqa: BLE001 - fall back to a plain init
+                        pass
+                for p in mod.parameters(recurse=False):
+                    p.normal_(0, 0.02) if p.is_floating_point() else p.zero_()
+                for b in mod.buffers(recurse=False):
+                    b.fill_(1) if b.is_floating_point() else b.zero_()
+    else:
+        m = m.to(device)
+    if dtype is not None:
+        m = m.to(dtype)
+    return m
+
+
+def _materialize_inputs(inputs: Any, device: torch.device, dtype: torch.dtype | None) -> Any:
+    def real(t: torch.Tensor) -> torch.Tensor:
+        if t.device.type == "meta":
+            t = torch.randn(t.shape, dtype=t.dtype) if t.is_floating_point() else torch.zeros(t.shape, dtype=t.dtype)
+        t = t.detach().to(device)
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        return t
+
+    return pytree.tree_map_only(torch.Tensor, real, inputs)
+
+
+def validate(
+    model: torch.nn.Module,
+    inputs: Any,
+    *,
+    optimizer: Any = "adamw",
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    device: str | None = None,
+    precision: str = "fp32",
+    steps: int = 5,
+    tolerance: float = 5.0,
+    force: bool = False,
+    peak_tflops: float | None = None,
+) -> Validation:
+    """Estimate, then run real training iterations and compare (see the module docstring)."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda but no CUDA device is available; use --device cpu")
+    if steps < 1:
+        raise UserError(f"--steps must be >= 1, not {steps}")
+    policy = parse_precision(precision)
+    report = estimate(model, inputs, optimizer=optimizer, loss_fn=loss_fn, device=device, precision=precision)
+    est = report.to_dict()
+    dev = torch.device(device)
+
+    # Safety: refuse a run that would not fit.
+    if device == "cuda":
+        free, _total = torch.cuda.mem_get_info()
+        need = est["memory"]["peak"] + sum(est["memory"].get("reserve", {}).values())
+    else:
+        import os
+
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        need = 2 * est["memory"]["peak"]  # the model copy plus the step
+    if need > free and not force:
+        raise UserError(f"the run needs about {need / 2**30:.2f} GiB but {free / 2**30:.2f} GiB is free on {device}; "
+                        f"use smaller inputs or --force")
+
+    base_allocated = torch.cuda.memory_allocated() if device == "cuda" else 0
+    m = _materialize_model(model, dev, policy.cast)
+    real_inputs = _materialize_inputs(inputs, dev, policy.cast)
+    args, kwargs = split_inputs(real_inputs)
+    user_params = dict(model.named_parameters())
+    opt, _ = build_optimizer(optimizer, dict(m.named_parameters()), user_params, None, None)
+    scaler = torch.amp.GradScaler(device) if policy.grad_scaler else None
+    amp = (lambda: torch.autocast(device, dtype=policy.autocast)) if policy.autocast else contextlib.nullcontext
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    m.train()
+
+    def step(pack_hook=None, counters=None):
+        hooks = (torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda t: t) if pack_hook
+                 else contextlib.nullcontext())
+        fwd_counter, bwd_counter = counters or (contextlib.nullcontext(), contextlib.nullcontext())
+        with hooks, fwd_counter, amp():
+            loss, _ = select_loss(m(*args, **kwargs), loss_fn)
+        with bwd_counter:
+            (scaler.scale(loss) if scaler else loss).backward()
+        if opt is not None:
+            if scaler is not None:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+
+    # Iteration 1: saved activations and FLOPs; then the model states from the real tensors.
+    param_storages = {p.untyped_storage().data_ptr() for p in m.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in param_storages:
+            saved.setdefault(ptr, t.untyped_storage().nbytes())
+        return t
+
+    fwd_counter, bwd_counter = flop_counter(), flop_counter()
+    step(pack, (fwd_counter, bwd_counter))
+    nbytes = lambda ts: sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in ts}.values())  # noqa: E731
+    params = list(m.parameters())
+    measured = {
+        "parameters": nbytes(params),
+        "buffers": nbytes(list(m.buffers())),
+        "gradients": nbytes([p.grad for p in params if p.grad is not None]),
+        "optimizer_state": nbytes([v for st in (opt.state.values() if opt else []) for v in st.values()
+                                   if isinstance(v, torch.Tensor) and v.device.type == dev.type]),
+        "activations": sum(saved.values()),
+        "flops_forward": fwd_counter.get_total_flops(),
+        "flops_backward": bwd_counter.get_total_flops(),
+    }
+    if opt is not None:
+        opt.zero_grad(set_to_none=True)
+
+    # Iteration 2: steady-state peak.
+    if device == "cuda":
+        sync()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        sync()
+        measured["peak"] = torch.cuda.max_memory_allocated() - base_allocated
+    else:
+        tracker = LiveTracker()
+        for t in list(m.parameters()) + list(m.buffers()) + [t for st in (opt.state.values() if opt else [])
+                                                             for t in st.values() if isinstance(t, torch.Tensor)]:
+            tracker.register(t)
+        for t in pytree.tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor):
+                tracker.register(t)
+        with tracker:
+            tracker.reset_peak()
+            step()
+        measured["peak"] = tracker.peak
+    if opt is not None:
+        opt.zero_grad(set_to_none=True)
+
+    # Timing.
+    times = []
+    for _ in range(steps):
+        sync()
+        t0 = time.perf_counter()
+        step()
+        if opt is not None:
+            opt.zero_grad(set_to_none=True)
+        sync()
+        times.append(time.perf_counter() - t0)
+    step_time = statistics.median(times)
+
+    estimated = {
+        "parameters": est["memory"]["parameters"], "buffers": est["memory"]["buffers"],
+        "gradients": est["memory"]["gradients"], "optimizer_state": est["memory"]["optimizer_state"],
+        "activations": est["memory"]["activations"], "peak": est["memory"]["peak"],
+        "flops_forward": est["flops"]["matmul_forward"], "flops_backward": est["flops"]["matmul_backward"],
+    }
+    rows = {k: {"estimated": estimated[k], "measured": measured[k], "error": _error(estimated[k], measured[k])}
+            for k in ROWS}
+    achieved = (measured["flops_forward"] + measured["flops_backward"]) / step_time
+    notes = []
+    if device == "cuda":
+        name = torch.cuda.get_device_name()
+        gpu = match_device_name(name)
+        key = {"bf16": "bf16", "fp16": "fp16", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(policy.name)
+        if key is None:
+            key = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+        peak = peak_tflops * 1e12 if peak_tflops else (gpu.peak_flops(key) if gpu else None)
+        if gpu is None and not peak_tflops:
+            notes.append(f"unknown GPU {name!r}: MFU needs --peak-tflops")
+    else:
+        name = "cpu"
+        peak = peak_tflops * 1e12 if peak_tflops else None
+    mfu = achieved / peak if peak else None
+    return Validation(device, name, rows, step_time, achieved, mfu, peak, tolerance, notes)

@@ -1,0 +1,91 @@
+"""validate (estimate vs a live run) and the hardware table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import zoo
+from estimator import UserError
+from estimator.hardware import GPUS, lookup, match_device_name
+from estimator.validate import validate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt", "vgg", "mobilenet", "hf_gpt2"])
+def test_cpu_validation_within_tolerance(name):
+    if name in zoo.HF:
+        pytest.importorskip("transformers")
+    model, inputs, loss_fn = zoo.ZOO[name]()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    training = model.training
+    result = validate(model, inputs, loss_fn=loss_fn, device="cpu", steps=1, tolerance=1.0)
+    d = result.to_dict()
+    assert set(d["rows"]) == {"parameters", "buffers", "gradients", "optimizer_state", "activations", "peak",
+                              "flops_forward", "flops_backward"}
+    assert result.ok, result.render()
+    assert d["step_time_s"] > 0 and d["achieved_flops_per_s"] > 0 and d["mfu"] is None
+    # The user's model is untouched.
+    assert model.training == training
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_meta_model_is_materialised_for_the_run():
+    model, inputs, loss_fn = zoo.ZOO["mlp"](device="meta")
+    result = validate(model, inputs, loss_fn=loss_fn, device="cpu", steps=1)
+    assert result.rows["parameters"]["error"] == 0 and result.rows["flops_forward"]["error"] == 0
+
+
+def test_refuses_when_it_would_not_fit(monkeypatch):
+    model, inputs, loss_fn = zoo.ZOO["mlp"]()
+    monkeypatch.setattr(os, "sysconf", lambda name: 1)  # 1 page of 1 byte free
+    with pytest.raises(UserError, match="--force"):
+        validate(model, inputs, loss_fn=loss_fn, device="cpu", steps=1)
+
+
+def test_cli_validate_exit_codes():
+    ok = subprocess.run([sys.executable, "-m", "estimator", "validate", "examples/mlp.py:build", "--device", "cpu",
+                         "--steps", "1", "--format", "json"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["ok"] is True
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["gpt", "vgg", "hf_gpt2"])
+def test_gpu_validation(name):
+    model, inputs, loss_fn = zoo.ZOO[name]()
+    result = validate(model, inputs, loss_fn=loss_fn, device="cuda", steps=3, tolerance=5.0,
+                      precision="bf16-mixed")
+    assert result.rows["parameters"]["error"] == 0
+    assert abs(result.rows["peak"]["error"]) < 0.05, result.render()
+
+
+def test_hardware_table_has_the_required_gpus_and_lecture_figures():
+    names = {g.name for g in GPUS}
+    assert {"V100", "A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "B200", "L4", "L40S", "RTX3090",
+            "RTX4090", "MI300X"} <= names
+    # CS336 lecture 2: A100 19.5 TFLOP/s fp32 and 312 bf16; H100 67.5 fp32 (datasheet: 67) and 989.5 bf16 dense.
+    assert lookup("a100").peak_flops("fp32") == 19.5e12 and lookup("A100-80GB").peak_flops("bf16") == 312e12
+    assert lookup("h100").peak_flops("bf16") == pytest.approx(989.5e12, rel=1e-3)
+    assert match_device_name("NVIDIA H100 80GB HBM3").name == "H100-SXM"
+    assert match_device_name("NVIDIA A100-SXM4-80GB").name == "A100-80GB"
+    assert match_device_name("Some Future GPU") is None
+
+
+def test_unknown_gpu_lists_close_names():
+    with pytest.raises(UserError, match="H100"):
+        lookup("H10")
+
+
+def test_cli_hardware():
+    proc = subprocess.run([sys.executable, "-m", "estimator", "hardware", "--format", "json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0
+    assert {g["name"] for g in json.loads(proc.stdout)} == {g.name for g in GPUS}
