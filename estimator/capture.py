@@ -3,8 +3,9 @@
 The step runs on fake tensors (``FakeTensorMode``): shapes, dtypes and
 aliasing are exact, but no weight or activation is ever allocated, so a 70B
 model is captured on a laptop.  A ``TorchDispatchMode`` records every aten op
-that reaches the kernels, forward and backward alike, as a ``call_function``
-node of an ``fx.Graph`` in execution order.  This works for any module,
+that reaches the kernels, forward and backward alike, in execution order, as a
+light :class:`~estimator.graph.OpNode` record; ``Capture.graph`` turns them
+into ``call_function`` nodes of an ``fx.Graph`` on first access.  This works for any module,
 including those ``torch.fx.symbolic_trace`` cannot trace (HF transformers),
 because it records what runs rather than reading Python source.
 
@@ -52,6 +53,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .errors import UnsupportedModelError, UserError
+from .graph import OpNode, to_fx
 from .optim import build_optimizer
 from .precision import Precision, parse_precision
 from .rules.registry import TensorSpec
@@ -85,6 +87,11 @@ _METADATA_QUERIES = frozenset(
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
 
 
+def _identifier(name: str) -> str:
+    """A Python identifier for a placeholder name such as ``param_layers.0.weight``."""
+    return "".join(c if c.isalnum() else "_" for c in name)
+
+
 def tensor_spec(t: torch.Tensor) -> TensorSpec:
     return TensorSpec(tuple(t.shape), t.dtype)
 
@@ -102,8 +109,9 @@ class Capture:
     alive at the end of the step.
     """
 
-    graph: fx.Graph
-    nodes: list[fx.Node]  # call_function nodes in execution order (events index into it)
+    records: list[OpNode]  # placeholders, then every recorded op (getitem included) in order
+    nodes: list[OpNode]  # the aten ops in execution order (events index into it)
+    outputs: tuple[OpNode, ...]
     mode: str  # "fake" or "real"
     loss_source: str
     module_types: dict[str, str]  # module path -> class name
@@ -121,6 +129,14 @@ class Capture:
     sids: dict[str, set[int]]  # category -> sids: parameter, buffer, input, gradient, optimizer_state, saved, loss
     fallback_reason: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    _fx: fx.Graph | None = None
+
+    @property
+    def graph(self) -> fx.Graph:
+        """The step as a ``torch.fx.Graph`` (built on first access; nodes share the records' meta)."""
+        if self._fx is None:
+            self._fx = to_fx(self.records, self.outputs)
+        return self._fx
 
 
 class _Recorder(TorchDispatchMode):
@@ -130,17 +146,17 @@ class _Recorder(TorchDispatchMode):
     traced program drops them, and each storage's death is recorded.
     """
 
-    def __init__(self, graph: fx.Graph, fake: bool):
+    def __init__(self, fake: bool):
         super().__init__()
-        self.graph = graph
         self.fake = fake
         self.nodes: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> node that produced it
-        self.order: list[fx.Node] = []
+        self.placeholders: list[OpNode] = []
+        self.records: list[OpNode] = []  # every call_function record, getitem included
+        self.order: list[OpNode] = []  # aten ops only
         self.phase = "forward"
         self.module_stack: list[str] = []
-        self.seq_module: dict[int, tuple[str, fx.Node]] = {}  # autograd seq nr -> (module, forward node)
+        self.seq_module: dict[int, tuple[str, OpNode]] = {}  # autograd seq nr -> (module, forward node)
         self.accumulate_owner: Callable[[Any], str] = lambda fn: ""
-        self._anchor: fx.Node | None = None  # last placeholder
         self.current_op: Any = None
         self.current_module = ""
         self.n_constants = 0
@@ -174,26 +190,32 @@ class _Recorder(TorchDispatchMode):
         self.events.append((len(self.order) - 1, sid, -self.storage_bytes[sid]))
 
     # -- placeholders -------------------------------------------------------
-    def placeholder(self, name: str, t: torch.Tensor, kind: str, module: str = "") -> fx.Node:
-        if self._anchor is None:
-            node = self.graph.placeholder(name)
-        else:
-            with self.graph.inserting_after(self._anchor):
-                node = self.graph.placeholder(name)
-        self._anchor = node
-        node.meta.update(spec=(tensor_spec(t),), storage=(self.sid(t),), module=module, phase=kind, kind=kind)
+    def placeholder(self, name: str, t: torch.Tensor, kind: str, module: str = "") -> OpNode:
+        node = OpNode("placeholder", _identifier(name), name,
+                      meta=dict(spec=(tensor_spec(t),), storage=(self.sid(t),), module=module, phase=kind, kind=kind))
+        self.placeholders.append(node)
         self.nodes[t] = node
         return node
 
-    def _node_of(self, t: torch.Tensor) -> fx.Node:
+    def _node_of(self, t: torch.Tensor) -> OpNode:
         node = self.nodes.get(t)
         if node is None:  # a tensor created outside the trace (a constant attribute, torch.tensor(...))
             self.n_constants += 1
             node = self.placeholder(f"constant_{self.n_constants}", t, "constant", self._where()[0])
         return node
 
+    def _map(self, value: Any) -> Any:
+        """``value`` with every tensor replaced by the record that produced it."""
+        if isinstance(value, torch.Tensor):
+            return self._node_of(value)
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._map(v) for v in value) if value else value
+        if isinstance(value, dict):
+            return {k: self._map(v) for k, v in value.items()}
+        return value
+
     # -- attribution --------------------------------------------------------
-    def _where(self) -> tuple[str, fx.Node | None]:
+    def _where(self) -> tuple[str, OpNode | None]:
         """(module path, forward node) of the op being dispatched now."""
         if self.phase in ("forward", "loss"):
             return (self.module_stack[-1] if self.module_stack else LOSS_MODULE), None
@@ -219,20 +241,25 @@ class _Recorder(TorchDispatchMode):
             return 1.0
         self.current_op = func
         self.current_module = self.module_stack[-1] if self.module_stack else ""
-        node_args, node_kwargs = pytree.tree_map_only(torch.Tensor, self._node_of, (args, kwargs))
+        node_args = tuple(self._map(a) for a in args)
+        node_kwargs = {k: self._map(v) for k, v in kwargs.items()} if kwargs else {}
         out = func(*args, **kwargs)
         module, fwd_node = self._where()
-        node = self.graph.create_node("call_function", func, node_args, node_kwargs)
-        self.order.append(node)
-        flat_out = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
-        node.meta.update(
+        if isinstance(out, torch.Tensor):
+            flat_out = [out]
+        else:
+            flat_out = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+        meta = dict(
             spec=tuple(tensor_spec(o) for o in flat_out),
             storage=tuple(self.sid(o) for o in flat_out),
             module=module,
             phase=self.phase,
         )
+        node = OpNode("call_function", f"op_{len(self.records)}", func, node_args, node_kwargs, meta)
+        self.order.append(node)
+        self.records.append(node)
         if fwd_node is not None:
-            node.meta["forward_node"] = fwd_node
+            meta["forward_node"] = fwd_node
         if self.phase in ("forward", "loss"):
             # The autograd node created for this op (if any) has the latest sequence number.
             self.seq_module[torch.autograd._get_sequence_nr() - 1] = (module, node)
@@ -240,9 +267,10 @@ class _Recorder(TorchDispatchMode):
             self.nodes[out] = node
         else:
             for i, o in enumerate(flat_out):
-                item = self.graph.create_node("call_function", operator.getitem, (node, i))
-                item.meta.update(spec=(node.meta["spec"][i],), storage=(node.meta["storage"][i],),
-                                 module=module, phase=self.phase)
+                item = OpNode("call_function", f"op_{len(self.records)}", operator.getitem, (node, i), None,
+                              dict(spec=(meta["spec"][i],), storage=(meta["storage"][i],), module=module,
+                                   phase=self.phase))
+                self.records.append(item)
                 self.nodes[o] = item
         return out
 
@@ -430,9 +458,8 @@ class _DataDependent(Exception):
 
 
 def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
-    graph = fx.Graph()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
-    rec = _Recorder(graph, fake)
+    rec = _Recorder(fake)
 
     module_paths: dict[int, str] = {}
     module_types: dict[str, str] = {}
@@ -574,10 +601,10 @@ def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
         "loss": {rec.sid(loss)} if loss is not None else set(),
     }
     rec.closed = True
-    graph.output((rec.nodes[loss],) if loss is not None and loss in rec.nodes else ())
     return Capture(
-        graph=graph,
+        records=rec.placeholders + rec.records,
         nodes=rec.order,
+        outputs=(rec.nodes[loss],) if loss is not None and loss in rec.nodes else (),
         mode="fake" if fake else "real",
         loss_source=loss_source,
         module_types=module_types,

@@ -107,7 +107,7 @@ class Report:
         """The captured graph as a ``networkx.DiGraph`` (node name -> attributes; edges are data flow)."""
         from .graph import to_networkx
 
-        return to_networkx(self.capture.graph)
+        return to_networkx(self.capture.records)
 
     @property
     def unsupported_ops(self) -> list[dict[str, Any]]:

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.fx as fx
 
 from . import rules as _rules  # noqa: F401  (registers the built-in rules)
 from .capture import INPUT_MODULE, LOSS_MODULE, Capture
+from .graph import OpNode
 from .rules.registry import MATMUL, OTHER, ZERO, OpCall, TensorSpec, bind, lookup
 
 log = logging.getLogger(__name__)
@@ -66,20 +66,20 @@ class Tally:
     unsupported: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _spec_of(node: fx.Node) -> TensorSpec | None:
+def _spec_of(node: OpNode) -> TensorSpec | None:
     specs = node.meta.get("spec") or ()
     return specs[0] if len(specs) == 1 else None
 
 
 def _to_specs(value: Any) -> Any:
-    if isinstance(value, fx.Node):
+    if isinstance(value, OpNode):
         return _spec_of(value)
     if isinstance(value, (list, tuple)):
         return tuple(_to_specs(v) for v in value)
     return value
 
 
-def op_call(node: fx.Node) -> OpCall:
+def op_call(node: OpNode) -> OpCall:
     """The :class:`OpCall` a rule sees for ``node``: arguments bound by name, tensors as specs."""
     args = tuple(_to_specs(a) for a in node.args)
     kwargs = {k: _to_specs(v) for k, v in node.kwargs.items()}
@@ -97,7 +97,7 @@ def _compute_dtype(call: OpCall) -> str | None:
     return None
 
 
-def node_cost(node: fx.Node) -> NodeCost | None:
+def node_cost(node: OpNode) -> NodeCost | None:
     """Cost of one call_function node; None for bookkeeping nodes (getitem)."""
     target = node.target
     if node.op != "call_function" or target is operator.getitem:
@@ -143,7 +143,7 @@ def tally(cap: Capture) -> Tally:
     flops = Counter()
     by_dtype: Counter[str] = Counter()
     unsupported: Counter[tuple[str, str]] = Counter()
-    for node in cap.graph.nodes:
+    for node in cap.records:
         cost = node_cost(node)
         if cost is None:
             continue
