@@ -48,7 +48,7 @@ from torch._subclasses.fake_tensor import (
     DynamicOutputShapeException,
     FakeTensorMode,
 )
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -149,6 +149,7 @@ class _Recorder(TorchDispatchMode):
     def __init__(self, fake: bool):
         super().__init__()
         self.fake = fake
+        self.fake_values = fake  # tensor values are unknown (fake or meta), so .item() cannot run
         self.nodes: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> node that produced it
         self.placeholders: list[OpNode] = []
         self.records: list[OpNode] = []  # every call_function record, getitem included
@@ -181,6 +182,11 @@ class _Recorder(TorchDispatchMode):
             fin = weakref.finalize(st, self._freed, cdata, sid)
             fin.atexit = False
         return sid
+
+    def adopt(self, twin: torch.Tensor, original: torch.Tensor) -> None:
+        """Let ``twin`` stand for ``original``: same storage id and record, no allocation."""
+        self.sid_of[twin.untyped_storage()._cdata] = self.sid(original)
+        self.nodes[twin] = self._node_of(original)
 
     def _freed(self, cdata: int, sid: int) -> None:
         if self.closed:
@@ -236,7 +242,7 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if func in _METADATA_QUERIES:
             return func(*args, **kwargs)
-        if func is aten._local_scalar_dense.default and self.fake and self.phase == "optimizer":
+        if func is aten._local_scalar_dense.default and self.fake_values and self.phase == "optimizer":
             # Optimizers read scalar step counts (``step.item()``); any value gives the same shapes.
             return 1.0
         self.current_op = func
@@ -249,15 +255,12 @@ class _Recorder(TorchDispatchMode):
             flat_out = [out]
         else:
             flat_out = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
-        meta = dict(
-            spec=tuple(tensor_spec(o) for o in flat_out),
-            storage=tuple(self.sid(o) for o in flat_out),
-            module=module,
-            phase=self.phase,
-        )
+        meta: dict[str, Any] = {"module": module, "phase": self.phase}
         node = OpNode("call_function", f"op_{len(self.records)}", func, node_args, node_kwargs, meta)
-        self.order.append(node)
+        self.order.append(node)  # first, so that the allocations below are events of this op
         self.records.append(node)
+        meta["spec"] = tuple(tensor_spec(o) for o in flat_out)
+        meta["storage"] = tuple(self.sid(o) for o in flat_out)
         if fwd_node is not None:
             meta["forward_node"] = fwd_node
         if self.phase in ("forward", "loss"):
@@ -358,6 +361,21 @@ def _real_param_copy(t: torch.Tensor, is_param: bool, dtype: torch.dtype) -> tor
         else:
             out = t.detach().to("cpu", dtype=dtype, copy=True)
     return out.requires_grad_(is_param and t.requires_grad)
+
+
+def _meta_twin(rec: _Recorder, p: torch.Tensor) -> torch.Tensor:
+    """A meta tensor standing for the fake parameter ``p`` (and its gradient) in the recorder."""
+
+    def twin(t: torch.Tensor) -> torch.Tensor:
+        with _disable_current_modes():  # making the twin is bookkeeping, not part of the step
+            out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+        rec.adopt(out, t)
+        return out
+
+    out = twin(p).requires_grad_(p.requires_grad)
+    if p.grad is not None:
+        out.grad = twin(p.grad)
+    return out
 
 
 def _grad_scaler():
@@ -543,9 +561,11 @@ def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
     # The traced tensors stand in for the model's own for the whole step (backward recomputation of
     # checkpointed regions included), as torch.func.functional_call does for a single call.
     swap = _reparametrize_module(model, {**params, **buffers}, tie_weights=True, strict=False)
+    in_fake_mode = False
     try:
         if fake:
             fake_mode.__enter__()
+            in_fake_mode = True
         swap.__enter__()
         try:
             if not opts.train:
@@ -568,7 +588,14 @@ def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
                     scaler = _grad_scaler() if opts.precision.grad_scaler else None
                     _guard(rec, (scaler.scale(loss) if scaler else loss).backward)
                     rec.phase = "optimizer"
-                    opt, optimizer_name = build_optimizer(opts.optimizer, params, named_params,
+                    opt_params = params
+                    if in_fake_mode and scaler is None:
+                        # The step runs on meta twins of the fake parameters and gradients (same storage
+                        # ids): meta kernels skip FakeTensorMode's per-op work, and the state is the same.
+                        fake_mode.__exit__(None, None, None)
+                        in_fake_mode = False
+                        opt_params = {n: _meta_twin(rec, p) for n, p in params.items()}
+                    opt, optimizer_name = build_optimizer(opts.optimizer, opt_params, named_params,
                                                           opts.optimizer_kwargs, opts.foreach)
                     if opt is not None:
                         if scaler is not None:
@@ -576,13 +603,13 @@ def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
                         _guard(rec, opt.step)  # GradScaler.step(opt) would skip it on a fake inf check
                         if scaler is not None:
                             _guard(rec, scaler.update)
-                        for n, p in params.items():
+                        for n, p in opt_params.items():
                             st = opt.state.get(p)
                             if st:
                                 opt_state[n] = {k: v for k, v in st.items() if isinstance(v, torch.Tensor)}
         finally:
             swap.__exit__(None, None, None)
-            if fake:
+            if in_fake_mode:
                 fake_mode.__exit__(None, None, None)
     finally:
         restore_forward()
