@@ -54,7 +54,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .errors import UnsupportedModelError, UserError
 from .graph import OpNode, to_fx
-from .optim import build_optimizer
+from .optim import build_optimizer, wants_fused
 from .precision import Precision, parse_precision
 from .rules.registry import TensorSpec
 
@@ -244,7 +244,8 @@ class _Recorder(TorchDispatchMode):
             return func(*args, **kwargs)
         if func is aten._local_scalar_dense.default and self.fake_values and self.phase == "optimizer":
             # Optimizers read scalar step counts (``step.item()``); any value gives the same shapes.
-            return 1.0
+            # 0.5 keeps formulas such as NAdam's 1 / (1 - mu_product) finite.
+            return 0.5
         self.current_op = func
         self.current_module = self.module_stack[-1] if self.module_stack else ""
         node_args = tuple(self._map(a) for a in args)
@@ -348,6 +349,40 @@ def _materialize(t: torch.Tensor) -> torch.Tensor:
 
 
 # -- the capture --------------------------------------------------------------
+
+
+def _convert_inputs(inputs: Any, make_base: Callable[[tuple[int, ...], torch.dtype], torch.Tensor],
+                    dtype_of: Callable[[torch.dtype], torch.dtype]) -> Any:
+    """Traced stand-ins for the input tensors that keep their aliasing: the same tensor twice
+    (``mha(x, x, x)``) stays one tensor, and views of one storage stay views of one storage
+    (a sliced input keeps its whole base alive, as autograd does on the real tensors)."""
+    by_id: dict[int, torch.Tensor] = {}
+    bases: dict[int, torch.Tensor] = {}
+
+    def convert(t: torch.Tensor) -> torch.Tensor:
+        hit = by_id.get(id(t))
+        if hit is not None:
+            return hit
+        storage = t.untyped_storage()
+        dtype = dtype_of(t.dtype)
+        base = bases.get(storage._cdata)
+        whole = t.storage_offset() == 0 and t.is_contiguous() and t.numel() * t.element_size() == storage.nbytes()
+        if base is None and whole:  # the common case: a tensor that owns its storage
+            out = bases[storage._cdata] = make_base(tuple(t.shape), dtype)
+        else:
+            if base is None:
+                base = bases[storage._cdata] = make_base((storage.nbytes() // t.element_size(),), dtype)
+            with torch.no_grad():
+                out = base.as_strided(t.shape, t.stride(), t.storage_offset())
+        if t.requires_grad:
+            try:
+                out.requires_grad_(True)
+            except RuntimeError:  # a view that autograd will not make a leaf: a detached copy of the view
+                out = out.detach().requires_grad_(True)
+        by_id[id(t)] = out
+        return out
+
+    return pytree.tree_map_only(torch.Tensor, convert, inputs)
 
 
 def _real_param_copy(t: torch.Tensor, is_param: bool, dtype: torch.dtype) -> torch.Tensor:
@@ -499,14 +534,24 @@ def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
     if fake:
         params = {n: to_traced(p, p.requires_grad) for n, p in named_params.items()}
         buffers = {n: to_traced(b, False) for n, b in named_buffers.items()}
-        t_args, t_kwargs = pytree.tree_map_only(torch.Tensor, lambda t: to_traced(t, t.requires_grad), (args, kwargs))
+        def fake_base(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            with fake_mode:
+                return torch.empty(shape, dtype=dtype, device="cpu")
+
+        t_args, t_kwargs = _convert_inputs((args, kwargs), fake_base, dtype_of)
     else:
         params = {n: _real_param_copy(p, True, dtype_of(p.dtype)) for n, p in named_params.items()}
         buffers = {n: _real_param_copy(b, False, dtype_of(b.dtype)) for n, b in named_buffers.items()}
-        t_args, t_kwargs = pytree.tree_map_only(
-            torch.Tensor,
-            lambda t: _materialize(t).detach().to(dtype_of(t.dtype)).requires_grad_(t.requires_grad),
-            (args, kwargs))
+        def real_base(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            return _materialize(torch.empty(shape, dtype=dtype, device="meta"))
+
+        real = all(t.device.type != "meta" and not isinstance(t, torch._subclasses.FakeTensor)
+                   for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
+        if real and opts.precision.cast is None:  # the user's own tensors: aliasing is already right
+            t_args, t_kwargs = pytree.tree_map_only(
+                torch.Tensor, lambda t: t.detach().requires_grad_(t.requires_grad), (args, kwargs))
+        else:
+            t_args, t_kwargs = _convert_inputs((args, kwargs), real_base, dtype_of)
     flat_inputs = [t for t in pytree.tree_leaves((t_args, t_kwargs)) if isinstance(t, torch.Tensor)]
 
     for n, p in params.items():
@@ -589,7 +634,7 @@ def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
                     _guard(rec, (scaler.scale(loss) if scaler else loss).backward)
                     rec.phase = "optimizer"
                     opt_params = params
-                    if in_fake_mode and scaler is None:
+                    if in_fake_mode and scaler is None and not wants_fused(opts.optimizer, opts.optimizer_kwargs):
                         # The step runs on meta twins of the fake parameters and gradients (same storage
                         # ids): meta kernels skip FakeTensorMode's per-op work, and the state is the same.
                         fake_mode.__exit__(None, None, None)

@@ -62,6 +62,17 @@ def _parse_value(v: str) -> Any:
     return v
 
 
+def wants_fused(spec: Any, kwargs: Mapping[str, Any] | None) -> bool:
+    """Whether the optimizer asks for a fused implementation (its kernels need a real device type)."""
+    if (kwargs or {}).get("fused"):
+        return True
+    if isinstance(spec, str):
+        return bool(parse_optimizer(spec)[1].get("fused"))
+    if isinstance(spec, torch.optim.Optimizer):
+        return any(g.get("fused") for g in spec.param_groups)
+    return False
+
+
 def build_optimizer(
     spec: Any,
     traced_params: Mapping[str, torch.Tensor],

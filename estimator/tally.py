@@ -190,7 +190,7 @@ def tally(cap: Capture) -> Tally:
         params_trainable=sum(p.numel() for p in trainable),
         parameters_bytes=_sid_bytes(cap, "parameter"),
         buffers_bytes=_sid_bytes(cap, "buffer"),
-        gradients_bytes=sum(p.numel() * p.element_size() for p in trainable),
+        gradients_bytes=_sid_bytes(cap, "gradient"),
         optimizer_state_bytes=_sid_bytes(cap, "optimizer_state"),
         activations_bytes=sum(nbytes for nbytes, _ in cap.saved.values()),
         inputs_bytes=_sid_bytes(cap, "input"),

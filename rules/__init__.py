@@ -17,3 +17,22 @@ from .registry import (  # noqa: F401
     register_zero,
     registered_ops,
 )
+
+from .registry import aten_ops  # noqa: F401,E402
+
+# The built-in rule families: importing each registers its rules.
+from . import (  # noqa: F401,E402
+    matmul,
+    conv,
+    attention,
+    rnn,
+    norm,
+    elementwise,
+    reduction,
+    pooling,
+    losses,
+    embedding,
+    zero,
+    modules,
+)
+from .modules import module_buffers, module_formula, module_param_formula, register_module  # noqa: F401,E402

@@ -120,7 +120,7 @@ def sdpa_backward(call):
 
 @register(*aten_ops("_flash_attention_forward", "_flash_attention_forward_no_dropout_inplace"), kind=MATMUL)
 def flash_attention_forward(call):
-    """sdpa forward FLOPs summed over sequences, q/k/v read as [b, s, h, d] (varlen: all at max length)."""
+    """4*b*h*s_q*s_kv*d with q/k/v read as [b, s, h, d]; varlen [total, h, d]: b sequences at max length."""
     shapes = varlen_shapes(call["query"].shape, call["key"].shape, call["value"].shape,
                            call["cum_seq_q"], call["max_q"], call["max_k"])
     return sum(sdpa_flops(q, k, v) for q, k, v in shapes)
@@ -128,7 +128,7 @@ def flash_attention_forward(call):
 
 @register(*aten_ops("_efficient_attention_forward"), kind=MATMUL)
 def efficient_attention_forward(call):
-    """sdpa forward FLOPs summed over sequences, q/k/v read as [b, s, h, d] (varlen: all at max length)."""
+    """4*b*h*s_q*s_kv*d with q/k/v read as [b, s, h, d]; varlen [1, total, h, d]: b sequences at max length."""
     shapes = varlen_shapes(call["query"].shape, call["key"].shape, call["value"].shape,
                            call["cu_seqlens_q"], call["max_seqlen_q"], call["max_seqlen_k"])
     return sum(sdpa_flops(q, k, v) for q, k, v in shapes)
@@ -136,7 +136,7 @@ def efficient_attention_forward(call):
 
 @register(*aten_ops("_flash_attention_backward"), kind=MATMUL)
 def flash_attention_backward(call):
-    """sdpa backward FLOPs summed over sequences, q/k/v read as [b, s, h, d] (varlen: all at max length)."""
+    """10*b*h*s_q*s_kv*d with q/k/v read as [b, s, h, d]; varlen [total, h, d]: b sequences at max length."""
     shapes = varlen_shapes(call["query"].shape, call["key"].shape, call["value"].shape,
                            call["cum_seq_q"], call["max_q"], call["max_k"])
     # grad_out has the query's shape with d_v: [.., h, s_q, d_v]
@@ -145,7 +145,7 @@ def flash_attention_backward(call):
 
 @register(*aten_ops("_efficient_attention_backward"), kind=MATMUL)
 def efficient_attention_backward(call):
-    """sdpa backward FLOPs summed over sequences, q/k/v read as [b, s, h, d] (varlen: all at max length)."""
+    """10*b*h*s_q*s_kv*d with q/k/v read as [b, s, h, d]; varlen [1, total, h, d]: b sequences at max length."""
     shapes = varlen_shapes(call["query"].shape, call["key"].shape, call["value"].shape,
                            call["cu_seqlens_q"], call["max_seqlen_q"], call["max_seqlen_k"])
     return sum(sdpa_backward_flops(q[:3] + v[3:], q, k, v) for q, k, v in shapes)

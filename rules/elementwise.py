@@ -5,8 +5,10 @@ of FLOPs per output element, the number of scalar operations its kernel does:
 each add, subtract, multiply, divide, comparison, select, min/max is 1 FLOP,
 and so is each transcendental or special function (exp, log, tanh, sigmoid,
 erf, sqrt, rsqrt, pow...), counted once like an add.  Broadcasting counts the
-output elements.  In-place (``add_``) and ``out=`` variants share their op's
-packet and rule; so do the ``_foreach_*`` list ops (cost summed over the list).
+output elements.  ``out=`` variants are overloads of their op's packet; in-place
+ops (``add_``) are packets of their own that get the same rule (``aten_ops``
+registers both); the ``_foreach_*`` list ops cost the same per element, summed
+over the list.
 
 Each table line below is one op: ``name: (FLOPs per element, what they are)``;
 the rule's formula (its docstring's first line) is generated from that line.
@@ -57,13 +59,19 @@ def per_element(flops: int, why: str):
     return rule
 
 
-def per_grad_element(flops: int, why: str, grad: str = "grad_output"):
-    """A rule for a backward op: ``flops`` FLOPs per element of its ``grad`` argument."""
+def _grad(call):
+    """The incoming gradient of a backward op (``grad_output``, or ``grad_out`` in some schemas)."""
+    grad = call.get("grad_output")
+    return grad if grad is not None else call["grad_out"]
+
+
+def per_grad_element(flops: int, why: str):
+    """A rule for a backward op: ``flops`` FLOPs per element of its incoming gradient."""
 
     def rule(call):
-        return elementwise_flops(call[grad].numel, flops)
+        return elementwise_flops(_grad(call).numel, flops)
 
-    rule.__doc__ = f"{flops} FLOP{'s' if flops != 1 else ''} per {grad} element: {why}."
+    rule.__doc__ = f"{flops} FLOP{'s' if flops != 1 else ''} per grad_output element: {why}."
     return rule
 
 
@@ -295,24 +303,22 @@ def gelu_backward(call):
     """11 FLOPs per grad element (grad * (cdf + x*pdf)); 18 with approximate='tanh'."""
     # exact: cdf 4 (mul, erf, add, mul), pdf 4 (square, mul, exp, mul), x*pdf 1, add 1, *grad 1 = 11
     # tanh: inner 5, tanh 1, 0.5x 1, 1+t 1, 0.5(1+t) 1, 1-t^2 2, inner' 3, product 2, sum*grad 2 = 18
-    return elementwise_flops(call["grad_output"].numel, 18 if call.get("approximate") == "tanh" else 11)
+    return elementwise_flops(_grad(call).numel, 18 if call.get("approximate") == "tanh" else 11)
 
 
 # -- dropout and random masks --------------------------------------------------
 
 
+# Random generation (the mask's ``bernoulli_`` draw included) is not arithmetic on
+# data and is ZERO (see zero.py); what dropout computes with the mask is counted.
+
+
 @register(*aten_ops("native_dropout", "_fused_dropout"), kind=OTHER)
 def native_dropout(call):
-    """3 FLOPs per element in training: draw-and-compare for the mask, mask * scale, multiply (0 in eval)."""
+    """2 FLOPs per element in training: x * mask * scale (mask drawing not counted; 0 in eval)."""
     if call.get("train") is False:
         return 0
-    return elementwise_flops(call.out.numel, 3)
-
-
-@register(*aten_ops("bernoulli", "bernoulli_"), kind=OTHER)
-def bernoulli(call):
-    """1 FLOP per element: compare a uniform draw with p (the random draw itself is not counted)."""
-    return elementwise_flops(call.out.numel, 1)
+    return elementwise_flops(call.out.numel, 2)
 
 
 @register(*aten_ops("_masked_scale"), kind=OTHER)
@@ -367,7 +373,7 @@ def foreach_add(call):
 
 @register(*aten_ops("_foreach_norm"), kind=OTHER)
 def foreach_norm(call):
-    """Per tensor of the list, the vector norm's FLOPs (2-norm: 2*numel + 1: square, add, sqrt)."""
+    """sum over the list of the vector norm's FLOPs: 2*numel + 1 per tensor for ord=2 (square, add; sqrt)."""
     from .reduction import vector_norm_flops
 
     return sum(vector_norm_flops(t.numel, 1, call.get("ord", 2)) for t in _foreach_list(call))
@@ -424,3 +430,15 @@ def fused_adagrad(call):
     """(8 + 2 if weight_decay) FLOPs per parameter element: sum += g*g (3), sqrt + eps (2), addcdiv (3)."""
     per = 8 + (2 if call["weight_decay"] else 0)
     return elementwise_flops(list_numel(call["self"]), per)
+
+
+@register(*aten_ops("_amp_foreach_non_finite_check_and_unscale_"), kind=OTHER)
+def amp_unscale(call):
+    """2 FLOPs per gradient element: a finiteness test and the multiply by 1/scale."""
+    return elementwise_flops(list_numel(call["self"]), 2)
+
+
+@register(*aten_ops("_amp_update_scale_", "_amp_update_scale"), kind=OTHER)
+def amp_update_scale(call):
+    """3 FLOPs: the scalar growth/backoff update of the loss scale (a few scalar ops)."""
+    return 3

@@ -12,6 +12,8 @@ counted as OTHER: they are memory-bound, run on no tensor core, and
 
 from __future__ import annotations
 
+from math import prod
+
 from .registry import MATMUL, OTHER, aten_ops, register
 
 # -- math helpers (pure functions of shapes) ---------------------------------
@@ -35,6 +37,18 @@ def bmm_flops(a_shape, b_shape) -> int:
     if b != b2:
         raise ValueError(f"bmm: batch dimensions differ: {tuple(a_shape)} @ {tuple(b_shape)}")
     return b * mm_flops((m, k), (k2, n))
+
+
+def trilinear_flops(shapes, expands) -> int:
+    """FLOPs of ``sum over sumdim of i1*i2*i3`` (``aten._trilinear``, what ``nn.Bilinear`` runs)."""
+    # each input unsqueezed at its expand dims; one multiply-add per point of the broadcast index space
+    full = []
+    for shape, expand in zip(shapes, expands):
+        dims = list(shape)
+        for d in sorted(expand):
+            dims.insert(d, 1)
+        full.append(dims)
+    return 2 * prod(max(sizes) for sizes in zip(*full))
 
 
 def mv_flops(a_shape, v_shape) -> int:
@@ -93,6 +107,15 @@ def addbmm(call):
     """2*b*m*k*n for batch1 [b, m, k] @ batch2 [b, k, n] summed over b (FlopCounterMode has no formula)."""
     # the sum over b is the accumulation the multiply-adds already count
     return bmm_flops(call["batch1"].shape, call["batch2"].shape)
+
+
+@register(*aten_ops("_trilinear"), kind=MATMUL)
+def trilinear(call):
+    """2*prod(broadcast index space): nn.Bilinear's x1 W x2 is 2*B*O*I1*I2 (FlopCounterMode has no formula)."""
+    return trilinear_flops(
+        (call["i1"].shape, call["i2"].shape, call["i3"].shape),
+        (call["expand1"], call["expand2"], call["expand3"]),
+    )
 
 
 @register(*aten_ops("mv"), kind=OTHER)

@@ -205,9 +205,8 @@ def cumprod_backward(call):
 @register(*aten_ops("_cdist_forward"), kind=OTHER)
 def cdist(call):
     """3*P*R*D FLOPs (p=2: sub, square, add per coordinate pair) + P*R sqrt; x1 [.., P, D], x2 [.., R, D]."""
-    x1, x2 = call["x1"], call["x2"]
-    pairs = call.out.numel  # [.., P, R]
-    return 3 * pairs * x1.shape[-1] + pairs
+    pairs = call.out.numel  # [.., P, R]: one distance per (row of x1, row of x2)
+    return 3 * pairs * call["x1"].shape[-1] + pairs
 
 
 @register(*aten_ops("_cdist_backward"), kind=OTHER)
@@ -224,3 +223,15 @@ def renorm(call):
     x = call["self"]
     slices = x.shape[call["dim"]] if x.ndim else 1
     return vector_norm_flops(x.numel, slices, call["p"]) + slices + x.numel
+
+
+@register(*aten_ops("trace"), kind=OTHER)
+def trace(call):
+    """min(m, n) FLOPs: the diagonal's adds."""
+    return min(call["self"].shape) if call["self"].ndim else 1
+
+
+@register(*aten_ops("equal", "nonzero", "nonzero_static", "argwhere"), kind=OTHER)
+def compare_all(call):
+    """N FLOPs: one comparison per input element."""
+    return call["self"].numel

@@ -67,7 +67,8 @@ class OpCall:
 
     ``args`` maps every schema argument name to its value (defaults filled in),
     with tensors replaced by :class:`TensorSpec` and tensor lists by tuples of
-    them.  ``outputs`` is the flat tuple of output specs (None for non-tensors).
+    them.  ``outputs`` holds the specs of the tensor outputs only, in order (an
+    output that is None, e.g. a gradient ``output_mask`` turned off, is absent).
     """
 
     op: Any
@@ -149,17 +150,23 @@ def register_zero(*ops: Any, override: bool = False) -> None:
 
 
 def aten_ops(*names: str) -> list[Any]:
-    """The ``torch.ops.aten`` overload packets named ``names`` that this torch build has.
+    """The ``torch.ops.aten`` overload packets named ``names``, with their in-place variants.
 
-    Names missing from the build (an op added or removed between torch versions)
-    are skipped, so rule modules load on every supported torch.
+    ``aten_ops("add")`` gives ``[aten.add, aten.add_]``: the in-place op is its own
+    packet in torch (``out=`` variants are overloads of the op's packet), and a rule
+    for an op holds for its in-place form.  Names missing from this torch build (an
+    op added or removed between versions) are skipped, so rule modules load on
+    every supported torch.
     """
-    found = []
+    found: list[Any] = []
     for name in names:
-        try:
-            found.append(getattr(torch.ops.aten, name))
-        except (AttributeError, RuntimeError):
-            pass
+        for variant in (name, name + "_") if not name.endswith("_") else (name,):
+            try:
+                packet = getattr(torch.ops.aten, variant)
+            except (AttributeError, RuntimeError):
+                continue
+            if packet not in found:
+                found.append(packet)
     return found
 
 

@@ -72,7 +72,7 @@ def fused_lstm_cell(call):
     return call["cx"].numel * (13 + (8 if biased else 0))
 
 
-@register(*aten_ops("_thnn_fused_lstm_cell_backward_impl"), kind=OTHER)
+@register(*aten_ops("_thnn_fused_lstm_cell_backward_impl", "_thnn_fused_lstm_cell_backward"), kind=OTHER)
 def fused_lstm_cell_backward(call):
     """B*H*(23 + 4 if has_bias): tanh(c'), do, dc, di, df, dg, dc_prev (+ bias-gradient sums)."""
     # per element of cx [B, H]: tanh(c') 1; do = dh*tanh(c')*o*(1-o) 4; dc = dh*o*(1-tanh^2) + dc' 5;
