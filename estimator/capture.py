@@ -477,8 +477,9 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
 
     ``options`` (or the same fields as keyword arguments) say how the step runs.
     ``mode``: ``"fake"`` (never allocate), ``"real"`` (small real CPU tensors),
-    or ``"auto"`` (fake, falling back to real on data-dependent control flow
-    when the model fits in memory).
+    or ``"auto"`` (fake, falling back to real when the model fits in memory and
+    the fake trace meets data-dependent control flow or an op whose fake kernel
+    rejects what its CPU kernel accepts).
     """
     if not isinstance(model, torch.nn.Module):
         raise UserError(f"model must be a torch.nn.Module, not {type(model).__name__}")
@@ -494,20 +495,35 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
         if mode == "fake":
             raise UnsupportedModelError(f"{exc}: data-dependent control flow cannot be traced on fake tensors; "
                                         f"allow a trace on real CPU tensors (trace='auto')") from exc.__cause__
-        need = 3 * _model_bytes(model)
-        if need > _available_ram() // 2:
+        if not _fits_in_memory(model):
             raise UnsupportedModelError(
                 f"{exc}: data-dependent control flow cannot be traced on fake tensors and the model "
                 f"is too large to trace on real ones; make the branch shape-only or pass smaller shapes"
             ) from exc.__cause__
-        log.info("%s; capturing again on real CPU tensors", exc)
-        cap = _capture(model, args, kw, opts, fake=False)
-        cap.fallback_reason = str(exc)
-        return cap
+        reason = str(exc)
+    except _StepFailed as exc:
+        # Either the inputs are wrong (the real trace fails the same way and says so) or an op's
+        # fake kernel is stricter than its CPU kernel (the real trace succeeds).
+        if mode == "fake" or not _fits_in_memory(model):
+            raise
+        reason = f"the fake-tensor trace failed ({exc})"
+    log.info("%s; capturing again on real CPU tensors", reason)
+    cap = _capture(model, args, kw, opts, fake=False)
+    cap.fallback_reason = reason
+    return cap
+
+
+def _fits_in_memory(model: torch.nn.Module) -> bool:
+    """Whether a real CPU trace (a copy of the weights plus the step's tensors) fits in free RAM."""
+    return 3 * _model_bytes(model) <= _available_ram() // 2
 
 
 class _DataDependent(Exception):
     """Raised internally when the step reads tensor values on fake tensors."""
+
+
+class _StepFailed(UserError):
+    """The step raised: a user error (bad shapes), or a kernel whose fake version differs from the real one."""
 
 
 def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
@@ -707,7 +723,7 @@ def _guard(rec: _Recorder, fn: Callable[[], Any]) -> Any:
             raise _DataDependent(f"module {where or '(root)'!r} reads tensor values in "
                                  f"{rec.current_op} ({rec.phase})") from exc
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise UserError(
+        raise _StepFailed(
             f"the {rec.phase} pass failed{f' in module {where!r}' if where else ''}: "
             f"{type(exc).__name__}: {first}; check the input shapes and dtypes"
         ) from exc
