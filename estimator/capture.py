@@ -33,6 +33,7 @@ free, in execution order) is the memory timeline of the step; see
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 import os
@@ -57,6 +58,7 @@ from .graph import OpNode, to_fx
 from .optim import build_optimizer, wants_fused
 from .precision import Precision, parse_precision
 from .rules.registry import TensorSpec
+from .target import CudaKernels
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -469,6 +471,7 @@ class StepOptions:
     precision: Precision = parse_precision("fp32")
     train: bool = True  # False: forward only, under torch.no_grad() and model.eval()
     checkpoint: tuple[type, ...] = ()  # module classes run under torch.utils.checkpoint (non-reentrant)
+    target: str = "cpu"  # "cuda": route ops whose CUDA kernels differ to them (see estimator.target)
 
 
 def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = None, *, mode: str = "auto",
@@ -622,12 +625,14 @@ def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
     # The traced tensors stand in for the model's own for the whole step (backward recomputation of
     # checkpointed regions included), as torch.func.functional_call does for a single call.
     swap = _reparametrize_module(model, {**params, **buffers}, tie_weights=True, strict=False)
+    kernels = CudaKernels() if opts.target == "cuda" else contextlib.nullcontext()
     in_fake_mode = False
     try:
         if fake:
             fake_mode.__enter__()
             in_fake_mode = True
         swap.__enter__()
+        kernels.__enter__()
         try:
             if not opts.train:
                 with rec, torch.no_grad():
@@ -669,6 +674,7 @@ def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
                             if st:
                                 opt_state[n] = {k: v for k, v in st.items() if isinstance(v, torch.Tensor)}
         finally:
+            kernels.__exit__(None, None, None)
             swap.__exit__(None, None, None)
             if in_fake_mode:
                 fake_mode.__exit__(None, None, None)

@@ -59,8 +59,9 @@ def estimate(
         optimizer_kwargs: extra keyword arguments for the optimizer.
         loss_fn: ``loss_fn(output) -> scalar``; default: the output if it is a scalar,
             else ``output.loss``, else the sum of the means of the floating-point outputs.
-        device: the target device (``"cuda"`` or ``"cpu"``): the optimizer implementation
-            PyTorch defaults to there (foreach on CUDA) and the allocator's rounding.
+        device: the target device (``"cuda"`` or ``"cpu"``): the kernels that differ by device
+            (SDPA backend, see :mod:`estimator.target`), the optimizer implementation PyTorch
+            defaults to there (foreach on CUDA) and the allocator's rounding.
         precision: ``fp32``, ``bf16``, ``fp16``, ``bf16-mixed`` or ``fp16-mixed`` (see
             :mod:`estimator.precision`).
         mode: ``"train"`` (one training step) or ``"inference"`` (forward under ``no_grad``).
@@ -80,6 +81,7 @@ def estimate(
         foreach=True if device == "cuda" else None,
         precision=parse_precision(precision),
         train=mode == "train",
+        target=device,
     )
     classes = _resolve_classes(model, checkpoint)
     cap = capture(model, inputs, options, mode=trace)
