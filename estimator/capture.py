@@ -127,6 +127,7 @@ class Capture:
     optimizer_state: dict[str, dict[str, torch.Tensor]]  # param name -> state tensors
     optimizer_name: str | None
     storage_bytes: list[int]
+    storage_dtype: list[torch.dtype]
     events: list[tuple[int, int, int]]
     sids: dict[str, set[int]]  # category -> sids: parameter, buffer, input, gradient, optimizer_state, saved, loss
     fallback_reason: str | None = None
@@ -166,6 +167,7 @@ class _Recorder(TorchDispatchMode):
         # storage bookkeeping
         self.sid_of: dict[int, int] = {}  # live storage _cdata -> sid
         self.storage_bytes: list[int] = []
+        self.storage_dtype: list[torch.dtype] = []  # dtype of the first tensor seen on each storage
         self.events: list[tuple[int, int, int]] = []
         self.closed = False
 
@@ -180,6 +182,7 @@ class _Recorder(TorchDispatchMode):
             nbytes = st.nbytes()
             self.sid_of[cdata] = sid
             self.storage_bytes.append(nbytes)
+            self.storage_dtype.append(t.dtype)
             self.events.append((len(self.order) - 1, sid, nbytes))
             fin = weakref.finalize(st, self._freed, cdata, sid)
             fin.atexit = False
@@ -712,6 +715,7 @@ def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
         optimizer_state=opt_state,
         optimizer_name=optimizer_name,
         storage_bytes=rec.storage_bytes,
+        storage_dtype=rec.storage_dtype,
         events=rec.events,
         sids=sids,
     )

@@ -63,6 +63,7 @@ class Tally:
     flops: dict[str, int]  # forward, backward, optimizer, matmul_forward, matmul_backward
     flops_by_dtype: dict[str, int]  # forward + backward
     modules: dict[str, ModuleTally]  # every module path (and (loss), (input)) -> its own costs
+    memory_by_dtype: dict[str, dict[str, int]]  # category -> dtype -> bytes
     unsupported: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -118,6 +119,17 @@ def node_cost(node: OpNode) -> NodeCost | None:
 def _sid_bytes(cap: Capture, category: str) -> int:
     """Bytes of the distinct storages of one category (views and tied tensors once)."""
     return sum(cap.storage_bytes[sid] for sid in cap.sids[category])
+
+
+def _bytes_by_dtype(cap: Capture) -> dict[str, dict[str, int]]:
+    """Bytes per dtype of each category of storages (parameters, gradients, optimizer state, activations...)."""
+    out: dict[str, dict[str, int]] = {}
+    for category in ("parameter", "buffer", "gradient", "optimizer_state", "saved", "input"):
+        per: Counter[str] = Counter()
+        for sid in cap.sids.get(category, ()):
+            per[str(cap.storage_dtype[sid]).removeprefix("torch.")] += cap.storage_bytes[sid]
+        out[category] = dict(per)
+    return out
 
 
 def tally(cap: Capture) -> Tally:
@@ -197,5 +209,6 @@ def tally(cap: Capture) -> Tally:
         flops={k: flops.get(k, 0) for k in ("forward", "backward", "optimizer", "matmul_forward", "matmul_backward")},
         flops_by_dtype=dict(by_dtype),
         modules=modules,
+        memory_by_dtype=_bytes_by_dtype(cap),
         unsupported=unsupported_rows,
     )
