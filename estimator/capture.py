@@ -628,10 +628,15 @@ def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
     # The traced tensors stand in for the model's own for the whole step (backward recomputation of
     # checkpointed regions included), as torch.func.functional_call does for a single call.
     swap = _reparametrize_module(model, {**params, **buffers}, tie_weights=True, strict=False)
-    kernels = CudaKernels() if opts.target == "cuda" else contextlib.nullcontext()
+    # CUDA's kernels exist as meta implementations only: on real CPU tensors the CPU kernels run.
+    kernels = CudaKernels() if opts.target == "cuda" and fake else contextlib.nullcontext()
     in_fake_mode = False
+    # FakeTensorMode logs a traceback when a meta kernel fails; the capture reports the failure itself.
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    fake_log_level = fake_log.level
     try:
         if fake:
+            fake_log.setLevel(logging.CRITICAL)
             fake_mode.__enter__()
             in_fake_mode = True
         swap.__enter__()
@@ -645,7 +650,7 @@ def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
                     with opts.precision.autocast_context():
                         output = _run_forward(model, t_args, t_kwargs, rec)
                         rec.phase = "loss"
-                        loss, loss_source = select_loss(output, opts.loss_fn)
+                        loss, loss_source = _guard(rec, lambda: select_loss(output, opts.loss_fn))
                     del output  # a training loop keeps only the loss
                     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                         raise UserError("the loss must be a scalar tensor; check loss_fn")
@@ -682,6 +687,7 @@ def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
             if in_fake_mode:
                 fake_mode.__exit__(None, None, None)
     finally:
+        fake_log.setLevel(fake_log_level)
         restore_forward()
         for h in handles:
             h.remove()

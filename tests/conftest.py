@@ -35,30 +35,59 @@ def build_case(name: str, device: str = "cpu"):
 
 
 class Results:
-    """Session cache: ground truth and estimate dicts keyed by (case, optimizer spec key, device)."""
+    """Session cache keyed by (case, optimizer key[, device]).
+
+    Ground truth and ``report.to_dict()`` are kept for the session; whole reports
+    (fx graph + fake tensors) only for the last few cases, since a large live heap
+    makes every full garbage collection slow.
+    """
+
+    KEEP_REPORTS = 4
 
     def __init__(self):
         self._truth: dict = {}
-        self._estimate: dict = {}
+        self._dicts: dict = {}
+        self._reports: dict = {}
+        self._errors: dict = {}
 
-    def truth(self, name: str, optimizer="adamw", key=None):
+    @staticmethod
+    def _spec(optimizer, model):
+        return optimizer(model) if callable(optimizer) and not isinstance(optimizer, type) else optimizer
+
+    def truth(self, name: str, optimizer="adamw", key=None) -> dict:
         k = (name, key or optimizer)
         if k not in self._truth:
             model, inputs, loss_fn = build_case(name)
-            spec = optimizer(model) if callable(optimizer) and not isinstance(optimizer, type) else optimizer
-            self._truth[k] = groundtruth.measure(model, inputs, spec, loss_fn)
+            self._truth[k] = groundtruth.measure(model, inputs, self._spec(optimizer, model), loss_fn)
         return self._truth[k]
 
-    def estimate(self, name: str, optimizer="adamw", key=None, device: str = "cuda"):
+    def report(self, name: str, optimizer="adamw", key=None, device: str = "cpu"):
         from estimator import estimate
 
         k = (name, key or optimizer, device)
-        if k not in self._estimate:
+        if k in self._errors:  # a failing estimate fails every test of the case, once
+            raise self._errors[k]
+        if k not in self._reports:
             model, inputs, loss_fn = build_case(name)
-            spec = optimizer(model) if callable(optimizer) and not isinstance(optimizer, type) else optimizer
-            report = estimate(model, inputs, optimizer=spec, loss_fn=loss_fn, device=device)
-            self._estimate[k] = report
-        return self._estimate[k]
+            try:
+                report = estimate(model, inputs, optimizer=self._spec(optimizer, model), loss_fn=loss_fn,
+                                  device=device)
+            except Exception as exc:
+                self._errors[k] = exc
+                raise
+            self._dicts[k] = report.to_dict()
+            self._reports[k] = report
+            while len(self._reports) > self.KEEP_REPORTS:
+                self._reports.pop(next(iter(self._reports)))
+        return self._reports[k]
+
+    def estimate(self, name: str, optimizer="adamw", key=None, device: str = "cpu") -> dict:
+        """``estimate(..., device=device).to_dict()``; device "cpu" (the default) picks the kernels
+        the real CPU step of the ground truth runs (SDPA backend among them)."""
+        k = (name, key or optimizer, device)
+        if k not in self._dicts:
+            self.report(name, optimizer, key, device)
+        return self._dicts[k]
 
 
 @pytest.fixture(scope="session")

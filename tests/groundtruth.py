@@ -23,7 +23,6 @@ One multiply-add = 2 FLOPs, as in ``torch.utils.flop_counter``.
 from __future__ import annotations
 
 import copy
-from collections import Counter
 from math import prod
 from typing import Any, Callable, Mapping
 
@@ -321,19 +320,18 @@ def measure(model: torch.nn.Module, inputs: Any, optimizer: Any = "adamw",
     return result
 
 
-def saved_tensor_log(model: torch.nn.Module, inputs: Any, loss_fn=None) -> list[tuple[str, tuple, str, int]]:
-    """Diagnostics: (grad_fn name, shape, dtype, storage nbytes) of every tensor packed
-    during forward + loss on a real copy (for chasing activation discrepancies)."""
+def saved_tensor_log(model: torch.nn.Module, inputs: Any, loss_fn=None) -> list[tuple[tuple, str, int, int]]:
+    """Diagnostics: (shape, dtype, storage nbytes, storage data_ptr) of every non-parameter
+    tensor packed during forward + loss on a real copy (for chasing activation differences)."""
     m, x, _ = _copy(model, inputs)
     param_ptrs = {p.untyped_storage().data_ptr() for p in m.parameters()}
     rows, keep = [], []
 
     def pack(t):
         keep.append(t)
-        fn = torch._C._current_autograd_node()
-        if t.untyped_storage().data_ptr() not in param_ptrs:
-            rows.append((type(fn).__name__ if fn is not None else "?", tuple(t.shape), str(t.dtype),
-                         t.untyped_storage().nbytes(), t.untyped_storage().data_ptr()))
+        st = t.untyped_storage()
+        if st.data_ptr() not in param_ptrs:
+            rows.append((tuple(t.shape), str(t.dtype), st.nbytes(), st.data_ptr()))
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -341,4 +339,4 @@ def saved_tensor_log(model: torch.nn.Module, inputs: Any, loss_fn=None) -> list[
     return rows
 
 
-__all__ = ["measure", "FLOP_FIXES", "flop_counter", "build_real_optimizer", "saved_tensor_log", "Counter"]
+__all__ = ["measure", "FLOP_FIXES", "flop_counter", "build_real_optimizer", "saved_tensor_log"]

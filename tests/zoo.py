@@ -158,7 +158,7 @@ def gpt(device: str = "cpu") -> Case:
 # ---------------------------------------------------------------------------
 
 
-def _hf(model_type: str, auto: str, attn: str | None = None, **cfg_kwargs):
+def _hf(model_type: str, auto: str, attn: str | None = None, device: str = "cpu", **cfg_kwargs):
     import transformers
 
     cfg = transformers.AutoConfig.for_model(model_type, **cfg_kwargs)
@@ -166,7 +166,13 @@ def _hf(model_type: str, auto: str, attn: str | None = None, **cfg_kwargs):
         cfg._attn_implementation = attn
     torch.manual_seed(0)
     kwargs = {"attn_implementation": attn} if attn is not None else {}
-    return getattr(transformers, auto).from_config(cfg, **kwargs)
+    with torch.device(device):
+        return getattr(transformers, auto).from_config(cfg, **kwargs)
+
+
+def _on(device: str, inputs: dict) -> dict:
+    """The inputs (built on CPU from a seeded generator) moved to ``device``."""
+    return {k: v.to(device) for k, v in inputs.items()}
 
 
 def gpt_bf16(device: str = "cpu") -> Case:
@@ -181,13 +187,13 @@ def vgg_channels_last(device: str = "cpu") -> Case:
 
 
 def hf_gpt2(device: str = "cpu") -> Case:
-    model = _hf("gpt2", "AutoModelForCausalLM", n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64)
+    model = _hf("gpt2", "AutoModelForCausalLM", device=device, n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64)
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
-    return model, {"input_ids": ids, "labels": ids.clone()}, None
+    return model, _on(device, {"input_ids": ids, "labels": ids.clone()}), None
 
 
-def _bert(padded: bool) -> Case:
-    model = _hf("bert", "AutoModelForMaskedLM", vocab_size=128, hidden_size=64, num_hidden_layers=2,
+def _bert(padded: bool, device: str) -> Case:
+    model = _hf("bert", "AutoModelForMaskedLM", device=device, vocab_size=128, hidden_size=64, num_hidden_layers=2,
                 num_attention_heads=4, intermediate_size=128, max_position_embeddings=64,
                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     g = torch.Generator().manual_seed(1)
@@ -196,42 +202,42 @@ def _bert(padded: bool) -> Case:
     mask = torch.ones_like(ids)
     if padded:
         mask[1, 12:] = 0  # the second sequence is 12 tokens long
-    return model, {"input_ids": ids, "attention_mask": mask, "labels": labels}, None
+    return model, _on(device, {"input_ids": ids, "attention_mask": mask, "labels": labels}), None
 
 
 def hf_bert(device: str = "cpu") -> Case:
     """BERT MLM, a padded batch: HF builds the SDPA mask in both the real and the fake step."""
-    return _bert(padded=True)
+    return _bert(True, device)
 
 
 def hf_bert_unpadded(device: str = "cpu") -> Case:
     """BERT MLM with an all-ones attention_mask: on real tensors HF drops the mask
     (``padding_mask.all()`` in transformers.masking_utils), on fake tensors it cannot read
     the values and keeps it, so SDPA saves a (B, 1, S, S) mask per layer in the fake step only."""
-    return _bert(padded=False)
+    return _bert(False, device)
 
 
-def _llama(attn: str) -> Case:
-    model = _hf("llama", "AutoModelForCausalLM", attn, vocab_size=128, hidden_size=64, intermediate_size=128,
+def _llama(attn: str, device: str) -> Case:
+    model = _hf("llama", "AutoModelForCausalLM", attn, device, vocab_size=128, hidden_size=64, intermediate_size=128,
                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
-    return model, {"input_ids": ids, "labels": ids.clone()}, None
+    return model, _on(device, {"input_ids": ids, "labels": ids.clone()}), None
 
 
 def hf_llama_sdpa(device: str = "cpu") -> Case:
-    return _llama("sdpa")
+    return _llama("sdpa", device)
 
 
 def hf_llama_eager(device: str = "cpu") -> Case:
-    return _llama("eager")
+    return _llama("eager", device)
 
 
 def hf_t5(device: str = "cpu") -> Case:
-    model = _hf("t5", "AutoModelForSeq2SeqLM", vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=2,
+    model = _hf("t5", "AutoModelForSeq2SeqLM", device=device, vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=2,
                 num_decoder_layers=2, num_heads=4, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0)
     g = torch.Generator().manual_seed(1)
-    return model, {"input_ids": torch.randint(1, 128, (2, 12), generator=g),
-                   "labels": torch.randint(1, 128, (2, 8), generator=g)}, None
+    return model, _on(device, {"input_ids": torch.randint(1, 128, (2, 12), generator=g),
+                               "labels": torch.randint(1, 128, (2, 8), generator=g)}), None
 
 
 # ---------------------------------------------------------------------------
@@ -387,9 +393,11 @@ class TiedEmbeddings(nn.Module):
 
 def tied(device: str = "cpu") -> Case:
     torch.manual_seed(0)
+    ids = torch.randint(0, 50, (3, 9))
+    targets = torch.randint(0, 50, (3, 9))  # real CPU tensor captured by loss_fn, even for a meta model
     with torch.device(device):
-        ids = torch.randint(0, 50, (3, 9))
-        return TiedEmbeddings(), ids, lambda logits: F.cross_entropy(logits.flatten(0, 1), ids.flatten())
+        model = TiedEmbeddings()
+    return model, ids.to(device), lambda logits: F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
 class Frozen(nn.Module):
@@ -411,6 +419,132 @@ def frozen(device: str = "cpu") -> Case:
         return Frozen(), torch.randn(5, 20), None
 
 
+class BiLSTM(nn.Module):
+    """Bidirectional single-layer LSTM, time-major input (one mkldnn_rnn_layer per direction)."""
+
+    def __init__(self, d: int = 10, hidden: int = 12):
+        super().__init__()
+        self.rnn = nn.LSTM(d, hidden, bidirectional=True)
+        self.head = nn.Linear(2 * hidden, 3)
+
+    def forward(self, x):
+        out, (h, c) = self.rnn(x)
+        return self.head(out).mean() + h.square().mean()
+
+
+def lstm_bidir(device: str = "cpu") -> Case:
+    torch.manual_seed(0)
+    with torch.device(device):
+        x = torch.randn(6, 3, 10, requires_grad=True)  # (T, B, I); the input requires grad
+        return BiLSTM(), x, None
+
+
+class Convs(nn.Module):
+    """Conv1d (dilated, strided), ConvTranspose2d (grouped), Conv3d: every conv flavour of convolution(_backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv1d(4, 8, 3, dilation=2, stride=2)
+        self.up = nn.ConvTranspose2d(8, 6, 3, stride=2, padding=1, output_padding=1, groups=2)
+        self.c3 = nn.Conv3d(6, 4, (1, 3, 3), padding=(0, 1, 1), bias=False)
+
+    def forward(self, x):
+        h = F.relu(self.c1(x))  # (B, 8, L)
+        h = h[..., None] * h[..., None, :]  # (B, 8, L, L)
+        h = self.up(h)  # (B, 6, 2L, 2L)
+        return self.c3(h[:, :, None]).mean((1, 2))  # (B, 2L, 2L)
+
+
+def convs(device: str = "cpu") -> Case:
+    torch.manual_seed(0)
+    with torch.device(device):
+        return Convs(), torch.randn(2, 4, 21), None
+
+
+class AttnVariants(nn.Module):
+    """SDPA with GQA, a float mask, cross attention of unequal lengths and dropout; einsum attention;
+    batched matmul with broadcasting and baddbmm."""
+
+    def __init__(self, d: int = 32, heads: int = 4, kv_heads: int = 2):
+        super().__init__()
+        self.h, self.kvh, self.hd = heads, kv_heads, d // heads
+        self.q = nn.Linear(d, d)
+        self.kv = nn.Linear(d, 2 * kv_heads * self.hd)
+        self.bias = nn.Parameter(torch.zeros(heads, 1, 1))
+        self.o = nn.Linear(d, d)
+
+    def forward(self, x, memory):
+        B, T, D = x.shape
+        S = memory.shape[1]
+        q = self.q(x).view(B, T, self.h, self.hd).transpose(1, 2)  # (B, h, T, hd)
+        k, v = self.kv(x).view(B, T, 2, self.kvh, self.hd).permute(2, 0, 3, 1, 4)  # (B, kvh, T, hd)
+        mask = torch.randn(T, T).tril()  # a float additive mask
+        y1 = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        km, vm = self.kv(memory).view(B, S, 2, self.kvh, self.hd).permute(2, 0, 3, 1, 4)
+        km, vm = km.repeat_interleave(2, 1), vm.repeat_interleave(2, 1)
+        y2 = F.scaled_dot_product_attention(q, km, vm, dropout_p=0.1)  # cross attention, T != S, dropout
+        scores = torch.einsum("bhtd,bhsd->bhts", q, k.repeat_interleave(2, 1)) / self.hd ** 0.5
+        y3 = torch.matmul(torch.softmax(scores + self.bias, -1), v.repeat_interleave(2, 1))  # 4-D matmul -> bmm
+        y4 = torch.baddbmm(y3.flatten(0, 1), q.flatten(0, 1), torch.eye(self.hd).expand(B * self.h, -1, -1))
+        y = (y1 + y2 + y3 + y4.view_as(y3)).transpose(1, 2).reshape(B, T, D)
+        return self.o(y)
+
+
+def attn_variants(device: str = "cpu") -> Case:
+    torch.manual_seed(0)
+    with torch.device(device):
+        return AttnVariants(), (torch.randn(2, 8, 32), torch.randn(2, 5, 32)), None
+
+
+def shared_inputs(device: str = "cpu") -> Case:
+    """nn.MultiheadAttention self-attention called as mha(x, x, x): one tensor passed three times.
+    MHA checks ``query is key is value`` and then does ONE packed in-projection; with three
+    distinct tensors it does three."""
+    torch.manual_seed(0)
+    with torch.device(device):
+        mha = nn.MultiheadAttention(16, 4, batch_first=True)
+        x = torch.randn(2, 5, 16)
+    return mha, (x, x, x), lambda out: out[0].mean()
+
+
+def sliced_input(device: str = "cpu") -> Case:
+    """The input is a view (a column slice) of a larger tensor; Linear saves it for backward,
+    so autograd keeps the whole base storage alive."""
+    torch.manual_seed(0)
+    with torch.device(device):
+        big = torch.randn(12, 40)
+        return nn.Sequential(nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 2)), big[:, 8:24], None
+
+
+class Unused(nn.Module):
+    """A trainable parameter that receives no gradient in this step (a layer used under no_grad)."""
+
+    def __init__(self):
+        super().__init__()
+        self.teacher = nn.Linear(8, 8)
+        self.student = nn.Linear(8, 8)
+
+    def forward(self, x):
+        with torch.no_grad():
+            target = self.teacher(x)
+        return F.mse_loss(self.student(x), target)
+
+
+def unused_param(device: str = "cpu") -> Case:
+    torch.manual_seed(0)
+    with torch.device(device):
+        return Unused(), torch.randn(4, 8), None
+
+
+def hf_mixtral(device: str = "cpu") -> Case:
+    """Mixtral MoE (4 experts, top-2): transformers runs the experts with F.grouped_mm."""
+    model = _hf("mixtral", "AutoModelForCausalLM", device=device, vocab_size=128, hidden_size=64,
+                intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                max_position_embeddings=64, num_local_experts=4, num_experts_per_tok=2)
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+    return model, _on(device, {"input_ids": ids, "labels": ids.clone()}), None
+
+
 # name -> builder
 ZOO: dict[str, Callable[..., Case]] = {
     "cruncher": cruncher,
@@ -425,8 +559,12 @@ ZOO: dict[str, Callable[..., Case]] = {
     "hf_llama_sdpa": hf_llama_sdpa,
     "hf_llama_eager": hf_llama_eager,
     "hf_t5": hf_t5,
+    "hf_mixtral": hf_mixtral,
     "lstm": lstm,
     "gru": gru,
+    "lstm_bidir": lstm_bidir,
+    "convs": convs,
+    "attn_variants": attn_variants,
     "mobilenet": mobilenet,
     "branchy": branchy,
     "checkpoint_reentrant": checkpoint_reentrant,
@@ -434,8 +572,12 @@ ZOO: dict[str, Callable[..., Case]] = {
     "dict_inputs": dict_inputs,
     "tied": tied,
     "frozen": frozen,
+    "shared_inputs": shared_inputs,
+    "sliced_input": sliced_input,
+    "unused_param": unused_param,
 }
 HF = {name for name in ZOO if name.startswith("hf_")}
 # builders whose model and inputs can be built on the meta device
 META_OK = {"cruncher", "mlp", "vgg", "gpt", "gpt_bf16", "vgg_channels_last", "branchy", "lstm", "gru", "mobilenet", "checkpoint_reentrant",
-           "checkpoint_nonreentrant", "dict_inputs", "tied", "frozen"}
+           "checkpoint_nonreentrant", "dict_inputs", "tied", "frozen", "lstm_bidir", "convs",
+           "attn_variants", "hf_gpt2", "hf_bert", "hf_llama_sdpa", "hf_t5"}
