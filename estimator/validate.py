@@ -48,45 +48,102 @@ ROWS = ("parameters", "buffers", "gradients", "optimizer_state", "activations", 
         "flops_forward", "flops_backward")
 
 
-# -- FlopCounterMode with its known defects fixed ----------------------------
-# Formulas get shapes (tensor arguments as torch.Size) and out_shape, as FlopCounterMode passes them.
+# ---------------------------------------------------------------------------
+# FlopCounterMode fixes (passed as ``custom_mapping``; formulas get shapes:
+# every tensor argument is replaced by its ``torch.Size``; ``out_shape`` is the
+# output's shape (tuple of shapes for multi-output ops)).
+# ---------------------------------------------------------------------------
 
 
 def sdpa_cpu_flop(query, key, value, *args, out_shape=None, **kwargs) -> int:
-    """CPU flash attention, forward: torch's SDPA formula, 2*bh*s_q*s_k*(d_q + d_v)."""
+    """aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p,
+    is_causal, *, attn_mask, scale) -> (output, logsumexp).
+
+    Same formula as torch's flash/efficient SDPA (``sdpa_flop_count``), causal
+    mask ignored (as torch does):
+      scores = q @ k^T : 2 * (b*h_q) * s_q * d_q * s_k
+      out    = p @ v   : 2 * (b*h_q) * s_q * s_k * d_v
+    """
     return sdpa_flop_count(query, key, value)
 
 
 def sdpa_cpu_backward_flop(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
-    """CPU flash attention, backward: torch's SDPA backward formula (recompute QK^T, dP, dV, dQ, dK)."""
+    """aten._scaled_dot_product_flash_attention_for_cpu_backward(grad_out, query, key,
+    value, out, logsumexp, dropout_p, is_causal, *, attn_mask, scale)
+    -> (grad_query, grad_key, grad_value).
+
+    torch's ``sdpa_backward_flop_count`` (5 bmm-sized products, causal ignored):
+      recompute scores  q @ k^T      : 2 * bh * s_q * d_q * s_k
+      dP = dO @ v^T                  : 2 * bh * s_q * d_v * s_k
+      dV = P^T @ dO                  : 2 * bh * s_k * s_q * d_v
+      dQ = dS @ k                    : 2 * bh * s_q * s_k * d_q
+      dK = dS^T @ q                  : 2 * bh * d_q * s_q * s_k
+    """
     return sdpa_backward_flop_count(grad_out, query, key, value)
 
 
 def _rnn_layer_flops(input_shape, w_ih_shape, w_hh_shape) -> int:
-    """One layer and direction: 2 * T*B * (numel(w_ih) + numel(w_hh)) (input and hidden projections)."""
-    return 2 * prod(input_shape[:-1]) * (prod(w_ih_shape) + prod(w_hh_shape))
+    """One recurrent layer, one direction, over the whole sequence.
+
+    input (T, B, I) [time-major after at::lstm's transpose; only T*B matters],
+    w_ih (G*H, I), w_hh (G*H, H) with G = 4 gates for LSTM (i, f, g, o).
+    Per time step and batch row: the input projection x_t @ w_ih^T is I*G*H
+    multiply-adds, the hidden projection h_{t-1} @ w_hh^T is H*G*H.  So
+      forward = 2 * T*B * (I + H) * G*H = 2 * T*B * (numel(w_ih) + numel(w_hh)).
+    (Gate nonlinearities and bias adds are elementwise, not matmul-class.)
+    """
+    rows = prod(input_shape[:-1])  # T * B
+    return 2 * rows * (prod(w_ih_shape) + prod(w_hh_shape))
 
 
 def mkldnn_rnn_layer_flop(input, weight0, weight1, *args, out_shape=None, **kwargs) -> int:
-    """aten.mkldnn_rnn_layer (CPU LSTM/GRU layer): weight0 = w_ih (G*H, I), weight1 = w_hh (G*H, H)."""
+    """aten::mkldnn_rnn_layer(Tensor input, Tensor weight0 [w_ih: (G*H, I)],
+    Tensor weight1 [w_hh: (G*H, H)], Tensor weight2 [b_ih], Tensor weight3 [b_hh],
+    Tensor hx_, Tensor cx_, bool reverse, int[] batch_sizes, int mode, int hidden_size,
+    int num_layers, bool has_biases, bool bidirectional, bool batch_first, bool train)
+    -> (output, hy, cy, workspace).   Verified with a dispatch trace: input (T, B, I).
+
+    forward = 2 * T*B * (I + H) * G*H   (see _rnn_layer_flops)."""
     return _rnn_layer_flops(input, weight0, weight1)
 
 
 def mkldnn_rnn_layer_backward_flop(input, weight1, weight2, *args, out_shape=None, **kwargs) -> int:
-    """Backward: grads wrt input/hidden and wrt weights, each the size of the forward: 2x forward."""
+    """aten::mkldnn_rnn_layer_backward(Tensor input, Tensor weight1 [w_ih: (G*H, I)],
+    Tensor weight2 [w_hh: (G*H, H)], Tensor weight3, Tensor weight4, Tensor hx_, ...)
+    (note: the backward numbers its weights from 1).
+
+    backward = 2 x forward = 4 * T*B * (I + H) * G*H:
+      grad wrt input and hidden (dgates @ w_ih, dgates @ w_hh):   2 * T*B * (I + H) * G*H
+      grad wrt weights (dgates^T @ x, dgates^T @ h):              2 * T*B * (I + H) * G*H
+    """
     return 2 * _rnn_layer_flops(input, weight1, weight2)
 
 
-def conv_backward_flop_groups(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
-                              _output_padding, groups, output_mask, out_shape=None, **kwargs) -> int:
-    """convolution_backward honouring ``groups``: grad_weight = 2 * N * prod(visited positions) * numel(w)
-    (torch's own formula pairs all C_in x C_out channels, ``groups`` times too many)."""
+def conv_backward_flop_groups(
+    grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+    _output_padding, groups, output_mask, out_shape=None, **kwargs,
+) -> int:
+    """aten.convolution_backward with ``groups`` honoured.
+
+    grad_input: torch's formula (correct for groups, since it reads the weight
+    shape (C_out, C_in/g, *k)): a transposed conv of grad_out with the weight,
+      2 * N * prod(out_spatial) * C_out * (C_in/g) * prod(k)   (= the forward FLOPs).
+    grad_weight: each weight element accumulates over every batch row and every
+    output position where it was used:
+      normal conv     w (C_out, C_in/g, *k): 2 * N * prod(out_spatial) * C_out * (C_in/g) * prod(k)
+      transposed conv w (C_in, C_out/g, *k): 2 * N * prod(in_spatial)  * C_in * (C_out/g) * prod(k)
+    i.e. 2 * N * prod(spatial positions the kernel visits) * numel(w); torch's own
+    formula computes it as conv(t(x), t(grad_out)) over ALL C_in x C_out channel pairs,
+    i.e. ``groups`` times too many (C x for a depthwise conv).
+    """
     flops = 0
     if output_mask[0]:
-        flops += conv_flop_count(grad_out_shape, w_shape, out_shape[0], not transposed)
+        grad_input_shape = out_shape[0]
+        flops += conv_flop_count(grad_out_shape, w_shape, grad_input_shape, not transposed)
     if output_mask[1]:
+        n = x_shape[0]
         visited = (x_shape if transposed else grad_out_shape)[2:]
-        flops += 2 * x_shape[0] * prod(visited) * prod(w_shape)
+        flops += 2 * n * prod(visited) * prod(w_shape)
     return flops
 
 
@@ -102,6 +159,7 @@ FLOP_FIXES: dict[Any, Callable[..., int]] = {
 def flop_counter() -> FlopCounterMode:
     """``FlopCounterMode`` with the fixes of :data:`FLOP_FIXES`."""
     return FlopCounterMode(display=False, custom_mapping=FLOP_FIXES)
+
 
 
 # -- live-tensor tracker (CPU peak) -------------------------------------------

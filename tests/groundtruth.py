@@ -1,7 +1,8 @@
 """Ground truth for one training step, measured on a REAL CPU step.
 
-Independent of the estimator's code: nothing from ``estimator`` is imported
-here.  :func:`measure` deep-copies the model (the caller's model, inputs and
+Independent of the estimator's estimate: nothing of its capture, rules or
+tallies is used; the one shared piece is the measuring instrument, the fixed
+``FlopCounterMode`` of :mod:`estimator.validate`.  :func:`measure` deep-copies the model (the caller's model, inputs and
 optimizer are never changed), then
 
 1. memory run: forward + loss under a ``saved_tensors_hooks`` pack hook (every
@@ -12,7 +13,7 @@ optimizer are never changed), then
 2. FLOP run, on a second copy and with no pack hook (so that neither run can
    perturb the other): ``FlopCounterMode`` around forward + loss, and a second
    one around backward, with the three defects of ``torch.utils.flop_counter``
-   fixed by :data:`FLOP_FIXES` (see the formulas below).
+   fixed by ``FLOP_FIXES`` (formulas in estimator/validate.py).
 
 The FLOP count is "matmul-class": the ops ``FlopCounterMode`` has formulas for
 (mm, addmm, bmm, baddbmm, convolution and its backward, the SDPA kernels) plus
@@ -23,131 +24,19 @@ One multiply-add = 2 FLOPs, as in ``torch.utils.flop_counter``.
 from __future__ import annotations
 
 import copy
-from math import prod
 from typing import Any, Callable, Mapping
 
 import torch
 import torch.utils._pytree as pytree
-from torch.utils.flop_counter import (
-    FlopCounterMode,
-    conv_flop_count,
-    sdpa_backward_flop_count,
-    sdpa_flop_count,
-)
+from torch.utils.flop_counter import FlopCounterMode
 
 aten = torch.ops.aten
 
 
-# ---------------------------------------------------------------------------
-# FlopCounterMode fixes (passed as ``custom_mapping``; formulas get shapes:
-# every tensor argument is replaced by its ``torch.Size``; ``out_shape`` is the
-# output's shape (tuple of shapes for multi-output ops)).
-# ---------------------------------------------------------------------------
-
-
-def sdpa_cpu_flop(query, key, value, *args, out_shape=None, **kwargs) -> int:
-    """aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p,
-    is_causal, *, attn_mask, scale) -> (output, logsumexp).
-
-    Same formula as torch's flash/efficient SDPA (``sdpa_flop_count``), causal
-    mask ignored (as torch does):
-      scores = q @ k^T : 2 * (b*h_q) * s_q * d_q * s_k
-      out    = p @ v   : 2 * (b*h_q) * s_q * s_k * d_v
-    """
-    return sdpa_flop_count(query, key, value)
-
-
-def sdpa_cpu_backward_flop(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
-    """aten._scaled_dot_product_flash_attention_for_cpu_backward(grad_out, query, key,
-    value, out, logsumexp, dropout_p, is_causal, *, attn_mask, scale)
-    -> (grad_query, grad_key, grad_value).
-
-    torch's ``sdpa_backward_flop_count`` (5 bmm-sized products, causal ignored):
-      recompute scores  q @ k^T      : 2 * bh * s_q * d_q * s_k
-      dP = dO @ v^T                  : 2 * bh * s_q * d_v * s_k
-      dV = P^T @ dO                  : 2 * bh * s_k * s_q * d_v
-      dQ = dS @ k                    : 2 * bh * s_q * s_k * d_q
-      dK = dS^T @ q                  : 2 * bh * d_q * s_q * s_k
-    """
-    return sdpa_backward_flop_count(grad_out, query, key, value)
-
-
-def _rnn_layer_flops(input_shape, w_ih_shape, w_hh_shape) -> int:
-    """One recurrent layer, one direction, over the whole sequence.
-
-    input (T, B, I) [time-major after at::lstm's transpose; only T*B matters],
-    w_ih (G*H, I), w_hh (G*H, H) with G = 4 gates for LSTM (i, f, g, o).
-    Per time step and batch row: the input projection x_t @ w_ih^T is I*G*H
-    multiply-adds, the hidden projection h_{t-1} @ w_hh^T is H*G*H.  So
-      forward = 2 * T*B * (I + H) * G*H = 2 * T*B * (numel(w_ih) + numel(w_hh)).
-    (Gate nonlinearities and bias adds are elementwise, not matmul-class.)
-    """
-    rows = prod(input_shape[:-1])  # T * B
-    return 2 * rows * (prod(w_ih_shape) + prod(w_hh_shape))
-
-
-def mkldnn_rnn_layer_flop(input, weight0, weight1, *args, out_shape=None, **kwargs) -> int:
-    """aten::mkldnn_rnn_layer(Tensor input, Tensor weight0 [w_ih: (G*H, I)],
-    Tensor weight1 [w_hh: (G*H, H)], Tensor weight2 [b_ih], Tensor weight3 [b_hh],
-    Tensor hx_, Tensor cx_, bool reverse, int[] batch_sizes, int mode, int hidden_size,
-    int num_layers, bool has_biases, bool bidirectional, bool batch_first, bool train)
-    -> (output, hy, cy, workspace).   Verified with a dispatch trace: input (T, B, I).
-
-    forward = 2 * T*B * (I + H) * G*H   (see _rnn_layer_flops)."""
-    return _rnn_layer_flops(input, weight0, weight1)
-
-
-def mkldnn_rnn_layer_backward_flop(input, weight1, weight2, *args, out_shape=None, **kwargs) -> int:
-    """aten::mkldnn_rnn_layer_backward(Tensor input, Tensor weight1 [w_ih: (G*H, I)],
-    Tensor weight2 [w_hh: (G*H, H)], Tensor weight3, Tensor weight4, Tensor hx_, ...)
-    (note: the backward numbers its weights from 1).
-
-    backward = 2 x forward = 4 * T*B * (I + H) * G*H:
-      grad wrt input and hidden (dgates @ w_ih, dgates @ w_hh):   2 * T*B * (I + H) * G*H
-      grad wrt weights (dgates^T @ x, dgates^T @ h):              2 * T*B * (I + H) * G*H
-    """
-    return 2 * _rnn_layer_flops(input, weight1, weight2)
-
-
-def conv_backward_flop_groups(
-    grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
-    _output_padding, groups, output_mask, out_shape=None, **kwargs,
-) -> int:
-    """aten.convolution_backward with ``groups`` honoured.
-
-    grad_input: torch's formula (correct for groups, since it reads the weight
-    shape (C_out, C_in/g, *k)): a transposed conv of grad_out with the weight,
-      2 * N * prod(out_spatial) * C_out * (C_in/g) * prod(k)   (= the forward FLOPs).
-    grad_weight: each weight element accumulates over every batch row and every
-    output position where it was used:
-      normal conv     w (C_out, C_in/g, *k): 2 * N * prod(out_spatial) * C_out * (C_in/g) * prod(k)
-      transposed conv w (C_in, C_out/g, *k): 2 * N * prod(in_spatial)  * C_in * (C_out/g) * prod(k)
-    i.e. 2 * N * prod(spatial positions the kernel visits) * numel(w); torch's own
-    formula computes it as conv(t(x), t(grad_out)) over ALL C_in x C_out channel pairs,
-    i.e. ``groups`` times too many (C x for a depthwise conv).
-    """
-    flops = 0
-    if output_mask[0]:
-        grad_input_shape = out_shape[0]
-        flops += conv_flop_count(grad_out_shape, w_shape, grad_input_shape, not transposed)
-    if output_mask[1]:
-        n = x_shape[0]
-        visited = (x_shape if transposed else grad_out_shape)[2:]
-        flops += 2 * n * prod(visited) * prod(w_shape)
-    return flops
-
-
-FLOP_FIXES: dict[Any, Callable[..., int]] = {
-    aten._scaled_dot_product_flash_attention_for_cpu: sdpa_cpu_flop,
-    aten._scaled_dot_product_flash_attention_for_cpu_backward: sdpa_cpu_backward_flop,
-    aten.mkldnn_rnn_layer: mkldnn_rnn_layer_flop,
-    aten.mkldnn_rnn_layer_backward: mkldnn_rnn_layer_backward_flop,
-    aten.convolution_backward: conv_backward_flop_groups,
-}
-
-
-def flop_counter() -> FlopCounterMode:
-    return FlopCounterMode(display=False, custom_mapping=FLOP_FIXES)
+# The FlopCounterMode fixes (CPU SDPA, mkldnn_rnn_layer, grouped convolution_backward) are the
+# measurement instrument shared with ``estimator validate``: see estimator/validate.py, where each
+# formula's arithmetic is written out.  Nothing of the estimator's rules, capture or tallies is used.
+from estimator.validate import FLOP_FIXES, flop_counter  # noqa: E402
 
 
 def _by_op(counter: FlopCounterMode) -> dict[str, int]:

@@ -1,54 +1,18 @@
 """Ground truth for peak memory on CPU: a live-tensor tracker on a real training step.
 
-A ``TorchDispatchMode`` adds each output storage's bytes when it first appears and a
-``weakref.finalize`` on the storage subtracts them when it is freed; parameters,
-buffers and inputs are registered up front.  Independent of estimator's code.
+The tracker (``estimator.validate.LiveTracker``, the instrument ``estimator validate``
+uses on CPU) is a ``TorchDispatchMode`` that adds each output storage's bytes when it
+first appears, and a ``weakref.finalize`` on the storage subtracts them when it is
+freed; parameters, buffers and inputs are registered up front.  It shares nothing
+with the estimator's lifetime simulation.
 """
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 import torch.utils._pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
-
-class LiveTracker(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.live = 0
-        self.peak = 0
-        self.known: dict[int, int] = {}  # storage _cdata -> bytes
-
-    def register(self, t: torch.Tensor) -> None:
-        st = t.untyped_storage()
-        key = st._cdata
-        if key in self.known:
-            return
-        n = st.nbytes()
-        self.known[key] = n
-        self.live += n
-        self.peak = max(self.peak, self.live)
-        weakref.finalize(st, self._free, key).atexit = False
-
-    def _free(self, key: int) -> None:
-        n = self.known.pop(key, None)
-        if n is not None:
-            self.live -= n
-
-    def reset_peak(self) -> None:
-        self.peak = self.live
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        for t in pytree.tree_leaves((args, kwargs or {})):
-            if isinstance(t, torch.Tensor):
-                self.register(t)
-        out = func(*args, **(kwargs or {}))
-        for t in pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.register(t)
-        return out
+from estimator.validate import LiveTracker
 
 
 def measure_peaks(model, inputs, optimizer_factory, loss_of, *, autocast_dtype=None, train=True, steps=2):
