@@ -6,10 +6,12 @@
     >>> report.to_dict()
 """
 
+from .build import build_empty, empty_weights
 from .errors import UserError
 from .estimate import estimate
 from .report import Report
 from .rules import MATMUL, OTHER, ZERO, register, register_zero
 
-__all__ = ["estimate", "Report", "UserError", "register", "register_zero", "MATMUL", "OTHER", "ZERO"]
+__all__ = ["estimate", "Report", "UserError", "register", "register_zero", "MATMUL", "OTHER", "ZERO",
+           "empty_weights", "build_empty"]
 __version__ = "0.1.0"

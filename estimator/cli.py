@@ -17,6 +17,7 @@ import tempfile
 from typing import Sequence
 
 from .errors import UserError
+from .specs import DEFAULT_SEQ, FALLBACK_SEQ
 
 EPILOG_ESTIMATE = """examples:
   estimator estimate examples/cruncher.py:build
@@ -24,13 +25,32 @@ EPILOG_ESTIMATE = """examples:
   estimator estimate examples/vgg.py:model --input 8x3x64x64 --depth 1
   estimator estimate examples/gpt.py:build --optimizer adam:amsgrad=true --format markdown
   estimator estimate mypkg.models:make_model --input 8x1024:int64 --output report.json --format json
+  estimator estimate hf:gpt2 --batch 8 --seq 1024 --precision bf16-mixed
+  estimator estimate hf:llama --set num_hidden_layers=2 --set hidden_size=1024 --seq 4096
+  estimator estimate hf:path/to/config.json --batch 4 --seq 2048 --output report.html
+  estimator estimate torchvision:resnet50 --batch 32 --format csv --output modules.csv
+  estimator estimate timm:vit_base_patch16_224 --batch 64 --image-size 224
 """
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", metavar="SPEC",
-                   help="path/to/file.py:callable or package.module:callable; the callable returns an "
-                        "nn.Module or a (module, inputs) pair (e.g. examples/gpt.py:build)")
+                   help="path/to/file.py:callable or package.module:callable (the callable returns an "
+                        "nn.Module or a (module, inputs) pair, e.g. examples/gpt.py:build); hf:MODEL_TYPE or "
+                        "hf:path/to/config.json (transformers, e.g. hf:gpt2); torchvision:NAME (e.g. "
+                        "torchvision:resnet50); timm:NAME. Models are built without weights; nothing is downloaded")
+    p.add_argument("--batch", type=int, metavar="B",
+                   help="batch size of hf:, torchvision: and timm: models (default: 1), e.g. --batch 8")
+    p.add_argument("--seq", type=int, metavar="S",
+                   help=f"sequence length of hf: token models (default: the model's position limit, at most "
+                        f"{DEFAULT_SEQ}; {FALLBACK_SEQ} without one), e.g. --seq 4096")
+    p.add_argument("--image-size", type=int, metavar="PX",
+                   help="image height and width of image models (default: the model's own), e.g. --image-size 384")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", default=[], dest="overrides",
+                   help="override a configuration field (hf:; dotted for sub-configurations, e.g. "
+                        "text_config.num_hidden_layers=2), a builder argument (torchvision:, timm:) or a keyword "
+                        "argument of the SPEC callable; values parse as int, float, true/false, none or text; "
+                        "repeatable, e.g. --set num_hidden_layers=2")
     p.add_argument("--input", action="append", metavar="SHAPE[:DTYPE]", default=[],
                    help="an input tensor's shape, repeatable for several positional inputs "
                         "(e.g. --input 8x3x224x224, --input 8x1024:int64); overrides inputs from SPEC")
@@ -67,11 +87,15 @@ def build_parser() -> argparse.ArgumentParser:
                                      "tensors and report its costs.",
                          epilog=EPILOG_ESTIMATE, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(est)
-    est.add_argument("--format", default="table", choices=("table", "json", "markdown"),
-                     help="output format (default: table), e.g. --format json")
+    est.add_argument("--format", choices=FORMATS,
+                     help="output format: table, json (schema in the README), markdown, csv (one row per module) "
+                          "or html (a self-contained page: summary, modules, memory timeline) (default: from the "
+                          "--output suffix, else table), e.g. --format csv")
     est.add_argument("--depth", type=int, default=2, metavar="N",
                      help="module depth of the per-module table (default: 2), e.g. --depth 1")
-    est.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout, e.g. --output r.json")
+    est.add_argument("--output", metavar="FILE",
+                     help="write the report to FILE instead of stdout; .json, .md, .csv, .html and .htm pick the "
+                          "format when --format is not given, e.g. --output report.html")
     est.add_argument("--plot", metavar="FILE.png",
                      help="draw the live-memory timeline with the peak marked (needs matplotlib), e.g. --plot mem.png")
     est.set_defaults(run=_run_estimate)
@@ -114,7 +138,10 @@ def _atomic(path: str, write, suffix: str = ".tmp") -> None:
         raise UserError(f"cannot write {path}: directory {directory} does not exist")
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".estimator-", suffix=suffix)
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.chmod(tmp, 0o666 & ~umask)  # like any file the user writes, not mkstemp's 0600
         write(tmp)
         os.replace(tmp, path)
     except BaseException:
@@ -137,36 +164,209 @@ def _write(text: str, output: str | None) -> None:
     _atomic(output, write)
 
 
+FORMATS = ("table", "json", "markdown", "csv", "html")
+_SUFFIX_FORMATS = {".json": "json", ".md": "markdown", ".markdown": "markdown", ".csv": "csv", ".html": "html",
+                   ".htm": "html"}
+
+
+def _pick_format(fmt: str | None, output: str | None) -> str:
+    if fmt:
+        return fmt
+    if output:
+        return _SUFFIX_FORMATS.get(os.path.splitext(output)[1].lower(), "table")
+    return "table"
+
+
+def _load(args: argparse.Namespace, empty: bool = True):
+    """The SPEC's model and inputs, from the options every spec-taking command has.
+
+    ``empty``: build user factories without weights (library models always are).
+    """
+    from .specs import load_spec
+
+    return load_spec(args.spec, args.input, batch=args.batch, seq=args.seq, image_size=args.image_size,
+                     overrides=args.overrides, empty=empty)
+
+
+class _Progress:
+    """One self-rewriting status line on stderr while a long estimate runs; silent unless stderr is a terminal.
+
+    It shows the stage (building, tracing forward with the module being traced, loss/backward/optimizer,
+    tallying, memory, report) and the elapsed time, from 0.5 s on; the line is erased when done.
+    """
+
+    DELAY = 0.5
+    TICK = 0.2
+
+    def __init__(self, enabled: bool | None = None, stream=None):
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self.stage = "starting"
+        self.detail = ""
+        self._t0 = 0.0
+        self._stop = None
+        self._thread = None
+        self._lock = None
+        self._undo: list = []
+        self._shown = False
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        import threading
+        import time
+
+        self._t0 = time.monotonic()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="estimator-progress", daemon=True)
+        self._thread.start()
+        for handler in logging.getLogger().handlers:  # log lines start on a clean line
+            handler.addFilter(self._clear_filter)
+            self._undo.append(lambda h=handler: h.removeFilter(self._clear_filter))
+        return self
+
+    def __exit__(self, *exc):
+        if not self.enabled:
+            return False
+        self._stop.set()
+        self._thread.join()
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+        self._clear()
+        return False
+
+    def set(self, stage: str, detail: str = "") -> None:
+        self.stage, self.detail = stage, detail
+
+    # -- drawing --------------------------------------------------------------------------
+    def _run(self) -> None:
+        import time
+
+        while not self._stop.wait(self.TICK):
+            elapsed = time.monotonic() - self._t0
+            if elapsed < self.DELAY:
+                continue
+            detail = f" {self.detail}" if self.detail else ""
+            line = f"estimator: {self.stage}{detail} [{elapsed:.0f} s]"
+            width = 0
+            try:
+                width = os.get_terminal_size(self.stream.fileno()).columns - 1
+            except (OSError, ValueError, AttributeError):
+                pass
+            width = width if width >= 20 else 119  # a terminal that reports no size
+            with self._lock:
+                self.stream.write("\r\x1b[K" + line[:width])
+                self.stream.flush()
+                self._shown = True
+
+    def _clear(self) -> None:
+        with self._lock:
+            if self._shown:
+                self.stream.write("\r\x1b[K")
+                self.stream.flush()
+                self._shown = False
+
+    def _clear_filter(self, record) -> bool:
+        self._clear()
+        return True
+
+    # -- hooks into a run -----------------------------------------------------------------
+    def watch(self, model) -> None:
+        """Follow the trace of ``model``: forward progress from module hooks, stages from the pipeline."""
+        if not self.enabled:
+            return
+        import torch
+
+        paths = {id(m): p for p, m in model.named_modules()}
+        total = max(len(paths), 1)
+        calls = [0]
+
+        def pre(mod, _args):
+            path = paths.get(id(mod))
+            if path is None:
+                return
+            calls[0] += 1
+            pct = min(99, 100 * calls[0] // total)
+            self.set(self._pass("tracing forward"), f"{pct}% ({path or 'root'})")
+
+        def post(mod, _args, _out):
+            if mod is model:
+                self.set(self._pass("tracing loss, backward and optimizer step"))
+                calls[0] = 0
+
+        h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
+        h2 = torch.nn.modules.module.register_module_forward_hook(post)
+        self._undo += [h1.remove, h2.remove]
+        self._npass = 0
+        import importlib
+
+        est_mod = importlib.import_module(f"{__package__}.estimate")  # the module, not the function
+
+        for name, stage in (("capture", None), ("tally", "counting FLOPs and bytes"),
+                            ("simulate", "simulating memory")):
+            fn = getattr(est_mod, name, None)
+            if fn is None:
+                continue
+
+            def wrapped(*a, __fn=fn, __name=name, __stage=stage, **k):
+                if __name == "capture":
+                    self._npass += 1
+                    self.set(self._pass("tracing"))
+                else:
+                    self.set(__stage)
+                return __fn(*a, **k)
+
+            setattr(est_mod, name, wrapped)
+            self._undo.append(lambda n=name, f=fn: setattr(est_mod, n, f))
+
+    def _pass(self, text: str) -> str:
+        return text if getattr(self, "_npass", 0) <= 1 else f"{text} (checkpoint what-if)"
+
+
 def _run_estimate(args: argparse.Namespace) -> int:
     from .estimate import estimate
-    from .specs import load
 
     if args.depth < 0:
         raise UserError(f"--depth must be >= 0, not {args.depth}")
-    model, inputs = load(args.spec, args.input)
-    report = estimate(model, inputs, optimizer=args.optimizer, device=args.device, depth=args.depth,
-                      precision=args.precision, mode=args.mode, checkpoint=args.checkpoint or None,
-                      model_name=args.spec)
-    if args.format == "json":
-        text = json.dumps(report.to_dict(), indent=2)
-    elif args.format == "markdown":
-        text = report.to_markdown()
-    else:
-        text = report.render()
-    if args.plot:
-        from .memory import plot
+    fmt = _pick_format(args.format, args.output)
+    if fmt == "html" and not args.output and sys.stdout.isatty():
+        raise UserError("--format html writes a page: add --output report.html (or redirect stdout to a file)")
+    with _Progress() as progress:
+        progress.set("building the model")
+        loaded = _load(args)
+        progress.watch(loaded.model)
+        report = estimate(loaded.model, loaded.inputs, optimizer=args.optimizer, loss_fn=loaded.loss_fn,
+                          device=args.device, depth=args.depth, precision=args.precision, mode=args.mode,
+                          checkpoint=args.checkpoint or None, model_name=loaded.title)
+        progress.set("writing the report")
+        if fmt == "json":
+            text = json.dumps(report.to_dict(), indent=2)
+        elif fmt == "markdown":
+            text = report.to_markdown()
+        elif fmt == "csv":
+            text = report.to_csv()
+        elif fmt == "html":
+            text = report.to_html()
+        else:
+            text = report.render()
+        if args.plot:
+            from .memory import plot
 
-        _atomic(args.plot, lambda tmp: plot(report.memory, tmp, title=f"{args.spec}: live memory"), suffix=".png")
+            _atomic(args.plot, lambda tmp: plot(report.memory, tmp, title=f"{args.spec}: live memory"),
+                    suffix=".png")
     _write(text, args.output)
     return 0
 
 
 def _run_validate(args: argparse.Namespace) -> int:
-    from .specs import load
     from .validate import validate
 
-    model, inputs = load(args.spec, args.input)
-    result = validate(model, inputs, optimizer=args.optimizer, device=args.device, precision=args.precision,
+    loaded = _load(args, empty=False)  # it runs real steps: a factory's own weights, as before
+    result = validate(loaded.model, loaded.inputs, optimizer=args.optimizer, loss_fn=loaded.loss_fn,
+                      device=args.device, precision=args.precision,
                       steps=args.steps, tolerance=args.tolerance, force=args.force, peak_tflops=args.peak_tflops)
     _write(json.dumps(result.to_dict(), indent=2) if args.format == "json" else result.render(), None)
     return 0 if result.ok else 1

@@ -7,6 +7,11 @@ multiply-add is 2 FLOPs.
 
 from __future__ import annotations
 
+import csv
+import html
+import io
+import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +19,7 @@ import torch.fx as fx
 from tabulate import tabulate
 
 from .capture import INPUT_MODULE, LOSS_MODULE, Capture
-from .memory import MemoryProfile
+from .memory import CATEGORIES, MemoryProfile
 from .tally import ModuleTally, Tally
 
 SCHEMA_VERSION = 1
@@ -264,5 +269,217 @@ class Report:
     def to_markdown(self, depth: int | None = None) -> str:
         return self.render("github", depth)
 
+    # -- csv ------------------------------------------------------------------
+    CSV_COLUMNS = ("path", "type", "output_shape", "params", "activations", "flops_forward", "flops_backward",
+                   "percent")
+
+    def to_csv(self, depth: int | None = None) -> str:
+        """One row per module at ``depth`` (the JSON ``modules`` rows): exact integers, bytes and FLOPs."""
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(self.CSV_COLUMNS)
+        for r in self.module_rows(depth):
+            d = r.to_dict()
+            d["percent"] = f"{r.percent:.4f}"
+            writer.writerow([d[c] for c in self.CSV_COLUMNS])
+        return buf.getvalue()
+
+    # -- html -----------------------------------------------------------------
+    def to_html(self, depth: int | None = None) -> str:
+        """A self-contained page (inline CSS and SVG, no scripts or external resources): the summary,
+        the per-module table, the memory timeline of the steady-state step, and the JSON of
+        :meth:`to_dict` in a ``<script type="application/json" id="estimate-json">`` block."""
+        esc = html.escape
+        title = f"Training-step estimate{f' of {self.model_name}' if self.model_name else ''}"
+        summary = "\n".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in self.summary_rows())
+        rows = self.module_rows(depth)
+        t = self.tally
+        body = []
+        for r in rows:
+            indent = 0 if r.path.startswith("(") else r.path.count(".") + (r.path != "(root)")
+            body.append(
+                f"<tr><td class=path style=\"padding-left:{0.4 + 0.9 * indent:.1f}em\">{esc(r.path)}</td>"
+                f"<td>{esc(r.type)}</td><td>{esc(r.output_shape)}</td>"
+                f"<td class=num title=\"{r.params}\">{fmt_count(r.params)}</td>"
+                f"<td class=num title=\"{r.activations} bytes\">{fmt_bytes(r.activations)}</td>"
+                f"<td class=num title=\"{r.flops_forward}\">{fmt_flops(r.flops_forward)}</td>"
+                f"<td class=num title=\"{r.flops_backward}\">{fmt_flops(r.flops_backward)}</td>"
+                f"<td class=num><span class=bar style=\"width:{min(r.percent, 100):.1f}%\"></span>"
+                f"{r.percent:.1f}</td></tr>")
+        body.append(f"<tr class=total><td>Total</td><td></td><td></td><td class=num>{fmt_count(t.params_total)}</td>"
+                    f"<td class=num>{fmt_bytes(t.activations_bytes)}</td>"
+                    f"<td class=num>{fmt_flops(t.flops['forward'])}</td>"
+                    f"<td class=num>{fmt_flops(t.flops['backward'])}</td><td class=num>100.0</td></tr>")
+        unsupported = ""
+        if t.unsupported:
+            urows = "\n".join(f"<tr><td>{esc(str(u['op']))}</td><td class=num>{u['count']}</td>"
+                              f"<td>{esc(str(u['module']))}</td></tr>" for u in t.unsupported)
+            unsupported = ("<h2>Not counted</h2><p>Ops without a cost rule: their FLOPs are missing from the "
+                           "totals.</p><table><thead><tr><th>Op</th><th>Count</th><th>Module</th></tr></thead>"
+                           f"<tbody>{urows}</tbody></table>")
+        timeline = ""
+        if self.memory is not None and self.memory.timeline:
+            timeline = ("<h2>Memory over one training step</h2><p>Live bytes after each op of a steady-state "
+                        "step (optimizer state already allocated), stacked by category"
+                        + (", each allocation rounded to the CUDA caching allocator's 512-byte blocks"
+                           if self.device == "cuda" else "") + ".</p>" + timeline_svg(self.memory))
+        data = json.dumps(self.to_dict(depth), indent=1).replace("</", "<\\/")
+        depth_text = self.depth if depth is None else depth
+        return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="generator" content="estimator (schema version {SCHEMA_VERSION})">
+<title>{esc(title)}</title>
+<style>
+body {{ font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto;
+       max-width: 1200px; padding: 0 1em; color: #222; }}
+h1 {{ font-size: 1.5em; margin-bottom: 0.2em; }}
+h2 {{ font-size: 1.15em; margin-top: 2em; border-bottom: 1px solid #ddd; padding-bottom: 0.2em; }}
+table {{ border-collapse: collapse; margin: 0.5em 0; }}
+th, td {{ padding: 0.25em 0.7em; border-bottom: 1px solid #eee; text-align: left; vertical-align: top; }}
+thead th {{ background: #f5f5f5; position: sticky; top: 0; }}
+table.summary th {{ font-weight: 600; white-space: nowrap; }}
+td.num {{ text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; position: relative; }}
+td.path {{ font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 0.92em; }}
+span.bar {{ position: absolute; left: 0; top: 15%; height: 70%; background: #4e79a733; z-index: -1; }}
+tr.total td {{ font-weight: 600; border-top: 2px solid #ccc; }}
+p.note {{ color: #666; }}
+svg text {{ font: 11px system-ui, sans-serif; fill: #333; }}
+</style>
+</head>
+<body>
+<h1>{esc(title)}</h1>
+<p class=note>One training step (forward, loss, backward, optimizer step) captured on fake tensors.
+Memory in binary units (KiB, MiB, GiB); one multiply-add is 2 FLOPs. Hover a number for its exact value.</p>
+<h2>Summary</h2>
+<table class=summary>
+{summary}
+</table>
+{timeline}
+<h2>Per module (depth {depth_text})</h2>
+<table class=modules>
+<thead><tr><th>Module</th><th>Type</th><th>Output shape</th><th>Params</th><th>Saved activations</th>
+<th>Fwd FLOPs</th><th>Bwd FLOPs</th><th>% FLOPs</th></tr></thead>
+<tbody>
+{chr(10).join(body)}
+</tbody>
+</table>
+{unsupported}
+<script type="application/json" id="estimate-json">
+{data}
+</script>
+</body>
+</html>
+"""
+
     def __str__(self) -> str:
         return self.render()
+
+
+# -- the memory timeline as inline SVG ---------------------------------------------------------
+
+CATEGORY_COLORS = {
+    "parameter": "#4e79a7", "buffer": "#a0cbe8", "input": "#f28e2b", "optimizer_state": "#59a14f",
+    "gradient": "#e15759", "saved": "#b07aa1", "temporary": "#edc948",
+}
+MAX_SVG_POINTS = 1000
+
+
+def _nice_step(span: float, ticks: int = 5) -> float:
+    raw = span / max(ticks, 1)
+    if raw <= 0:
+        return 1.0
+    mag = 10 ** math.floor(math.log10(raw))
+    for m in (1, 2, 2.5, 5, 10):
+        if m * mag >= raw:
+            return m * mag
+    return 10 * mag  # pragma: no cover
+
+
+def timeline_svg(profile: MemoryProfile, width: int = 1000, height: int = 380) -> str:
+    """The steady-state memory timeline as a stacked-area SVG (no external resources).
+
+    At most ``MAX_SVG_POINTS`` columns: each keeps the op with the most live bytes in its range,
+    so the peak is always drawn.
+    """
+    points = profile.timeline
+    n = len(points)
+    if n > MAX_SVG_POINTS:
+        size = math.ceil(n / MAX_SVG_POINTS)
+        picked = [max(range(i, min(i + size, n)), key=lambda j: points[j].total) for i in range(0, n, size)]
+    else:
+        picked = list(range(n))
+    cats = [c for c in CATEGORIES if any(points[j].by_category.get(c) for j in picked)]
+    top = max([points[j].total for j in picked] + [profile.peak, 1])
+    unit_name, unit = "B", 1
+    for name, u in (("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40)):
+        if top >= u:
+            unit_name, unit = name, u
+    step = _nice_step(top / unit)
+    y_max = math.ceil(top / unit / step) * step * unit
+    left, right, top_pad, bottom = 70, 170, 20, 40
+    pw, ph = width - left - right, height - top_pad - bottom
+    last = max(n - 1, 1)
+
+    def x(j: int) -> float:
+        return left + pw * j / last
+
+    def y(v: float) -> float:
+        return top_pad + ph * (1 - v / y_max)
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" role="img" aria-label="live memory over one training step">']
+    # grid and y axis
+    v = 0.0
+    while v <= y_max / unit + 1e-9:
+        yy = y(v * unit)
+        parts.append(f'<line x1="{left}" x2="{left + pw}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#e5e5e5"/>')
+        label = f"{v:g} {unit_name}"
+        parts.append(f'<text x="{left - 6}" y="{yy + 4:.1f}" text-anchor="end">{label}</text>')
+        v += step
+    # stacked areas, bottom category first
+    base = [0.0] * len(picked)
+    for c in cats:
+        upper = [base[k] + points[j].by_category.get(c, 0) for k, j in enumerate(picked)]
+        fwd = " ".join(f"{x(j):.1f},{y(upper[k]):.1f}" for k, j in enumerate(picked))
+        back = " ".join(f"{x(j):.1f},{y(base[k]):.1f}" for k, j in reversed(list(enumerate(picked))))
+        most = max(points[j].by_category.get(c, 0) for j in picked)
+        parts.append(f'<polygon points="{fwd} {back}" fill="{CATEGORY_COLORS.get(c, "#999")}" fill-opacity="0.85">'
+                     f'<title>{html.escape(c.replace("_", " "))}: up to {fmt_bytes(most)}</title></polygon>')
+        base = upper
+    # phase boundaries
+    seen = set()
+    for j, p in enumerate(points):
+        if p.phase in ("loss", "backward", "optimizer") and p.phase not in seen:
+            seen.add(p.phase)
+            parts.append(f'<line x1="{x(j):.1f}" x2="{x(j):.1f}" y1="{top_pad}" y2="{top_pad + ph}" '
+                         f'stroke="#777" stroke-width="0.8"/>')
+            parts.append(f'<text x="{x(j) + 3:.1f}" y="{top_pad + ph - 4}" fill="#555">{p.phase}</text>')
+    # the peak
+    peak_j = next((j for j, p in enumerate(points) if p.index == profile.peak_at.index), None)
+    if peak_j is not None:
+        px, py = x(peak_j), y(profile.peak)
+        at = profile.peak_at
+        module = "" if at.module in ("", f"({at.phase})") else at.module
+        where = html.escape(f"{at.phase} {module}".strip())
+        anchor = "end" if px > left + pw * 0.6 else "start"
+        dx = -6 if anchor == "end" else 6
+        parts.append(f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{top_pad}" y2="{top_pad + ph}" stroke="#000" '
+                     f'stroke-dasharray="4 3"/>')
+        parts.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="3.5" fill="#000"/>')
+        parts.append(f'<text x="{px + dx:.1f}" y="{max(py - 6, top_pad + 10):.1f}" text-anchor="{anchor}" '
+                     f'font-weight="600">peak {fmt_bytes(profile.peak)} ({where})</text>')
+    # axes and legend
+    parts.append(f'<line x1="{left}" x2="{left}" y1="{top_pad}" y2="{top_pad + ph}" stroke="#333"/>')
+    parts.append(f'<line x1="{left}" x2="{left + pw}" y1="{top_pad + ph}" y2="{top_pad + ph}" stroke="#333"/>')
+    parts.append(f'<text x="{left + pw / 2:.0f}" y="{height - 8}" text-anchor="middle">'
+                 f'op in execution order ({n:,} ops)</text>')
+    for i, c in enumerate(reversed(cats)):
+        ly = top_pad + 8 + 18 * i
+        parts.append(f'<rect x="{left + pw + 16}" y="{ly - 9}" width="12" height="12" '
+                     f'fill="{CATEGORY_COLORS.get(c, "#999")}"/>')
+        parts.append(f'<text x="{left + pw + 34}" y="{ly + 1}">{html.escape(c.replace("_", " "))}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts)

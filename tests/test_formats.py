@@ -1,0 +1,188 @@
+"""Output formats: csv (per-module rows), the self-contained HTML report, JSON schema vs README."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import stat
+from html.parser import HTMLParser
+
+import pytest
+import torch
+from torch import nn
+
+from estimator import estimate
+from estimator.memory import MemoryProfile, Snapshot
+from estimator.report import MAX_SVG_POINTS, SCHEMA_VERSION, Report, fmt_bytes, timeline_svg
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64))
+        self.norm = nn.LayerNorm(64)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.head(self.norm(self.body(x)))
+
+
+@pytest.fixture(scope="module")
+def report() -> Report:
+    return estimate(_Net(), torch.randn(16, 32), device="cpu", depth=2, model_name="net <&> \"quoted\"")
+
+
+def test_csv_has_one_row_per_module_with_exact_integers(report):
+    rows = list(csv.DictReader(io.StringIO(report.to_csv())))
+    expected = report.to_dict()["modules"]
+    assert [r["path"] for r in rows] == [m["path"] for m in expected]
+    assert list(rows[0]) == list(Report.CSV_COLUMNS)
+    for got, want in zip(rows, expected):
+        for key in ("params", "activations", "flops_forward", "flops_backward"):
+            assert int(got[key]) == want[key]
+        assert abs(float(got["percent"]) - want["percent"]) < 1e-4
+    t = report.tally
+    assert sum(int(r["flops_forward"]) for r in rows) == t.flops["forward"]
+    assert sum(int(r["flops_backward"]) for r in rows) == t.flops["backward"]
+    assert sum(int(r["params"]) for r in rows) == t.params_total
+    depth1 = list(csv.DictReader(io.StringIO(report.to_csv(depth=1))))
+    assert len(depth1) < len(rows) and all(r["path"].count(".") == 0 for r in depth1)
+
+
+class _Collect(HTMLParser):
+    VOID = {"meta", "br", "img", "input", "link", "hr", "col", "source", "wbr"}
+    SVG_EMPTY = {"line", "circle", "rect", "polygon", "path"}
+
+    def __init__(self):
+        super().__init__()
+        self.stack: list[str] = []
+        self.tags: list[tuple[str, dict]] = []
+        self.errors: list[str] = []
+        self.script_json = ""
+        self._in_json = False
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        if tag not in self.VOID:
+            self.stack.append(tag)
+        self._in_json = tag == "script" and dict(attrs).get("type") == "application/json"
+
+    def handle_startendtag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_endtag(self, tag):
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1:] or 'nothing'}")
+            return
+        self.stack.pop()
+        self._in_json = False
+
+    def handle_data(self, data):
+        if self._in_json:
+            self.script_json += data
+
+
+def test_html_is_self_contained_and_balanced(report):
+    page = report.to_html()
+    parser = _Collect()
+    parser.feed(page)
+    parser.close()
+    assert parser.errors == [] and parser.stack == []
+    # No external resource of any kind: no links, sources, imports or url() references. The
+    # only URL is the SVG namespace name, which is an identifier, never fetched.
+    for tag, attrs in parser.tags:
+        assert not ({"src", "href", "srcset", "action"} & set(attrs)), (tag, attrs)
+        assert tag not in ("link", "img", "iframe", "object", "embed")
+    assert re.findall(r"https?://[^\s\"']+", page) == ["http://www.w3.org/2000/svg"]
+    assert "@import" not in page and "url(" not in page
+    assert not any(tag == "script" and attrs.get("type") != "application/json" for tag, attrs in parser.tags)
+    # The title is escaped, the summary and the module table are there, the JSON is embedded.
+    assert "net &lt;&amp;&gt; &quot;quoted&quot;" in page
+    for key, value in report.summary_rows():
+        assert key in page
+    for row in report.module_rows():
+        assert f">{row.path}<" in page
+    assert json.loads(parser.script_json) == json.loads(json.dumps(report.to_dict()))
+    # The memory timeline: one polygon per category present, the peak marked with its size.
+    svg = page[page.index("<svg"):page.index("</svg>")]
+    assert svg.count("<polygon") >= 2 and f"peak {fmt_bytes(report.memory.peak)}" in svg
+    assert "backward" in svg and "optimizer" in svg
+
+
+def _profile(n: int) -> MemoryProfile:
+    points = []
+    for i in range(n):
+        by = {"parameter": 1000, "temporary": (i * 7919) % 5000}
+        points.append(Snapshot(i, "forward" if i < n // 2 else "backward", "m", "op", sum(by.values()), by))
+    peak = max(points, key=lambda p: p.total)
+    return MemoryProfile(peak=peak.total, peak_first_step=peak.total, peak_at=peak, peak_first_step_at=peak,
+                         timeline=points, device="cpu")
+
+
+def test_long_timelines_are_downsampled_keeping_the_peak():
+    profile = _profile(25_000)
+    svg = timeline_svg(profile)
+    polygon = re.search(r'<polygon points="([^"]+)"', svg).group(1)
+    assert len(polygon.split()) <= 2 * MAX_SVG_POINTS
+    assert f"peak {fmt_bytes(profile.peak)}" in svg and len(svg) < 200_000
+    # the highest drawn point is the peak: its y equals the peak marker's y
+    cy = float(re.search(r'<circle cx="[^"]+" cy="([^"]+)"', svg).group(1))
+    tops = [float(p.split(",")[1]) for p in re.findall(r'<polygon points="([^"]+)"', svg)[-1].split()]
+    assert min(tops) == pytest.approx(cy, abs=0.11)
+
+
+def _readme_schema() -> str:
+    text = open(os.path.join(ROOT, "README.md")).read()
+    start = text.index(f"## JSON (schema version {SCHEMA_VERSION})")
+    block = text[start:]
+    return block[block.index("```") + 3:block.index("```", block.index("```") + 3)]
+
+
+def test_readme_documents_every_json_key(report):
+    schema = _readme_schema()
+    d = report.to_dict()
+
+    def documented(keys, where):
+        missing = [k for k in keys if not re.search(rf'"{re.escape(k)}"', where)]
+        assert missing == [], f"keys missing from the README schema: {missing}"
+
+    documented(d, schema)
+    documented(d["params"], schema)
+    documented(d["memory"], schema)
+    documented(d["flops"], schema)
+    documented(d["modules"][0], schema)
+    top_level = re.findall(r'^[{ ]"(\w+)":', schema, flags=re.M)
+    assert set(top_level) <= set(d), f"README documents keys the JSON does not have: {set(top_level) - set(d)}"
+
+
+def _cli(capsys, *args: str) -> tuple[int, str, str]:
+    from estimator.cli import main
+
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_formats_from_the_output_suffix(tmp_path, capsys):
+    html_out, csv_out = tmp_path / "r.html", tmp_path / "modules.csv"
+    small = ("examples/mlp.py:build", "--set", "batch=8", "--device", "cpu")
+    for out in (html_out, csv_out):
+        code, stdout, err = _cli(capsys, "estimate", *small, "--output", str(out))
+        assert code == 0 and stdout == "", err
+    assert html_out.read_text().startswith("<!DOCTYPE html>")
+    rows = list(csv.DictReader(io.StringIO(csv_out.read_text())))
+    assert rows and set(rows[0]) == set(Report.CSV_COLUMNS)
+    # Written like any file the user makes: permissions follow the umask, not mkstemp's 0600.
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(os.stat(html_out).st_mode) == 0o666 & ~umask
+    # --format wins over the suffix; html goes to stdout when it is not a terminal.
+    code, stdout, err = _cli(capsys, "estimate", *small, "--format", "html")
+    assert code == 0 and stdout.startswith("<!DOCTYPE html>"), err
+    code, stdout, err = _cli(capsys, "estimate", *small, "--format", "csv", "--output", str(tmp_path / "x.json"))
+    assert code == 0 and (tmp_path / "x.json").read_text().splitlines()[0] == ",".join(Report.CSV_COLUMNS)
