@@ -38,7 +38,7 @@ import logging
 import operator
 import os
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 import torch
@@ -422,8 +422,13 @@ def _grad_scaler():
     return torch.amp.GradScaler("cpu")
 
 
-def _wrap_checkpointed(model: torch.nn.Module, classes: tuple[type, ...]) -> Callable[[], None]:
-    """Run every instance of ``classes`` under non-reentrant ``torch.utils.checkpoint``; return an undo."""
+def _wrap_checkpointed(model: torch.nn.Module, classes: tuple[type, ...],
+                       kernels: Callable[[], Any]) -> Callable[[], None]:
+    """Run every instance of ``classes`` under non-reentrant ``torch.utils.checkpoint``; return an undo.
+
+    ``kernels()`` is entered inside the checkpointed function: torch-function modes are not
+    active when autograd recomputes the region in backward, so the target's kernels must be
+    chosen from inside the region to be the same in the forward pass and the recomputation."""
     if not classes:
         return lambda: None
     from torch.utils.checkpoint import checkpoint
@@ -433,8 +438,12 @@ def _wrap_checkpointed(model: torch.nn.Module, classes: tuple[type, ...]) -> Cal
         if isinstance(mod, classes) and mod is not model:
             original = mod.forward
 
-            def forward(*a, __f=original, **k):
-                return checkpoint(__f, *a, use_reentrant=False, **k)
+            def region(*a, __f=original, **k):
+                with kernels():
+                    return __f(*a, **k)
+
+            def forward(*a, __region=region, **k):
+                return checkpoint(__region, *a, use_reentrant=False, **k)
 
             mod.forward = forward
             wrapped.append(mod)
@@ -508,6 +517,15 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
             ) from exc.__cause__
         reason = str(exc)
     except _StepFailed as exc:
+        from torch.utils.checkpoint import CheckpointError
+
+        if opts.target == "cuda" and _caused_by(exc, (CheckpointError,)):
+            # The model checkpoints regions itself; their recomputation in backward runs without
+            # torch-function modes, so it would pick CPU kernels where the forward picked CUDA's.
+            cap = _capture(model, args, kw, replace(opts, target="cpu"), fake=True)
+            cap.fallback_reason = ("attention modelled with CPU kernels: the model's own activation "
+                                   "checkpointing recomputes regions outside the CUDA kernel model")
+            return cap
         # Either the inputs are wrong (the real trace fails the same way and says so) or an op's
         # fake kernel is stricter than its CPU kernel (the real trace succeeds).
         if mode == "fake" or not _fits_in_memory(model):
@@ -624,12 +642,13 @@ def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
     optimizer_name = None
     loss = None
     loss_source = "none (inference)"
-    restore_forward = _wrap_checkpointed(model, opts.checkpoint)
+    use_cuda_kernels = opts.target == "cuda" and fake  # CUDA kernels exist as meta implementations only
+    kernel_mode = CudaKernels if use_cuda_kernels else contextlib.nullcontext
+    restore_forward = _wrap_checkpointed(model, opts.checkpoint, kernel_mode)
     # The traced tensors stand in for the model's own for the whole step (backward recomputation of
     # checkpointed regions included), as torch.func.functional_call does for a single call.
     swap = _reparametrize_module(model, {**params, **buffers}, tie_weights=True, strict=False)
-    # CUDA's kernels exist as meta implementations only: on real CPU tensors the CPU kernels run.
-    kernels = CudaKernels() if opts.target == "cuda" and fake else contextlib.nullcontext()
+    kernels = kernel_mode()
     in_fake_mode = False
     # FakeTensorMode logs a traceback when a meta kernel fails; the capture reports the failure itself.
     fake_log = logging.getLogger("torch._subclasses.fake_tensor")
@@ -745,14 +764,19 @@ def _guard(rec: _Recorder, fn: Callable[[], Any]) -> Any:
         ) from exc
 
 
-def _caused_by_data_dependence(exc: BaseException) -> bool:
+def _caused_by(exc: BaseException | None, types: tuple[type, ...]) -> bool:
+    """Whether ``exc`` or an exception in its cause/context chain is one of ``types``."""
     seen = 0
     while exc is not None and seen < 10:
-        if isinstance(exc, _DATA_DEPENDENT):
+        if isinstance(exc, types):
             return True
         exc = exc.__cause__ or exc.__context__
         seen += 1
     return False
+
+
+def _caused_by_data_dependence(exc: BaseException) -> bool:
+    return _caused_by(exc, _DATA_DEPENDENT)
 
 
 def _run_forward(model, args, kwargs, rec):

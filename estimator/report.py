@@ -231,7 +231,8 @@ class Report:
         if t.flops["optimizer"]:
             rows.append(("FLOPs: optimizer step", fmt_flops(t.flops["optimizer"])))
         if self.capture.fallback_reason:
-            rows.append(("Capture", f"real CPU tensors ({self.capture.fallback_reason})"))
+            where = "real CPU tensors" if self.capture.mode == "real" else "fake tensors"
+            rows.append(("Capture", f"{where} ({self.capture.fallback_reason})"))
         return rows
 
     def module_table(self, depth: int | None = None, tablefmt: str = "simple") -> str:

@@ -90,3 +90,27 @@ def test_math_backend_saves_the_attention_matrix():
     probs = 2 * 4 * 64 * 64 * 4  # B * H * T * T fp32 bytes
     assert probs in saved(cuda) and probs not in saved(cpu)
     assert "_safe_softmax" in {str(n.target.overloadpacket).removeprefix("aten.") for n in cuda.capture.nodes}
+
+
+def test_checkpointed_regions_use_the_same_kernels_in_recomputation():
+    # torch-function modes are off while autograd recomputes a checkpointed region, so the
+    # what-if enters the CUDA kernel model inside the region; a model that checkpoints by
+    # itself is modelled with the CPU kernels (and says so) rather than failing.
+    from torch.utils.checkpoint import checkpoint
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = Attn(), Attn()
+
+        def forward(self, x):
+            return checkpoint(self.b, checkpoint(self.a, x, use_reentrant=False), use_reentrant=False)
+
+    x = torch.randn(2, 32, 64)
+    what_if = estimate(torch.nn.Sequential(Attn(), Attn()), x, device="cuda", precision="bf16-mixed",
+                       checkpoint=Attn, trace="fake")
+    assert what_if.checkpoint.flops_added > 0
+    own = estimate(Outer(), x, device="cuda", trace="fake")
+    assert own.capture.mode == "fake" and "CPU kernels" in own.capture.fallback_reason
+    assert _attention_ops(own) == {"_scaled_dot_product_flash_attention_for_cpu",
+                                   "_scaled_dot_product_flash_attention_for_cpu_backward"}
