@@ -48,7 +48,8 @@ class Attn(torch.nn.Module):
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, 4, C // 4).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, hs)
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril() if self.masked else None
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not self.masked)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not self.masked)  # (B, H, T, hs)
+        return y.transpose(1, 2).reshape(B, T, C)
 
 
 def _attention_ops(report):
