@@ -253,9 +253,16 @@ def _error(est: float, meas: float) -> float:
 def _materialize_model(model: torch.nn.Module, device: torch.device, dtype: torch.dtype | None) -> torch.nn.Module:
     """A private copy of ``model`` on ``device`` with real weights (random if it had none)."""
     meta = any(t.device.type == "meta" for t in list(model.parameters()) + list(model.buffers()))
-    m = copy.deepcopy(model)
+    m = copy.deepcopy(model)  # keeps tied weights tied
     if meta:
-        m = m.to_empty(device=device)
+        tied: dict[int, list[str]] = {}
+        for name, p in m.named_parameters(remove_duplicate=False):
+            tied.setdefault(id(p), []).append(name)
+        m = m.to_empty(device=device)  # makes one tensor per name: tie them again
+        for names in tied.values():
+            for name in names[1:]:
+                owner, _, attr = name.rpartition(".")
+                setattr(m.get_submodule(owner), attr, m.get_parameter(names[0]))
         with torch.no_grad():
             for mod in m.modules():
                 if hasattr(mod, "reset_parameters"):

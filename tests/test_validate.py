@@ -89,3 +89,9 @@ def test_cli_hardware():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0
     assert {g["name"] for g in json.loads(proc.stdout)} == {g.name for g in GPUS}
+
+
+def test_meta_model_with_tied_weights_stays_tied():
+    model, inputs, loss_fn = zoo.ZOO["tied"](device="meta")
+    result = validate(model, inputs, loss_fn=loss_fn, device="cpu", steps=1)
+    assert result.rows["parameters"]["error"] == 0, result.render()
