@@ -49,6 +49,18 @@ def fmt_count(n: int) -> str:
     return f"{n:,}"
 
 
+_CATEGORY_LABEL = {"parameter": "parameters", "buffer": "buffers", "input": "inputs",
+                   "optimizer_state": "optimizer state", "gradient": "gradients", "saved": "saved activations",
+                   "temporary": "temporaries"}
+
+
+def _dtype_note(per_dtype: dict[str, int]) -> str:
+    """' (bfloat16 1.00 MiB, float32 2.00 MiB)' when several dtypes share a figure."""
+    if len(per_dtype) < 2:
+        return ""
+    return " (" + ", ".join(f"{d} {fmt_bytes(n)}" for d, n in sorted(per_dtype.items(), key=lambda kv: -kv[1])) + ")"
+
+
 def _depth_of(path: str) -> int:
     return 0 if path == "" else path.count(".") + 1
 
@@ -171,6 +183,8 @@ class Report:
                 "optimizer_state": t.optimizer_state_bytes,
                 "activations": t.activations_bytes,
                 "inputs": t.inputs_bytes,
+                "by_dtype": {("activations" if k == "saved" else k + "s" if k in ("parameter", "buffer", "gradient", "input")
+                              else k): v for k, v in t.memory_by_dtype.items()},
                 **(self.memory.to_dict() if self.memory else {}),
             },
             "flops": {
@@ -201,7 +215,8 @@ class Report:
             ("Memory: buffers", fmt_bytes(t.buffers_bytes)),
             ("Memory: gradients", fmt_bytes(t.gradients_bytes)),
             ("Memory: optimizer state", fmt_bytes(t.optimizer_state_bytes)),
-            ("Memory: activations (saved for backward)", fmt_bytes(t.activations_bytes)),
+            ("Memory: activations (saved for backward)", fmt_bytes(t.activations_bytes)
+             + _dtype_note(t.memory_by_dtype.get("saved", {}))),
         ]
         if self.memory is not None:
             m = self.memory
@@ -209,7 +224,7 @@ class Report:
             where = f"in {at.phase}" + (f", {at.module}" if at.module else "") + (f", {at.op}" if at.op else "")
             rows += [
                 ("Memory: peak (steady-state step)", f"{fmt_bytes(m.peak)} ({where})"),
-                ("Memory: peak at that moment", ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}"
+                ("Memory: peak at that moment", ", ".join(f"{_CATEGORY_LABEL.get(k, k)} {fmt_bytes(v)}"
                                                           for k, v in at.by_category.items() if v)),
                 ("Memory: peak (first step)", fmt_bytes(m.peak_first_step)),
             ]
