@@ -7,7 +7,6 @@ inputs are then built under ``torch.device("meta")`` with the same shapes.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 import torch
@@ -19,138 +18,41 @@ Case = tuple[nn.Module, Any, Callable | None]
 
 
 # ---------------------------------------------------------------------------
-# examples-like models
+# the shipped examples (examples/*.py), shrunk
 # ---------------------------------------------------------------------------
 
-
-class XW(nn.Module):
-    """``x @ W``, W of shape (in, out), no bias."""
-
-    def __init__(self, d_in: int, d_out: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(d_in, d_out) / math.sqrt(d_in))
-
-    def forward(self, x):
-        return x @ self.weight
-
-
-class Cruncher(nn.Module):
-    def __init__(self, dim: int = 32, num_layers: int = 4):
-        super().__init__()
-        self.layers = nn.ModuleList([XW(dim, dim) for _ in range(num_layers)])
-        self.final = XW(dim, 1)
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = layer(x)
-        return self.final(x).squeeze(-1)  # (B,)
+from examples.cruncher import Cruncher  # noqa: E402
+from examples.gpt import GPT, Block, GPTConfig  # noqa: E402,F401  (Block: the checkpoint what-if test)
+from examples.mlp import MLP  # noqa: E402
+from examples.vgg import VGG  # noqa: E402
 
 
 def cruncher(device: str = "cpu") -> Case:
     torch.manual_seed(0)
     with torch.device(device):
-        return Cruncher(), torch.randn(16, 32), None  # default loss: output.mean()
-
-
-class MLP(nn.Module):
-    def __init__(self, d_in: int = 48, hidden: int = 64, depth: int = 3, classes: int = 10):
-        super().__init__()
-        dims = [d_in] + [hidden] * depth
-        self.hidden = nn.Sequential(*[nn.Sequential(nn.Linear(a, b), nn.GELU(), nn.Dropout(0.1))
-                                      for a, b in zip(dims, dims[1:])])
-        self.head = nn.Linear(hidden, classes)
-
-    def forward(self, x, target):
-        return F.cross_entropy(self.head(self.hidden(x.flatten(1))), target)
+        return Cruncher(dim=32, num_layers=4), torch.randn(16, 32), None  # default loss: output.mean()
 
 
 def mlp(device: str = "cpu") -> Case:
     torch.manual_seed(0)
     with torch.device(device):
-        return MLP(), (torch.randn(8, 3, 4, 4), torch.randint(0, 10, (8,))), None
-
-
-class VGG(nn.Module):
-    def __init__(self, config=(8, 8, "M", 16, 16, "M"), classes: int = 10):
-        super().__init__()
-        layers: list[nn.Module] = []
-        c = 3
-        for v in config:
-            if v == "M":
-                layers.append(nn.MaxPool2d(2))
-            else:
-                layers += [nn.Conv2d(c, v, 3, padding=1, bias=False), nn.BatchNorm2d(v), nn.ReLU(inplace=True)]
-                c = v
-        self.features = nn.Sequential(*layers)
-        self.pool = nn.AdaptiveAvgPool2d(1)
-        self.classifier = nn.Linear(c, classes)
-
-    def forward(self, x, target=None):
-        logits = self.classifier(self.pool(self.features(x)).flatten(1))
-        return logits if target is None else F.cross_entropy(logits, target)
+        return MLP(in_features=48, hidden=64, depth=3, classes=10), \
+            (torch.randn(8, 3, 4, 4), torch.randint(0, 10, (8,))), None
 
 
 def vgg(device: str = "cpu") -> Case:
     torch.manual_seed(0)
     with torch.device(device):
-        return VGG(), (torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,))), None
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, d: int, n_head: int):
-        super().__init__()
-        self.n_head = n_head
-        self.qkv = nn.Linear(d, 3 * d)
-        self.proj = nn.Linear(d, d)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
-
-
-class Block(nn.Module):
-    def __init__(self, d: int, n_head: int):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(d)
-        self.attn = CausalSelfAttention(d, n_head)
-        self.ln_2 = nn.LayerNorm(d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class GPT(nn.Module):
-    """GPT-style decoder: causal SDPA, lm head tied to the token embedding."""
-
-    def __init__(self, vocab: int = 96, block: int = 32, n_layer: int = 2, n_head: int = 4, d: int = 32):
-        super().__init__()
-        self.wte = nn.Embedding(vocab, d)
-        self.wpe = nn.Embedding(block, d)
-        self.blocks = nn.ModuleList([Block(d, n_head) for _ in range(n_layer)])
-        self.ln_f = nn.LayerNorm(d)
-        self.lm_head = nn.Linear(d, vocab, bias=False)
-        self.lm_head.weight = self.wte.weight
-
-    def forward(self, idx, targets):
-        B, T = idx.shape
-        pos = torch.arange(T, device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)
-        for block in self.blocks:
-            x = block(x)
-        logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
+        return VGG(config=(8, 8, "M", 16, 16, "M"), classes=10), \
+            (torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,))), None
 
 
 def gpt(device: str = "cpu") -> Case:
     torch.manual_seed(0)
     with torch.device(device):
         idx = torch.randint(0, 96, (2, 16))
-        return GPT(), (idx, torch.randint(0, 96, (2, 16))), None
+        model = GPT(GPTConfig(vocab_size=96, block_size=32, n_layer=2, n_head=4, n_embd=32))
+        return model, (idx, torch.randint(0, 96, (2, 16))), None
 
 
 # ---------------------------------------------------------------------------
