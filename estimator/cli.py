@@ -128,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="output format, e.g. --format markdown")
     hw.add_argument("--debug", action="store_true", help="show the full traceback of errors")
     hw.set_defaults(run=_run_hardware)
+
+    from .plan import add_plan_parser
+
+    add_plan_parser(sub)
     return parser
 
 

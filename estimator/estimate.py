@@ -14,11 +14,11 @@ from .report import CheckpointWhatIf, Report
 from .tally import tally
 
 
-def _resolve_classes(model: torch.nn.Module, checkpoint: Any) -> tuple[type, ...]:
-    """Module classes from classes or class names (``"Block"``, ``"GPT2Block"``) found in ``model``."""
-    if not checkpoint:
+def resolve_classes(model: torch.nn.Module, names: Any, option: str = "--checkpoint") -> tuple[type, ...]:
+    """Module classes from classes or class names (``"Block"``, ``"GPT2Block"``) present in ``model``."""
+    if not names:
         return ()
-    items = checkpoint if isinstance(checkpoint, (list, tuple, set)) else [checkpoint]
+    items = names if isinstance(names, (list, tuple, set)) else [names]
     by_name = {type(m).__name__: type(m) for m in model.modules()}
     classes = []
     for item in items:
@@ -27,7 +27,7 @@ def _resolve_classes(model: torch.nn.Module, checkpoint: Any) -> tuple[type, ...
         elif isinstance(item, str) and item in by_name:
             classes.append(by_name[item])
         else:
-            raise UserError(f"--checkpoint {item!r}: no module of that class in the model; "
+            raise UserError(f"{option} {item!r}: no module of that class in the model; "
                             f"classes present: {', '.join(sorted(by_name)[:15])}")
     return tuple(classes)
 
@@ -83,7 +83,7 @@ def estimate(
         train=mode == "train",
         target=device,
     )
-    classes = _resolve_classes(model, checkpoint)
+    classes = resolve_classes(model, checkpoint)
     cap = capture(model, inputs, options, mode=trace)
     t = tally(cap)
     profile = simulate(cap, device)

@@ -12,7 +12,7 @@ import html
 import io
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch.fx as fx

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import logging
 import operator
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from . import rules as _rules  # noqa: F401  (registers the built-in rules)
-from .capture import INPUT_MODULE, LOSS_MODULE, Capture
+from .capture import INPUT_MODULE, Capture
 from .graph import OpNode
-from .rules.registry import MATMUL, OTHER, ZERO, OpCall, TensorSpec, bind, lookup
+from .rules.registry import MATMUL, ZERO, OpCall, TensorSpec, bind, lookup
 
 log = logging.getLogger(__name__)
 
