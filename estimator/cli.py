@@ -59,9 +59,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                         "with options, e.g. sgd:momentum=0.9 or adam:amsgrad=true (default: adamw)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="target device whose kernels and optimizer defaults are modelled (default: cuda)")
-    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed"),
+    p.add_argument("--precision", default="fp32",
+                   choices=("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed", "fp8"),
                    help="fp32; bf16/fp16 (model cast); bf16-mixed/fp16-mixed (torch.autocast, fp32 master "
-                        "weights; fp16 with a GradScaler) (default: fp32), e.g. --precision bf16-mixed")
+                        "weights; fp16 with a GradScaler); fp8 (a model: bf16-mixed with linear layers in "
+                        "E4M3/E5M2) (default: fp32), e.g. --precision bf16-mixed")
     p.add_argument("--mode", default="train", choices=("train", "inference"),
                    help="train: one training step; inference: forward only under torch.no_grad() "
                         "(default: train), e.g. --mode inference")

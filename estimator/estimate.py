@@ -32,6 +32,25 @@ def resolve_classes(model: torch.nn.Module, names: Any, option: str = "--checkpo
     return tuple(classes)
 
 
+def _analyse(cap, options: StepOptions, device: str):
+    """Tallies and memory profile of a capture, with the fp8 what-if applied when asked."""
+    t = tally(cap)
+    resize = None
+    if options.precision.fp8_linear:
+        from .precision import fp8_what_if
+
+        what_if = fp8_what_if(cap, cap.module_types, t.flops_by_dtype)
+        resize = what_if["resize"]
+        t.flops_by_dtype = what_if["flops_by_dtype"]
+        per = t.memory_by_dtype["saved"]
+        for sid in cap.saved:
+            if sid in resize:
+                t.activations_bytes -= cap.storage_bytes[sid] - resize[sid]
+                per[str(cap.storage_dtype[sid]).removeprefix("torch.")] -= cap.storage_bytes[sid]
+                per["float8_e4m3fn"] = per.get("float8_e4m3fn", 0) + resize[sid]
+    return t, simulate(cap, device, resize)
+
+
 def estimate(
     model: torch.nn.Module,
     inputs: Any,
@@ -85,16 +104,14 @@ def estimate(
     )
     classes = resolve_classes(model, checkpoint)
     cap = capture(model, inputs, options, mode=trace)
-    t = tally(cap)
-    profile = simulate(cap, device)
+    t, profile = _analyse(cap, options, device)
     report = Report(cap, t, model_name=model_name or type(model).__name__, depth=depth, memory=profile,
                     device=device, precision=options.precision.name, mode=mode)
     if classes:
         from dataclasses import replace
 
         cap_ckpt = capture(model, inputs, replace(options, checkpoint=classes), mode=trace)
-        t_ckpt = tally(cap_ckpt)
-        prof_ckpt = simulate(cap_ckpt, device)
+        t_ckpt, prof_ckpt = _analyse(cap_ckpt, options, device)
         report.checkpoint = CheckpointWhatIf(
             classes=[c.__name__ for c in classes],
             peak=prof_ckpt.peak,

@@ -133,9 +133,15 @@ def _snapshot(cap: Capture, index: int, total: int, by_category: dict[str, int])
                     by_category)
 
 
-def simulate(cap: Capture, device: str = "cuda") -> MemoryProfile:
-    """Peak and timeline of one training step, first and steady-state iterations."""
-    sizes = [round_cuda(n) for n in cap.storage_bytes] if device == "cuda" else list(cap.storage_bytes)
+def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None = None) -> MemoryProfile:
+    """Peak and timeline of one training step, first and steady-state iterations.
+
+    ``resize`` (storage id -> bytes) replaces some storages' sizes: a what-if on the same
+    lifetimes (see :func:`estimator.precision.fp8_what_if`)."""
+    raw = list(cap.storage_bytes)
+    for sid, nbytes in (resize or {}).items():
+        raw[sid] = nbytes
+    sizes = [round_cuda(n) for n in raw] if device == "cuda" else raw
     cats = _categories(cap)
     pre_first = {sid for index, sid, delta in cap.events if index < 0 and delta > 0}
     first, _ = _replay(cap, sizes, cats, pre_first, timeline=False)

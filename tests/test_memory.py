@@ -103,3 +103,21 @@ def test_timeline_and_plot(tmp_path):
     out = tmp_path / "mem.png"
     plot(report.memory, str(out))
     assert out.stat().st_size > 1000
+
+
+def test_fp8_what_if_moves_linear_matmuls_and_halves_their_saved_inputs():
+    model, inputs, loss_fn = _case("gpt")
+    mixed = estimate(model, inputs, device="cpu", precision="bf16-mixed")
+    fp8 = estimate(model, inputs, device="cpu", precision="fp8")
+    fm, f8 = mixed.to_dict(), fp8.to_dict()
+    # Same trace, same FLOPs: only their dtype changes.
+    assert sum(f8["flops"]["by_dtype"].values()) == sum(fm["flops"]["by_dtype"].values())
+    # The E4M3 forward FLOPs are the forward matmul FLOPs of the Linear modules (this run's tally).
+    linear_fwd = sum(m.matmul_forward for m in mixed.tally.modules.values() if m.type == "Linear")
+    linear_bwd = sum(m.matmul_backward for m in mixed.tally.modules.values() if m.type == "Linear")
+    assert f8["flops"]["by_dtype"]["float8_e4m3fn"] == linear_fwd > 0
+    assert f8["flops"]["by_dtype"]["float8_e5m2"] == linear_bwd > 0
+    # Saved linear inputs are 1-byte copies: fewer activation bytes, and the per-dtype split adds up.
+    assert f8["memory"]["activations"] < fm["memory"]["activations"]
+    assert sum(f8["memory"]["by_dtype"]["activations"].values()) == f8["memory"]["activations"]
+    assert f8["memory"]["peak"] <= fm["memory"]["peak"]
