@@ -86,6 +86,7 @@ _METADATA_QUERIES = frozenset(
         aten.stride.default,
     }
 )
+_METADATA_QUERY_IDS = frozenset(map(id, _METADATA_QUERIES))  # OpOverload.__hash__ is Python code: slow
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
 
 
@@ -245,7 +246,7 @@ class _Recorder(TorchDispatchMode):
     # -- the hook -----------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _METADATA_QUERIES:
+        if id(func) in _METADATA_QUERY_IDS:
             return func(*args, **kwargs)
         if func is aten._local_scalar_dense.default and self.fake_values and self.phase == "optimizer":
             # Optimizers read scalar step counts (``step.item()``); any value gives the same shapes.

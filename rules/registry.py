@@ -24,7 +24,7 @@ reported by name, count and module, never counted as zero silently.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 import torch
 
@@ -34,8 +34,7 @@ ZERO = "zero"
 KINDS = (MATMUL, OTHER, ZERO)
 
 
-@dataclass(frozen=True, slots=True)
-class TensorSpec:
+class TensorSpec(NamedTuple):
     """What a rule may know of a tensor: its shape and dtype (no data)."""
 
     shape: tuple[int, ...]
