@@ -73,26 +73,11 @@ def _build(layers: int, seq: int):
 
 
 def _peer(model, inputs) -> dict:
-    import torch
-    import torch.utils._pytree as pytree
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils.flop_counter import FlopCounterMode
+    """The peer pass, exactly as benchmarks/bench_llama7b.py times it (one definition for both)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_llama7b import _peer as peer
 
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-
-    def fake_like(t, requires_grad):
-        with fake_mode:
-            out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
-        return out.requires_grad_(requires_grad)
-
-    params = {n: fake_like(p, p.requires_grad) for n, p in model.named_parameters()}
-    buffers = {n: fake_like(b, False) for n, b in model.named_buffers()}
-    kwargs = pytree.tree_map_only(torch.Tensor, lambda t: fake_like(t, False), inputs)
-    counter = FlopCounterMode(display=False)
-    with fake_mode, counter:
-        out = torch.func.functional_call(model, {**params, **buffers}, (), kwargs)
-        out.loss.backward()
-    return {"flops_total": int(counter.get_total_flops())}
+    return peer(model, inputs)
 
 
 def _estimate(model, inputs) -> dict:
