@@ -90,6 +90,30 @@ _METADATA_QUERY_IDS = frozenset(map(id, _METADATA_QUERIES))  # OpOverload.__hash
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
 
 
+_REAL_SIZE_CACHE: dict[tuple, dict[int, int]] = {}
+
+
+def _real_output_bytes(func: Any, args: tuple, kwargs: dict) -> dict[int, int] | None:
+    """Output sizes (output index -> bytes) where a fake kernel reports another size than the CPU one.
+
+    ``aten.mkldnn_rnn_layer`` (``nn.LSTM``/``nn.GRU`` on CPU) returns a oneDNN workspace that
+    backward reads; its meta kernel says 0 bytes, the real one is page-aligned parts whose size
+    depends on the shapes.  It is measured once per shape by running the CPU kernel on zeros of
+    the same shapes (the inputs and weights of one recurrent layer: small).
+    """
+    if func is not aten.mkldnn_rnn_layer.default:
+        return None
+    key = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else
+                (tuple(a) if isinstance(a, list) else a) for a in args)
+    hit = _REAL_SIZE_CACHE.get(key)
+    if hit is None:
+        with _disable_current_modes(), torch.no_grad():
+            real = [torch.zeros(a.shape, dtype=a.dtype) if isinstance(a, torch.Tensor) else a for a in args]
+            out = func(*real, **kwargs)
+        hit = _REAL_SIZE_CACHE[key] = {3: out[3].untyped_storage().nbytes()}
+    return hit
+
+
 def _identifier(name: str) -> str:
     """A Python identifier for a placeholder name such as ``param_layers.0.weight``."""
     return "".join(c if c.isalnum() else "_" for c in name)
@@ -154,6 +178,7 @@ class _Recorder(TorchDispatchMode):
         super().__init__()
         self.fake = fake
         self.fake_values = fake  # tensor values are unknown (fake or meta), so .item() cannot run
+        self.target = "cpu"  # the target device's kernels (see estimator.target)
         self.nodes: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> node that produced it
         self.placeholders: list[OpNode] = []
         self.records: list[OpNode] = []  # every call_function record, getitem included
@@ -173,14 +198,15 @@ class _Recorder(TorchDispatchMode):
         self.closed = False
 
     # -- storages -------------------------------------------------------------
-    def sid(self, t: torch.Tensor) -> int:
-        """The storage id of ``t``; a storage seen for the first time is allocated now."""
+    def sid(self, t: torch.Tensor, nbytes: int | None = None) -> int:
+        """The storage id of ``t``; a storage seen for the first time is allocated now
+        (``nbytes``: its real size, where the fake kernel's differs)."""
         st = t.untyped_storage()
         cdata = st._cdata
         sid = self.sid_of.get(cdata)
         if sid is None:
             sid = len(self.storage_bytes)
-            nbytes = st.nbytes()
+            nbytes = st.nbytes() if nbytes is None else nbytes
             self.sid_of[cdata] = sid
             self.storage_bytes.append(nbytes)
             self.storage_dtype.append(t.dtype)
@@ -267,7 +293,8 @@ class _Recorder(TorchDispatchMode):
         self.order.append(node)  # first, so that the allocations below are events of this op
         self.records.append(node)
         meta["spec"] = tuple(tensor_spec(o) for o in flat_out)
-        meta["storage"] = tuple(self.sid(o) for o in flat_out)
+        real_sizes = _real_output_bytes(func, args, kwargs) if self.fake and self.target == "cpu" else None
+        meta["storage"] = tuple(self.sid(o, real_sizes and real_sizes.get(i)) for i, o in enumerate(flat_out))
         if fwd_node is not None:
             meta["forward_node"] = fwd_node
         if self.phase in ("forward", "loss"):
@@ -554,6 +581,7 @@ class _StepFailed(UserError):
 def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
     rec = _Recorder(fake)
+    rec.target = opts.target
 
     module_paths: dict[int, str] = {}
     module_types: dict[str, str] = {}

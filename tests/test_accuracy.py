@@ -31,12 +31,6 @@ GROUPS = {
 # Known, investigated differences between the fake-tensor estimate and the real step.
 # (case, group) -> reason.  strict=True: the test fails as soon as the difference goes away.
 KNOWN = {
-    ("lstm", "activations"):
-        "aten.mkldnn_rnn_layer's 4th output (uint8 oneDNN workspace, saved for "
-        "mkldnn_rnn_layer_backward) is 86016 B per layer on real CPU tensors but 0 B on fake "
-        "ones: torch/_meta_registrations.py mkldnn_rnn_layer returns torch.empty(0, uint8)",
-    ("lstm_bidir", "activations"):
-        "same oneDNN workspace as lstm: 28672 B per direction on real tensors, 0 B on fake ones",
     ("hf_bert_unpadded", "activations"):
         "all-ones attention_mask: on real tensors transformers.masking_utils drops the SDPA mask "
         "(padding_mask.all()); on fake tensors is_tracing() is true, the (B,1,S,S) float mask is "
