@@ -107,10 +107,12 @@ def _real_output_bytes(func: Any, args: tuple, kwargs: dict) -> dict[int, int] |
                 (tuple(a) if isinstance(a, list) else a) for a in args)
     hit = _REAL_SIZE_CACHE.get(key)
     if hit is None:
-        with _disable_current_modes(), torch.no_grad():
+        with _disable_current_modes():
             real = [torch.zeros(a.shape, dtype=a.dtype) if isinstance(a, torch.Tensor) else a for a in args]
             out = func(*real, **kwargs)
-        hit = _REAL_SIZE_CACHE[key] = {3: out[3].untyped_storage().nbytes()}
+        workspace = out[3] if isinstance(out, (tuple, list)) and len(out) > 3 else None
+        hit = _REAL_SIZE_CACHE[key] = (
+            {3: workspace.untyped_storage().nbytes()} if isinstance(workspace, torch.Tensor) else {})
     return hit
 
 
@@ -294,7 +296,7 @@ class _Recorder(TorchDispatchMode):
         self.records.append(node)
         meta["spec"] = tuple(tensor_spec(o) for o in flat_out)
         real_sizes = _real_output_bytes(func, args, kwargs) if self.fake and self.target == "cpu" else None
-        meta["storage"] = tuple(self.sid(o, real_sizes and real_sizes.get(i)) for i, o in enumerate(flat_out))
+        meta["storage"] = tuple(self.sid(o, real_sizes.get(i) if real_sizes else None) for i, o in enumerate(flat_out))
         if fwd_node is not None:
             meta["forward_node"] = fwd_node
         if self.phase in ("forward", "loss"):
