@@ -34,6 +34,7 @@ free, in execution order) is the memory timeline of the step; see
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import operator
 import os
@@ -193,7 +194,7 @@ class _Recorder(TorchDispatchMode):
         self.current_module = ""
         self.n_constants = 0
         # storage bookkeeping
-        self.sid_of: dict[int, int] = {}  # live storage _cdata -> sid
+        self.sid_of: dict[int, tuple[int, Any]] = {}  # live storage _cdata -> (sid, weakref to the storage)
         self.storage_bytes: list[int] = []
         self.storage_dtype: list[torch.dtype] = []  # dtype of the first tensor seen on each storage
         self.events: list[tuple[int, int, int]] = []
@@ -205,27 +206,32 @@ class _Recorder(TorchDispatchMode):
         (``nbytes``: its real size, where the fake kernel's differs)."""
         st = t.untyped_storage()
         cdata = st._cdata
-        sid = self.sid_of.get(cdata)
-        if sid is None:
-            sid = len(self.storage_bytes)
-            nbytes = st.nbytes() if nbytes is None else nbytes
-            self.sid_of[cdata] = sid
-            self.storage_bytes.append(nbytes)
-            self.storage_dtype.append(t.dtype)
-            self.events.append((len(self.order) - 1, sid, nbytes))
-            fin = weakref.finalize(st, self._freed, cdata, sid)
-            fin.atexit = False
+        entry = self.sid_of.get(cdata)
+        # The identity check matters: a storage's address can be reused by a new storage before
+        # the finalizer of the old one has run.
+        if entry is not None and entry[1]() is st:
+            return entry[0]
+        sid = len(self.storage_bytes)
+        nbytes = st.nbytes() if nbytes is None else nbytes
+        self.sid_of[cdata] = (sid, weakref.ref(st))
+        self.storage_bytes.append(nbytes)
+        self.storage_dtype.append(t.dtype)
+        self.events.append((len(self.order) - 1, sid, nbytes))
+        fin = weakref.finalize(st, self._freed, cdata, sid)
+        fin.atexit = False
         return sid
 
     def adopt(self, twin: torch.Tensor, original: torch.Tensor) -> None:
         """Let ``twin`` stand for ``original``: same storage id and record, no allocation."""
-        self.sid_of[twin.untyped_storage()._cdata] = self.sid(original)
+        st = twin.untyped_storage()
+        self.sid_of[st._cdata] = (self.sid(original), weakref.ref(st))
         self.nodes[twin] = self._node_of(original)
 
     def _freed(self, cdata: int, sid: int) -> None:
         if self.closed:
             return
-        if self.sid_of.get(cdata) == sid:
+        entry = self.sid_of.get(cdata)
+        if entry is not None and entry[0] == sid:
             del self.sid_of[cdata]
         self.events.append((len(self.order) - 1, sid, -self.storage_bytes[sid]))
 
@@ -581,6 +587,11 @@ class _StepFailed(UserError):
 
 
 def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
+    if fake:
+        # FakeTensorMode's op cache is shared by every instance; an output rebuilt from it does not
+        # keep the aliasing between outputs (mkldnn_rnn_layer_backward returns one tensor as both
+        # bias gradients), so a trace would depend on what was traced before it in the process.
+        FakeTensorMode.cache_clear()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
     rec = _Recorder(fake)
     rec.target = opts.target
@@ -669,6 +680,12 @@ def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
 
     was_training = model.training
     model.train(opts.train)
+    # Automatic garbage collection frees reference cycles at moments that depend on how many
+    # Python objects were made, which differs between runs: collect before, not during, the
+    # step, so that the timeline (and the peak) is the same every time.
+    gc_was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
     opt_state: dict[str, dict[str, torch.Tensor]] = {}
     optimizer_name = None
     loss = None
@@ -737,6 +754,8 @@ def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
             if in_fake_mode:
                 fake_mode.__exit__(None, None, None)
     finally:
+        if gc_was_enabled:
+            gc.enable()
         fake_log.setLevel(fake_log_level)
         restore_forward()
         for h in handles:
