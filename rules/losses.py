@@ -13,7 +13,11 @@ Reduction (``reduction``: 0 none, 1 mean, 2 sum): sum adds N, mean adds N + 1
 
 from __future__ import annotations
 
+import torch
+
 from .registry import OTHER, aten_ops, register
+
+aten = torch.ops.aten
 
 NONE, MEAN, SUM = 0, 1, 2
 
@@ -151,3 +155,26 @@ def multi_margin_loss(call):
 def multi_margin_loss_backward(call):
     """B*C*(4 + 1 if weight): per (sample, class) margin test and the p-scaled grad, accumulated at the target."""
     return call["self"].numel * (4 + _weighted(call))
+
+
+# -- connectionist temporal classification -------------------------------------------------
+
+
+def ctc_cells(log_probs, targets) -> int:
+    """T * N * (2*S + 1): the (time, batch, extended-label) cells of the alpha/beta recursions."""
+    t, n = log_probs.shape[0], (log_probs.shape[1] if log_probs.ndim == 3 else 1)
+    s = targets.shape[-1] if targets.ndim == 2 else targets.numel // max(n, 1)  # padded (N, S) or concatenated
+    return t * n * (2 * s + 1)
+
+
+@register(aten._ctc_loss, kind=OTHER)
+def ctc_loss(call):
+    """6*T*N*(2S+1): per cell, a log-sum-exp of up to three predecessors (max, 3 exp, sum, log) plus the emission."""
+    return 6 * ctc_cells(call["log_probs"], call["targets"])
+
+
+@register(aten._ctc_loss_backward, kind=OTHER)
+def ctc_loss_backward(call):
+    """6*T*N*(2S+1) for the beta recursion + 4*T*N*(2S+1) to combine alpha*beta + T*N*C for the gradient."""
+    log_probs = call["log_probs"]
+    return 10 * ctc_cells(log_probs, call["targets"]) + log_probs.numel

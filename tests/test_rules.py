@@ -599,3 +599,26 @@ def test_no_unsupported_ops(name):
         t = tally(capture(model, inputs, optimizer=optimizer))
         assert t.unsupported == [], (optimizer, t.unsupported)
         assert t.flops["forward"] > 0 and t.flops["backward"] > 0 and t.flops["optimizer"] > 0
+
+
+def test_ctc_loss_rules_follow_their_formulas():
+    """F.ctc_loss reaches the dispatcher as _ctc_loss (+ _ctc_loss_backward); cells = T*N*(2S+1)."""
+    from estimator.capture import capture
+    from estimator.tally import tally
+
+    class CTC(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 6)
+
+        def forward(self, x, targets):
+            log_probs = self.proj(x).log_softmax(-1)  # (T, N, C) = (10, 2, 6)
+            return torch.nn.functional.ctc_loss(log_probs, targets, [10, 10], [3, 3])
+
+    cap = capture(CTC(), (torch.randn(10, 2, 8), torch.randint(1, 6, (2, 3))), optimizer=None)
+    t = tally(cap)
+    assert not t.unsupported
+    costs = {str(n.target.overloadpacket): n.meta["cost"].flops for n in cap.nodes if "ctc" in str(n.target)}
+    cells = 10 * 2 * (2 * 3 + 1)  # T * N * (2S + 1)
+    assert costs["aten._ctc_loss"] == 6 * cells
+    assert costs["aten._ctc_loss_backward"] == 10 * cells + 10 * 2 * 6  # + T*N*C gradient elements
