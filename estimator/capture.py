@@ -91,6 +91,17 @@ _METADATA_QUERY_IDS = frozenset(map(id, _METADATA_QUERIES))  # OpOverload.__hash
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
 
 
+def _fake_grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """``aten._grouped_mm`` on fake tensors of any dtype.
+
+    Its meta kernel accepts bfloat16 only (written for the CUDA kernel), while the CPU kernel
+    and transformers' mixture-of-experts layers use it in float32 too: the output is made as
+    the meta kernel makes it, in the dtype the CPU kernel returns."""
+    from torch._meta_registrations import _create_grouped_mm_output_tensor
+
+    return _create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype or mat_a.dtype)
+
+
 _REAL_SIZE_CACHE: dict[tuple, dict[int, int]] = {}
 
 
@@ -290,7 +301,10 @@ class _Recorder(TorchDispatchMode):
         self.current_module = self.module_stack[-1] if self.module_stack else ""
         node_args = tuple(self._map(a) for a in args)
         node_kwargs = {k: self._map(v) for k, v in kwargs.items()} if kwargs else {}
-        out = func(*args, **kwargs)
+        if self.fake and func is aten._grouped_mm.default:
+            out = _fake_grouped_mm(*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
         module, fwd_node = self._where()
         if isinstance(out, torch.Tensor):
             flat_out = [out]

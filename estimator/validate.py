@@ -147,12 +147,41 @@ def conv_backward_flop_groups(
     return flops
 
 
+def grouped_mm_flop(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """aten._grouped_mm(self, mat2, offs, bias, out_dtype) (mixture-of-experts layers): no formula in
+    FlopCounterMode.  (T, K) @ (G, K, N) -> (T, N): each token row meets one expert's K x N matrix,
+    2 * T * K * N; (G, M, K) @ (G, K, N): 2 * G * M * K * N; (K, T) @ (T, N) split over T into G
+    groups -> (G, K, N) (the weight gradient): 2 * K * T * N."""
+    if len(a_shape) == 2 and len(b_shape) == 2:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+    return 2 * prod(out_shape) * a_shape[-1]
+
+
+def trilinear_flop(i1_shape, i2_shape, i3_shape, expand1, expand2, expand3, sumdim, *args,
+                   out_shape=None, **kwargs) -> int:
+    """aten._trilinear (nn.Bilinear: x1^T A x2): no formula in FlopCounterMode.  It multiplies the
+    three broadcast operands elementwise and sums over ``sumdim``: 2 multiply-adds per element
+    of the broadcast product, i.e. 2 * prod(broadcast shape)."""
+    full = [max(a, b, c) for a, b, c in zip(_expand(i1_shape, expand1), _expand(i2_shape, expand2),
+                                                 _expand(i3_shape, expand3))]
+    return 2 * prod(full)
+
+
+def _expand(shape, expand_dims) -> list[int]:
+    out = list(shape)
+    for d in sorted(expand_dims):
+        out.insert(d, 1)
+    return out
+
+
 FLOP_FIXES: dict[Any, Callable[..., int]] = {
     aten._scaled_dot_product_flash_attention_for_cpu: sdpa_cpu_flop,
     aten._scaled_dot_product_flash_attention_for_cpu_backward: sdpa_cpu_backward_flop,
     aten.mkldnn_rnn_layer: mkldnn_rnn_layer_flop,
     aten.mkldnn_rnn_layer_backward: mkldnn_rnn_layer_backward_flop,
     aten.convolution_backward: conv_backward_flop_groups,
+    aten._grouped_mm: grouped_mm_flop,
+    aten._trilinear: trilinear_flop,
 }
 
 

@@ -51,6 +51,19 @@ def trilinear_flops(shapes, expands) -> int:
     return 2 * prod(max(sizes) for sizes in zip(*full))
 
 
+def grouped_mm_flops(a_shape, b_shape, out_shape) -> int:
+    """Grouped GEMM (mixture-of-experts): every output element is a dot product of the contraction
+    length, except 2D x 2D, where ``offs`` splits the contraction itself (the weight gradient)."""
+    if len(a_shape) == 2 and len(b_shape) == 2:
+        # (K, T) @ (T, N) split over T into G groups -> (G, K, N): 2 * K * T * N in all
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+    # (T, K) @ (G, K, N) -> (T, N), each row with its group's matrix; (G, M, K) @ (G, K, N) -> (G, M, N)
+    n = 1
+    for s in out_shape:
+        n *= s
+    return 2 * n * a_shape[-1]
+
+
 def mv_flops(a_shape, v_shape) -> int:
     """FLOPs of ``[m, n] @ [n]``."""
     # [m, n] @ [n] -> [m]: one multiply-add per matrix element
@@ -88,6 +101,12 @@ def addmm(call):
 def scaled_mm(call):
     """2*m*k*n for self [m, k] @ mat2 [k, n]; scaling and bias are not counted (as torch)."""
     return mm_flops(call["self"].shape, call["mat2"].shape)
+
+
+@register(*aten_ops("_grouped_mm"), kind=MATMUL)
+def grouped_mm(call):
+    """2*T*K*N for (T, K) tokens x (G, K, N) experts; 2*K*T*N for the grouped weight gradient."""
+    return grouped_mm_flops(call["self"].shape, call["mat2"].shape, call.out.shape)
 
 
 @register(*aten_ops("bmm"), kind=MATMUL)

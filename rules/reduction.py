@@ -235,3 +235,10 @@ def trace(call):
 def compare_all(call):
     """N FLOPs: one comparison per input element."""
     return call["self"].numel
+
+
+@register(*aten_ops("histc", "bincount"), kind=OTHER)
+def histogram(call):
+    """3 FLOPs per input element: its bin ((x - min) * bins / (max - min), or the value itself for
+    bincount) and one count increment."""
+    return 3 * call["self"].numel

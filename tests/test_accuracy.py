@@ -154,18 +154,46 @@ def test_loss_selection(results, name, expected):
         _check(name, group, d, truth)
 
 
-@pytest.mark.parametrize("name,device", [
-    ("branchy", "cpu"), ("branchy", "cuda"), ("hf_mixtral", "cpu"), ("hf_mixtral", "cuda"),
-])
-def test_real_trace_fallback(results, name, device):
-    """Data-dependent control flow (branchy) and a fake kernel stricter than the CPU one
-    (grouped_mm in fp32 for Mixtral's experts) are traced again on real CPU tensors, also for a
-    CUDA target (whose SDPA kernels exist as meta implementations only: the CPU kernel runs)."""
-    if name in zoo.HF:
-        pytest.importorskip("transformers")
-    d = results.estimate(name, device=device)
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_real_trace_fallback(results, device):
+    """Data-dependent control flow (branchy) is traced again on real CPU tensors, also for a CUDA
+    target (whose SDPA kernels exist as meta implementations only: the CPU kernel runs)."""
+    d = results.estimate("branchy", device=device)
     assert d["capture"] == "real"
     assert d["capture_fallback"]
+
+
+def test_mixture_of_experts_traces_on_fake_tensors(results):
+    """transformers' experts run aten._grouped_mm, whose meta kernel takes bfloat16 only; the capture
+    makes its fp32 output the same way, so Mixtral is traced on fake tensors (FLOPs checked above)."""
+    pytest.importorskip("transformers")
+    d = results.estimate("hf_mixtral", device="cpu")
+    assert d["capture"] == "fake" and not d["unsupported_ops"]
+
+
+def test_fallback_when_a_fake_kernel_rejects_what_the_cpu_kernel_accepts():
+    """An op whose fake implementation fails where its CPU kernel works: traced on real tensors."""
+    from estimator import estimate
+
+    lib = torch.library.Library("estimator_test", "FRAGMENT")
+    lib.define("strict(Tensor x) -> Tensor")
+    lib.impl("strict", lambda x: x * 2, "CPU")
+
+    def fake_strict(x):
+        raise RuntimeError("the fake kernel accepts bfloat16 only")
+
+    lib._register_fake("strict", fake_strict)
+
+    class Strict(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return (self.lin(x) + torch.ops.estimator_test.strict(x)).sum()  # x needs no grad
+
+    d = estimate(Strict(), torch.randn(2, 4), device="cpu").to_dict()
+    assert d["capture"] == "real" and "fake-tensor trace failed" in d["capture_fallback"]
 
 
 # ---------------------------------------------------------------------------
