@@ -491,6 +491,7 @@ def _hf_model_class(transformers, cfg: Any) -> tuple[Any, str]:
     order = []
     if getattr(cfg, "is_encoder_decoder", False):
         order.append(("AutoModelForSeq2SeqLM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"))
+        order.append(("AutoModelForSpeechSeq2Seq", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"))
     order += [
         ("AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
         ("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
@@ -556,6 +557,19 @@ def _hf_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
             inputs["decoder_input_ids"] = ids
             desc = f"input_ids {batch}x{seq}, decoder_input_ids {batch}x{seq}, labels"
         return inputs, desc
+    if main == "input_features" and getattr(cfg, "is_encoder_decoder", False):
+        # speech seq2seq (Whisper): log-mel features of 2 x max_source_positions frames (the
+        # encoder's two stride-2 convolutions halve them), decoder tokens and labels
+        if opts.image_size is not None:
+            raise UserError(f"--image-size: {type(model).__name__} takes audio features; use --seq for the decoder")
+        mels = int(getattr(cfg, "num_mel_bins", 80))
+        frames = 2 * int(getattr(cfg, "max_source_positions", 1500))
+        limit = getattr(cfg, "max_target_positions", None)
+        seq = opts.seq or (min(limit, DEFAULT_SEQ) if limit else FALLBACK_SEQ)
+        ids = torch.zeros(batch, seq, dtype=torch.int64, **meta)
+        inputs = {"input_features": torch.zeros(batch, mels, frames, dtype=torch.float32, **meta),
+                  "decoder_input_ids": ids, "labels": ids}
+        return inputs, f"input_features {batch}x{mels}x{frames}, decoder_input_ids {batch}x{seq}, labels"
     if main == "pixel_values":
         if opts.seq is not None:
             raise UserError(f"--seq: {type(model).__name__} takes images; use --image-size")
@@ -652,7 +666,15 @@ def _load_torchvision(name: str, opts: SpecOptions) -> Loaded:
         kwargs["image_size"] = opts.image_size  # ViT: its positional embeddings depend on the size
 
     def make(kw):
-        return lambda: models.get_model(name, weights=None, **kw)
+        def build():
+            import inspect
+
+            builder = models.get_model_builder(name)
+            if "weights_backbone" in inspect.signature(builder).parameters:
+                kw.setdefault("weights_backbone", None)  # detection/segmentation: no backbone download
+            return builder(weights=None, **kw)
+
+        return build
 
     try:
         model = _construct(make(kwargs), f"torchvision model {name}")

@@ -380,3 +380,16 @@ def test_cli_progress_only_on_a_terminal(transformers):
     assert "estimator: " in err and "\x1b[K" in err  # a status line, rewritten in place
     assert err.endswith("\r\x1b[K")  # and erased at the end
     json.loads(proc.stdout)  # stdout carries only the report
+
+
+def test_hf_speech_seq2seq_builds_the_generation_model_with_audio_features(transformers):
+    # Whisper is encoder-decoder but not in the text seq2seq mapping: the speech seq2seq class,
+    # log-mel input features of 2 x max_source_positions frames, decoder tokens and labels.
+    sets = ["encoder_layers=1", "decoder_layers=1", "d_model=64", "encoder_attention_heads=2",
+            "decoder_attention_heads=2", "encoder_ffn_dim=64", "decoder_ffn_dim=64",
+            "max_source_positions=64", "max_target_positions=32"]
+    loaded = load_spec("hf:whisper", overrides=sets, batch=2)
+    assert type(loaded.model).__name__ == "WhisperForConditionalGeneration"
+    assert tuple(loaded.inputs["input_features"].shape) == (2, loaded.config.num_mel_bins, 128)
+    d = estimate(loaded.model, loaded.inputs, device="cpu").to_dict()
+    assert d["loss"] == "output.loss" and not d["unsupported_ops"]
