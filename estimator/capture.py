@@ -822,6 +822,14 @@ def _guard(rec: _Recorder, fn: Callable[[], Any]) -> Any:
             raise _DataDependent(f"module {where or '(root)'!r} reads tensor values in "
                                  f"{rec.current_op} ({rec.phase})") from exc
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if "HigherOrderOperator" in first:
+            import re
+
+            hop = (re.search(r"HigherOrderOperator (\w+)", first) or re.search(r"(\w+)", "op")).group(1)
+            raise UnsupportedModelError(
+                f"the {rec.phase} pass{f' in module {where!r}' if where else ''} uses the higher-order "
+                f"operator {hop} (torch.{hop}), which the capture cannot run; use plain Python control "
+                f"flow there") from exc
         raise _StepFailed(
             f"the {rec.phase} pass failed{f' in module {where!r}' if where else ''}: "
             f"{type(exc).__name__}: {first}; check the input shapes and dtypes"

@@ -98,3 +98,18 @@ def test_nothing_half_written_on_error(tmp_path):
 def test_debug_shows_the_traceback():
     proc = run("estimate", "examples/mlp.py:nope", "--debug")
     assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_higher_order_operators_are_named_not_blamed_on_shapes(tmp_path):
+    spec = tmp_path / "cond.py"
+    spec.write_text(
+        "import torch\n"
+        "class C(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.l = torch.nn.Linear(4, 4)\n"
+        "    def forward(self, x):\n"
+        "        h = self.l(x)\n"
+        "        return torch.cond(h.sum() > 0, lambda h: h.sin(), lambda h: h.cos(), (h,)).mean()\n"
+        "def build():\n"
+        "    return C(), torch.randn(2, 4)\n")
+    _one_line_error(run("estimate", f"{spec}:build"), "higher-order operator cond")
