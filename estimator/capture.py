@@ -695,10 +695,9 @@ def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
     was_training = model.training
     model.train(opts.train)
     # Automatic garbage collection frees reference cycles at moments that depend on how many
-    # Python objects were made, which differs between runs: collect before, not during, the
-    # step, so that the timeline (and the peak) is the same every time.
+    # Python objects were made, which differs between runs: none during the step, so that the
+    # timeline (and the peak) is the same every time.
     gc_was_enabled = gc.isenabled()
-    gc.collect()
     gc.disable()
     opt_state: dict[str, dict[str, torch.Tensor]] = {}
     optimizer_name = None
