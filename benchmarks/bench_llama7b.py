@@ -140,6 +140,7 @@ def _estimate(model, inputs) -> dict:
         "flops_matmul_fwd_bwd": int(f["matmul_forward"] + f["matmul_backward"]),
         "flops_optimizer": int(f["optimizer"]),
         "memory_peak_bytes": d["memory"].get("peak"),
+        "graph_nodes": len(r.capture.nodes),
         "unsupported_ops": d["unsupported_ops"],
         "report_chars": len(text),
         "capture": d["capture"],
