@@ -2,7 +2,8 @@
 
 The step runs on fake tensors (``FakeTensorMode``): shapes, dtypes and
 aliasing are exact, but no weight or activation is ever allocated, so a 70B
-model is captured on a laptop.  A ``TorchDispatchMode`` records every aten op
+model is captured on a laptop.  The fake-tensor mode itself (a ``FakeTensorMode``
+subclass; a ``TorchDispatchMode`` on real tensors) records every aten op
 that reaches the kernels, forward and backward alike, in execution order, as a
 light :class:`~estimator.graph.OpNode` record; ``Capture.graph`` turns them
 into ``call_function`` nodes of an ``fx.Graph`` on first access.  This works for any module,
@@ -290,9 +291,12 @@ class _Recorder(TorchDispatchMode):
 
     # -- the hook -----------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        return self.record(func, args, kwargs or {}, func)
+
+    def record(self, func, args, kwargs, run):
+        """Run the op (``run(*args, **kwargs)``) and record it."""
         if id(func) in _METADATA_QUERY_IDS:
-            return func(*args, **kwargs)
+            return run(*args, **kwargs)
         if func is aten._local_scalar_dense.default and self.fake_values and self.phase == "optimizer":
             # Optimizers read scalar step counts (``step.item()``); any value gives the same shapes.
             # 0.5 keeps formulas such as NAdam's 1 / (1 - mu_product) finite.
@@ -304,7 +308,7 @@ class _Recorder(TorchDispatchMode):
         if self.fake and func is aten._grouped_mm.default:
             out = _fake_grouped_mm(*args, **kwargs)
         else:
-            out = func(*args, **kwargs)
+            out = run(*args, **kwargs)
         module, fwd_node = self._where()
         if isinstance(out, torch.Tensor):
             flat_out = [out]
@@ -332,6 +336,35 @@ class _Recorder(TorchDispatchMode):
                 self.records.append(item)
                 self.nodes[o] = item
         return out
+
+
+class _FakeRecorder(FakeTensorMode):
+    """The fake-tensor mode that records: one Python layer per op instead of a recording mode
+    stacked on ``FakeTensorMode`` (each layer costs every op, ``tensor.device`` queries included)."""
+
+    def __init__(self, rec: _Recorder, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.rec = rec
+        self.recording = False
+        self._depth = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.recording or self._depth:  # setup, or an op FakeTensorMode runs inside another
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        self._depth += 1
+        try:
+            return self.rec.record(func, args, kwargs or {},
+                                   lambda *a, **k: FakeTensorMode.__torch_dispatch__(self, func, types, a, k))
+        finally:
+            self._depth -= 1
+
+    @contextlib.contextmanager
+    def recording_on(self):
+        previous, self.recording = self.recording, True
+        try:
+            yield
+        finally:
+            self.recording = previous
 
 
 # -- loss ---------------------------------------------------------------------
@@ -606,9 +639,13 @@ def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
         # keep the aliasing between outputs (mkldnn_rnn_layer_backward returns one tensor as both
         # bias gradients), so a trace would depend on what was traced before it in the process.
         FakeTensorMode.cache_clear()
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
     rec = _Recorder(fake)
     rec.target = opts.target
+    fake_mode = _FakeRecorder(rec, allow_non_fake_inputs=True) if fake else None
+
+    def recording():
+        """Record the ops run inside: the fake mode records itself; on real tensors, the recorder mode."""
+        return fake_mode.recording_on() if in_fake_mode else rec
 
     module_paths: dict[int, str] = {}
     module_types: dict[str, str] = {}
@@ -723,10 +760,10 @@ def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
         kernels.__enter__()
         try:
             if not opts.train:
-                with rec, torch.no_grad():
+                with recording(), torch.no_grad():
                     output = _run_forward(model, t_args, t_kwargs, rec)
             else:
-                with rec, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                with recording(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                     with opts.precision.autocast_context():
                         output = _run_forward(model, t_args, t_kwargs, rec)
                         rec.phase = "loss"
@@ -737,30 +774,31 @@ def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
                     if not loss.requires_grad:
                         raise UserError("the loss does not require grad: no parameter is trainable or the "
                                         "output is detached; check requires_grad and loss_fn")
-                with rec:
+                with recording():
                     rec.phase = "backward"
                     scaler = _grad_scaler() if opts.precision.grad_scaler else None
                     _guard(rec, (scaler.scale(loss) if scaler else loss).backward)
-                    rec.phase = "optimizer"
-                    opt_params = params
-                    if in_fake_mode and scaler is None and not wants_fused(opts.optimizer, opts.optimizer_kwargs):
-                        # The step runs on meta twins of the fake parameters and gradients (same storage
-                        # ids): meta kernels skip FakeTensorMode's per-op work, and the state is the same.
-                        fake_mode.__exit__(None, None, None)
-                        in_fake_mode = False
-                        opt_params = {n: _meta_twin(rec, p) for n, p in params.items()}
-                    opt, optimizer_name = build_optimizer(opts.optimizer, opt_params, named_params,
-                                                          opts.optimizer_kwargs, opts.foreach)
-                    if opt is not None:
+                rec.phase = "optimizer"
+                opt_params = params
+                if in_fake_mode and scaler is None and not wants_fused(opts.optimizer, opts.optimizer_kwargs):
+                    # The step runs on meta twins of the fake parameters and gradients (same storage
+                    # ids): meta kernels skip FakeTensorMode's per-op work, and the state is the same.
+                    fake_mode.__exit__(None, None, None)
+                    in_fake_mode = False
+                    opt_params = {n: _meta_twin(rec, p) for n, p in params.items()}
+                opt, optimizer_name = build_optimizer(opts.optimizer, opt_params, named_params,
+                                                      opts.optimizer_kwargs, opts.foreach)
+                if opt is not None:
+                    with recording():
                         if scaler is not None:
                             _guard(rec, lambda: scaler.unscale_(opt))
                         _guard(rec, opt.step)  # GradScaler.step(opt) would skip it on a fake inf check
                         if scaler is not None:
                             _guard(rec, scaler.update)
-                        for n, p in opt_params.items():
-                            st = opt.state.get(p)
-                            if st:
-                                opt_state[n] = {k: v for k, v in st.items() if isinstance(v, torch.Tensor)}
+                    for n, p in opt_params.items():
+                        st = opt.state.get(p)
+                        if st:
+                            opt_state[n] = {k: v for k, v in st.items() if isinstance(v, torch.Tensor)}
         finally:
             kernels.__exit__(None, None, None)
             swap.__exit__(None, None, None)
