@@ -194,7 +194,9 @@ class _Recorder(TorchDispatchMode):
         self.fake = fake
         self.fake_values = fake  # tensor values are unknown (fake or meta), so .item() cannot run
         self.target = "cpu"  # the target device's kernels (see estimator.target)
-        self.nodes: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> node that produced it
+        # tensor -> the record that produced it: an attribute on the tensors the step makes (cheap on
+        # the hot path), a weak dictionary for tensors that are not ours (constants of the model)
+        self.constants: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.placeholders: list[OpNode] = []
         self.records: list[OpNode] = []  # every call_function record, getitem included
         self.order: list[OpNode] = []  # aten ops only
@@ -237,7 +239,7 @@ class _Recorder(TorchDispatchMode):
         """Let ``twin`` stand for ``original``: same storage id and record, no allocation."""
         st = twin.untyped_storage()
         self.sid_of[st._cdata] = (self.sid(original), weakref.ref(st))
-        self.nodes[twin] = self._node_of(original)
+        self.set_node(twin, self._node_of(original))
 
     def _freed(self, cdata: int, sid: int) -> None:
         if self.closed:
@@ -252,11 +254,22 @@ class _Recorder(TorchDispatchMode):
         node = OpNode("placeholder", _identifier(name), name,
                       meta=dict(spec=(tensor_spec(t),), storage=(self.sid(t),), module=module, phase=kind, kind=kind))
         self.placeholders.append(node)
-        self.nodes[t] = node
+        if kind == "constant":
+            self.constants[t] = node
+        else:
+            t._estimator_node = node
         return node
 
+    def set_node(self, t: torch.Tensor, node: OpNode) -> None:
+        t._estimator_node = node
+
+    def node_of(self, t: torch.Tensor) -> OpNode | None:
+        """The record that produced ``t`` (None if none did)."""
+        node = getattr(t, "_estimator_node", None)
+        return node if node is not None else self.constants.get(t)
+
     def _node_of(self, t: torch.Tensor) -> OpNode:
-        node = self.nodes.get(t)
+        node = self.node_of(t)
         if node is None:  # a tensor created outside the trace (a constant attribute, torch.tensor(...))
             self.n_constants += 1
             node = self.placeholder(f"constant_{self.n_constants}", t, "constant", self._where()[0])
@@ -327,14 +340,14 @@ class _Recorder(TorchDispatchMode):
             # The autograd node created for this op (if any) has the latest sequence number.
             self.seq_module[torch.autograd._get_sequence_nr() - 1] = (module, node)
         if isinstance(out, torch.Tensor):
-            self.nodes[out] = node
+            out._estimator_node = node
         else:
             for i, o in enumerate(flat_out):
                 item = OpNode("call_function", f"op_{len(self.records)}", operator.getitem, (node, i), None,
                               dict(spec=(meta["spec"][i],), storage=(meta["storage"][i],), module=module,
                                    phase=self.phase))
                 self.records.append(item)
-                self.nodes[o] = item
+                o._estimator_node = item
         return out
 
 
@@ -349,7 +362,8 @@ class _FakeRecorder(FakeTensorMode):
         self._depth = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not self.recording or self._depth:  # setup, or an op FakeTensorMode runs inside another
+        if self._depth or not self.recording or id(func) in _METADATA_QUERY_IDS:
+            # setup, an op FakeTensorMode runs inside another, or a metadata query
             return super().__torch_dispatch__(func, types, args, kwargs)
         self._depth += 1
         try:
@@ -827,7 +841,7 @@ def _capture(model, args, kwargs, opts: StepOptions, *, fake: bool) -> Capture:
     return Capture(
         records=rec.placeholders + rec.records,
         nodes=rec.order,
-        outputs=(rec.nodes[loss],) if loss is not None and loss in rec.nodes else (),
+        outputs=(rec.node_of(loss),) if loss is not None and rec.node_of(loss) is not None else (),
         mode="fake" if fake else "real",
         loss_source=loss_source,
         module_types=module_types,
