@@ -114,15 +114,11 @@ def child(kind: str, layers: int, seq: int) -> None:
 
 
 def run_child(kind: str, layers: int, seq: int) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--_child", kind, "--layers", str(layers), "--seq", str(seq)]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
-        raise SystemExit(f"{kind} child failed (exit {proc.returncode})")
-    return json.loads(lines[-1][len("RESULT "):])
+    """One measurement in a fresh process, run as benchmarks/bench_llama7b.py runs its own."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_llama7b import run_child as run
+
+    return run(kind, layers, seq, script=__file__)
 
 
 def run_cli(layers: int, seq: int) -> dict:

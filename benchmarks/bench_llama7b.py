@@ -213,8 +213,9 @@ def source_digest() -> str:
     return h.hexdigest()[:12]
 
 
-def run_child(kind: str, layers: int, seq: int) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--_child", kind, "--layers", str(layers), "--seq", str(seq)]
+def run_child(kind: str, layers: int, seq: int, script: str = __file__) -> dict:
+    """Run ``script --_child KIND`` in a fresh process and return the RESULT line it prints."""
+    cmd = [sys.executable, os.path.abspath(script), "--_child", kind, "--layers", str(layers), "--seq", str(seq)]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

@@ -676,16 +676,22 @@ def _load_torchvision(name: str, opts: SpecOptions) -> Loaded:
 
         return build
 
-    try:
-        model = _construct(make(kwargs), f"torchvision model {name}")
-    except UserError:
-        if "image_size" not in kwargs or "image_size" in opts.overrides:
-            raise
-        kwargs.pop("image_size")  # a CNN: any size works without telling the constructor
-        model = _construct(make(kwargs), f"torchvision model {name}")
+    model = _construct_sized(make, kwargs, "image_size", opts, f"torchvision model {name}")
     size = opts.image_size or getattr(model, "image_size", None) or _torchvision_crop(models, name)
     inputs, desc = _image_inputs(opts, size)
     return Loaded(model, inputs, loss_fn=classification_loss, description=f"{type(model).__name__}; {desc}")
+
+
+def _construct_sized(make, kwargs: dict, size_key: str, opts: SpecOptions, what: str):
+    """Build with the image size passed to the constructor (a ViT's positional embeddings depend on
+    it); if the constructor takes no such argument (a CNN: any size works), build without it."""
+    try:
+        return _construct(make(kwargs), what)
+    except UserError:
+        if size_key not in kwargs or size_key in opts.overrides:
+            raise
+        kwargs.pop(size_key)
+        return _construct(make(kwargs), what)
 
 
 def _torchvision_crop(models, name: str) -> int:
@@ -711,13 +717,7 @@ def _load_timm(name: str, opts: SpecOptions) -> Loaded:
     def make(kw):
         return lambda: timm.create_model(name, pretrained=False, **kw)
 
-    try:
-        model = _construct(make(kwargs), f"timm model {name}")
-    except UserError:
-        if "img_size" not in kwargs or "img_size" in opts.overrides:
-            raise
-        kwargs.pop("img_size")  # a CNN: any size works without telling the constructor
-        model = _construct(make(kwargs), f"timm model {name}")
+    model = _construct_sized(make, kwargs, "img_size", opts, f"timm model {name}")
     cfg = getattr(model, "pretrained_cfg", None) or {}
     input_size = cfg.get("input_size") or (3, DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE)
     channels = int(kwargs.get("in_chans", input_size[0]))
