@@ -354,3 +354,43 @@ def test_model_unchanged(name, training):
     flat_b = torch.utils._pytree.tree_leaves(inputs_before)
     flat_a = torch.utils._pytree.tree_leaves(inputs)
     assert all(torch.equal(a, b) and a.grad is None for a, b in zip(flat_a, flat_b) if isinstance(a, torch.Tensor))
+
+
+# ---------------------------------------------------------------------------
+# the capture's fast front for FakeTensorMode's dispatch cache
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["gpt", "vgg_channels_last", "convs", "attn_variants", "lstm",
+                                  "checkpoint_nonreentrant", "hf_llama_sdpa", "hf_mixtral"])
+def test_fast_cache_front_changes_nothing(monkeypatch, name):
+    """The same capture with the front off (FakeTensorMode keys every op itself) and on: every op,
+    output spec, storage and allocation event and every reported number are the same, and the
+    front answers most ops without FakeTensorMode's own key."""
+    from estimator import capture as cap
+    from estimator import estimate
+
+    model, inputs, loss_fn = build_case(name)
+    key_calls = {"n": 0}
+    slow_key = cap.FakeTensorMode._cache_key
+
+    def counting_key(self, *args, **kwargs):
+        key_calls["n"] += 1
+        return slow_key(self, *args, **kwargs)
+
+    monkeypatch.setattr(cap.FakeTensorMode, "_cache_key", counting_key)
+    runs = {}
+    for fast in (False, True):
+        monkeypatch.setattr(cap, "_FAST_CACHE", fast)
+        key_calls["n"] = 0
+        r = estimate(model, inputs, optimizer="adamw", loss_fn=loss_fn, device="cuda")
+        c = r.capture
+        ops = [(str(n.target), n.meta["spec"], n.meta["storage"], n.meta["module"]) for n in c.nodes]
+        runs[fast] = (ops, c.events, c.storage_bytes, r.to_dict(), key_calls["n"])
+    (ops0, ev0, sb0, d0, n_slow), (ops1, ev1, sb1, d1, n_fast) = runs[False], runs[True]
+    assert d0["capture"] == "fake"
+    assert ops1 == ops0 and ev1 == ev0 and sb1 == sb0
+    assert d1 == d0
+    # without the front every op FakeTensorMode can cache costs one of its keys; with it, only
+    # the first op of each argument signature does (the repeated layers are answered by the front)
+    assert n_fast < n_slow, (n_fast, n_slow)
