@@ -200,16 +200,17 @@ def source_digest() -> str:
     """sha256 (12 hex digits) of the estimator package's .py files (rules/ included): the code timed."""
     import hashlib
 
-    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "estimator")
+    project = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     h = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        dirnames.sort()
-        for name in sorted(filenames):
-            if name.endswith(".py"):
-                path = os.path.join(dirpath, name)
-                h.update(os.path.relpath(path, root).encode() + b"\0")
-                with open(path, "rb") as fh:
-                    h.update(fh.read())
+    for root in (os.path.join(project, "estimator"), os.path.join(project, "rules")):
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            for name in sorted(filenames):
+                if name.endswith(".py"):
+                    path = os.path.join(dirpath, name)
+                    h.update(os.path.relpath(path, project).encode() + b"\0")
+                    with open(path, "rb") as fh:
+                        h.update(fh.read())
     return h.hexdigest()[:12]
 
 

@@ -8,7 +8,7 @@
 
 from .build import build_empty, empty_weights
 from .errors import UserError
-from .estimate import estimate
+from .api import estimate
 from .report import Report
 from .rules import MATMUL, OTHER, ZERO, register, register_zero
 

@@ -199,9 +199,11 @@ class _Progress:
 
     It shows the stage (building, tracing forward with the module being traced, loss/backward/optimizer,
     tallying, memory, report) and the elapsed time, from 0.5 s on; the line is erased when done.
+    The object is the ``progress`` callback of :func:`estimator.estimate`.
     """
 
-    DELAY = 0.5
+    # seconds before the first line (a quick run shows nothing); ESTIMATOR_PROGRESS_DELAY=0 draws at once
+    DELAY = float(os.environ.get("ESTIMATOR_PROGRESS_DELAY", "0.5"))
     TICK = 0.2
 
     def __init__(self, enabled: bool | None = None, stream=None):
@@ -227,6 +229,8 @@ class _Progress:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="estimator-progress", daemon=True)
+        if self.DELAY <= 0:
+            self._draw()
         self._thread.start()
         for handler in logging.getLogger().handlers:  # log lines start on a clean line
             handler.addFilter(self._clear_filter)
@@ -249,24 +253,27 @@ class _Progress:
 
     # -- drawing --------------------------------------------------------------------------
     def _run(self) -> None:
+        while not self._stop.wait(self.TICK):
+            self._draw()
+
+    def _draw(self) -> None:
         import time
 
-        while not self._stop.wait(self.TICK):
-            elapsed = time.monotonic() - self._t0
-            if elapsed < self.DELAY:
-                continue
-            detail = f" {self.detail}" if self.detail else ""
-            line = f"estimator: {self.stage}{detail} [{elapsed:.0f} s]"
-            width = 0
-            try:
-                width = os.get_terminal_size(self.stream.fileno()).columns - 1
-            except (OSError, ValueError, AttributeError):
-                pass
-            width = width if width >= 20 else 119  # a terminal that reports no size
-            with self._lock:
-                self.stream.write("\r\x1b[K" + line[:width])
-                self.stream.flush()
-                self._shown = True
+        elapsed = time.monotonic() - self._t0
+        if elapsed < self.DELAY:
+            return
+        detail = f" {self.detail}" if self.detail else ""
+        line = f"estimator: {self.stage}{detail} [{elapsed:.0f} s]"
+        width = 0
+        try:
+            width = os.get_terminal_size(self.stream.fileno()).columns - 1
+        except (OSError, ValueError, AttributeError):
+            pass
+        width = width if width >= 20 else 119  # a terminal that reports no size
+        with self._lock:
+            self.stream.write("\r\x1b[K" + line[:width])
+            self.stream.flush()
+            self._shown = True
 
     def _clear(self) -> None:
         with self._lock:
@@ -279,61 +286,13 @@ class _Progress:
         self._clear()
         return True
 
-    # -- hooks into a run -----------------------------------------------------------------
-    def watch(self, model) -> None:
-        """Follow the trace of ``model``: forward progress from module hooks, stages from the pipeline."""
-        if not self.enabled:
-            return
-        import torch
-
-        paths = {id(m): p for p, m in model.named_modules()}
-        total = max(len(paths), 1)
-        calls = [0]
-
-        def pre(mod, _args):
-            path = paths.get(id(mod))
-            if path is None:
-                return
-            calls[0] += 1
-            pct = min(99, 100 * calls[0] // total)
-            self.set(self._pass("tracing forward"), f"{pct}% ({path or 'root'})")
-
-        def post(mod, _args, _out):
-            if mod is model:
-                self.set(self._pass("tracing loss, backward and optimizer step"))
-                calls[0] = 0
-
-        h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
-        h2 = torch.nn.modules.module.register_module_forward_hook(post)
-        self._undo += [h1.remove, h2.remove]
-        self._npass = 0
-        import importlib
-
-        est_mod = importlib.import_module(f"{__package__}.estimate")  # the module, not the function
-
-        for name, stage in (("capture", None), ("tally", "counting FLOPs and bytes"),
-                            ("simulate", "simulating memory")):
-            fn = getattr(est_mod, name, None)
-            if fn is None:
-                continue
-
-            def wrapped(*a, __fn=fn, __name=name, __stage=stage, **k):
-                if __name == "capture":
-                    self._npass += 1
-                    self.set(self._pass("tracing"))
-                else:
-                    self.set(__stage)
-                return __fn(*a, **k)
-
-            setattr(est_mod, name, wrapped)
-            self._undo.append(lambda n=name, f=fn: setattr(est_mod, n, f))
-
-    def _pass(self, text: str) -> str:
-        return text if getattr(self, "_npass", 0) <= 1 else f"{text} (checkpoint what-if)"
+    def __call__(self, stage: str, detail: str = "") -> None:
+        """The ``progress`` callback of :func:`estimator.estimate`."""
+        self.set(stage, detail)
 
 
 def _run_estimate(args: argparse.Namespace) -> int:
-    from .estimate import estimate
+    from .api import estimate
 
     if args.depth < 0:
         raise UserError(f"--depth must be >= 0, not {args.depth}")
@@ -343,10 +302,9 @@ def _run_estimate(args: argparse.Namespace) -> int:
     with _Progress() as progress:
         progress.set("building the model")
         loaded = _load(args)
-        progress.watch(loaded.model)
         report = estimate(loaded.model, loaded.inputs, optimizer=args.optimizer, loss_fn=loaded.loss_fn,
                           device=args.device, depth=args.depth, precision=args.precision, mode=args.mode,
-                          checkpoint=args.checkpoint or None, model_name=loaded.title)
+                          checkpoint=args.checkpoint or None, model_name=loaded.title, progress=progress)
         progress.set("writing the report")
         if fmt == "json":
             text = json.dumps(report.to_dict(), indent=2)
@@ -359,7 +317,7 @@ def _run_estimate(args: argparse.Namespace) -> int:
         else:
             text = report.render()
         if args.plot:
-            from .memory import plot
+            from .render import plot
 
             _atomic(args.plot, lambda tmp: plot(report.memory, tmp, title=f"{args.spec}: live memory"),
                     suffix=".png")

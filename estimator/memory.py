@@ -29,11 +29,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .capture import Capture
+from .compat import StrEnum
 
 CUDA_BLOCK = 512  # bytes; c10 CUDACachingAllocator kMinBlockSize
 
+
+class Category(StrEnum):
+    """What a live storage is.  Members are strings (``Category.SAVED == "saved"``)."""
+
+    PARAMETER = "parameter"
+    BUFFER = "buffer"
+    INPUT = "input"
+    OPTIMIZER_STATE = "optimizer_state"
+    GRADIENT = "gradient"
+    SAVED = "saved"  # held by autograd for backward at the end of the forward pass
+    TEMPORARY = "temporary"  # everything else: intermediate values, workspaces
+
+
 # Precedence when a storage falls in several categories (an input saved for backward is an input).
-CATEGORIES = ("parameter", "buffer", "input", "optimizer_state", "gradient", "saved", "temporary")
+CATEGORIES = tuple(Category)
 
 # Memory outside max_memory_allocated(), reported as headroom for CUDA targets.
 CUDA_RESERVE = {
@@ -92,8 +106,9 @@ class MemoryProfile:
         }
 
 
-def _categories(cap: Capture) -> list[str]:
-    cat = ["temporary"] * len(cap.storage_bytes)
+def categories(cap: Capture) -> list[Category]:
+    """The category of every storage of ``cap`` (index: storage id), by :data:`CATEGORIES` precedence."""
+    cat = [Category.TEMPORARY] * len(cap.storage_bytes)
     for name in reversed(CATEGORIES[:-1]):  # earlier categories win
         for sid in cap.sids.get(name, ()):
             cat[sid] = name
@@ -142,7 +157,7 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
     for sid, nbytes in (resize or {}).items():
         raw[sid] = nbytes
     sizes = [round_cuda(n) for n in raw] if device == "cuda" else raw
-    cats = _categories(cap)
+    cats = categories(cap)
     pre_first = {sid for index, sid, delta in cap.events if index < 0 and delta > 0}
     first, _ = _replay(cap, sizes, cats, pre_first, timeline=False)
     steady_pre = pre_first | set(cap.sids.get("optimizer_state", ()))
@@ -160,37 +175,3 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
         device=device,
         reserve=reserve,
     )
-
-
-def plot(profile: MemoryProfile, path: str, title: str = "") -> None:
-    """Draw the stacked live-memory timeline with the peak marked (needs matplotlib: ``[plot]`` extra)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        from .errors import UserError
-
-        raise UserError("--plot needs matplotlib: pip install 'estimator[plot]'") from exc
-    xs = list(range(len(profile.timeline)))
-    cats = [c for c in CATEGORIES if any(p.by_category.get(c) for p in profile.timeline)]
-    ys = [[p.by_category.get(c, 0) / 2**20 for p in profile.timeline] for c in cats]
-    fig, ax = plt.subplots(figsize=(11, 5))
-    ax.stackplot(xs, ys, labels=[c.replace("_", " ") for c in cats])
-    peak_x = next((i for i, p in enumerate(profile.timeline) if p.index == profile.peak_at.index), 0)
-    ax.axvline(peak_x, color="black", linestyle="--", linewidth=1)
-    ax.annotate(f"peak {profile.peak / 2**20:.1f} MiB\n{profile.peak_at.phase} {profile.peak_at.module}",
-                (peak_x, profile.peak / 2**20), textcoords="offset points", xytext=(5, -30), fontsize=8)
-    phases = [p.phase for p in profile.timeline]
-    for ph in ("backward", "optimizer"):
-        if ph in phases:
-            ax.axvline(phases.index(ph), color="grey", linewidth=0.5)
-            ax.text(phases.index(ph), 0, f" {ph}", fontsize=8, color="grey", va="bottom")
-    ax.set_xlabel("op (execution order)")
-    ax.set_ylabel("live MiB")
-    ax.set_title(title or "Live memory over one training step (steady state)")
-    ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

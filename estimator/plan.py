@@ -81,7 +81,7 @@ import torch.utils._pytree as pytree
 
 from .capture import INPUT_MODULE, LOSS_MODULE, OPTIMIZER_MODULE, Capture, StepOptions, capture
 from .errors import UserError
-from .estimate import resolve_classes
+from .api import resolve_classes
 from .graph import OpNode
 from .hardware import GPU, lookup
 from .memory import CUDA_RESERVE, FRAGMENTATION, MemoryProfile, round_cuda, simulate

@@ -37,7 +37,7 @@ from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, sdpa_back
 
 from .capture import select_loss, split_inputs
 from .errors import UserError
-from .estimate import estimate
+from .api import estimate
 from .hardware import match_device_name
 from .optim import build_optimizer
 from .precision import parse_precision

@@ -16,7 +16,8 @@ from torch import nn
 
 from estimator import estimate
 from estimator.memory import MemoryProfile, Snapshot
-from estimator.report import MAX_SVG_POINTS, SCHEMA_VERSION, Report, fmt_bytes, timeline_svg
+from estimator.render import MAX_SVG_POINTS, SCHEMA_VERSION, fmt_bytes, timeline_svg
+from estimator.report import Report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

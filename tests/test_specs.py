@@ -370,7 +370,8 @@ def test_cli_progress_only_on_a_terminal(transformers):
     try:
         proc = subprocess.run([sys.executable, "-m", "estimator", "estimate", "hf:gpt2", "--set", "n_layer=1",
                                "--set", "n_embd=64", "--set", "n_head=2", "--seq", "16", "--format", "json"],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=slave, timeout=300)
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=slave, timeout=300,
+                              env={**os.environ, "ESTIMATOR_PROGRESS_DELAY": "0"})  # draw at once: no race
     finally:
         os.close(slave)
         reader.join(timeout=10)

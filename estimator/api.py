@@ -1,4 +1,4 @@
-"""The one-call API: capture a training step, apply the rules, tally, simulate memory, report."""
+"""The one-call API, :func:`estimate`: capture a training step, apply the rules, tally, simulate memory, report."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from .capture import StepOptions, capture
+from .capture import Progress, StepOptions, capture
 from .errors import UserError
 from .memory import simulate
 from .precision import parse_precision
@@ -32,8 +32,9 @@ def resolve_classes(model: torch.nn.Module, names: Any, option: str = "--checkpo
     return tuple(classes)
 
 
-def _analyse(cap, options: StepOptions, device: str):
+def _analyse(cap, options: StepOptions, device: str, progress: Progress):
     """Tallies and memory profile of a capture, with the fp8 what-if applied when asked."""
+    progress("counting FLOPs and bytes")
     t = tally(cap)
     resize = None
     if options.precision.fp8_linear:
@@ -48,6 +49,7 @@ def _analyse(cap, options: StepOptions, device: str):
                 t.activations_bytes -= cap.storage_bytes[sid] - resize[sid]
                 per[str(cap.storage_dtype[sid]).removeprefix("torch.")] -= cap.storage_bytes[sid]
                 per["float8_e4m3fn"] = per.get("float8_e4m3fn", 0) + resize[sid]
+    progress("simulating memory")
     return t, simulate(cap, device, resize)
 
 
@@ -65,6 +67,7 @@ def estimate(
     depth: int = 2,
     trace: str = "auto",
     model_name: str | None = None,
+    progress: Progress | None = None,
 ) -> Report:
     """Estimate one training step (forward, loss, backward, optimizer step) of ``model``.
 
@@ -88,6 +91,8 @@ def estimate(
             as a what-if: the report shows the memory saved and the FLOPs added.
         depth: module depth of the per-module table.
         trace: ``"auto"``, ``"fake"`` or ``"real"`` (see :func:`estimator.capture.capture`).
+        progress: ``progress(stage, detail="")``, called as the estimate advances (the module being
+            traced in forward, then each phase, counting, memory); the command line draws it.
     """
     if device not in ("cuda", "cpu"):
         raise UserError(f"device must be 'cuda' or 'cpu', not {device!r}")
@@ -103,15 +108,19 @@ def estimate(
         target=device,
     )
     classes = resolve_classes(model, checkpoint)
-    cap = capture(model, inputs, options, mode=trace)
-    t, profile = _analyse(cap, options, device)
+    progress = progress or (lambda stage, detail="": None)
+    cap = capture(model, inputs, options, mode=trace, progress=progress)
+    t, profile = _analyse(cap, options, device, progress)
     report = Report(cap, t, model_name=model_name or type(model).__name__, depth=depth, memory=profile,
                     device=device, precision=options.precision.name, mode=mode)
     if classes:
         from dataclasses import replace
 
-        cap_ckpt = capture(model, inputs, replace(options, checkpoint=classes), mode=trace)
-        t_ckpt, prof_ckpt = _analyse(cap_ckpt, options, device)
+        def what_if(stage: str, detail: str = "") -> None:
+            progress(f"{stage} (checkpoint what-if)", detail)
+
+        cap_ckpt = capture(model, inputs, replace(options, checkpoint=classes), mode=trace, progress=what_if)
+        t_ckpt, prof_ckpt = _analyse(cap_ckpt, options, device, what_if)
         report.checkpoint = CheckpointWhatIf(
             classes=[c.__name__ for c in classes],
             peak=prof_ckpt.peak,

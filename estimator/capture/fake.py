@@ -1,0 +1,220 @@
+"""The fake-tensor mode that records the step, and every private ``FakeTensorMode`` API the capture uses.
+
+:class:`RecordingFakeMode` is a ``FakeTensorMode`` subclass that hands each op to the
+:class:`~estimator.capture.recorder.Recorder`: one Python layer per op instead of a recording
+mode stacked on ``FakeTensorMode`` (each layer costs every op, ``tensor.device`` queries
+included).
+
+Private APIs of ``torch._subclasses.fake_tensor`` live here and nowhere else, each behind a
+feature check with a fallback to the public behaviour:
+
+* the dispatch-cache front (``_DispatchCacheValidEntry``, ``_cache_key``,
+  ``_output_from_cache_entry``): off when this torch release's signatures differ;
+* ``FakeTensorMode.cache_clear`` (the op cache shared by every instance): skipped when absent;
+* ``aten._grouped_mm`` (mixture-of-experts layers): handled only where the op exists.
+
+Fake kernels that report another output size than the CPU kernel (``mkldnn_rnn_layer``'s
+oneDNN workspace) are measured once per shape here too (:func:`real_output_bytes`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Any
+
+import torch
+import torch._subclasses.fake_tensor as _fake
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.experimental.proxy_tensor import get_proxy_mode as _proxy_mode
+from torch.utils._python_dispatch import _disable_current_modes
+
+from ..compat import optional_op
+from .recorder import METADATA_QUERY_IDS
+
+GROUPED_MM = optional_op("_grouped_mm")  # torch >= 2.8
+MKLDNN_RNN_LAYER = optional_op("mkldnn_rnn_layer")
+
+
+def fake_grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """``aten._grouped_mm`` on fake tensors of any dtype.
+
+    Its meta kernel accepts bfloat16 only (written for the CUDA kernel), while the CPU kernel
+    and transformers' mixture-of-experts layers use it in float32 too: the output is made as
+    the meta kernel makes it, in the dtype the CPU kernel returns."""
+    from torch._meta_registrations import _create_grouped_mm_output_tensor
+
+    return _create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype or mat_a.dtype)
+
+
+_REAL_SIZE_CACHE: dict[tuple, dict[int, int]] = {}
+
+
+def real_output_bytes(func: Any, args: tuple, kwargs: dict) -> dict[int, int] | None:
+    """Output sizes (output index -> bytes) where a fake kernel reports another size than the CPU one.
+
+    ``aten.mkldnn_rnn_layer`` (``nn.LSTM``/``nn.GRU`` on CPU) returns a oneDNN workspace that
+    backward reads; its meta kernel says 0 bytes, the real one is page-aligned parts whose size
+    depends on the shapes.  It is measured once per shape by running the CPU kernel on zeros of
+    the same shapes (the inputs and weights of one recurrent layer: small).
+    """
+    if func is not MKLDNN_RNN_LAYER or func is None:
+        return None
+    key = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else
+                (tuple(a) if isinstance(a, list) else a) for a in args)
+    hit = _REAL_SIZE_CACHE.get(key)
+    if hit is None:
+        with _disable_current_modes():
+            real = [torch.zeros(a.shape, dtype=a.dtype) if isinstance(a, torch.Tensor) else a for a in args]
+            out = func(*real, **kwargs)
+        workspace = out[3] if isinstance(out, (tuple, list)) and len(out) > 3 else None
+        hit = _REAL_SIZE_CACHE[key] = (
+            {3: workspace.untyped_storage().nbytes()} if isinstance(workspace, torch.Tensor) else {})
+    return hit
+
+
+def clear_shared_cache() -> None:
+    """Empty the op cache every ``FakeTensorMode`` shares.
+
+    An output rebuilt from that cache does not keep the aliasing between outputs
+    (``mkldnn_rnn_layer_backward`` returns one tensor as both bias gradients), so a trace would
+    depend on what was traced before it in the process."""
+    clear = getattr(FakeTensorMode, "cache_clear", None)
+    if clear is not None:
+        clear()
+
+
+_KEY_SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                          torch.memory_format})
+_BYPASS = object()
+
+
+def _signature(fn: Any) -> list[str] | None:
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+# The private cache API the fast front uses, as torch 2.11-2.14 have it; without it (other
+# releases) the front is off and FakeTensorMode keys every op itself.
+FAST_CACHE = (
+    all(hasattr(_fake, n) for n in ("_DispatchCacheValidEntry", "_DispatchCacheBypassEntry"))
+    and _signature(getattr(FakeTensorMode, "_output_from_cache_entry", None))
+    == ["self", "state", "entry", "key", "func", "args"]
+    and _signature(getattr(FakeTensorMode, "_cache_key", None)) == ["self", "state", "func", "args", "kwargs"]
+    and hasattr(FakeTensorMode, "_cached_dispatch_impl")
+    and hasattr(FakeTensorMode, "cache")
+)
+
+
+class RecordingFakeMode(FakeTensorMode):
+    """The fake-tensor mode that records: each op dispatched while :meth:`recording_on` is active
+    goes through ``recorder.record``."""
+
+    def __init__(self, recorder: Any, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.rec = recorder
+        self.recording = False
+        self._depth = 0
+        self._fast_entries: dict[tuple, Any] = {}
+        self._key_slot: list | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self._depth or not self.recording or id(func) in METADATA_QUERY_IDS:
+            # setup, an op FakeTensorMode runs inside another, or a metadata query
+            return self.dispatch(func, types, args, kwargs)
+        self._depth += 1
+        try:
+            # ``dispatch`` is FakeTensorMode.__torch_dispatch__ without its wrappers (a dynamo
+            # guard that this method already has, and a call counter)
+            return self.rec.record(func, args, kwargs or {},
+                                   lambda *a, **k: self.dispatch(func, types, a, k))
+        finally:
+            self._depth -= 1
+
+    @contextlib.contextmanager
+    def recording_on(self):
+        previous, self.recording = self.recording, True
+        try:
+            yield
+        finally:
+            self.recording = previous
+
+    # -- a faster front for FakeTensorMode's dispatch cache -------------------------------
+    # FakeTensorMode caches each op's output metadata under a key built in Python from every
+    # argument's full TensorMetadata (about a quarter of a trace's time). This front keys the
+    # same cache entries by a tuple read straight off the tensors: every field FakeTensorMode's
+    # key holds (dtype, shape, stride, device, storage offset and size, requires_grad, conj/neg,
+    # inference, quantized; scalars with their type; container types and lengths) plus the
+    # global state it holds, so equal tuples mean equal FakeTensorMode keys. Anything it does
+    # not know (symbolic sizes, constants, sparse tensors, other argument types) goes the
+    # ordinary way.
+
+    def _cached_dispatch_impl(self, func, types, args, kwargs):
+        fkey = self._fast_key(func, args, kwargs) if FAST_CACHE else None
+        if fkey is None:
+            return super()._cached_dispatch_impl(func, types, args, kwargs)
+        hit = self._fast_entries.get(fkey)
+        if hit is not None:
+            if hit is _BYPASS:
+                return self._dispatch_impl(func, types, args, kwargs)
+            state, entry, key = hit
+            return self._output_from_cache_entry(state, entry, key, func, args)
+        # A miss: FakeTensorMode dispatches as usual; its key (the first one it computes, before
+        # any nested op) is caught by _cache_key below and the entry it made is remembered.
+        slot: list = []
+        self._key_slot = slot
+        out = super()._cached_dispatch_impl(func, types, args, kwargs)
+        if not slot:  # no key at all: FakeTensorMode bypasses its cache for this op
+            self._fast_entries[fkey] = _BYPASS
+            return out
+        state, key = slot[0]
+        entry = FakeTensorMode.cache.get(key)
+        if isinstance(entry, _fake._DispatchCacheValidEntry):
+            self._fast_entries[fkey] = (state, entry, key)
+        elif isinstance(entry, _fake._DispatchCacheBypassEntry):
+            self._fast_entries[fkey] = _BYPASS
+        return out
+
+    def _cache_key(self, state, func, args, kwargs):
+        slot, self._key_slot = self._key_slot, None
+        key = super()._cache_key(state, func, args, kwargs)
+        if slot is not None:
+            slot.append((state, key))
+        return key
+
+    def _fast_key(self, func, args, kwargs) -> tuple | None:
+        if self.shape_env is not None or type(func) is not torch._ops.OpOverload:
+            return None
+        key = [func, torch.get_default_dtype(), torch._C._get_default_device(),
+               torch.is_inference_mode_enabled(), _proxy_mode() is not None]
+        if not self._key_parts(key, args):
+            return None
+        if kwargs:
+            for name, value in kwargs.items():
+                key.append(name)
+                if not self._key_parts(key, (value,)):
+                    return None
+        return tuple(key)
+
+    def _key_parts(self, key: list, values) -> bool:
+        for a in values:
+            kind = type(a)
+            if kind is FakeTensor:
+                if a.fake_mode is not self or a.constant is not None or a.layout is not torch.strided:
+                    return False
+                key.append((a.dtype, a.shape, a.stride(), a.fake_device, a.storage_offset(),
+                            a.untyped_storage().nbytes(), a.requires_grad, a.is_conj(), a.is_neg(),
+                            a.is_inference(), a.is_quantized))
+            elif kind in _KEY_SCALARS:
+                key.append(kind)
+                key.append(a)
+            elif kind is list or kind is tuple or kind is torch.Size:
+                key.append(kind)
+                key.append(len(a))
+                if not self._key_parts(key, a):
+                    return False
+            else:
+                return False
+        return True

@@ -1,0 +1,47 @@
+"""Which tensor of the model's output is the loss of the step."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..errors import UserError
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """The default loss: the sum of the means of every floating-point output tensor."""
+    terms = [
+        t.mean()
+        for t in pytree.tree_leaves(output)
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad
+    ]
+    if not terms:
+        raise UserError(
+            "the model's output has no floating-point tensor that requires grad: "
+            "nothing to train; pass loss_fn= or check that parameters require grad"
+        )
+    loss = terms[0]
+    for t in terms[1:]:
+        loss = loss + t
+    return loss
+
+
+def select_loss(output: Any, loss_fn: Callable[[Any], torch.Tensor] | None) -> tuple[torch.Tensor, str]:
+    """Pick the loss of one step, and say which rule picked it.
+
+    In order: ``loss_fn(output)`` when given; the output itself when it is a
+    scalar tensor; ``output.loss`` (HF style) or ``output["loss"]``; else
+    :func:`default_loss`.
+    """
+    if loss_fn is not None:
+        return loss_fn(output), "loss_fn(output)"
+    if isinstance(output, torch.Tensor) and output.numel() == 1:
+        return output.reshape(()) if output.ndim else output, "model output (scalar)"
+    loss = getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss, "output.loss"
+    if isinstance(output, Mapping) and isinstance(output.get("loss"), torch.Tensor):
+        return output["loss"], 'output["loss"]'
+    return default_loss(output), "default: sum of the means of the floating-point outputs"

@@ -1,0 +1,242 @@
+"""The step recorder: each aten op of the step as a light record, with its module, phase and storages.
+
+The recorder holds no strong reference to any tensor it sees, so tensors die when the traced
+program drops them, and each storage's death is recorded (a ``weakref.finalize`` per storage).
+Fake tensors follow the same reference counting as real ones (Python variables, autograd's
+saved tensors released when their backward node has run, ``.grad`` accumulation), so the
+``events`` list (allocation and free, in execution order) is the memory timeline of the step;
+see :mod:`estimator.memory`.
+"""
+
+from __future__ import annotations
+
+import operator
+import weakref
+from typing import Any, Callable
+
+import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ..compat import StrEnum
+from ..graph import OpNode
+from ..rules.registry import TensorSpec
+
+aten = torch.ops.aten
+
+class Phase(StrEnum):
+    """Where in the step an op runs.  Members are strings: ``Phase.FORWARD == "forward"``."""
+
+    FORWARD = "forward"
+    LOSS = "loss"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+
+
+FORWARD_PHASES = (Phase.FORWARD, Phase.LOSS)
+
+# Pseudo-module paths for ops no module of the model runs.
+LOSS_MODULE = "(loss)"
+INPUT_MODULE = "(input)"
+OPTIMIZER_MODULE = "(optimizer)"
+
+# Metadata queries: they return no tensor and do no work, so they are not graph nodes.
+METADATA_QUERIES = frozenset(
+    {
+        torch.ops.prim.device.default,
+        torch.ops.prim.layout.default,
+        aten.sym_size.int,
+        aten.sym_stride.int,
+        aten.sym_numel.default,
+        aten.sym_storage_offset.default,
+        aten.is_contiguous.default,
+        aten.is_contiguous.memory_format,
+        aten.is_strides_like_format.default,
+        aten.is_non_overlapping_and_dense.default,
+        aten.dim.default,
+        aten.size.default,
+        aten.stride.default,
+    }
+)
+METADATA_QUERY_IDS = frozenset(map(id, METADATA_QUERIES))  # OpOverload.__hash__ is Python code: slow
+
+
+def _identifier(name: str) -> str:
+    """A Python identifier for a placeholder name such as ``param_layers.0.weight``."""
+    return "".join(c if c.isalnum() else "_" for c in name)
+
+
+def tensor_spec(t: torch.Tensor) -> TensorSpec:
+    return TensorSpec(tuple(t.shape), t.dtype)
+
+
+class Recorder(TorchDispatchMode):
+    """Records each dispatched aten op as an :class:`OpNode`, with its module, phase and storage events.
+
+    On fake tensors the fake-tensor mode calls :meth:`record` itself
+    (:class:`~estimator.capture.fake.RecordingFakeMode`); on real tensors this class is the
+    dispatch mode.
+    """
+
+    def __init__(self, fake: bool):
+        super().__init__()
+        self.fake = fake
+        self.fake_values = fake  # tensor values are unknown (fake or meta), so .item() cannot run
+        self.target = "cpu"  # the target device's kernels (see estimator.target)
+        # tensor -> the record that produced it: an attribute on the tensors the step makes (cheap on
+        # the hot path), a weak dictionary for tensors that are not ours (constants of the model)
+        self.constants: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.placeholders: list[OpNode] = []
+        self.records: list[OpNode] = []  # every call_function record, getitem included
+        self.order: list[OpNode] = []  # aten ops only
+        self.phase = Phase.FORWARD
+        self.module_stack: list[str] = []
+        self.seq_module: dict[int, tuple[str, OpNode]] = {}  # autograd seq nr -> (module, forward node)
+        self.accumulate_owner: Callable[[Any], str] = lambda fn: ""
+        self.current_op: Any = None
+        self.current_module = ""
+        self.n_constants = 0
+        # storage bookkeeping
+        self.sid_of: dict[int, tuple[int, Any]] = {}  # live storage _cdata -> (sid, weakref to the storage)
+        self.storage_bytes: list[int] = []
+        self.storage_dtype: list[torch.dtype] = []  # dtype of the first tensor seen on each storage
+        self.events: list[tuple[int, int, int]] = []
+        self.closed = False
+        # hooks of the fake-tensor mode (set by the capture): an op run instead of the fake
+        # kernel, and the real output sizes where a fake kernel reports others
+        self.substitute: dict[int, Callable] = {}  # id(op) -> function
+        self.real_sizes: Callable[[Any, tuple, dict], dict[int, int] | None] = lambda func, args, kwargs: None
+
+    # -- storages -------------------------------------------------------------
+    def sid(self, t: torch.Tensor, nbytes: int | None = None) -> int:
+        """The storage id of ``t``; a storage seen for the first time is allocated now
+        (``nbytes``: its real size, where the fake kernel's differs)."""
+        st = t.untyped_storage()
+        cdata = st._cdata
+        entry = self.sid_of.get(cdata)
+        # The identity check matters: a storage's address can be reused by a new storage before
+        # the finalizer of the old one has run.
+        if entry is not None and entry[1]() is st:
+            return entry[0]
+        sid = len(self.storage_bytes)
+        nbytes = st.nbytes() if nbytes is None else nbytes
+        self.sid_of[cdata] = (sid, weakref.ref(st))
+        self.storage_bytes.append(nbytes)
+        self.storage_dtype.append(t.dtype)
+        self.events.append((len(self.order) - 1, sid, nbytes))
+        fin = weakref.finalize(st, self._freed, cdata, sid)
+        fin.atexit = False
+        return sid
+
+    def adopt(self, twin: torch.Tensor, original: torch.Tensor) -> None:
+        """Let ``twin`` stand for ``original``: same storage id and record, no allocation."""
+        st = twin.untyped_storage()
+        self.sid_of[st._cdata] = (self.sid(original), weakref.ref(st))
+        self.set_node(twin, self._node_of(original))
+
+    def _freed(self, cdata: int, sid: int) -> None:
+        if self.closed:
+            return
+        entry = self.sid_of.get(cdata)
+        if entry is not None and entry[0] == sid:
+            del self.sid_of[cdata]
+        self.events.append((len(self.order) - 1, sid, -self.storage_bytes[sid]))
+
+    # -- placeholders -------------------------------------------------------
+    def placeholder(self, name: str, t: torch.Tensor, kind: str, module: str = "") -> OpNode:
+        node = OpNode("placeholder", _identifier(name), name,
+                      meta=dict(spec=(tensor_spec(t),), storage=(self.sid(t),), module=module, phase=kind, kind=kind))
+        self.placeholders.append(node)
+        if kind == "constant":
+            self.constants[t] = node
+        else:
+            t._estimator_node = node
+        return node
+
+    def set_node(self, t: torch.Tensor, node: OpNode) -> None:
+        t._estimator_node = node
+
+    def node_of(self, t: torch.Tensor) -> OpNode | None:
+        """The record that produced ``t`` (None if none did)."""
+        node = getattr(t, "_estimator_node", None)
+        return node if node is not None else self.constants.get(t)
+
+    def _node_of(self, t: torch.Tensor) -> OpNode:
+        node = self.node_of(t)
+        if node is None:  # a tensor created outside the trace (a constant attribute, torch.tensor(...))
+            self.n_constants += 1
+            node = self.placeholder(f"constant_{self.n_constants}", t, "constant", self.where()[0])
+        return node
+
+    def _map(self, value: Any) -> Any:
+        """``value`` with every tensor replaced by the record that produced it."""
+        if isinstance(value, torch.Tensor):
+            return self._node_of(value)
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._map(v) for v in value) if value else value
+        if isinstance(value, dict):
+            return {k: self._map(v) for k, v in value.items()}
+        return value
+
+    # -- attribution --------------------------------------------------------
+    def where(self) -> tuple[str, OpNode | None]:
+        """(module path, forward node) of the op being dispatched now."""
+        if self.phase in FORWARD_PHASES:
+            return (self.module_stack[-1] if self.module_stack else LOSS_MODULE), None
+        if self.phase == Phase.BACKWARD:
+            fn = torch._C._current_autograd_node()
+            if self.module_stack:  # recomputation inside backward (activation checkpointing)
+                return self.module_stack[-1], None
+            if fn is None:
+                return LOSS_MODULE, None
+            hit = self.seq_module.get(fn._sequence_nr())
+            if hit is not None:
+                return hit
+            return self.accumulate_owner(fn), None
+        return OPTIMIZER_MODULE, None
+
+    # -- the hook -----------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.record(func, args, kwargs or {}, func)
+
+    def record(self, func, args, kwargs, run):
+        """Run the op (``run(*args, **kwargs)``) and record it."""
+        if id(func) in METADATA_QUERY_IDS:
+            return run(*args, **kwargs)
+        if func is aten._local_scalar_dense.default and self.fake_values and self.phase == Phase.OPTIMIZER:
+            # Optimizers read scalar step counts (``step.item()``); any value gives the same shapes.
+            # 0.5 keeps formulas such as NAdam's 1 / (1 - mu_product) finite.
+            return 0.5
+        self.current_op = func
+        self.current_module = self.module_stack[-1] if self.module_stack else ""
+        node_args = tuple(self._map(a) for a in args)
+        node_kwargs = {k: self._map(v) for k, v in kwargs.items()} if kwargs else {}
+        out = (self.substitute.get(id(func)) or run)(*args, **kwargs)
+        module, fwd_node = self.where()
+        if isinstance(out, torch.Tensor):
+            flat_out = [out]
+        else:
+            flat_out = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+        meta: dict[str, Any] = {"module": module, "phase": self.phase}
+        node = OpNode("call_function", f"op_{len(self.records)}", func, node_args, node_kwargs, meta)
+        self.order.append(node)  # first, so that the allocations below are events of this op
+        self.records.append(node)
+        meta["spec"] = tuple(tensor_spec(o) for o in flat_out)
+        real_sizes = self.real_sizes(func, args, kwargs)
+        meta["storage"] = tuple(self.sid(o, real_sizes.get(i) if real_sizes else None) for i, o in enumerate(flat_out))
+        if fwd_node is not None:
+            meta["forward_node"] = fwd_node
+        if self.phase in FORWARD_PHASES:
+            # The autograd node created for this op (if any) has the latest sequence number.
+            self.seq_module[torch.autograd._get_sequence_nr() - 1] = (module, node)
+        if isinstance(out, torch.Tensor):
+            out._estimator_node = node
+        else:
+            for i, o in enumerate(flat_out):
+                item = OpNode("call_function", f"op_{len(self.records)}", operator.getitem, (node, i), None,
+                              dict(spec=(meta["spec"][i],), storage=(meta["storage"][i],), module=module,
+                                   phase=self.phase))
+                self.records.append(item)
+                o._estimator_node = item
+        return out

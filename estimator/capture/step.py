@@ -1,0 +1,507 @@
+"""One training step on traced tensors: forward, loss, backward, optimizer step, one function each.
+
+:func:`capture` runs the step on fake tensors (or, as a fallback, on small real CPU tensors)
+with the :class:`~estimator.capture.recorder.Recorder` watching, and returns a
+:class:`Capture`.  Everything the step changes on the user's model (train/eval mode, forward
+hooks, parameters swapped for traced stand-ins, the checkpoint what-if) is entered on one
+``ExitStack`` and undone on exit, whatever happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+from torch.nn.utils.stateless import _reparametrize_module
+
+from ..errors import UnsupportedModelError, UserError
+from ..graph import OpNode, to_fx
+from ..optim import build_optimizer, wants_fused
+from ..precision import Precision, parse_precision
+from ..target import CudaKernels
+from . import fake as _fake
+from .checkpoint import wrap_checkpointed
+from .inputs import convert_inputs, is_real, materialize, meta_twin, real_param_copy, split_inputs
+from .loss import select_loss
+from .recorder import FORWARD_PHASES, INPUT_MODULE, Phase, Recorder
+
+log = logging.getLogger(__name__)
+
+_DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
+
+Progress = Callable[..., None]  # progress(stage: str, detail: str = "")
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """How the step is run: loss, optimizer, precision, training or inference, checkpointing."""
+
+    loss_fn: Callable[[Any], torch.Tensor] | None = None
+    optimizer: Any = "adamw"
+    optimizer_kwargs: Mapping[str, Any] | None = None
+    foreach: bool | None = None  # optimizer implementation (None: PyTorch's default for the traced device)
+    precision: Precision = parse_precision("fp32")
+    train: bool = True  # False: forward only, under torch.no_grad() and model.eval()
+    checkpoint: tuple[type, ...] = ()  # module classes run under torch.utils.checkpoint (non-reentrant)
+    target: str = "cpu"  # "cuda": route ops whose CUDA kernels differ to them (see estimator.target)
+
+
+@dataclass
+class Capture:
+    """A captured training step: the fx graph plus what the tallies and the memory simulation need.
+
+    Storages are named by *storage ids* (``sid``), small integers given in order of
+    first sight; ``storage_bytes[sid]`` is the size.  ``events`` is the memory
+    timeline: ``(node_index, sid, +bytes)`` when a storage is first produced by the
+    op recorded as ``nodes[node_index]`` and ``(node_index, sid, -bytes)`` when it is
+    freed after that op (index -1: before the first op).  The traced tensors kept
+    here (parameters, buffers, inputs, gradients, optimizer state) are the ones
+    alive at the end of the step.
+    """
+
+    records: list[OpNode]  # placeholders, then every recorded op (getitem included) in order
+    nodes: list[OpNode]  # the aten ops in execution order (events index into it)
+    outputs: tuple[OpNode, ...]
+    mode: str  # "fake" or "real"
+    loss_source: str
+    module_types: dict[str, str]  # module path -> class name
+    module_outputs: dict[str, list[tuple[int, ...]]]  # module path -> output shapes (first call)
+    params: dict[str, torch.Tensor]  # name -> the traced parameter, deduplicated (tied weights once)
+    param_owner: dict[str, str]  # param/buffer name -> owning module path
+    buffers: dict[str, torch.Tensor]
+    inputs: list[torch.Tensor]  # flat list of traced input tensors
+    saved: dict[int, tuple[int, str]]  # sid -> (nbytes, module) held by autograd at the end of forward
+    grads: dict[str, torch.Tensor]  # param name -> traced gradient
+    optimizer_state: dict[str, dict[str, torch.Tensor]]  # param name -> state tensors
+    optimizer_name: str | None
+    storage_bytes: list[int]
+    storage_dtype: list[torch.dtype]
+    events: list[tuple[int, int, int]]
+    sids: dict[str, set[int]]  # category -> sids: parameter, buffer, input, gradient, optimizer_state, saved, loss
+    fallback_reason: str | None = None
+    _fx: fx.Graph | None = None
+
+    @property
+    def graph(self) -> fx.Graph:
+        """The step as a ``torch.fx.Graph`` (built on first access; nodes share the records' meta)."""
+        if self._fx is None:
+            self._fx = to_fx(self.records, self.outputs)
+        return self._fx
+
+
+# -- the public entry point and its fallbacks -----------------------------------------------
+
+
+def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = None, *, mode: str = "auto",
+            progress: Progress | None = None, **kwargs: Any) -> Capture:
+    """Capture one training step of ``model`` on ``inputs``.
+
+    ``options`` (or the same fields as keyword arguments) say how the step runs.
+    ``mode``: ``"fake"`` (never allocate), ``"real"`` (small real CPU tensors),
+    or ``"auto"`` (fake, falling back to real when the model fits in memory and
+    the fake trace meets data-dependent control flow or an op whose fake kernel
+    rejects what its CPU kernel accepts).  ``progress(stage, detail)`` is called as the
+    step advances (each module entered in forward, then each phase).
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise UserError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    opts = options or StepOptions(**kwargs)
+    args, kw = split_inputs(inputs)
+    if mode not in ("auto", "fake", "real"):
+        raise ValueError(f"mode must be 'auto', 'fake' or 'real', not {mode!r}")
+    if mode == "real":
+        return _Step(model, args, kw, opts, fake=False, progress=progress).run()
+    try:
+        return _Step(model, args, kw, opts, fake=True, progress=progress).run()
+    except _DataDependent as exc:
+        if mode == "fake":
+            raise UnsupportedModelError(f"{exc}: data-dependent control flow cannot be traced on fake tensors; "
+                                        f"allow a trace on real CPU tensors (trace='auto')") from exc.__cause__
+        if not _fits_in_memory(model):
+            raise UnsupportedModelError(
+                f"{exc}: data-dependent control flow cannot be traced on fake tensors and the model "
+                f"is too large to trace on real ones; make the branch shape-only or pass smaller shapes"
+            ) from exc.__cause__
+        reason = str(exc)
+    except _StepFailed as exc:
+        from torch.utils.checkpoint import CheckpointError
+
+        if opts.target == "cuda" and _caused_by(exc, (CheckpointError,)):
+            # The model checkpoints regions itself; their recomputation in backward runs without
+            # torch-function modes, so it would pick CPU kernels where the forward picked CUDA's.
+            cap = _Step(model, args, kw, replace(opts, target="cpu"), fake=True, progress=progress).run()
+            cap.fallback_reason = ("attention modelled with CPU kernels: the model's own activation "
+                                   "checkpointing recomputes regions outside the CUDA kernel model")
+            return cap
+        # Either the inputs are wrong (the real trace fails the same way and says so) or an op's
+        # fake kernel is stricter than its CPU kernel (the real trace succeeds).
+        if mode == "fake" or not _fits_in_memory(model):
+            raise
+        reason = f"the fake-tensor trace failed ({exc})"
+    log.info("%s; capturing again on real CPU tensors", reason)
+    cap = _Step(model, args, kw, opts, fake=False, progress=progress).run()
+    cap.fallback_reason = reason
+    return cap
+
+
+def _fits_in_memory(model: torch.nn.Module) -> bool:
+    """Whether a real CPU trace (a copy of the weights plus the step's tensors) fits in free RAM."""
+    return 3 * _model_bytes(model) <= _available_ram() // 2
+
+
+def _model_bytes(model: torch.nn.Module) -> int:
+    seen: set[int] = set()
+    total = 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _available_ram() -> int:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 4 << 30
+
+
+class _DataDependent(Exception):
+    """Raised internally when the step reads tensor values on fake tensors."""
+
+
+class _StepFailed(UserError):
+    """The step raised: a user error (bad shapes), or a kernel whose fake version differs from the real one."""
+
+
+# -- the step ---------------------------------------------------------------------------------
+
+
+class _Entered:
+    """A context manager entered now whose exit can come early (the fake mode leaves before the
+    optimizer step, which runs on meta twins); the ExitStack's exit is then a no-op."""
+
+    def __init__(self, cm: Any):
+        self.cm = cm
+        self.active = False
+
+    def __enter__(self) -> "_Entered":
+        self.cm.__enter__()
+        self.active = True
+        return self
+
+    def exit(self) -> None:
+        if self.active:
+            self.active = False
+            self.cm.__exit__(None, None, None)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.exit()
+
+
+class _Step:
+    """One capture: set-up (traced stand-ins, placeholders, hooks), then one method per phase."""
+
+    def __init__(self, model: torch.nn.Module, args: tuple, kwargs: dict, opts: StepOptions, *, fake: bool,
+                 progress: Progress | None):
+        self.model, self.opts, self.fake = model, opts, fake
+        self.progress = progress or (lambda stage, detail="": None)
+        if fake:
+            _fake.clear_shared_cache()
+        rec = self.rec = Recorder(fake)
+        rec.target = opts.target
+        self.fake_mode = _fake.RecordingFakeMode(rec, allow_non_fake_inputs=True) if fake else None
+        if fake:
+            if _fake.GROUPED_MM is not None:
+                rec.substitute[id(_fake.GROUPED_MM)] = _fake.fake_grouped_mm
+            if opts.target == "cpu":
+                rec.real_sizes = _fake.real_output_bytes
+        self.fake_entered: _Entered | None = None
+
+        self.module_paths: dict[int, str] = {}
+        self.module_types: dict[str, str] = {}
+        for path, mod in model.named_modules(remove_duplicate=True):
+            self.module_paths[id(mod)] = path
+            self.module_types[path] = type(mod).__name__
+
+        self.named_params = dict(model.named_parameters())  # tied weights appear once
+        named_buffers = dict(model.named_buffers())
+        self.param_owner = {n: n.rpartition(".")[0] for n in list(self.named_params) + list(named_buffers)}
+        self._make_traced(args, kwargs, named_buffers)
+
+        for n, p in self.params.items():
+            rec.placeholder(f"param_{n}", p, "parameter", self.param_owner[n])
+        for n, b in self.buffers.items():
+            rec.placeholder(f"buffer_{n}", b, "buffer", self.param_owner[n])
+        for i, t in enumerate(self.flat_inputs):
+            rec.placeholder(f"input_{i}", t, "input", INPUT_MODULE)
+
+        param_by_id = {id(p): n for n, p in self.params.items()}
+        param_owner = self.param_owner
+
+        def accumulate_owner(fn: Any) -> str:
+            var = getattr(fn, "variable", None)  # AccumulateGrad holds its leaf
+            name = param_by_id.get(id(var)) if var is not None else None
+            return param_owner.get(name, "") if name is not None else ""
+
+        rec.accumulate_owner = accumulate_owner
+        self.module_outputs: dict[str, list[tuple[int, ...]]] = {}
+        self.saved: dict[int, tuple[int, str]] = {}
+        self.param_sids = {rec.sid(p) for p in self.params.values()}
+        self.opt_state: dict[str, dict[str, torch.Tensor]] = {}
+        self.optimizer_name: str | None = None
+        self.loss: torch.Tensor | None = None
+        self.loss_source = "none (inference)"
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def _make_traced(self, args: tuple, kwargs: dict, named_buffers: dict) -> None:
+        """Traced stand-ins for the parameters, buffers and inputs (fake, or real CPU copies)."""
+        dtype_of = self.opts.precision.traced_dtype
+        fake_mode = self.fake_mode
+        if self.fake:
+            def to_traced(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+                with fake_mode:
+                    out = torch.empty_strided(t.shape, t.stride(), dtype=dtype_of(t.dtype), device="cpu")
+                return out.requires_grad_(requires_grad)
+
+            def fake_base(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+                with fake_mode:
+                    return torch.empty(shape, dtype=dtype, device="cpu")
+
+            self.params = {n: to_traced(p, p.requires_grad) for n, p in self.named_params.items()}
+            self.buffers = {n: to_traced(b, False) for n, b in named_buffers.items()}
+            self.t_args, self.t_kwargs = convert_inputs((args, kwargs), fake_base, dtype_of)
+        else:
+            self.params = {n: real_param_copy(p, True, dtype_of(p.dtype)) for n, p in self.named_params.items()}
+            self.buffers = {n: real_param_copy(b, False, dtype_of(b.dtype)) for n, b in named_buffers.items()}
+
+            def real_base(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+                return materialize(torch.empty(shape, dtype=dtype, device="meta"))
+
+            real = all(is_real(t) for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
+            if real and self.opts.precision.cast is None:  # the user's own tensors: aliasing is already right
+                self.t_args, self.t_kwargs = pytree.tree_map_only(
+                    torch.Tensor, lambda t: t.detach().requires_grad_(t.requires_grad), (args, kwargs))
+            else:
+                self.t_args, self.t_kwargs = convert_inputs((args, kwargs), real_base, dtype_of)
+        self.flat_inputs = [t for t in pytree.tree_leaves((self.t_args, self.t_kwargs)) if isinstance(t, torch.Tensor)]
+
+    def _enter(self, stack: contextlib.ExitStack) -> None:
+        """Everything the step changes, each undone by ``stack`` (in reverse order)."""
+        model, opts = self.model, self.opts
+        was_training = model.training
+        stack.callback(model.train, was_training)
+        stack.enter_context(self._module_hooks())
+        # FakeTensorMode logs a traceback when a meta kernel fails; the capture reports the failure itself.
+        fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+        stack.callback(fake_log.setLevel, fake_log.level)
+        model.train(opts.train)
+        # Automatic garbage collection frees reference cycles at moments that depend on how many
+        # Python objects were made, which differs between runs: none during the step, so that the
+        # timeline (and the peak) is the same every time.
+        if gc.isenabled():
+            gc.disable()
+            stack.callback(gc.enable)
+        use_cuda_kernels = opts.target == "cuda" and self.fake  # CUDA kernels exist as meta implementations only
+        self.kernel_mode = CudaKernels if use_cuda_kernels else contextlib.nullcontext
+        stack.callback(wrap_checkpointed(model, opts.checkpoint, self.kernel_mode))
+        # The traced tensors stand in for the model's own for the whole step (backward recomputation of
+        # checkpointed regions included), as torch.func.functional_call does for a single call.
+        swap = _reparametrize_module(model, {**self.params, **self.buffers}, tie_weights=True, strict=False)
+        kernels = self.kernel_mode()
+        if self.fake:
+            fake_log.setLevel(logging.CRITICAL)
+            self.fake_entered = stack.enter_context(_Entered(self.fake_mode))
+        stack.enter_context(swap)
+        stack.enter_context(kernels)
+
+    @contextlib.contextmanager
+    def _module_hooks(self):
+        """Forward hooks that keep the recorder's module stack (and report progress)."""
+        rec, paths, outputs = self.rec, self.module_paths, self.module_outputs
+        progress, total, calls = self.progress, max(len(paths), 1), [0]
+
+        def pre_hook(mod, _args):
+            path = paths.get(id(mod), type(mod).__name__)
+            rec.module_stack.append(path)
+            if rec.phase == Phase.FORWARD:
+                calls[0] += 1
+                progress("tracing forward", f"{min(99, 100 * calls[0] // total)}% ({path or 'root'})")
+
+        def post_hook(mod, _args, output):
+            path = rec.module_stack.pop() if rec.module_stack else ""
+            if path not in outputs and rec.phase in FORWARD_PHASES:
+                outputs[path] = [tuple(t.shape) for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor)]
+
+        handles = []
+        try:
+            for mod in self.model.modules():
+                handles.append(mod.register_forward_pre_hook(pre_hook))
+                handles.append(mod.register_forward_hook(post_hook, always_call=True))
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    def _recording(self):
+        """Record the ops run inside: the fake mode records itself; on real tensors, the recorder mode."""
+        return self.fake_mode.recording_on() if self.fake_entered is not None and self.fake_entered.active \
+            else self.rec
+
+    # -- the phases -----------------------------------------------------------------------------
+    def run(self) -> Capture:
+        with contextlib.ExitStack() as stack:
+            self._enter(stack)
+            if not self.opts.train:
+                self.inference_forward()
+            else:
+                self.forward_and_loss()
+                self.backward()
+                self.optimizer_step()
+        return self._result()
+
+    def inference_forward(self) -> None:
+        with self._recording(), torch.no_grad():
+            # kept to the end of the capture: a serving loop holds the output it returns
+            self.output = self._guard(lambda: self.model(*self.t_args, **self.t_kwargs))
+
+    def forward_and_loss(self) -> None:
+        rec, saved, param_sids = self.rec, self.saved, self.param_sids
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            if rec.phase in FORWARD_PHASES:
+                sid = rec.sid(t)
+                if sid not in saved and sid not in param_sids:
+                    saved[sid] = (rec.storage_bytes[sid], rec.where()[0])
+            return t
+
+        with self._recording(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with self.opts.precision.autocast_context():
+                output = self._guard(lambda: self.model(*self.t_args, **self.t_kwargs))
+                rec.phase = Phase.LOSS
+                self.progress("tracing the loss")
+                loss, self.loss_source = self._guard(lambda: select_loss(output, self.opts.loss_fn))
+            del output  # a training loop keeps only the loss
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                raise UserError("the loss must be a scalar tensor; check loss_fn")
+            if not loss.requires_grad:
+                raise UserError("the loss does not require grad: no parameter is trainable or the "
+                                "output is detached; check requires_grad and loss_fn")
+        self.loss = loss
+
+    def backward(self) -> None:
+        with self._recording():
+            self.rec.phase = Phase.BACKWARD
+            self.progress("tracing backward")
+            self.scaler = torch.amp.GradScaler("cpu") if self.opts.precision.grad_scaler else None
+            loss = self.loss
+            self._guard((self.scaler.scale(loss) if self.scaler else loss).backward)
+
+    def optimizer_step(self) -> None:
+        rec, opts, scaler = self.rec, self.opts, self.scaler
+        rec.phase = Phase.OPTIMIZER
+        self.progress("tracing the optimizer step")
+        opt_params = self.params
+        if (self.fake_entered is not None and self.fake_entered.active and scaler is None
+                and not wants_fused(opts.optimizer, opts.optimizer_kwargs)):
+            # The step runs on meta twins of the fake parameters and gradients (same storage
+            # ids): meta kernels skip FakeTensorMode's per-op work, and the state is the same.
+            self.fake_entered.exit()
+            opt_params = {n: meta_twin(rec, p) for n, p in self.params.items()}
+        opt, self.optimizer_name = build_optimizer(opts.optimizer, opt_params, self.named_params,
+                                                   opts.optimizer_kwargs, opts.foreach)
+        if opt is None:
+            return
+        with self._recording():
+            if scaler is not None:
+                self._guard(lambda: scaler.unscale_(opt))
+            self._guard(opt.step)  # GradScaler.step(opt) would skip it on a fake inf check
+            if scaler is not None:
+                self._guard(scaler.update)
+        for n, p in opt_params.items():
+            st = opt.state.get(p)
+            if st:
+                self.opt_state[n] = {k: v for k, v in st.items() if isinstance(v, torch.Tensor)}
+
+    # -- the result -----------------------------------------------------------------------------
+    def _result(self) -> Capture:
+        rec, loss = self.rec, self.loss
+        grads = {n: p.grad for n, p in self.params.items() if p.grad is not None}
+        sids = {
+            "parameter": self.param_sids,
+            "buffer": {rec.sid(b) for b in self.buffers.values()},
+            "input": {rec.sid(t) for t in self.flat_inputs},
+            "gradient": {rec.sid(g) for g in grads.values()},
+            "optimizer_state": {rec.sid(t) for st in self.opt_state.values() for t in st.values()},
+            "saved": set(self.saved),
+            "loss": {rec.sid(loss)} if loss is not None else set(),
+        }
+        rec.closed = True
+        return Capture(
+            records=rec.placeholders + rec.records,
+            nodes=rec.order,
+            outputs=(rec.node_of(loss),) if loss is not None and rec.node_of(loss) is not None else (),
+            mode="fake" if self.fake else "real",
+            loss_source=self.loss_source,
+            module_types=self.module_types,
+            module_outputs=self.module_outputs,
+            params=self.params,
+            param_owner=self.param_owner,
+            buffers=self.buffers,
+            inputs=self.flat_inputs,
+            saved=self.saved,
+            grads=grads,
+            optimizer_state=self.opt_state,
+            optimizer_name=self.optimizer_name,
+            storage_bytes=rec.storage_bytes,
+            storage_dtype=rec.storage_dtype,
+            events=rec.events,
+            sids=sids,
+        )
+
+    # -- errors ---------------------------------------------------------------------------------
+    def _guard(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn``; turn data-dependent failures into :class:`_DataDependent`, others into one-line user errors."""
+        rec = self.rec
+        try:
+            return fn()
+        except UserError:
+            raise
+        except Exception as exc:
+            where = rec.current_module
+            if _caused_by(exc, _DATA_DEPENDENT):
+                raise _DataDependent(f"module {where or '(root)'!r} reads tensor values in "
+                                     f"{rec.current_op} ({rec.phase})") from exc
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            if "HigherOrderOperator" in first:
+                import re
+
+                found = re.search(r"HigherOrderOperator (\w+)", first)
+                hop = found.group(1) if found else "operator"
+                raise UnsupportedModelError(
+                    f"the {rec.phase} pass{f' in module {where!r}' if where else ''} uses the higher-order "
+                    f"operator {hop} (torch.{hop}), which the capture cannot run; use plain Python control "
+                    f"flow there") from exc
+            raise _StepFailed(
+                f"the {rec.phase} pass failed{f' in module {where!r}' if where else ''}: "
+                f"{type(exc).__name__}: {first}; check the input shapes and dtypes"
+            ) from exc
+
+
+def _caused_by(exc: BaseException | None, types: tuple[type, ...]) -> bool:
+    """Whether ``exc`` or an exception in its cause/context chain is one of ``types``."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, types):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
