@@ -8,6 +8,7 @@ import torch
 
 from .capture import Progress, StepOptions, capture
 from .errors import UserError
+from .hardware import GPU, lookup
 from .memory import simulate
 from .precision import parse_precision
 from .report import CheckpointWhatIf, Report
@@ -61,6 +62,7 @@ def estimate(
     optimizer_kwargs: Mapping[str, Any] | None = None,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     device: str = "cuda",
+    gpu: str | GPU | None = None,
     precision: str = "fp32",
     mode: str = "train",
     checkpoint: Any = None,
@@ -84,6 +86,9 @@ def estimate(
         device: the target device (``"cuda"`` or ``"cpu"``): the kernels that differ by device
             (SDPA backend, see :mod:`estimator.target`), the optimizer implementation PyTorch
             defaults to there (foreach on CUDA) and the allocator's rounding.
+        gpu: the GPU to size the step for (a name from ``estimator hardware``, e.g. ``"H100"``, or a
+            :class:`~estimator.hardware.GPU`): the report compares the memory the step needs with
+            its capacity.  Implies the ``"cuda"`` target.
         precision: ``fp32``, ``bf16``, ``fp16``, ``bf16-mixed`` or ``fp16-mixed`` (see
             :mod:`estimator.precision`).
         mode: ``"train"`` (one training step) or ``"inference"`` (forward under ``no_grad``).
@@ -96,6 +101,11 @@ def estimate(
     """
     if device not in ("cuda", "cpu"):
         raise UserError(f"device must be 'cuda' or 'cpu', not {device!r}")
+    target_gpu = None
+    if gpu is not None:
+        if device != "cuda":
+            raise UserError(f"gpu={gpu!r} sizes the step for a CUDA GPU: use device='cuda' (the default)")
+        target_gpu = gpu if isinstance(gpu, GPU) else lookup(gpu)
     if mode not in ("train", "inference"):
         raise UserError(f"mode must be 'train' or 'inference', not {mode!r}")
     options = StepOptions(
@@ -112,7 +122,7 @@ def estimate(
     cap = capture(model, inputs, options, mode=trace, progress=progress)
     t, profile = _analyse(cap, options, device, progress)
     report = Report(cap, t, model_name=model_name or type(model).__name__, depth=depth, memory=profile,
-                    device=device, precision=options.precision.name, mode=mode)
+                    device=device, precision=options.precision.name, mode=mode, gpu=target_gpu)
     if classes:
         from dataclasses import replace
 

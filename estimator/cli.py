@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--output", metavar="FILE",
                      help="write the report to FILE instead of stdout; .json, .md, .csv, .html and .htm pick the "
                           "format when --format is not given, e.g. --output report.html")
+    est.add_argument("--gpu", metavar="NAME",
+                     help="size the step for this GPU (a name or alias from 'estimator hardware', e.g. --gpu H100): "
+                          "the report says whether the step fits in its memory")
     est.add_argument("--plot", metavar="FILE.png",
                      help="draw the live-memory timeline with the peak marked (needs matplotlib), e.g. --plot mem.png")
     est.set_defaults(run=_run_estimate)
@@ -304,7 +307,8 @@ def _run_estimate(args: argparse.Namespace) -> int:
         loaded = _load(args)
         report = estimate(loaded.model, loaded.inputs, optimizer=args.optimizer, loss_fn=loaded.loss_fn,
                           device=args.device, depth=args.depth, precision=args.precision, mode=args.mode,
-                          checkpoint=args.checkpoint or None, model_name=loaded.title, progress=progress)
+                          checkpoint=args.checkpoint or None, model_name=loaded.title, progress=progress,
+                          gpu=args.gpu)
         progress.set("writing the report")
         if fmt == "json":
             text = json.dumps(report.to_dict(), indent=2)

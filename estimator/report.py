@@ -14,6 +14,7 @@ import torch.fx as fx
 
 from . import render as _render
 from .capture import INPUT_MODULE, LOSS_MODULE, Capture
+from .hardware import GPU
 from .memory import MemoryProfile
 from .render import SCHEMA_VERSION, fmt_bytes, fmt_count, fmt_flops  # noqa: F401  (re-exported)
 from .tally import ModuleTally, Tally
@@ -67,6 +68,7 @@ class Report:
     precision: str = "fp32"
     mode: str = "train"
     checkpoint: CheckpointWhatIf | None = None
+    gpu: GPU | None = None  # the GPU the step is sized for (estimate(gpu=...))
 
     # -- access ---------------------------------------------------------------
     @property
@@ -129,6 +131,7 @@ class Report:
             "device": self.device,
             "precision": self.precision,
             "mode": self.mode,
+            "gpu": None if self.gpu is None else {"name": self.gpu.name, "memory": self.gpu.memory},
             "params": {"total": t.params_total, "trainable": t.params_trainable},
             "memory": {
                 "parameters": t.parameters_bytes,
