@@ -15,6 +15,16 @@ feature check with a fallback to the public behaviour:
 
 Fake kernels that report another output size than the CPU kernel (``mkldnn_rnn_layer``'s
 oneDNN workspace) are measured once per shape here too (:func:`real_output_bytes`).
+
+**Known values.**  Index arithmetic on the inputs (position ids, padding and causal masks,
+``mask.all()`` checks) runs on real CPU tensors, so that code which reads those values
+(transformers drops an all-ones attention mask and then lets SDPA take its causal path; a
+packed-sequence check reads the position ids) takes the branch a real run takes.  An op runs
+for real when every tensor it reads is real (integer and boolean inputs and buffers stay real,
+see :mod:`.step`) and everything it returns is integer or boolean and at most
+:data:`KNOWN_VALUES_LIMIT` elements (decided on the meta device first); anything that touches
+a fake tensor, a weight or a floating-point value stays fake.  Such tensors are small (the size
+of the input ids) and are counted in memory like any other.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from typing import Any
 
 import torch
 import torch._subclasses.fake_tensor as _fake
+import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import get_proxy_mode as _proxy_mode
 from torch.utils._python_dispatch import _disable_current_modes
@@ -84,6 +95,59 @@ def clear_shared_cache() -> None:
         clear()
 
 
+KNOWN_VALUES_LIMIT = 1 << 24  # elements an op may return on real tensors (64 MiB of int32)
+_SCALAR_READS = frozenset(map(id, (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default,
+                                   torch.ops.aten.equal.default)))
+
+
+def _all_real(values: Any) -> bool | None:
+    """True when every tensor in ``values`` (nested lists/tuples) has data, False when one is fake or
+    meta, None when there is no tensor."""
+    found = None
+    for a in values:
+        if isinstance(a, torch.Tensor):
+            if type(a) is FakeTensor or a.is_meta:
+                return False
+            found = True
+        elif isinstance(a, (list, tuple)) and a:
+            inner = _all_real(a)
+            if inner is False:
+                return False
+            found = found or inner
+    return found
+
+
+def _runs_on_known_values(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether ``func`` reads only real tensors and returns only small integer/boolean tensors (or a
+    scalar read of a real tensor): then it runs for real and its values stay known."""
+    real = _all_real(args)
+    if real is False or (kwargs and _all_real(kwargs.values()) is False):
+        return False
+    if id(func) in _SCALAR_READS:
+        return bool(real)
+    meta_args, meta_kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), (args, kwargs))
+    if "device" in _argument_names(func):
+        meta_kwargs["device"] = torch.device("meta")
+    try:
+        out = func(*meta_args, **meta_kwargs)
+    except Exception:  # no meta kernel, or arguments it rejects: the fake path decides
+        return False
+    outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+    return bool(outs) and all(not (o.is_floating_point() or o.is_complex()) for o in outs) and \
+        sum(o.numel() for o in outs) <= KNOWN_VALUES_LIMIT
+
+
+_ARG_NAMES: dict[int, frozenset[str]] = {}
+
+
+def _argument_names(func: Any) -> frozenset[str]:
+    names = _ARG_NAMES.get(id(func))
+    if names is None:
+        schema = getattr(func, "_schema", None)
+        names = _ARG_NAMES[id(func)] = frozenset(a.name for a in schema.arguments) if schema else frozenset()
+    return names
+
+
 _KEY_SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
                           torch.memory_format})
 _BYPASS = object()
@@ -124,12 +188,15 @@ class RecordingFakeMode(FakeTensorMode):
         if self._depth or not self.recording or id(func) in METADATA_QUERY_IDS:
             # setup, an op FakeTensorMode runs inside another, or a metadata query
             return self.dispatch(func, types, args, kwargs)
+        kwargs = kwargs or {}
         self._depth += 1
         try:
+            if _runs_on_known_values(func, args, kwargs):
+                # inside this method the mode is off: ``func`` runs the CPU kernel on the real tensors
+                return self.rec.record(func, args, kwargs, func)
             # ``dispatch`` is FakeTensorMode.__torch_dispatch__ without its wrappers (a dynamo
             # guard that this method already has, and a call counter)
-            return self.rec.record(func, args, kwargs or {},
-                                   lambda *a, **k: self.dispatch(func, types, a, k))
+            return self.rec.record(func, args, kwargs, lambda *a, **k: self.dispatch(func, types, a, k))
         finally:
             self._depth -= 1
 

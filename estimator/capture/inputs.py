@@ -48,11 +48,28 @@ def materialize(t: torch.Tensor) -> torch.Tensor:
     return out.requires_grad_(t.requires_grad)
 
 
+def keeps_values(t: torch.Tensor) -> bool:
+    """Whether a tensor of the user's is traced with its values: integer and boolean tensors with data
+    (token ids, masks, positions: small, and read by the code that builds attention masks)."""
+    return is_real(t) and not (t.is_floating_point() or t.is_complex())
+
+
+def real_copy(shape: tuple[int, ...], dtype: torch.dtype, source: torch.Tensor) -> torch.Tensor:
+    """A private real copy of ``source``'s whole storage as a flat tensor (``shape``: its element count)
+    or, when ``shape`` is ``source``'s own shape, of ``source`` itself."""
+    if tuple(source.shape) == tuple(shape):
+        return source.detach().clone()
+    flat = torch.empty(0, dtype=source.dtype).set_(source.untyped_storage(), 0, shape, (1,))
+    return flat.clone()
+
+
 def convert_inputs(inputs: Any, make_base: Callable[[tuple[int, ...], torch.dtype], torch.Tensor],
-                   dtype_of: Callable[[torch.dtype], torch.dtype]) -> Any:
+                   dtype_of: Callable[[torch.dtype], torch.dtype],
+                   keep: Callable[[torch.Tensor], bool] = lambda t: False) -> Any:
     """Traced stand-ins for the input tensors that keep their aliasing: the same tensor twice
     (``mha(x, x, x)``) stays one tensor, and views of one storage stay views of one storage
-    (a sliced input keeps its whole base alive, as autograd does on the real tensors)."""
+    (a sliced input keeps its whole base alive, as autograd does on the real tensors).
+    Tensors for which ``keep(t)`` is true are traced as private real copies (their values)."""
     by_id: dict[int, torch.Tensor] = {}
     bases: dict[int, torch.Tensor] = {}
 
@@ -64,11 +81,14 @@ def convert_inputs(inputs: Any, make_base: Callable[[tuple[int, ...], torch.dtyp
         dtype = dtype_of(t.dtype)
         base = bases.get(storage._cdata)
         whole = t.storage_offset() == 0 and t.is_contiguous() and t.numel() * t.element_size() == storage.nbytes()
+        real = keep(t)
         if base is None and whole:  # the common case: a tensor that owns its storage
-            out = bases[storage._cdata] = make_base(tuple(t.shape), dtype)
+            out = bases[storage._cdata] = (real_copy(tuple(t.shape), t.dtype, t) if real
+                                           else make_base(tuple(t.shape), dtype))
         else:
             if base is None:
-                base = bases[storage._cdata] = make_base((storage.nbytes() // t.element_size(),), dtype)
+                n = storage.nbytes() // t.element_size()
+                base = bases[storage._cdata] = real_copy((n,), t.dtype, t) if real else make_base((n,), dtype)
             with torch.no_grad():
                 out = base.as_strided(t.shape, t.stride(), t.storage_offset())
         if t.requires_grad:

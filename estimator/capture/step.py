@@ -29,7 +29,7 @@ from ..precision import Precision, parse_precision
 from ..target import CudaKernels
 from . import fake as _fake
 from .checkpoint import wrap_checkpointed
-from .inputs import convert_inputs, is_real, materialize, meta_twin, real_param_copy, split_inputs
+from .inputs import convert_inputs, is_real, keeps_values, materialize, meta_twin, real_param_copy, split_inputs
 from .loss import select_loss
 from .recorder import FORWARD_PHASES, INPUT_MODULE, Phase, Recorder
 
@@ -277,8 +277,10 @@ class _Step:
                     return torch.empty(shape, dtype=dtype, device="cpu")
 
             self.params = {n: to_traced(p, p.requires_grad) for n, p in self.named_params.items()}
-            self.buffers = {n: to_traced(b, False) for n, b in named_buffers.items()}
-            self.t_args, self.t_kwargs = convert_inputs((args, kwargs), fake_base, dtype_of)
+            # integer and boolean buffers and inputs keep their values (see .fake: known values)
+            self.buffers = {n: b.detach().clone() if keeps_values(b) else to_traced(b, False)
+                            for n, b in named_buffers.items()}
+            self.t_args, self.t_kwargs = convert_inputs((args, kwargs), fake_base, dtype_of, keep=keeps_values)
         else:
             self.params = {n: real_param_copy(p, True, dtype_of(p.dtype)) for n, p in self.named_params.items()}
             self.buffers = {n: real_param_copy(b, False, dtype_of(b.dtype)) for n, b in named_buffers.items()}
