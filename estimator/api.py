@@ -12,7 +12,18 @@ from .hardware import GPU, lookup
 from .memory import simulate
 from .precision import parse_precision
 from .report import CheckpointWhatIf, Report
+from .target import CudaTarget
 from .tally import tally
+
+
+def _torch_version(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    try:
+        major, minor = str(text).split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        raise UserError(f"cuda_torch={text!r}: give a torch release as MAJOR.MINOR, e.g. '2.11'") from None
 
 
 def resolve_classes(model: torch.nn.Module, names: Any, option: str = "--checkpoint") -> tuple[type, ...]:
@@ -51,7 +62,7 @@ def _analyse(cap, options: StepOptions, device: str, progress: Progress):
                 per[str(cap.storage_dtype[sid]).removeprefix("torch.")] -= cap.storage_bytes[sid]
                 per["float8_e4m3fn"] = per.get("float8_e4m3fn", 0) + resize[sid]
     progress("simulating memory")
-    return t, simulate(cap, device, resize)
+    return t, simulate(cap, device, resize, target=options.cuda)
 
 
 def estimate(
@@ -70,6 +81,7 @@ def estimate(
     trace: str = "auto",
     model_name: str | None = None,
     progress: Progress | None = None,
+    cuda_torch: str | None = None,
 ) -> Report:
     """Estimate one training step (forward, loss, backward, optimizer step) of ``model``.
 
@@ -96,6 +108,8 @@ def estimate(
             as a what-if: the report shows the memory saved and the FLOPs added.
         depth: module depth of the per-module table.
         trace: ``"auto"``, ``"fake"`` or ``"real"`` (see :func:`estimator.capture.capture`).
+        cuda_torch: the torch release that will run the step on the GPU (e.g. ``"2.11"``), when it is
+            not the one installed here: kernel choices (attention backends) depend on it.
         progress: ``progress(stage, detail="")``, called as the estimate advances (the module being
             traced in forward, then each phase, counting, memory); the command line draws it.
     """
@@ -116,6 +130,7 @@ def estimate(
         precision=parse_precision(precision),
         train=mode == "train",
         target=device,
+        cuda=CudaTarget.for_gpu(target_gpu, _torch_version(cuda_torch)) if device == "cuda" else None,
     )
     classes = resolve_classes(model, checkpoint)
     progress = progress or (lambda stage, detail="": None)

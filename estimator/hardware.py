@@ -38,10 +38,17 @@ TERA = 10**12
 @dataclass(frozen=True)
 class GPU:
     name: str
-    memory: int  # bytes
+    memory: int  # bytes, the datasheet's figure
     bandwidth: float  # bytes/s
     peak: dict[str, float | None]  # dtype -> dense FLOP/s
     aliases: tuple[str, ...] = ()
+    arch: tuple[int, int] | None = None  # CUDA compute capability (None: not an NVIDIA GPU)
+    total_memory: int | None = None  # bytes the driver gives CUDA (torch's total_memory), where measured
+
+    @property
+    def capacity(self) -> int:
+        """Bytes a process can use on the GPU: the measured ``total_memory``, else the datasheet's figure."""
+        return self.total_memory or self.memory
 
     def peak_flops(self, dtype: str) -> float | None:
         return self.peak.get(_DTYPE_KEYS.get(dtype, dtype))
@@ -51,24 +58,31 @@ _DTYPE_KEYS = {"float32": "fp32", "float": "fp32", "tf32": "tf32", "bfloat16": "
                "half": "fp16", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8"}
 
 
-def _gpu(name, memory_gb, bw_gbs, fp32, tf32, bf16, fp16, fp8, aliases=()):
+def _gpu(name, memory_gb, bw_gbs, fp32, tf32, bf16, fp16, fp8, aliases=(), arch=None, total_memory=None):
     t = lambda x: None if x is None else x * TERA  # noqa: E731
     return GPU(name, int(memory_gb * GB), bw_gbs * GB,
-               {"fp32": t(fp32), "tf32": t(tf32), "bf16": t(bf16), "fp16": t(fp16), "fp8": t(fp8)}, aliases)
+               {"fp32": t(fp32), "tf32": t(tf32), "bf16": t(bf16), "fp16": t(fp16), "fp8": t(fp8)}, aliases,
+               arch, total_memory)
 
 
+MiB = 2**20
+
+# Compute capabilities: NVIDIA CUDA GPUs list (developer.nvidia.com/cuda-gpus).  total_memory: what
+# torch.cuda.get_device_properties(0).total_memory reads; H100 80GB HBM3: 81,079 MiB (79.18 GiB) on the
+# reference machine of tests/data/cuda_reference (nvidia-smi: 81,559 MiB, 85,520,809,984 bytes).
 GPUS: tuple[GPU, ...] = (
-    _gpu("V100", 32, 900, 15.7, None, None, 125, None, ("v100-sxm2", "tesla v100", "v100-32gb")),
-    _gpu("A100-40GB", 40, 1555, 19.5, 156, 312, 312, None, ("a100", "a100-sxm4-40gb", "a100 40gb")),
-    _gpu("A100-80GB", 80, 2039, 19.5, 156, 312, 312, None, ("a100-sxm4-80gb", "a100 80gb", "a100-80g")),
-    _gpu("H100-SXM", 80, 3350, 67, 494.7, 989.4, 989.4, 1978.9, ("h100", "h100 80gb hbm3", "h100-sxm5")),
-    _gpu("H100-PCIe", 80, 2000, 51, 378, 756, 756, 1513, ("h100 pcie", "h100-pcie-80gb")),
-    _gpu("H200", 141, 4800, 67, 494.7, 989.4, 989.4, 1978.9, ("h200-sxm", "h200 141gb")),
-    _gpu("B200", 180, 8000, 80, 1100, 2250, 2250, 4500, ("b200-sxm", "nvidia b200")),
-    _gpu("L4", 24, 300, 30.3, 60, 121, 121, 242.5, ("nvidia l4",)),
-    _gpu("L40S", 48, 864, 91.6, 183, 362, 362, 733, ("nvidia l40s",)),
-    _gpu("RTX3090", 24, 936, 35.6, 35.6, 71, 71, None, ("rtx 3090", "geforce rtx 3090", "3090")),
-    _gpu("RTX4090", 24, 1008, 82.6, 82.6, 165.2, 165.2, 330.3, ("rtx 4090", "geforce rtx 4090", "4090")),
+    _gpu("V100", 32, 900, 15.7, None, None, 125, None, ("v100-sxm2", "tesla v100", "v100-32gb"), (7, 0)),
+    _gpu("A100-40GB", 40, 1555, 19.5, 156, 312, 312, None, ("a100", "a100-sxm4-40gb", "a100 40gb"), (8, 0)),
+    _gpu("A100-80GB", 80, 2039, 19.5, 156, 312, 312, None, ("a100-sxm4-80gb", "a100 80gb", "a100-80g"), (8, 0)),
+    _gpu("H100-SXM", 80, 3350, 67, 494.7, 989.4, 989.4, 1978.9, ("h100", "h100 80gb hbm3", "h100-sxm5"), (9, 0),
+         81079 * MiB),
+    _gpu("H100-PCIe", 80, 2000, 51, 378, 756, 756, 1513, ("h100 pcie", "h100-pcie-80gb"), (9, 0)),
+    _gpu("H200", 141, 4800, 67, 494.7, 989.4, 989.4, 1978.9, ("h200-sxm", "h200 141gb"), (9, 0)),
+    _gpu("B200", 180, 8000, 80, 1100, 2250, 2250, 4500, ("b200-sxm", "nvidia b200"), (10, 0)),
+    _gpu("L4", 24, 300, 30.3, 60, 121, 121, 242.5, ("nvidia l4",), (8, 9)),
+    _gpu("L40S", 48, 864, 91.6, 183, 362, 362, 733, ("nvidia l40s",), (8, 9)),
+    _gpu("RTX3090", 24, 936, 35.6, 35.6, 71, 71, None, ("rtx 3090", "geforce rtx 3090", "3090"), (8, 6)),
+    _gpu("RTX4090", 24, 1008, 82.6, 82.6, 165.2, 165.2, 330.3, ("rtx 4090", "geforce rtx 4090", "4090"), (8, 9)),
     _gpu("MI300X", 192, 5300, 163.4, 653.7, 1307.4, 1307.4, 2614.9, ("amd instinct mi300x", "mi300")),
 )
 

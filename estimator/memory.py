@@ -11,7 +11,11 @@ events and answers the questions users ask:
   inside ``optimizer.step()``;
 * ``peak`` (steady state): a later iteration, whose optimizer state exists
   from the start (its storages are allocated before the first op), gradients
-  ``None`` at the start, inputs and the loss alive throughout;
+  ``None`` at the start, inputs alive throughout, and what the loop still holds from
+  the previous iteration: its loss in training (``keep = step()``), its output in
+  inference (``out = model(x)`` replaced only when the new output is assigned).  The
+  model output of the step itself is held to the end of the step (``out = model(x);
+  loss = loss_fn(out); loss.backward(); opt.step()``);
 * the timeline of live bytes by category (parameters, buffers, inputs,
   gradients, optimizer state, saved activations, temporaries) at every op,
   with phase and module, and where the peak occurs.
@@ -43,7 +47,8 @@ class Category(StrEnum):
     OPTIMIZER_STATE = "optimizer_state"
     GRADIENT = "gradient"
     SAVED = "saved"  # held by autograd for backward at the end of the forward pass
-    TEMPORARY = "temporary"  # everything else: intermediate values, workspaces
+    WORKSPACE = "workspace"  # CUDA library memory no op returns (cuBLAS, cuDNN, kernel temporaries)
+    TEMPORARY = "temporary"  # everything else: intermediate values
 
 
 # Precedence when a storage falls in several categories (an input saved for backward is an input).
@@ -54,9 +59,6 @@ CUDA_RESERVE = {
     # The CUDA context (driver, kernels of the loaded libraries): 300-800 MiB depending on the
     # GPU and the CUDA/cuDNN versions; PyTorch forum and NVIDIA docs; ~500 MiB seen on H100 / CUDA 12.
     "cuda_context": 500 << 20,
-    # cuBLAS workspace: CUBLAS_WORKSPACE_CONFIG default ':4096:8' -> 8 x 4 MiB on Hopper
-    # (PyTorch docs, "Reproducibility"; cuBLAS docs, cublasSetWorkspace).
-    "cublas_workspace": 32 << 20,
 }
 # Fragmentation of the caching allocator: reserved/allocated is typically 1.05-1.2 in training
 # (PyTorch "CUDA semantics: memory management"); the headroom takes 10 % of the peak.
@@ -91,6 +93,7 @@ class MemoryProfile:
     timeline: list[Snapshot]  # steady state, one point per op
     device: str
     reserve: dict[str, int] = field(default_factory=dict)
+    workspaces: dict[str, int] = field(default_factory=dict)  # persistent library workspaces (name -> bytes)
 
     def to_dict(self) -> dict[str, Any]:
         at = self.peak_at
@@ -103,6 +106,7 @@ class MemoryProfile:
             "peak_breakdown": dict(at.by_category),
             "allocator": "cuda caching allocator (512-byte blocks)" if self.device == "cuda" else "exact bytes",
             "reserve": dict(self.reserve),
+            "workspaces": dict(self.workspaces),
         }
 
 
@@ -115,7 +119,8 @@ def categories(cap: Capture) -> list[Category]:
     return cat
 
 
-def _replay(cap: Capture, sizes: list[int], cats: list[str], preallocated: set[int], timeline: bool):
+def _replay(events: list[tuple[int, int, int]], sizes: list[int], cats: list[str], preallocated: set[int],
+            timeline: bool):
     """Replay the events; storages in ``preallocated`` are live from the start."""
     live = {c: 0 for c in CATEGORIES}
     for sid in preallocated:
@@ -124,7 +129,7 @@ def _replay(cap: Capture, sizes: list[int], cats: list[str], preallocated: set[i
     best = (total, -1, dict(live))
     points: list[tuple[int, int, dict[str, int]]] = []
     last_index = -1
-    for index, sid, delta in cap.events:
+    for index, sid, delta in events:
         if delta > 0 and sid in preallocated:
             continue
         if timeline and index != last_index:
@@ -148,20 +153,78 @@ def _snapshot(cap: Capture, index: int, total: int, by_category: dict[str, int])
                     by_category)
 
 
-def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None = None) -> MemoryProfile:
+def with_library_memory(cap: Capture, target: Any, sizes: list[int], cats: list[str]):
+    """The events of ``cap`` with the CUDA libraries' memory (:mod:`estimator.workspace`) inserted:
+    each op's temporaries allocated after its outputs and freed before anything else happens, and the
+    persistent workspaces allocated at the op that first needs them.  ``sizes`` and ``cats`` are
+    extended with the new storages; returns (events, persistent storage ids, {name: bytes})."""
+    from .workspace import library_memory
+
+    lib = library_memory(cap, target)
+    for sid, nbytes in lib.resize.items():
+        sizes[sid] = nbytes
+    extra: dict[int, list[tuple[int, int, int]]] = {}
+
+    def new(nbytes: int) -> int:
+        sizes.append(nbytes)
+        cats.append(Category.WORKSPACE)
+        return len(sizes) - 1
+
+    persistent: set[int] = set()
+    named: dict[str, int] = {}
+    for index, nbytes, what in lib.persistent:
+        sid = new(nbytes)
+        persistent.add(sid)
+        named[what] = nbytes
+        extra.setdefault(index, []).append((index, sid, nbytes))
+    for index, nbytes in lib.transients.items():
+        sid = new(nbytes)
+        extra.setdefault(index, []).extend([(index, sid, nbytes), (index, sid, -nbytes)])
+    if not extra:
+        return list(cap.events), persistent, named
+    pending = sorted(extra)
+    out: list[tuple[int, int, int]] = []
+    p = 0
+    for event in cap.events:
+        index, _, delta = event
+        while p < len(pending) and (pending[p] < index or (pending[p] == index and delta < 0)):
+            out.extend(extra[pending[p]])
+            p += 1
+        out.append(event)
+    for k in pending[p:]:
+        out.extend(extra[k])
+    return out, persistent, named
+
+
+def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None = None,
+             target: Any = None) -> MemoryProfile:
     """Peak and timeline of one training step, first and steady-state iterations.
 
     ``resize`` (storage id -> bytes) replaces some storages' sizes: a what-if on the same
-    lifetimes (see :func:`estimator.precision.fp8_what_if`)."""
+    lifetimes (see :func:`estimator.precision.fp8_what_if`).  For ``device="cuda"`` the memory
+    the CUDA libraries take (:mod:`estimator.workspace`) is part of the timeline, for ``target``
+    (a :class:`~estimator.target.CudaTarget`; default: an H100 with this torch)."""
     raw = list(cap.storage_bytes)
+    cats = categories(cap)
+    events, persistent, workspaces = list(cap.events), set(), {}
+    if device == "cuda":
+        from .target import CudaTarget
+
+        events, persistent, workspaces = with_library_memory(cap, target or CudaTarget(), raw, cats)
     for sid, nbytes in (resize or {}).items():
         raw[sid] = nbytes
     sizes = [round_cuda(n) for n in raw] if device == "cuda" else raw
-    cats = categories(cap)
-    pre_first = {sid for index, sid, delta in cap.events if index < 0 and delta > 0}
-    first, _ = _replay(cap, sizes, cats, pre_first, timeline=False)
-    steady_pre = pre_first | set(cap.sids.get("optimizer_state", ()))
-    steady, points = _replay(cap, sizes, cats, steady_pre, timeline=True)
+    pre_first = {sid for index, sid, delta in events if index < 0 and delta > 0}
+    first, _ = _replay(events, sizes, cats, pre_first, timeline=False)
+    # what the previous iteration left referenced: its loss (training) or its output (inference)
+    held = cap.sids.get("loss") or cap.sids.get("output", set())
+    previous = set()
+    for sid in sorted(held):
+        sizes.append(sizes[sid])
+        cats.append(Category.TEMPORARY)
+        previous.add(len(sizes) - 1)
+    steady_pre = pre_first | set(cap.sids.get("optimizer_state", ())) | persistent | previous
+    steady, points = _replay(events, sizes, cats, steady_pre, timeline=True)
     reserve: dict[str, int] = {}
     if device == "cuda":
         reserve = dict(CUDA_RESERVE)
@@ -174,4 +237,5 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
         timeline=[_snapshot(cap, i, t, c) for i, t, c in points],
         device=device,
         reserve=reserve,
+        workspaces=workspaces,
     )

@@ -12,15 +12,18 @@
   (:func:`fp8_what_if`).
 
 The trace runs these policies for real (on CPU fake tensors), so dtypes,
-casts and cached weight copies come from PyTorch itself.  Autocast's op lists
-are those of the traced device (CPU); on CUDA a few ops differ (e.g. CUDA
-keeps softmax/layer norm in float32 where CPU may not).
+casts and cached weight copies come from PyTorch itself.  For a CUDA target,
+autocast follows CUDA's op lists (:data:`CUDA_AUTOCAST`, installed by
+:func:`register_cuda_autocast` while a capture runs) instead of CPU's: CUDA
+keeps softmax, log_softmax, layer norm, pow, exp, sums and most losses in
+float32, and does not cast the ops only CPU's lists name.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -115,3 +118,140 @@ def fp8_what_if(cap, module_types: dict[str, str], flops_by_dtype: dict[str, int
             by_dtype[cost.dtype] = by_dtype.get(cost.dtype, 0) - cost.flops
             by_dtype[to] = by_dtype.get(to, 0) + cost.flops
     return {"resize": resize, "flops_by_dtype": {k: v for k, v in by_dtype.items() if v}}
+
+
+# -- CUDA's autocast op lists --------------------------------------------------------------------
+
+# aten/src/ATen/autocast_mode.cpp (torch 2.11-2.14): the ops with an AutocastCUDA kernel and no
+# AutocastCPU one, by policy.  Ops on both devices' lower-precision lists (mm, addmm, bmm, baddbmm,
+# linear, matmul, conv1d/2d/3d, conv_transpose*, prelu, scaled_dot_product_attention) and their fp32
+# lists (nll_loss, mse_loss, l1_loss, kl_div, the other losses, cdist) need no change.
+CUDA_AUTOCAST: dict[str, tuple[str, ...]] = {
+    # cast floating tensors to the autocast dtype
+    "lower_precision_fp": (
+        "_convolution", "convolution", "cudnn_convolution", "cudnn_convolution_transpose", "einsum", "mv",
+        "addmv", "addr", "chain_matmul", "linalg_multi_dot", "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell",
+        "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell", "_scaled_dot_product_flash_attention"),
+    # cast floating tensors to float32
+    "fp32": (
+        "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
+        "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "softplus", "layer_norm",
+        "native_layer_norm", "group_norm", "rms_norm", "frobenius_norm.dim", "nuclear_norm", "nuclear_norm.dim",
+        "cosine_similarity", "dist", "pdist", "renorm", "logsumexp", "upsample_nearest1d", "upsample_nearest2d",
+        "upsample_nearest3d", "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d",
+        "upsample_linear1d", "upsample_bilinear2d", "_upsample_bilinear2d_aa", "upsample_trilinear3d",
+        "upsample_bicubic2d", "_upsample_bicubic2d_aa"),
+    # run with dtype=float32 when the caller gave none (the tensor is read as it is)
+    "fp32_set_opt_dtype": (
+        "softmax.int", "log_softmax.int", "cumprod", "cumsum", "sum", "sum.dim_IntList", "linalg_vector_norm",
+        "linalg_matrix_norm", "linalg_matrix_norm.str_ord"),
+    # cast floating tensors to the widest floating dtype among them
+    "promote": ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "index_put", "scatter_add",
+                "tensordot"),
+}
+# Ops only CPU's lists name: under a CUDA target they run uncast.  Their CPU policy (for the other
+# threads, while a capture is in progress): lower precision, promote, else float32.
+_CPU_ONLY_LOWER = frozenset({"conv1d.padding", "conv2d.padding", "conv3d.padding", "_native_multi_head_attention",
+                             "mkldnn_rnn_layer", "_addmm_activation"})
+_CPU_ONLY_PROMOTE = frozenset({"cat", "stack", "index_copy"})
+
+_AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+
+
+def _eligible(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+
+
+def _cast_all(value: Any, dtype: torch.dtype) -> Any:
+    """``cached_cast`` over an argument: floating tensors (and lists of them) to ``dtype``."""
+    if _eligible(value):
+        return value.to(dtype) if value.dtype != dtype else value
+    if isinstance(value, (list, tuple)) and any(_eligible(v) for v in value):
+        return type(value)(_cast_all(v, dtype) for v in value)
+    return value
+
+
+def _widest(values: Any) -> torch.dtype | None:
+    widest = None
+    for v in values:
+        for t in (v if isinstance(v, (list, tuple)) else (v,)):
+            if _eligible(t):
+                widest = t.dtype if widest is None else torch.promote_types(widest, t.dtype)
+    return widest
+
+
+def _apply(policy: str, args: tuple, kwargs: dict, low: torch.dtype, op: Any = None) -> tuple[tuple, dict]:
+    """The arguments as an autocast policy passes them on."""
+    if policy == "lower_precision_fp":
+        return tuple(_cast_all(a, low) for a in args), {k: _cast_all(v, low) for k, v in kwargs.items()}
+    if policy == "fp32":
+        return (tuple(_cast_all(a, torch.float32) for a in args),
+                {k: _cast_all(v, torch.float32) for k, v in kwargs.items()})
+    if policy == "promote":
+        widest = _widest(list(args) + list(kwargs.values()))
+        if widest is None:
+            return args, kwargs
+        return tuple(_cast_all(a, widest) for a in args), {k: _cast_all(v, widest) for k, v in kwargs.items()}
+    if policy == "fp32_set_opt_dtype":
+        if not (args and _eligible(args[0])):
+            return args, kwargs
+        names = [a.name for a in op._schema.arguments]
+        at = names.index("dtype") if "dtype" in names else None
+        if at is not None and at < len(args):
+            if args[at] is None:
+                args = args[:at] + (torch.float32,) + args[at + 1:]
+        elif kwargs.get("dtype") is None:
+            kwargs = {**kwargs, "dtype": torch.float32}
+        return args, kwargs
+    return args, kwargs  # "none": run uncast
+
+
+def _autocast_kernel(op: Any, policy: str, cpu_policy: str, capturing: Callable[[], bool]) -> Callable:
+    """An AutocastCPU kernel.  A casting policy runs the op with autocast off for everything inside it,
+    as the C++ wrappers do (``ExcludeDispatchKeyGuard``); "none" is a fallthrough: the op runs uncast
+    and the ops inside it still see autocast (CUDA's ``cross_entropy_loss`` has no autocast kernel,
+    so its ``nll_loss`` is cast to float32 by nll_loss's own)."""
+
+    def kernel(keyset, *args, **kwargs):
+        active = policy if capturing() else cpu_policy
+        if active == "none":
+            return op.redispatch(keyset.remove(torch._C.DispatchKey.AutocastCPU), *args, **kwargs)
+        args, kwargs = _apply(active, args, kwargs, torch.get_autocast_dtype("cpu"), op)
+        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+def _overload(name: str) -> Any:
+    packet, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, packet), overload or "default")
+
+
+def register_cuda_autocast(lib: Any, capturing: Callable[[], bool]) -> None:
+    """Register CUDA's autocast policies as AutocastCPU kernels in ``lib`` (a ``torch.library.Library``).
+
+    On a thread for which ``capturing()`` is true, autocast on the CPU trace follows CUDA's lists;
+    on other threads each op keeps CPU's policy (none for the CUDA-only ops)."""
+    names = torch._C._dispatch_get_all_op_names()
+    for policy, ops in CUDA_AUTOCAST.items():
+        for name in ops:
+            try:
+                op = _overload(name)
+            except (AttributeError, RuntimeError):  # not in this torch release
+                continue
+            lib.impl(name, _autocast_kernel(op, policy, "none", capturing), "AutocastCPU", with_keyset=True)
+    for full in names:
+        if not full.startswith("aten::"):
+            continue
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(full, "AutocastCPU") or \
+                torch._C._dispatch_has_kernel_for_dispatch_key(full, "AutocastCUDA"):
+            continue
+        name = full.removeprefix("aten::")
+        cpu_policy = ("lower_precision_fp" if name in _CPU_ONLY_LOWER else
+                      "promote" if name in _CPU_ONLY_PROMOTE else "fp32")
+        try:
+            op = _overload(name)
+        except (AttributeError, RuntimeError):
+            continue
+        lib.impl(name, _autocast_kernel(op, "none", cpu_policy, capturing), "AutocastCPU", with_keyset=True)

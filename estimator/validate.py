@@ -372,11 +372,14 @@ def validate(
     m.train()
 
     def step(pack_hook=None, counters=None):
+        """One iteration as the estimate models it: the output held to the end, the loss returned (the
+        caller keeps it into the next iteration, as a loop that logs it)."""
         hooks = (torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda t: t) if pack_hook
                  else contextlib.nullcontext())
         fwd_counter, bwd_counter = counters or (contextlib.nullcontext(), contextlib.nullcontext())
         with hooks, fwd_counter, amp():
-            loss, _ = select_loss(m(*args, **kwargs), loss_fn)
+            out = m(*args, **kwargs)
+            loss, _ = select_loss(out, loss_fn)
         with bwd_counter:
             (scaler.scale(loss) if scaler else loss).backward()
         if opt is not None:
@@ -385,6 +388,8 @@ def validate(
                 scaler.update()
             else:
                 opt.step()
+        del out
+        return loss
 
     # Iteration 1: saved activations and FLOPs; then the model states from the real tensors.
     param_storages = {p.untyped_storage().data_ptr() for p in m.parameters()}
@@ -397,7 +402,7 @@ def validate(
         return t
 
     fwd_counter, bwd_counter = flop_counter(), flop_counter()
-    step(pack, (fwd_counter, bwd_counter))
+    keep = step(pack, (fwd_counter, bwd_counter))
     nbytes = lambda ts: sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in ts}.values())  # noqa: E731
     params = list(m.parameters())
     measured = {
@@ -417,7 +422,7 @@ def validate(
     if device == "cuda":
         sync()
         torch.cuda.reset_peak_memory_stats()
-        step()
+        keep = step()
         sync()
         measured["peak"] = torch.cuda.max_memory_allocated() - base_allocated
     else:
@@ -428,9 +433,10 @@ def validate(
         for t in pytree.tree_leaves((args, kwargs)):
             if isinstance(t, torch.Tensor):
                 tracker.register(t)
+        tracker.register(keep)  # the previous iteration's loss, still referenced
         with tracker:
             tracker.reset_peak()
-            step()
+            keep = step()
         measured["peak"] = tracker.peak
     if opt is not None:
         opt.zero_grad(set_to_none=True)
@@ -440,12 +446,13 @@ def validate(
     for _ in range(steps):
         sync()
         t0 = time.perf_counter()
-        step()
+        keep = step()
         if opt is not None:
             opt.zero_grad(set_to_none=True)
         sync()
         times.append(time.perf_counter() - t0)
     step_time = statistics.median(times)
+    del keep
 
     estimated = {
         "parameters": est["memory"]["parameters"], "buffers": est["memory"]["buffers"],

@@ -18,9 +18,11 @@ from estimator.validate import LiveTracker
 def measure_peaks(model, inputs, optimizer_factory, loss_of, *, autocast_dtype=None, train=True, steps=2):
     """Live-byte peaks of ``steps`` real CPU iterations: [first, second, ...].
 
-    Each iteration: forward (under CPU autocast when ``autocast_dtype``), loss, backward,
-    ``optimizer.step()``, ``zero_grad(set_to_none=True)``; the model output is dropped once the
-    loss is computed, as a training loop does.  ``train=False``: forward under ``no_grad`` in eval mode.
+    Each iteration: ``out = model(...)`` (under CPU autocast when ``autocast_dtype``), ``loss``,
+    backward, ``optimizer.step()``, ``zero_grad(set_to_none=True)``, with ``out`` and ``loss``
+    held to the end of the iteration and the loss kept into the next one (``keep = loss``, as a
+    loop that logs it).  ``train=False``: ``out = model(...)`` under ``no_grad`` in eval mode, the
+    previous output held until the new one replaces it.
     """
     import contextlib
 
@@ -36,19 +38,22 @@ def measure_peaks(model, inputs, optimizer_factory, loss_of, *, autocast_dtype=N
     opt = optimizer_factory(model.parameters()) if train else None
     amp = (lambda: torch.autocast("cpu", dtype=autocast_dtype)) if autocast_dtype else contextlib.nullcontext
     peaks = []
+    keep = None
     with tracker:
         for _ in range(steps):
             tracker.reset_peak()
             if train:
                 with amp():
-                    loss = loss_of(model(*args, **kwargs))
+                    out = model(*args, **kwargs)
+                    loss = loss_of(out)
                 loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-                del loss
+                keep = loss
+                del out, loss
             else:
-                with torch.no_grad():
-                    out = model(*args, **kwargs)
-                del out
+                with torch.no_grad(), amp():
+                    keep = model(*args, **kwargs)
             peaks.append(tracker.peak)
+    del keep
     return peaks

@@ -168,9 +168,10 @@ def test_mixture_of_experts_traces_on_fake_tensors(results):
     assert d["capture"] == "fake" and not d["unsupported_ops"]
 
 
-def test_fallback_when_a_fake_kernel_rejects_what_the_cpu_kernel_accepts():
-    """An op whose fake implementation fails where its CPU kernel works: traced on real tensors."""
-    from estimator import estimate
+def test_a_fake_kernel_that_rejects_the_inputs_is_an_error_naming_the_op():
+    """An op whose fake implementation fails where its CPU kernel works: a one-line error that names the
+    op, never a silent trace on real tensors (which would allocate the model); trace="real" asks for one."""
+    from estimator import UserError, estimate
 
     lib = torch.library.Library("estimator_test", "FRAGMENT")
     lib.define("strict(Tensor x) -> Tensor")
@@ -189,8 +190,11 @@ def test_fallback_when_a_fake_kernel_rejects_what_the_cpu_kernel_accepts():
         def forward(self, x):
             return (self.lin(x) + torch.ops.estimator_test.strict(x)).sum()  # x needs no grad
 
-    d = estimate(Strict(), torch.randn(2, 4), device="cpu").to_dict()
-    assert d["capture"] == "real" and "fake-tensor trace failed" in d["capture_fallback"]
+    with pytest.raises(UserError, match=r"estimator_test\.strict") as err:
+        estimate(Strict(), torch.randn(2, 4), device="cpu")
+    assert "\n" not in str(err.value)
+    d = estimate(Strict(), torch.randn(2, 4), device="cpu", trace="real").to_dict()
+    assert d["capture"] == "real"
 
 
 # ---------------------------------------------------------------------------

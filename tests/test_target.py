@@ -1,41 +1,61 @@
-"""Target-device kernels: CUDA's SDPA backend choice, modelled on CPU fake tensors.
+"""Target-device kernels on CPU fake tensors: the CUDA target's choices hold on every model shape.
 
-The choice follows aten/src/ATen/native/transformers/cuda/sdp_utils.cpp (sm80+):
-flash needs fp16/bf16, no mask, head dim <= 256; memory-efficient needs head dims
-divisible by 8 (16-bit) or 4 (fp32); math takes the rest.  The saved tensors come
-from the CUDA kernels' meta implementations in torch.
+Which kernel CUDA runs for each reference model is checked op by op against real H100 traces in
+``tests/test_cuda_reference.py``; here: properties of the choice that follow from
+``sdp_utils.cpp`` whatever the shapes, and the CUDA ops reaching the captured graph, forward,
+backward and checkpoint recomputation alike.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from estimator import estimate
-from estimator.target import cuda_sdpa_backend
+from estimator.target import CudaTarget
+
+H100_TORCH_2_11 = CudaTarget(arch=(9, 0), torch=(2, 11))
+A100_TORCH_2_11 = CudaTarget(arch=(8, 0), torch=(2, 11))
 
 
-def _qkv(dtype, d=64, heads=4, q_len=32, k_len=32):
+def _qkv(dtype, d=64, heads=4, kv_heads=4, q_len=32, k_len=32):
     return (torch.empty(2, heads, q_len, d, dtype=dtype, device="meta"),
-            torch.empty(2, heads, k_len, d, dtype=dtype, device="meta"),
-            torch.empty(2, heads, k_len, d, dtype=dtype, device="meta"))
+            torch.empty(2, kv_heads, k_len, d, dtype=dtype, device="meta"),
+            torch.empty(2, kv_heads, k_len, d, dtype=dtype, device="meta"))
 
 
-@pytest.mark.parametrize("dtype,d,mask,causal,q_len,expected", [
-    (torch.bfloat16, 64, False, True, 32, "flash"),
-    (torch.float16, 256, False, False, 32, "flash"),
-    (torch.bfloat16, 64, True, False, 32, "efficient"),  # flash takes no mask
-    (torch.bfloat16, 64, False, True, 16, "efficient"),  # flash: causal needs square attention
-    (torch.float32, 64, False, True, 32, "efficient"),  # flash is 16-bit only
-    (torch.float32, 6, False, False, 32, "math"),  # 6 % 4 != 0
-    (torch.bfloat16, 12, True, False, 32, "math"),  # 12 % 8 != 0 and a mask
-    (torch.bfloat16, 320, False, False, 32, "efficient"),  # flash: head dim > 256
-])
-def test_backend_choice(dtype, d, mask, causal, q_len, expected):
-    q, k, v = _qkv(dtype, d, q_len=q_len)
-    m = torch.ones(q_len, 32, dtype=torch.bool, device="meta") if mask else None
-    assert cuda_sdpa_backend(q, k, v, m, causal) == expected
+CASES = list(itertools.product((torch.float32, torch.bfloat16, torch.float16), (6, 12, 64, 128, 320),
+                               (False, True), (False, True), (16, 32), (4, 2)))
+
+
+@pytest.mark.parametrize("target", [H100_TORCH_2_11, A100_TORCH_2_11], ids=["h100", "a100"])
+def test_backend_choice_properties(target):
+    """Over a grid of shapes: fused kernels never see what sdp_utils rules out for them."""
+    for dtype, d, mask, causal, q_len, kv_heads in CASES:
+        q, k, v = _qkv(dtype, d, kv_heads=kv_heads, q_len=q_len)
+        m = torch.ones(q_len, 32, dtype=dtype, device="meta") if mask else None
+        gqa = kv_heads != 4
+        backend = target.sdpa_backend(q, k, v, m, 0.0, causal, enable_gqa=gqa)
+        if backend in ("flash", "cudnn"):
+            assert dtype != torch.float32, (backend, dtype)  # 16-bit only
+        if backend == "flash":
+            assert m is None and d <= 256 and (q_len == 32 or not causal)
+        if backend == "cudnn":
+            assert target.arch >= (9, 0) and d % 8 == 0 and d <= 256  # preferred on sm90 only
+        if backend == "efficient":
+            assert not gqa and d % (8 if dtype != torch.float32 else 4) == 0  # no grouped-query heads
+        if gqa and dtype == torch.float32:
+            assert backend == "math"  # only flash and cuDNN take grouped-query heads, both 16-bit
+
+
+def test_a_mask_that_requires_grad_goes_to_the_math_path():
+    q, k, v = _qkv(torch.bfloat16)
+    bias = torch.zeros(1, 4, 32, 32, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    assert H100_TORCH_2_11.sdpa_backend(q, k, v, bias) == "math"
+    assert H100_TORCH_2_11.sdpa_backend(q, k, v, bias.detach()) == "cudnn"
 
 
 class Attn(torch.nn.Module):
@@ -57,14 +77,15 @@ def _attention_ops(report):
             if "attention" in str(n.target)}
 
 
-@pytest.mark.parametrize("precision,masked,forward_op", [
-    ("bf16-mixed", False, "_scaled_dot_product_flash_attention"),
-    ("fp32", False, "_scaled_dot_product_efficient_attention"),
-    ("bf16-mixed", True, "_scaled_dot_product_efficient_attention"),
+@pytest.mark.parametrize("gpu,precision,masked,forward_op", [
+    ("H100", "bf16-mixed", False, "_scaled_dot_product_cudnn_attention"),
+    ("A100-80GB", "bf16-mixed", False, "_scaled_dot_product_flash_attention"),
+    ("H100", "fp32", False, "_scaled_dot_product_efficient_attention"),
+    ("A100-80GB", "bf16-mixed", True, "_scaled_dot_product_efficient_attention"),  # flash takes no mask
 ])
-def test_cuda_target_records_the_cuda_kernels(precision, masked, forward_op):
+def test_cuda_target_records_the_cuda_kernels(gpu, precision, masked, forward_op):
     x = torch.randn(2, 32, 64)
-    report = estimate(Attn(masked=masked), x, device="cuda", precision=precision)
+    report = estimate(Attn(masked=masked), x, device="cuda", precision=precision, gpu=gpu, cuda_torch="2.11")
     assert _attention_ops(report) == {forward_op, forward_op + "_backward"}
     cpu = estimate(Attn(masked=masked), x, device="cpu", precision=precision)
     assert _attention_ops(cpu) == {"_scaled_dot_product_flash_attention_for_cpu",
@@ -94,9 +115,9 @@ def test_math_backend_saves_the_attention_matrix():
 
 
 def test_checkpointed_regions_use_the_same_kernels_in_recomputation():
-    # torch-function modes are off while autograd recomputes a checkpointed region, so the
-    # what-if enters the CUDA kernel model inside the region; a model that checkpoints by
-    # itself is modelled with the CPU kernels (and says so) rather than failing.
+    # The CUDA kernels are installed at the dispatcher, so autograd's recomputation of a checkpointed
+    # region (which runs without torch-function modes) takes them too: a model that checkpoints by
+    # itself and the --checkpoint what-if both trace on fake tensors with the CUDA kernels.
     from torch.utils.checkpoint import checkpoint
 
     class Outer(torch.nn.Module):
@@ -112,6 +133,8 @@ def test_checkpointed_regions_use_the_same_kernels_in_recomputation():
                        checkpoint=Attn, trace="fake")
     assert what_if.checkpoint.flops_added > 0
     own = estimate(Outer(), x, device="cuda", trace="fake")
-    assert own.capture.mode == "fake" and "CPU kernels" in own.capture.fallback_reason
-    assert _attention_ops(own) == {"_scaled_dot_product_flash_attention_for_cpu",
-                                   "_scaled_dot_product_flash_attention_for_cpu_backward"}
+    assert own.capture.mode == "fake" and own.capture.fallback_reason is None
+    ops = [str(n.target.overloadpacket).removeprefix("aten.") for n in own.capture.nodes if "attention" in str(n.target)]
+    # each region: forward, recomputation in backward, then its backward
+    assert ops.count("_scaled_dot_product_efficient_attention") == 4
+    assert ops.count("_scaled_dot_product_efficient_attention_backward") == 2

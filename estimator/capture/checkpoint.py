@@ -8,13 +8,9 @@ from typing import Any, Callable
 import torch
 
 
-def wrap_checkpointed(model: torch.nn.Module, classes: tuple[type, ...],
-                      kernels: Callable[[], Any]) -> Callable[[], None]:
+def wrap_checkpointed(model: torch.nn.Module, classes: tuple[type, ...]) -> Callable[[], None]:
     """Run every instance of ``classes`` under non-reentrant ``torch.utils.checkpoint``; return an undo.
 
-    ``kernels()`` is entered inside the checkpointed function: torch-function modes are not
-    active when autograd recomputes the region in backward, so the target's kernels must be
-    chosen from inside the region to be the same in the forward pass and the recomputation.
     The undo restores each module exactly: a ``forward`` the user set on the instance comes
     back, and a module without one falls back to its class's ``forward`` again."""
     if not classes:
@@ -28,12 +24,8 @@ def wrap_checkpointed(model: torch.nn.Module, classes: tuple[type, ...],
             own = mod.__dict__.get("forward", _absent)  # an instance-level forward, if the user set one
             original = mod.forward
 
-            def region(*a, __f=original, **k):
-                with kernels():
-                    return __f(*a, **k)
-
-            def forward(*a, __region=region, **k):
-                return checkpoint(__region, *a, use_reentrant=False, **k)
+            def forward(*a, __f=original, **k):
+                return checkpoint(__f, *a, use_reentrant=False, **k)
 
             mod.forward = forward
             wrapped.append((mod, own))

@@ -146,7 +146,8 @@ class Recorder(TorchDispatchMode):
     # -- placeholders -------------------------------------------------------
     def placeholder(self, name: str, t: torch.Tensor, kind: str, module: str = "") -> OpNode:
         node = OpNode("placeholder", _identifier(name), name,
-                      meta=dict(spec=(tensor_spec(t),), storage=(self.sid(t),), module=module, phase=kind, kind=kind))
+                      meta=dict(spec=(tensor_spec(t),), stride=(t.stride(),), storage=(self.sid(t),), module=module,
+                                phase=kind, kind=kind))
         self.placeholders.append(node)
         if kind == "constant":
             self.constants[t] = node
@@ -223,6 +224,7 @@ class Recorder(TorchDispatchMode):
         self.order.append(node)  # first, so that the allocations below are events of this op
         self.records.append(node)
         meta["spec"] = tuple(tensor_spec(o) for o in flat_out)
+        meta["stride"] = tuple(o.stride() for o in flat_out)
         real_sizes = self.real_sizes(func, args, kwargs)
         meta["storage"] = tuple(self.sid(o, real_sizes.get(i) if real_sizes else None) for i, o in enumerate(flat_out))
         if fwd_node is not None:
@@ -235,8 +237,8 @@ class Recorder(TorchDispatchMode):
         else:
             for i, o in enumerate(flat_out):
                 item = OpNode("call_function", f"op_{len(self.records)}", operator.getitem, (node, i), None,
-                              dict(spec=(meta["spec"][i],), storage=(meta["storage"][i],), module=module,
-                                   phase=self.phase))
+                              dict(spec=(meta["spec"][i],), stride=(meta["stride"][i],), storage=(meta["storage"][i],),
+                                   module=module, phase=self.phase))
                 self.records.append(item)
                 o._estimator_node = item
         return out

@@ -26,7 +26,7 @@ from ..errors import UnsupportedModelError, UserError
 from ..graph import OpNode, to_fx
 from ..optim import build_optimizer, wants_fused
 from ..precision import Precision, parse_precision
-from ..target import CudaKernels
+from ..target import CudaTarget, installed
 from . import fake as _fake
 from .checkpoint import wrap_checkpointed
 from .inputs import convert_inputs, is_real, keeps_values, materialize, meta_twin, real_param_copy, split_inputs
@@ -51,7 +51,8 @@ class StepOptions:
     precision: Precision = parse_precision("fp32")
     train: bool = True  # False: forward only, under torch.no_grad() and model.eval()
     checkpoint: tuple[type, ...] = ()  # module classes run under torch.utils.checkpoint (non-reentrant)
-    target: str = "cpu"  # "cuda": route ops whose CUDA kernels differ to them (see estimator.target)
+    target: str = "cpu"  # "cuda": the kernels CUDA runs where they differ (see estimator.target)
+    cuda: CudaTarget | None = None  # the CUDA target's GPU and versions (None: an H100 with this torch)
 
 
 @dataclass
@@ -106,10 +107,10 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
 
     ``options`` (or the same fields as keyword arguments) say how the step runs.
     ``mode``: ``"fake"`` (never allocate), ``"real"`` (small real CPU tensors),
-    or ``"auto"`` (fake, falling back to real when the model fits in memory and
-    the fake trace meets data-dependent control flow or an op whose fake kernel
-    rejects what its CPU kernel accepts).  ``progress(stage, detail)`` is called as the
-    step advances (each module entered in forward, then each phase).
+    or ``"auto"`` (fake, falling back to real only when the model fits in memory and
+    the fake trace meets data-dependent control flow; the report then says so).
+    ``progress(stage, detail)`` is called as the step advances (each module entered in forward,
+    then each phase).
     """
     if not isinstance(model, torch.nn.Module):
         raise UserError(f"model must be a torch.nn.Module, not {type(model).__name__}")
@@ -131,21 +132,9 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
                 f"is too large to trace on real ones; make the branch shape-only or pass smaller shapes"
             ) from exc.__cause__
         reason = str(exc)
-    except _StepFailed as exc:
-        from torch.utils.checkpoint import CheckpointError
-
-        if opts.target == "cuda" and _caused_by(exc, (CheckpointError,)):
-            # The model checkpoints regions itself; their recomputation in backward runs without
-            # torch-function modes, so it would pick CPU kernels where the forward picked CUDA's.
-            cap = _Step(model, args, kw, replace(opts, target="cpu"), fake=True, progress=progress).run()
-            cap.fallback_reason = ("attention modelled with CPU kernels: the model's own activation "
-                                   "checkpointing recomputes regions outside the CUDA kernel model")
-            return cap
-        # Either the inputs are wrong (the real trace fails the same way and says so) or an op's
-        # fake kernel is stricter than its CPU kernel (the real trace succeeds).
-        if mode == "fake" or not _fits_in_memory(model):
-            raise
-        reason = f"the fake-tensor trace failed ({exc})"
+    # A fake trace that fails otherwise (_StepFailed) is a user error (bad shapes or dtypes: a real trace
+    # would fail the same way) or an op whose fake kernel rejects these arguments: either way the error
+    # names the op.  Never a silent trace on real tensors, which would allocate the model for real.
     log.info("%s; capturing again on real CPU tensors", reason)
     cap = _Step(model, args, kw, opts, fake=False, progress=progress).run()
     cap.fallback_reason = reason
@@ -259,6 +248,7 @@ class _Step:
         self.opt_state: dict[str, dict[str, torch.Tensor]] = {}
         self.optimizer_name: str | None = None
         self.loss: torch.Tensor | None = None
+        self.output: Any = None
         self.loss_source = "none (inference)"
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -312,18 +302,16 @@ class _Step:
         if gc.isenabled():
             gc.disable()
             stack.callback(gc.enable)
-        use_cuda_kernels = opts.target == "cuda" and self.fake  # CUDA kernels exist as meta implementations only
-        self.kernel_mode = CudaKernels if use_cuda_kernels else contextlib.nullcontext
-        stack.callback(wrap_checkpointed(model, opts.checkpoint, self.kernel_mode))
+        stack.callback(wrap_checkpointed(model, opts.checkpoint))
         # The traced tensors stand in for the model's own for the whole step (backward recomputation of
         # checkpointed regions included), as torch.func.functional_call does for a single call.
         swap = _reparametrize_module(model, {**self.params, **self.buffers}, tie_weights=True, strict=False)
-        kernels = self.kernel_mode()
+        if opts.target == "cuda" and self.fake:  # CUDA kernels exist as meta implementations only
+            stack.enter_context(installed(opts.cuda or CudaTarget()))
         if self.fake:
             fake_log.setLevel(logging.CRITICAL)
             self.fake_entered = stack.enter_context(_Entered(self.fake_mode))
         stack.enter_context(swap)
-        stack.enter_context(kernels)
 
     @contextlib.contextmanager
     def _module_hooks(self):
@@ -371,7 +359,7 @@ class _Step:
         return self._result()
 
     def inference_forward(self) -> None:
-        with self._recording(), torch.no_grad():
+        with self._recording(), torch.no_grad(), self.opts.precision.autocast_context():
             # kept to the end of the capture: a serving loop holds the output it returns
             self.output = self._guard(lambda: self.model(*self.t_args, **self.t_kwargs))
 
@@ -387,11 +375,12 @@ class _Step:
 
         with self._recording(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             with self.opts.precision.autocast_context():
-                output = self._guard(lambda: self.model(*self.t_args, **self.t_kwargs))
+                # the output stays referenced until the step ends, as in ``out = model(x); loss = ...;
+                # loss.backward(); opt.step()``: freed only when the next step replaces it
+                self.output = self._guard(lambda: self.model(*self.t_args, **self.t_kwargs))
                 rec.phase = Phase.LOSS
                 self.progress("tracing the loss")
-                loss, self.loss_source = self._guard(lambda: select_loss(output, self.opts.loss_fn))
-            del output  # a training loop keeps only the loss
+                loss, self.loss_source = self._guard(lambda: select_loss(self.output, self.opts.loss_fn))
             if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                 raise UserError("the loss must be a scalar tensor; check loss_fn")
             if not loss.requires_grad:
@@ -445,6 +434,9 @@ class _Step:
             "optimizer_state": {rec.sid(t) for st in self.opt_state.values() for t in st.values()},
             "saved": set(self.saved),
             "loss": {rec.sid(loss)} if loss is not None else set(),
+            # the model's output tensors (the step holds them to its end; see estimator.memory)
+            "output": {rec.sid(t) for t in pytree.tree_leaves(getattr(self, "output", None))
+                       if isinstance(t, torch.Tensor)},
         }
         rec.closed = True
         return Capture(
@@ -492,8 +484,9 @@ class _Step:
                     f"the {rec.phase} pass{f' in module {where!r}' if where else ''} uses the higher-order "
                     f"operator {hop} (torch.{hop}), which the capture cannot run; use plain Python control "
                     f"flow there") from exc
+            op = f" in {rec.current_op}" if rec.current_op is not None else ""
             raise _StepFailed(
-                f"the {rec.phase} pass failed{f' in module {where!r}' if where else ''}: "
+                f"the {rec.phase} pass failed{f' in module {where!r}' if where else ''}{op}: "
                 f"{type(exc).__name__}: {first}; check the input shapes and dtypes"
             ) from exc
 
