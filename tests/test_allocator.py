@@ -8,6 +8,9 @@ the arithmetic is in the comments.
 
 from __future__ import annotations
 
+import difflib
+import functools
+import gc
 import gzip
 import json
 import os
@@ -530,43 +533,156 @@ def test_many_free_blocks_stay_consistent():
 
 
 # -- against the H100 reference ----------------------------------------------------------------
+# tests/data/cuda_reference/memory (the project's copy of the shared H100 set; see its README):
+# per op, memory_allocated() before and after it and its output storages' bytes.
+
+REFERENCE = os.path.join(HERE, "data", "cuda_reference", "memory")
 
 
-def _reference():
-    with gzip.open(os.path.join(DATA, "h100_whole_blocks.json.gz"), "rt") as f:
-        return json.load(f)
+@functools.lru_cache(maxsize=None)
+def reference(name: str) -> dict:
+    with open(os.path.join(REFERENCE, name + ".json.gz"), "rb") as f:
+        raw = gzip.decompress(f.read())
+    # many small objects at once: without this the collector rescans the whole heap (torch is
+    # imported by conftest) several times per file
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return json.loads(raw)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def reference_names() -> list[str]:
+    return sorted(f[:-len(".json.gz")] for f in os.listdir(REFERENCE) if f.endswith(".json.gz"))
+
+
+def out_bytes(op: dict) -> list[int]:
+    return [o[3] for o in op["out"] if o and len(o) > 3 and o[3]]
 
 
 def test_reference_over_allocations_follow_should_split():
-    """On a real H100, memory_allocated() grows by more than an op's rounded outputs only by
-    whole cached blocks: at most kSmallSize (1 MiB) more per large (> 1 MiB) output, in
-    512-byte multiples, and never for ops whose outputs are all small-pool sizes."""
-    ref = _reference()
-    assert ref["ops"], "no reference records"
-    for rec in ref["ops"]:
-        outs = rec["outputs"]
-        excess = rec["delta"] - sum(r512(n) for n in outs)
-        large = sum(1 for n in outs if r512(n) > kSmallSize)
-        assert excess % kMinBlockSize == 0
-        assert 0 < excess <= large * kSmallSize, rec
-    assert ref["small_only_over"] == 0  # counted over every case when the data was extracted
+    """Wherever an H100 op raised memory_allocated() by more than its rounded outputs (2,072
+    ops in 44 steps when written), the excess is what whole cached blocks explain: a multiple
+    of 512, at most kSmallSize (1 MiB) per large (> 1 MiB) output, and never for an op whose
+    outputs are all small-pool sizes (small blocks split down to 512 bytes).  The many excesses
+    of exactly 1 MiB show the remainder test is ``> kSmallSize``, not ``>=``."""
+    over = exactly_1mib = 0
+    for name in reference_names():
+        for op in reference(name)["ops"]:
+            outs = out_bytes(op)
+            excess = op["after"] - op["before"] - sum(r512(n) for n in outs)
+            if excess <= 0:
+                continue
+            over += 1
+            large = sum(1 for n in outs if r512(n) > kSmallSize)
+            assert excess % kMinBlockSize == 0 and excess <= large * kSmallSize, (name, op["op"], outs, excess)
+            exactly_1mib += len(outs) == 1 and excess == kSmallSize
+    assert over > 1000 and exactly_1mib > 100
 
 
 def test_reference_whole_block_cases_replayed():
-    """Cases where the block the op took is knowable: the op right before freed exactly one
-    block of ``taken`` bytes and the op's single large output then raised memory_allocated()
-    by ``taken``.  Rebuild that cache state (the freed block between allocated neighbours) and
-    replay the op: the model hands out the same whole block."""
-    cases = _reference()["knowable"]
-    assert len(cases) >= 5
-    for case in cases:
-        request, taken = case["request"], case["taken"]
+    """Cases where the block the op took is knowable: the frees right before the op released
+    exactly ``taken`` bytes and the op's single large output then raised memory_allocated() by
+    ``taken``.  Rebuild that cache state (the freed block between allocated neighbours) and
+    replay the op: the model hands out the same whole block, growing allocated by ``taken``."""
+    cases = []
+    for name in reference_names():
+        ops = reference(name)["ops"]
+        for prev, op in zip(ops, ops[1:]):
+            outs = out_bytes(op)
+            taken, freed = op["after"] - op["before"], prev["after"] - op["before"]
+            if len(outs) == 1 and r512(outs[0]) > kSmallSize and taken > r512(outs[0]) and freed == taken:
+                cases.append((name, op["op"], outs[0], taken))
+    assert len(cases) >= 20
+    for name, opname, request, taken in cases:
         a = Allocator()
-        seg = get_allocation_size(taken)
-        x = a.malloc(taken)
-        if seg > taken:
-            a.malloc(seg - taken)  # the rest of the segment stays in use
-        a.free(x)  # the op before freed it
+        a.free(a.malloc(taken + 4 * MiB))  # a cached segment with room for `taken` and more
+        x = a.malloc(taken)  # split: the remainder is > 1 MiB
+        a.malloc(a.snapshot()[0].blocks[1].size)  # the remainder stays in use
+        a.free(x)  # the frees before the op: a free block of exactly `taken`
+        assert [b.size for s in a.snapshot() for b in s.blocks if not b.allocated] == [taken]
         before = a.allocated
         a.malloc(request)
-        assert a.allocated - before == taken, case
+        assert a.allocated - before == taken, (name, opname, request, taken)
+
+
+def replay_capture(name: str):
+    """Three steps of a frozen estimator capture (tests/data/allocator) through the model, with
+    the reference's cuBLAS workspaces allocated first and zero_grad(set_to_none=True) freeing the
+    gradients at the end of each step.  Returns (reference, ops, per-op allocated growth in the
+    third step, 512-rounded requests per op, the step traces)."""
+    with gzip.open(os.path.join(DATA, name + ".capture.json.gz"), "rt") as f:
+        cap = json.load(f)
+    ref = reference(name)
+    ws = ref["ws"]
+    events = [(-1, "ws0", ws // 2), (-1, "ws1", ws - ws // 2)] + [tuple(e) for e in cap["events"]]
+    end = len(cap["ops"])
+    events += [(end, sid, -n) for sid, n in zip(cap["gradients"], cap["storage_bytes_gradients"])]
+    sim = Replay()
+    traces = []
+    for _ in range(3):
+        a = sim.allocator
+        grown, rounded, start = {}, {}, {}
+        traces.append(sim.run(events, skip_live=True))
+    # the third step again, event by event, for the growth of allocated during each op
+    a, live = sim.allocator, dict(sim.live)
+    for index, key, n in events:
+        if n >= 0:
+            if key in live:
+                continue
+            start.setdefault(index, a.allocated)
+            live[key] = (a.malloc(n), n)
+            grown[index] = a.allocated - start[index]
+            rounded[index] = rounded.get(index, 0) + r512(n)
+        else:
+            a.free(live.pop(key)[0])
+    return ref, cap["ops"], grown, rounded, traces
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v3_small_b64__fp32", "resnet50_b64__fp32"])
+def test_reference_step_peaks(name):
+    """The estimator's event stream of a CNN step (close to the real one) through the model:
+    the steady-state max_memory_allocated() and max_memory_reserved() land within 1 % of the
+    H100's (measured when written: 1.000 / 1.003 and 1.001 / 0.993), and the model's peak is at
+    least the 512-rounding-only estimate's (whole blocks only add)."""
+    ref, ops, grown, rounded, traces = replay_capture(name)
+    steady = ref["steps"][1]
+    assert traces[1].peak_allocated == pytest.approx(steady["peak"], rel=0.01)
+    assert traces[1].peak_reserved == pytest.approx(steady["reserved_peak"], rel=0.01)
+    with gzip.open(os.path.join(DATA, name + ".capture.json.gz"), "rt") as f:
+        estimate_peak = json.load(f)["estimate_peak"] + ref["ws"]
+    assert traces[1].peak_allocated >= estimate_peak
+    assert traces[2].peak_allocated == traces[1].peak_allocated  # steady state
+
+
+def test_reference_per_op_whole_blocks_reproduced():
+    """Op by op (aligned by name within each phase), the third replayed step of MobileNetV3's
+    capture against the H100's: where the real op took whole cached blocks (memory_allocated()
+    grew by more than its rounded outputs: 39 ops when written), the model grows allocated by
+    the same bytes in at least 90 % of them (38 when written), and it matches the real growth
+    exactly in more ops than rounding to 512 bytes alone does (530 vs 492 of 532)."""
+    ref, ops, grown, rounded, _ = replay_capture("mobilenet_v3_small_b64__fp32")
+    ours = [(("forward" if phase == "loss" else phase), op, grown.get(i, 0), rounded.get(i, 0))
+            for i, (phase, op) in enumerate(ops)]
+    theirs = [(r["phase"], r["op"].removeprefix("aten.").rsplit(".", 1)[0], r["after"] - r["before"],
+               sum(r512(n) for n in out_bytes(r))) for r in ref["ops"]]
+    whole = whole_same = exact_model = exact_rounding = aligned = 0
+    for phase in ("forward", "backward", "optimizer"):
+        o = [x for x in ours if x[0] == phase]
+        t = [x for x in theirs if x[0] == phase]
+        matcher = difflib.SequenceMatcher(a=[x[1] for x in o], b=[x[1] for x in t], autojunk=False)
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+            if tag != "equal":
+                continue
+            for x, y in zip(o[i1:i2], t[j1:j2]):
+                aligned += 1
+                exact_model += x[2] == y[2]
+                exact_rounding += x[3] == y[2]
+                if y[2] > y[3] > 0:
+                    whole += 1
+                    whole_same += x[2] == y[2]
+    assert aligned > 500 and whole > 30
+    assert whole_same >= 0.9 * whole
+    assert exact_model > exact_rounding
