@@ -171,7 +171,7 @@ def load_cases(data: str = DATA) -> list[Case]:
 
 # -- stage 1: kernels ---------------------------------------------------------------------------
 
-_FITTED_EFF = ("matmul.fp32", "matmul.half", "conv.tf32", "conv.half", "attention.cudnn.half",
+_FITTED_EFF = ("matmul.fp32", "matmul.half", "conv.tf32", "conv.half", "conv.grouped", "attention.cudnn.half",
                "attention.efficient.fp32")
 _ASSUMED_EFF = {  # key -> (source key, why)
     "matmul.tf32": ("matmul.half", "no fp32 case runs TF32 GEMMs (allow_tf32 is off by default): the "
@@ -200,10 +200,12 @@ class _Features:
         self.launches = f([w.launches for w, _, _ in rows])
         self.bytes = f([w.bytes for w, _, _ in rows])
         flops, peak, size_rows, k, align, eff_idx, attn_bwd, conv_bwd = [], [], [], [], [], [], [], []
+        mm, nn = [], []
         self.eff_keys = list(_FITTED_EFF)
         for w, _, _ in rows:
             if w.kind == T.MEMORY:
                 flops.append(0.0), peak.append(1.0), size_rows.append(1.0), k.append(1.0), align.append(16.0)
+                mm.append(1.0), nn.append(1.0)
                 eff_idx.append(0), attn_bwd.append(False), conv_bwd.append(False)
                 continue
             peak_key, prec = T.precision_of(w)
@@ -214,11 +216,14 @@ class _Features:
             # attention has no size factor: rows and k far above the constants make it 1
             size_rows.append(1e30 if attention else float(w.batch * w.m * w.n))
             k.append(1e30 if attention else float(w.k))
-            align.append(float(w.align) if prec != "fp32" else 16.0)
+            mm.append(1e30 if attention else float(w.m))
+            nn.append(1e30 if attention else float(w.n))
+            align.append(float(w.align) if prec not in ("fp32", "grouped") else 16.0)
             eff_idx.append(self.eff_keys.index(key))
             attn_bwd.append(attention and w.backward)
             conv_bwd.append(w.kind == T.CONV and w.backward)
         self.flops, self.peak, self.size_rows, self.k, self.align = f(flops), f(peak), f(size_rows), f(k), f(align)
+        self.m, self.n = f(mm), f(nn)
         self.eff_idx = torch.tensor(eff_idx)
         self.attn_bwd, self.conv_bwd = torch.tensor(attn_bwd), torch.tensor(conv_bwd)
 
@@ -229,7 +234,7 @@ class _Features:
         eff = p["eff"][self.eff_idx]
         eff = eff * torch.where(self.attn_bwd, p["attention_backward"], 1.0)
         eff = eff * torch.where(self.conv_bwd, p["conv_backward"], 1.0)
-        size = T.size_factor(self.size_rows, self.k, p["fill_rows"], p["k0"])
+        size = T.size_factor(self.size_rows, self.m, self.n, self.k, p["fill_rows"], p["n0"], p["k0"])
         align = T.align_factor(self.align, p["align_gamma"])
         compute = T.compute_seconds(self.flops, self.peak, eff, size, align)
         t_compute = self.launches * p["library_s"] + T.soft_max_p(compute, self.bytes / p["bandwidth"], p["overlap_p"])
@@ -241,14 +246,14 @@ class _Features:
 # weakly towards the middle of its range (PRIOR), which only matters where no op constrains it.
 _BOUNDS = {  # name: (low, high, log scale)
     "launch_s": (0.5e-6, 20e-6, True), "library_s": (1e-6, 60e-6, True), "bandwidth_frac": (0.3, 1.0, False),
-    "overlap_p": (1.0, 16.0, True), "attention_backward": (0.2, 2.0, True), "conv_backward": (0.2, 2.0, True),
-    "fill_rows": (1.0, 1e7, True), "k0": (1.0, 1024.0, True), "align_gamma": (0.0, 3.0, False),
+    "overlap_p": (1.0, 16.0, True), "attention_backward": (0.25, 4.0, True), "conv_backward": (0.25, 4.0, True),
+    "fill_rows": (1.0, 1e7, True), "n0": (0.1, 1024.0, True), "k0": (1.0, 1024.0, True), "align_gamma": (0.0, 2.0, False),
     "memory_eff": (0.03, 1.0, False), "eff": (0.01, 1.0, False),
 }
 WEIGHT_POWER = 0.0  # per-op weight (time / mean time) ** this: 0 = every op alike, 1 = by time
 PRIOR = 1e-3  # weight of the pull towards the middle of each range (the data's loss is ~0.01-1)
 _SCALARS = ("launch_s", "library_s", "bandwidth_frac", "overlap_p", "attention_backward", "conv_backward",
-            "fill_rows", "k0", "align_gamma")
+            "fill_rows", "n0", "k0", "align_gamma")
 _N_MEMORY = len(T.MEMORY_CLASSES) - 1  # elementwise is the reference
 
 
@@ -314,95 +319,132 @@ def fit_kernels(cases: list[Case], gpu=None) -> dict:
 
 # -- stage 2: host ------------------------------------------------------------------------------
 
-_HOST = ("dispatch", "launch", "python", "cublas", "cudnn", "tensor")
+_HOST = ("dispatch", "python", "inop", "tensor")
+MIN_SAMPLES = 3  # an op name enters the in-op table with at least this many idle-GPU samples
 
 
-def host_counts(w: T.OpWork) -> list[float]:
+def inop_table(cases: list[Case], kernels: T.TimingModel) -> tuple[dict[str, float], dict[str, float]]:
+    """Host time spent inside each op beyond a view's, by aten op name, from the instrumented step.
+
+    When the GPU is idle (the op is not ``timed``) an event pair reads the host's time from the
+    first event to the second: the dispatcher, the op's own host work (allocation,
+    TensorIterator set-up, library descriptors and plans, the launch) and the kernel if that is
+    longer.  Per op name: median of (event time - predicted kernel time) over such ops, less the
+    median event time of a view (the cost of the instrumentation itself).  Also per class
+    (``kernel``, ``cublas``, ``cudnn``, ``foreach``), for op names without samples."""
+    per: dict[str, list[float]] = {}
+    per_class: dict[str, list[float]] = {}
+    views = []
+    for c in cases:
+        for w, m, t in zip(c.works, c.measured, c.timed):
+            if w.kind == T.VIEW and m >= BACKLOG_S:
+                views.append(m)
+            if w.kind in T.NO_KERNEL or t:
+                continue
+            extra = m - T.gpu_seconds(w, kernels)
+            per.setdefault(w.op, []).append(extra)
+            per_class.setdefault(T.host_class(w), []).append(extra)
+    base = _median(views) if views else 0.0
+    table = {op: max(0.0, _median(v) - base) for op, v in per.items() if len(v) >= MIN_SAMPLES}
+    classes = {k: max(0.0, _median(v) - base) for k, v in per_class.items()}
+    return dict(sorted(table.items())), dict(sorted(classes.items()))
+
+
+def _median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def host_counts(w: T.OpWork, table: dict[str, float], classes: dict[str, float]) -> list[float]:
     """How many of each host constant one op costs (cpu_seconds(w) = counts . constants).
 
-    Every op pays the dispatcher (``dispatch``); an op that launches kernels pays a launch;
-    an op issued in the forward pays the model's Python around it (``python``: module calls,
-    autograd recording); library calls pay their library (``cublas``, ``cudnn``); foreach ops pay
-    per tensor of their lists (``tensor``: the optimizer's per-parameter work).  The optimizer's
+    Every op pays the dispatcher (``dispatch``) and, in the forward, the model's Python around
+    it (``python``: module calls, autograd recording); an op that launches kernels pays its
+    measured in-op host time (``inop`` scales the table: 1 = as measured); foreach ops pay per
+    tensor of their lists (``tensor``: the optimizer's per-parameter Python).  The optimizer's
     scalar reads (HOST) are inside ``tensor``; a sync op's wait is the timeline's."""
     c = [0.0] * len(_HOST)
     if w.kind == T.HOST:
         return c
     c[0] = 1.0
     if w.phase == "forward":
-        c[2] = 1.0
-    if w.kind == T.VIEW:
+        c[1] = 1.0
+    if w.kind in (T.VIEW, T.SYNC):
         return c
-    c[1] = 1.0
-    if w.library:
-        c[_HOST.index(w.library)] = 1.0
-    c[5] = float(w.tensors)
+    c[2] = T.inop_seconds(w, table, classes)
+    c[3] = float(w.tensors)
     return c
 
 
-def host_constants(h: dict[str, float]) -> dict:
+def host_constants(h: dict[str, float], table: dict[str, float], classes: dict[str, float]) -> dict:
     """The TimingModel host fields from the fitted constants."""
     view = {p: h["dispatch"] + (h["python"] if p == "forward" else 0.0) for p in T.PHASES}
-    op = {p: view[p] + h["launch"] for p in T.PHASES}
-    return {"cpu_view": view, "cpu_op": op, "cpu_library": {"cublas": h["cublas"], "cudnn": h["cudnn"]},
+    return {"cpu_view": view, "cpu_inop": {op: h["inop"] * v for op, v in table.items()},
+            "cpu_inop_class": {k: h["inop"] * v for k, v in classes.items()},
             "cpu_tensor": h["tensor"], "cpu_sync": 0.0}
 
 
 class _Timeline:
     """One case's ops for the host fit: host-cost counts, kernel times, sync positions."""
 
-    def __init__(self, case: Case, gpu_s: list[float]):
+    def __init__(self, case: Case, gpu_s: list[float], table: dict[str, float], classes: dict[str, float]):
         self.case = case
-        self.E = torch.tensor([host_counts(w) for w in case.works], dtype=torch.float64)
-        self.g = torch.tensor(gpu_s, dtype=torch.float64)
+        self.E = torch.tensor([host_counts(w, table, classes) for w in case.works], dtype=torch.float64)
+        g = torch.tensor(gpu_s, dtype=torch.float64)
+        zero = torch.zeros(1, self.E.shape[1], dtype=torch.float64)
+        self.PE = torch.cat([zero, torch.cumsum(self.E, 0)])  # PE[i] = E[:i].sum(0)
+        self.Pg = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(g, 0)]).tolist()  # Pg[i] = g[:i].sum()
+        self.Pg_t = torch.tensor(self.Pg[:-1], dtype=torch.float64)
+        self.no_kernel = torch.where(g > 0, 0.0, -math.inf).to(torch.float64)
+        self.g = g.tolist()
         self.syncs = [i for i, w in enumerate(case.works) if w.sync]
 
     def linearise(self, c: torch.Tensor) -> tuple[torch.Tensor, float]:
         """(a, b) with the simulated step == a . c + b at these constants (see the module docstring).
 
-        Each clock is kept as (a, b): host-constant counts and kernel seconds.  Between syncs the
-        GPU clock after the last op is ``max(gpu0 + S, max_j (C_j + S - S_{j-1}))`` over the ops j
-        that launch kernels (C: host clock, S: kernel time since the segment start)."""
-        cost = self.E @ c
-        n, P = self.E.shape
-        a_cpu, b_cpu = torch.zeros(P, dtype=torch.float64), 0.0
-        a_gpu, b_gpu = torch.zeros(P, dtype=torch.float64), 0.0
+        Each clock is kept as (a, b, value): host-constant counts, kernel seconds and their value
+        at ``c``.  Between syncs the GPU clock after the last op is ``max(gpu0 + S,
+        max_j (C_j + S - S_{j-1}))`` over the ops j that launch kernels (C: host clock after op j,
+        S: kernel time since the segment start, S_{j-1}: before op j)."""
+        Pc = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(self.E @ c, 0)])
+        D = Pc[1:] - self.Pg_t + self.no_kernel  # C_j - S_{j-1} up to the segment's offsets
+        Pc_l = Pc.tolist()
+        Pg = self.Pg
+        P = self.E.shape[1]
+        cpu = [torch.zeros(P, dtype=torch.float64), 0.0, 0.0]  # a, b, value
+        gpu = [torch.zeros(P, dtype=torch.float64), 0.0, 0.0]
 
-        def value(a, b):
-            return float(a @ c) + b
-
-        def run(lo, hi):  # ops lo..hi-1 without syncs
-            nonlocal a_cpu, b_cpu, a_gpu, b_gpu
+        def run(lo, hi):  # ops lo..hi-1, no sync among them
             if lo >= hi:
                 return
-            g = self.g[lo:hi]
-            cpu0 = value(a_cpu, b_cpu)
-            C = cpu0 + torch.cumsum(cost[lo:hi], 0)
-            S = torch.cumsum(g, 0)
-            S_prev = S - g
-            cand = torch.where(g > 0, C - S_prev, torch.full_like(C, -math.inf))
-            best, arg = torch.cummax(cand, 0)
-            E_cum = torch.cumsum(self.E[lo:hi], 0)
-            if float(best[-1]) + float(S[-1]) > value(a_gpu, b_gpu) + float(S[-1]):
-                j = int(arg[-1])
-                a_gpu, b_gpu = a_cpu + E_cum[j], b_cpu + float(S[-1] - S_prev[j])
+            s_end = Pg[hi] - Pg[lo]
+            best, j = torch.max(D[lo:hi], 0)
+            j = int(j) + lo
+            from_cpu = cpu[2] - Pc_l[lo] + Pg[lo] + float(best) + s_end
+            if from_cpu > gpu[2] + s_end:
+                gpu[0] = cpu[0] + (self.PE[j + 1] - self.PE[lo])
+                gpu[1] = cpu[1] + Pg[hi] - Pg[j]
+                gpu[2] = from_cpu
             else:
-                b_gpu = b_gpu + float(S[-1])
-            a_cpu = a_cpu + E_cum[-1]
+                gpu[1] += s_end
+                gpu[2] += s_end
+            cpu[0] = cpu[0] + (self.PE[hi] - self.PE[lo])
+            cpu[2] += Pc_l[hi] - Pc_l[lo]
 
         lo = 0
         for s in self.syncs:
             run(lo, s)
-            a_cpu = a_cpu + self.E[s]  # the sync op's host work, then the wait
-            if value(a_gpu, b_gpu) > value(a_cpu, b_cpu):
-                a_cpu, b_cpu = a_gpu.clone(), b_gpu
-            if float(self.g[s]) > 0:  # its own kernels start now
-                a_gpu, b_gpu = a_cpu.clone(), b_cpu + float(self.g[s])
+            cpu[0] = cpu[0] + self.E[s]  # the sync op's host work, then the wait for the GPU
+            cpu[2] += Pc_l[s + 1] - Pc_l[s]
+            if gpu[2] > cpu[2]:
+                cpu = [gpu[0].clone(), gpu[1], gpu[2]]
+            if self.g[s] > 0:  # its own kernels start now
+                gpu = [cpu[0].clone(), cpu[1] + self.g[s], cpu[2] + self.g[s]]
             lo = s + 1
-        run(lo, n)
-        if value(a_gpu, b_gpu) > value(a_cpu, b_cpu):
-            return a_gpu, b_gpu
-        return a_cpu, b_cpu
+        run(lo, len(self.g))
+        end = gpu if gpu[2] > cpu[2] else cpu
+        return end[0], end[1]
 
 
 def _nnls(A: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -419,14 +461,15 @@ def _nnls(A: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return x.clamp(min=0)
 
 
-def fit_host(cases: list[Case], kernels: T.TimingModel, iterations: int = 40) -> dict[str, float]:
+def fit_host(cases: list[Case], kernels: T.TimingModel, table: dict[str, float], classes: dict[str, float],
+             iterations: int = 40) -> dict[str, float]:
     """Stage 2: host constants from the median step times (see the module docstring).
 
     Gauss-Newton on the piecewise-linear simulated step: linearise at the current constants,
     solve the non-negative least squares of the relative step errors, then take the largest
     step towards that solution (1, 1/2, 1/4 ...) that lowers the sum of squared log errors of
     the true simulation."""
-    tls = [_Timeline(c, [T.gpu_seconds(w, kernels) for w in c.works]) for c in cases]
+    tls = [_Timeline(c, [T.gpu_seconds(w, kernels) for w in c.works], table, classes) for c in cases]
     y = torch.tensor([c.step_s for c in cases], dtype=torch.float64)
 
     def linearise(c):
@@ -438,7 +481,7 @@ def fit_host(cases: list[Case], kernels: T.TimingModel, iterations: int = 40) ->
     def objective(A, b, c):
         return float(torch.sum(torch.log((A @ c + b) / y) ** 2))
 
-    c = torch.full((len(_HOST),), 5e-6, dtype=torch.float64)
+    c = torch.tensor([5e-6, 5e-6, 1.0, 1e-6], dtype=torch.float64)
     A, b = linearise(c)
     best = objective(A, b, c)
     for _ in range(iterations):
@@ -479,14 +522,15 @@ def _fit(cases: list[Case], gpu=None) -> T.TimingModel:
     for key in _FITTED_EFF:  # fitted keys without data in these cases: the nearest family
         if key not in eff:
             eff[key] = eff.get(key.rsplit(".", 1)[0] + ".half") or eff.get("matmul.half")
-    host0 = {"view": {p: 0.0 for p in T.PHASES}, "op": {p: 0.0 for p in T.PHASES}}
+    host0 = {p: 0.0 for p in T.PHASES}
     model = T.TimingModel(
         gpu=gpu.name, calibrated=True, source="fitted", launch_s=k["launch_s"], library_s=k["library_s"],
         bandwidth=k["bandwidth"], memory_eff=k["memory_eff"], overlap_p=k["overlap_p"], eff=eff,
         attention_backward=k["attention_backward"], conv_backward=k["conv_backward"], fill_rows=k["fill_rows"],
-        k0=k["k0"], align_gamma=k["align_gamma"], peaks=T._peaks(gpu), cpu_view=host0["view"], cpu_op=host0["op"],
-        cpu_library={"cublas": 0.0, "cudnn": 0.0}, cpu_tensor=0.0, cpu_sync=0.0)
-    return replace(model, **host_constants(fit_host(cases, model)))
+        n0=k["n0"], k0=k["k0"], align_gamma=k["align_gamma"], peaks=T._peaks(gpu), cpu_view=host0, cpu_inop={},
+        cpu_inop_class={}, cpu_tensor=0.0, cpu_sync=0.0)
+    table, classes = inop_table(cases, model)
+    return replace(model, **host_constants(fit_host(cases, model, table, classes), table, classes))
 
 
 def provenance(cases: list[Case]) -> dict:
@@ -516,7 +560,7 @@ def provenance(cases: list[Case]) -> dict:
             "memory_eff": {cls: {"fitted_from": having(lambda w, cls=cls: w.kind == T.MEMORY
                                                        and w.memory_class == cls)}
                            for cls in T.MEMORY_CLASSES[1:]},
-            "library_s, overlap_p, fill_rows, k0": {"fitted_from": compute},
+            "library_s, overlap_p, fill_rows, n0, k0": {"fitted_from": compute},
             "align_gamma": {"fitted_from": having(lambda w: w.kind == T.MATMUL and w.align < 16
                                                   and w.dtype in ("bfloat16", "float16"))},
             "attention_backward": {"fitted_from": having(lambda w: w.kind == T.ATTENTION and w.backward)},
@@ -545,17 +589,133 @@ def predict(case: Case, model: T.TimingModel) -> T.StepTime:
     return T.simulate(case.works, model)
 
 
-def lomo(cases: list[Case]) -> list[dict]:
-    """Leave one model out: refit without all cases of a model, predict them."""
+BIG_SHARE = 0.8  # the "big" matmuls: the largest timed ones making up this share of timed matmul FLOPs
+
+
+def big_matmuls(case: Case) -> list[int]:
+    """Indices of the case's big matmuls: among the GEMMs timed on a busy GPU (the others' event
+    times include host time), the largest by FLOPs that make up BIG_SHARE of their FLOPs.  (Chosen
+    by FLOPs, not by measured time, so that an event pair that caught a stall does not select
+    itself.)"""
+    timed = sorted(((w.flops, i) for i, (w, t) in enumerate(zip(case.works, case.timed))
+                    if t and w.kind == T.MATMUL), reverse=True)
+    total = sum(f for f, _ in timed)
+    out, acc = [], 0
+    for f, i in timed:
+        if acc >= BIG_SHARE * total:
+            break
+        out.append(i)
+        acc += f
+    return out
+
+
+def lomo(cases: list[Case], models: list[str] | None = None) -> list[dict]:
+    """Leave one model out: refit without all cases of a model, predict them (step and big matmuls)."""
     rows = []
-    for held in sorted({c.model for c in cases}):
+    for held in models or sorted({c.model for c in cases}):
         model = fit([c for c in cases if c.model != held])
         for c in cases:
             if c.model == held:
                 st = predict(c, model)
+                mm = [(c.works[i], c.measured[i], T.gpu_seconds(c.works[i], model)) for i in big_matmuls(c)]
                 rows.append({"case": c.name, "precision": c.precision, "model": held, "measured_s": c.step_s,
-                             "predicted_s": st.total, "ratio": st.total / c.step_s, "gpu_busy_s": st.gpu_busy,
-                             "host_s": st.host})
+                             "samples_s": c.meta.get("step_s_all"), "predicted_s": st.total,
+                             "ratio": st.total / c.step_s, "gpu_busy_s": st.gpu_busy, "host_s": st.host,
+                             "matmuls": [{"op": w.op, "m": w.m, "n": w.n, "k": w.k, "batch": w.batch, "dtype": w.dtype,
+                                          "measured_s": m, "predicted_s": p} for w, m, p in mm]})
+    return rows
+
+
+# -- the model on this project's capture ------------------------------------------------------------
+
+# The reference cases this project can build here (record/cuda_trace.py:cases(), same configs,
+# batch and sequence sizes; torchvision has no CPU build here, so resnet50/mobilenet are absent).
+_HF = {  # case -> (config class, model class, vocab, batch, seq, config fields)
+    "gpt2_124m": ("GPT2Config", "GPT2LMHeadModel", 50257, 8, 1024, dict(use_cache=False)),
+    "gpt2_124m_b2": ("GPT2Config", "GPT2LMHeadModel", 50257, 2, 1024, dict(use_cache=False)),
+    "gpt2_124m_b16_s512": ("GPT2Config", "GPT2LMHeadModel", 50257, 16, 512, dict(use_cache=False)),
+    "llama_small": ("LlamaConfig", "LlamaForCausalLM", 32000, 4, 1024, dict(
+        hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+        num_key_value_heads=4, vocab_size=32000, use_cache=False)),
+    "llama_small_b1": ("LlamaConfig", "LlamaForCausalLM", 32000, 1, 1024, dict(
+        hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+        num_key_value_heads=4, vocab_size=32000, use_cache=False)),
+    "llama_small_s4096": ("LlamaConfig", "LlamaForCausalLM", 32000, 1, 4096, dict(
+        hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+        num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096, use_cache=False)),
+    "bert_small": ("BertConfig", "BertForMaskedLM", 30522, 8, 512, dict(
+        hidden_size=512, num_hidden_layers=4, num_attention_heads=8, intermediate_size=2048)),
+    "t5_small": ("T5Config", "T5ForConditionalGeneration", 32128, 8, 512, dict(
+        d_model=512, d_ff=2048, num_layers=6, num_heads=8, use_cache=False, decoder_start_token_id=0)),
+    "mixtral_small": ("MixtralConfig", "MixtralForCausalLM", 32000, 4, 1024, dict(
+        hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
+        num_key_value_heads=4, num_local_experts=4, num_experts_per_tok=2, vocab_size=32000, use_cache=False)),
+}
+
+
+def build_case(name: str):
+    """(model, inputs, loss_fn) of a reference case, built without weights (meta device)."""
+    import torch.nn.functional as F_
+
+    from estimator import empty_weights
+
+    if name in _HF:
+        import transformers
+
+        cfg_cls, model_cls, vocab, b, s, cfg = _HF[name]
+        with empty_weights():
+            model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**cfg))
+        ids = torch.zeros(b, s, dtype=torch.long, device="meta")
+        return model, {"input_ids": ids, "labels": ids}, None
+    if name in ("example_gpt", "example_vgg"):
+        import importlib
+
+        sys.path.insert(0, ROOT)
+        model, inputs = importlib.import_module(f"examples.{name.split('_')[1]}").build()
+        return model, inputs, None
+    if name == "lstm_2x512":
+        class M(torch.nn.Module):  # record/cuda_trace.py:cases()["lstm_2x512"]
+            def __init__(self):
+                super().__init__()
+                self.emb = torch.nn.Embedding(8000, 256)
+                self.rnn = torch.nn.LSTM(256, 512, num_layers=2, batch_first=True)
+                self.head = torch.nn.Linear(512, 8000)
+
+            def forward(self, x):
+                return self.head(self.rnn(self.emb(x))[0])
+
+        def ce(out):  # the recorded loss: cross-entropy against class 0
+            logits = out.float().reshape(-1, out.shape[-1])
+            return F_.cross_entropy(logits, torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device))
+
+        with empty_weights():
+            model = M()
+        return model, (torch.zeros(16, 128, dtype=torch.long, device="meta"),), ce
+    raise KeyError(name)
+
+
+CAPTURABLE = tuple(_HF) + ("example_gpt", "example_vgg", "lstm_2x512")
+
+
+def capture_rows(cases: list[Case], model: T.TimingModel | None = None) -> list[dict]:
+    """The model applied to this project's capture (``estimate(..., device="cuda")``) of each
+    buildable reference case, beside the measured step and the model on the reference's own ops."""
+    from estimator import estimate
+
+    model = model or T.load_model(GPU_NAME)
+    rows = []
+    for c in cases:
+        if c.name not in CAPTURABLE:
+            continue
+        net, inputs, loss_fn = build_case(c.name)
+        report = estimate(net, inputs, loss_fn=loss_fn, device="cuda", precision=c.precision)
+        works = T.works_of(report)
+        st = T.simulate(works, model)
+        ref = predict(c, model)
+        rows.append({"case": c.name, "precision": c.precision, "measured_s": c.step_s, "captured_s": st.total,
+                     "ratio": st.total / c.step_s, "reference_ops_s": ref.total, "ops_captured": len(works),
+                     "ops_reference": len(c.works), "gpu_busy_s": st.gpu_busy, "host_s": st.host,
+                     "gpu_busy_reference_s": ref.gpu_busy, "host_reference_s": ref.host})
     return rows
 
 
@@ -564,6 +724,7 @@ def main(argv=None):
     ap.add_argument("--import-reference", metavar="DIR")
     ap.add_argument("--lomo", action="store_true")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--capture", action="store_true", help="the shipped constants on this project's capture")
     ap.add_argument("--out", default=OUT)
     a = ap.parse_args(argv)
     if a.import_reference:
@@ -571,6 +732,14 @@ def main(argv=None):
             print("wrote", os.path.relpath(path, ROOT))
         return
     cases = load_cases()
+    if a.capture:
+        print("| case | precision | measured (ms) | capture (ms) | capture / measured | reference ops (ms) "
+              "| ops captured / reference |")
+        print("|---|---|---:|---:|---:|---:|---:|")
+        for r in capture_rows(cases):
+            print(f"| {r['case']} | {r['precision']} | {r['measured_s'] * 1e3:.1f} | {r['captured_s'] * 1e3:.1f} "
+                  f"| {r['ratio']:.2f} | {r['reference_ops_s'] * 1e3:.1f} | {r['ops_captured']} / {r['ops_reference']} |")
+        return
     if a.lomo:
         rows = lomo(cases)
         print("| case | precision | measured (ms) | predicted (ms) | predicted / measured |")

@@ -11,47 +11,60 @@ API (for wiring into ``estimate --gpu``, ``plan`` and ``validate``)::
     st.top(10)                                  # the ops that take the most GPU time
     model = load_model(gpu)                     # the constants (TimingModel) for a hardware.GPU
 
-    step_time(nodes_or_capture, gpu, model=None, *, matmul_tf32=False) -> StepTime
+    step_time(obj, gpu="H100-SXM", model=None, *, matmul_tf32=False, steady_state=True) -> StepTime
+    works_of(obj, steady_state=True) -> list[OpWork]   # a Report / Capture / OpNodes as OpWork records
     OpWork.from_node(node) -> OpWork | None     # one op of this project's capture
     OpWork.from_record(rec, mem=None, causal=False) -> OpWork   # one op of the CUDA reference data
     gpu_seconds(work, model) -> float           # the kernel time of one op (GPU busy)
     cpu_seconds(work, model) -> float           # the host time to issue one op (dispatch, launch)
     simulate(works, model) -> StepTime          # the two timelines
 
-The model (one op at a time, pure functions of an :class:`OpWork`):
+The model (pure functions of an :class:`OpWork`, one op at a time):
 
 * **compute-bound ops** (mm/addmm/bmm/baddbmm/_grouped_mm, convolution and its backward, the
-  fused SDPA kernels by backend, ``_cudnn_rnn``): ``t = launches * launch_s + soft_max(compute,
-  memory)``, with ``compute = FLOPs / (peak(dtype) * eff)`` and ``memory = bytes / bandwidth``.
-  ``eff`` is an achieved fraction of the datasheet peak (``hardware.GPU.peak``) per dtype and op
-  family, times a size factor ``1 / (1 + m0/m + m0/n + k0/k)`` (small GEMM dimensions waste
-  tiles and prologue/epilogue work; a batch of GEMMs counts as more rows) and an alignment factor
-  ``(align / 16) ** gamma`` for tensor-core dtypes when a leading dimension is not a multiple of
-  16 bytes (cuBLAS then cannot use 16-byte/TMA loads; GPT-2's 50,257 vocabulary).  The fp32
-  matmul default runs on the fp32 pipes (``torch.backends.cuda.matmul.allow_tf32`` is False by
-  default), cuDNN convolutions run TF32 (``torch.backends.cudnn.allow_tf32`` is True).
-  ``soft_max(a, b) = (a**p + b**p) ** (1/p)`` is how far a kernel overlaps its math with its
-  memory traffic (p = 1: not at all; p -> inf: the roofline max).
+  fused SDPA kernels by backend): ``t = launches * library_s + soft_max(compute, memory)`` with
+  ``compute = FLOPs / (peak * eff * size * align)`` and ``memory = bytes / bandwidth``.  ``peak``
+  is the datasheet peak (``hardware.GPU.peak``) of the precision the kernel runs in: fp32 GEMMs
+  on the fp32 pipes (``torch.backends.cuda.matmul.allow_tf32`` is False by default), cuDNN
+  convolutions in TF32 (``torch.backends.cudnn.allow_tf32`` is True), bf16/fp16 on tensor cores,
+  grouped (depthwise) convolutions on the fp32 pipes.  ``eff`` is the achieved fraction per op
+  family and precision (and backend for attention; backward kernels x ``attention_backward`` /
+  ``conv_backward``).  ``size = rows/(rows + fill_rows) * m/(m + n0) * n/(n + n0) * k/(k + k0)``
+  (rows = batch * m * n output elements): small GEMMs fill too few tiles, narrow ones pad their
+  tiles, short inner loops do not amortise prologue and epilogue.  ``align = (a / 16) ** gamma``
+  for tensor-core kernels whose leading dimensions are only ``a``-byte aligned (GPT-2's 50,257
+  vocabulary: 2 bytes; cuBLAS needs 16 for its fastest loads); convolutions use channels per
+  group.  Causal attention does the score blocks on and below the diagonal only.
+  ``soft_max(a, b) = (a**p + b**p) ** (1/p)`` is how far a kernel overlaps its math and its
+  memory traffic (p = 1: not at all; p -> inf: the roofline's max).
 * **memory-bound ops** (norms, activations, softmax, elementwise, casts, reductions, embedding,
-  losses, copies, the foreach optimizer kernels): ``t = launches * launch_s + bytes / bandwidth``
-  with bytes = distinct bytes read + written.
-* **recurrent ops** (``_cudnn_rnn``): the input projections as one GEMM, then ``steps`` dependent
-  steps (time steps x layers x directions), each at least one recurrent GEMM plus a gate kernel.
-* **views/metadata** (and host-only ops: the optimizer's scalar reads): host time, no GPU time.
-* **host side**: every op costs host time to dispatch (Python, autograd, the dispatcher, the
-  launch): a constant per op class and phase, plus a cost per tensor of a foreach list, plus a
-  library cost for cuBLAS/cuDNN calls.  A step is two timelines: the host issues op *i* at
-  ``cpu_i = cpu_{i-1} + cpu_seconds(op_i)``; the GPU runs it from ``max(cpu_i, gpu_{i-1})``
-  for ``gpu_seconds(op_i)``.  An op that reads a GPU value on the host (``.item()`` outside the
-  optimizer, ``nonzero``) waits for the GPU.  The step is the later of the two at the end.  So
-  small steps are launch-bound (Llama-small at batch 1 and 4 take the same 34 ms on an H100) and
-  big ones are the sum of their kernels.
+  losses, copies, the foreach optimizer kernels): ``t = launches * launch_s + bytes /
+  (bandwidth * memory_eff[class])`` with bytes = distinct bytes read + written (a broadcast
+  operand once; a gather reads the rows it returns) and classes elementwise (1), reduction,
+  norm and ATen's own batch norm.  Foreach ops launch one kernel per ``multi_tensor_apply`` chunk.
+* **recurrent ops** (``_cudnn_rnn``): the input projections as GEMMs over all time steps, then
+  ``steps`` dependent steps (time steps x layers), each one recurrent GEMM [batch, hidden] @
+  [hidden, gates * hidden] at the GEMM constants (cuDNN fuses the gate math into it).  There is
+  no recurrent constant of its own: the only recurrent case is not needed to fit the model.
+* **views, metadata, the optimizer's host-side scalar reads**: host time only.
+* **host**: every op costs ``cpu_view[phase]`` (the dispatcher and autograd; in the forward the
+  model's Python around it as well); an op with kernels adds what it does on the host itself,
+  ``cpu_inop[op name]`` (allocation, TensorIterator set-up, cuBLAS heuristics, cuDNN plans, the
+  launch: measured per op name on the H100's host, ``cpu_inop_class`` for names not measured);
+  a foreach op adds ``cpu_tensor`` per tensor of its lists (the optimizer's per-parameter Python).
+  A step is two timelines: the host issues op *i* at ``cpu_i = cpu_{i-1} + cpu_seconds(op_i)``;
+  the GPU runs it from ``max(cpu_i, gpu_{i-1})`` for ``gpu_seconds(op_i)``; an op that reads a
+  GPU value on the host (``.item()`` outside the optimizer, ``nonzero``, the fp32
+  ``_grouped_mm`` fallback that copies its offsets) first waits for the GPU.  The step ends when
+  both are done.  So small steps are launch-bound (Llama-small at batch 1 and 4 take the same
+  34 ms on an H100) and big ones are the sum of their kernels.
 
 The constants are fitted (``benchmarks/fit_timing.py``) on real H100 measurements and stored
-with their provenance in ``estimator/data/timing_<gpu>.json``.  For a GPU without measurements,
+with their provenance in ``estimator/data/timing_h100.json``.  For a GPU without measurements,
 :func:`load_model` scales the H100 figures: efficiencies are fractions of the datasheet peaks and
-the bandwidth a fraction of the datasheet bandwidth, so they carry over; launch and host costs
-are kept.  Such a model is marked ``calibrated=False`` and its ``source`` says "extrapolated".
+the bandwidth a fraction of the datasheet bandwidth, so they carry over; floors and host costs
+are kept (the host is the same kind of machine).  Such a model says ``calibrated=False`` and its
+``source`` says "extrapolated".
 
 MFU, as in PaLM (Chowdhery et al. 2022, appendix B): model FLOPs per second over the peak,
 ``MFU = model_flops / (step_seconds * peak)``, where model FLOPs are the FLOPs of the forward
@@ -133,7 +146,7 @@ _LIBRARY_OPS = frozenset({"cudnn_batch_norm", "cudnn_batch_norm_backward"})
 _LAUNCHES = {
     "native_layer_norm_backward": 2, "native_batch_norm_backward": 2, "cudnn_batch_norm_backward": 2,
     "native_group_norm_backward": 2, "_fused_rms_norm_backward": 2, "embedding_dense_backward": 3,
-    "nll_loss_backward": 2, "sort": 2, "topk": 2, "cumsum": 1, "index_put": 2, "_index_put_impl_": 2,
+    "nll_loss_backward": 2, "sort": 2, "topk": 2, "index_put": 2, "_index_put_impl_": 2,
 }
 # memory-bound kernels by how close they stream at the bandwidth: "elementwise" (one pass, the
 # reference), "reduction" (reductions, softmax, losses, pooling, scatters and sorts: a reduction
@@ -657,7 +670,7 @@ _FOREACH_DEPTH = {
 #: Streaming multiprocessors are not needed; peaks come from hardware.GPU.  Keys of ``eff``:
 #: "<family>.<precision>" with family matmul / conv / attention.<backend> and precision fp32
 #: (fp32 pipes), tf32 or half (bf16 / fp16 tensor cores).
-EFF_KEYS = ("matmul.fp32", "matmul.tf32", "matmul.half", "conv.tf32", "conv.half", "conv.fp32",
+EFF_KEYS = ("matmul.fp32", "matmul.tf32", "matmul.half", "conv.tf32", "conv.half", "conv.fp32", "conv.grouped",
             "attention.cudnn.half", "attention.efficient.fp32", "attention.efficient.half",
             "attention.flash.half", "attention.flash.fp32")
 
@@ -684,13 +697,14 @@ class TimingModel:
     attention_backward: float  # the backward attention kernels reach this fraction of the forward's
     conv_backward: float  # convolution backward (dgrad + wgrad) reaches this fraction of the forward's
     fill_rows: float  # output elements (batch * m * n) at which a GEMM reaches half its efficiency
+    n0: float  # m or n at which a GEMM reaches half its efficiency (tile padding)
     k0: float  # inner dimension at which a GEMM reaches half its efficiency (prologue / epilogue)
     align_gamma: float  # tensor-core efficiency x (alignment_bytes / 16) ** gamma
     peaks: Mapping[str, float]  # fp32 / tf32 / bf16 / fp16 FLOP/s of the GPU (datasheet)
     # host
-    cpu_view: Mapping[str, float]  # per view / metadata op, by phase
-    cpu_op: Mapping[str, float]  # per op that launches kernels, by phase
-    cpu_library: Mapping[str, float]  # extra per library call: "cublas", "cudnn" (cuDNN's plans cost more)
+    cpu_view: Mapping[str, float]  # per op (a view's cost: dispatcher, autograd, forward Python), by phase
+    cpu_inop: Mapping[str, float]  # host time inside an op beyond a view's, by aten op name (measured)
+    cpu_inop_class: Mapping[str, float]  # the same for op names without samples: kernel/cublas/cudnn/foreach
     cpu_tensor: float  # per tensor of a foreach op's lists (the optimizer's per-parameter work)
     cpu_sync: float  # extra host time of a device -> host read (besides waiting for the GPU)
     provenance: Mapping[str, Any] = field(default_factory=dict)
@@ -746,8 +760,12 @@ def precision_of(w: OpWork, matmul_tf32: bool = False) -> tuple[str, str]:
 
     fp32 GEMMs run on the fp32 pipes unless ``torch.backends.cuda.matmul.allow_tf32`` (default
     False); cuDNN convolutions run TF32 (``torch.backends.cudnn.allow_tf32``, default True).
+    Grouped (depthwise) convolutions are not GEMMs: cuDNN runs them as direct convolutions on the
+    CUDA cores, timed against the fp32 peak with their own efficiency ("grouped").
     """
     dtype = w.dtype or "float32"
+    if w.kind == CONV and w.batch > 1:
+        return "fp32", "grouped"
     if dtype in ("bfloat16", "float16"):
         return ("bf16" if dtype == "bfloat16" else "fp16"), "half"
     if w.kind == CONV or (w.kind == MATMUL and matmul_tf32):
@@ -763,10 +781,11 @@ def efficiency_key(w: OpWork, precision: str) -> str:
     return f"matmul.{precision}"
 
 
-def size_factor(rows: float, k: float, fill_rows: float, k0: float) -> float:
-    """Efficiency lost to small GEMMs: too few output tiles to fill the GPU, and short inner loops
-    whose prologue and epilogue do not amortise (rows = batch * m * n output elements)."""
-    return rows / (rows + fill_rows) * k / (k + k0)
+def size_factor(rows: float, m: float, n: float, k: float, fill_rows: float, n0: float, k0: float) -> float:
+    """Efficiency lost to small GEMMs: too few output elements (``rows`` = batch * m * n) to fill
+    the GPU with tiles, narrow m or n (tiles padded or shrunk), and short inner loops (k) whose
+    prologue and epilogue do not amortise.  Each factor is d / (d + d0): 1/2 at d = d0."""
+    return rows / (rows + fill_rows) * m / (m + n0) * n / (n + n0) * k / (k + k0)
 
 
 def align_factor(align: float, gamma: float) -> float:
@@ -792,7 +811,7 @@ def gemm_seconds(model: TimingModel, peak_key: str, eff_key: str, batch: int, m:
     flops = 2 * batch * m * n * k
     item = 2 if eff_key == "half" else 4
     nbytes = item * batch * (m * k + k * n + m * n) if nbytes is None else nbytes
-    size = size_factor(batch * m * n, k, model.fill_rows, model.k0)
+    size = size_factor(batch * m * n, m, n, k, model.fill_rows, model.n0, model.k0)
     align_f = align_factor(align, model.align_gamma) if eff_key != "fp32" else 1.0
     compute = compute_seconds(flops, model.peaks[peak_key], model.eff[f"matmul.{eff_key}"], size, align_f)
     return model.library_s + soft_max_p(compute, nbytes / model.bandwidth, model.overlap_p)
@@ -838,26 +857,37 @@ def gpu_seconds(w: OpWork, model: TimingModel, matmul_tf32: bool = False) -> flo
         eff *= model.attention_backward if w.backward else 1.0
         size = 1.0
     else:
-        size = size_factor(w.batch * w.m * w.n, w.k, model.fill_rows, model.k0)
+        size = size_factor(w.batch * w.m * w.n, w.m, w.n, w.k, model.fill_rows, model.n0, model.k0)
         if w.kind == CONV and w.backward:
             eff *= model.conv_backward
-    align = align_factor(w.align, model.align_gamma) if precision != "fp32" else 1.0
+    align = align_factor(w.align, model.align_gamma) if precision not in ("fp32", "grouped") else 1.0
     compute = compute_seconds(flops, model.peaks[peak_key], eff, size, align)
     return w.launches * model.library_s + soft_max_p(compute, w.bytes / model.bandwidth, model.overlap_p)
 
 
+def host_class(w: OpWork) -> str:
+    """The host-cost class of an op with kernels: foreach, cudnn, cublas or kernel."""
+    if w.tensors:
+        return "foreach"
+    return w.library or "kernel"
+
+
+def inop_seconds(w: OpWork, table: Mapping[str, float], classes: Mapping[str, float]) -> float:
+    """Host time inside one op beyond a view's: its op name's measured figure, else its class's."""
+    t = table.get(w.op)
+    return t if t is not None else classes.get(host_class(w), classes.get("kernel", 0.0))
+
+
 def cpu_seconds(w: OpWork, model: TimingModel) -> float:
-    """Host time to issue one op: Python and autograd around it, the dispatcher, the launch."""
+    """Host time to issue one op: the dispatcher, autograd and (forward) the model's Python around
+    it, plus what the op does on the host itself (allocation, TensorIterator, library plans, the
+    launch), plus the foreach optimizer's per-tensor Python."""
     if w.kind == HOST:
         return 0.0  # the optimizer's scalar reads: inside its per-tensor cost (cpu_tensor)
-    if w.kind == VIEW:
-        return model.cpu_view[w.phase]
-    t = model.cpu_op[w.phase] + model.cpu_tensor * w.tensors
-    if w.library:
-        t += model.cpu_library[w.library]
-    if w.kind == SYNC:
-        t += model.cpu_sync
-    return t
+    t = model.cpu_view[w.phase]
+    if w.kind in (VIEW, SYNC):
+        return t + (model.cpu_sync if w.kind == SYNC else 0.0)
+    return t + inop_seconds(w, model.cpu_inop, model.cpu_inop_class) + model.cpu_tensor * w.tensors
 
 
 # -- the step: two timelines ------------------------------------------------------------------
