@@ -195,8 +195,9 @@ class _Features:
         self.measured = f([m for _, m, _ in rows])
         # each op weighs by its share of the time (a step is a sum of times), to the power WEIGHT_POWER
         self.weight = (self.measured / self.measured.mean()) ** WEIGHT_POWER if rows else self.measured
-        self.memory = torch.tensor([w.kind == T.MEMORY for w, _, _ in rows])
-        self.memory_class = torch.tensor([T.MEMORY_CLASSES.index(w.memory_class) for w, _, _ in rows])
+        self.memory = torch.tensor([w.kind == T.MEMORY for w, _, _ in rows], dtype=torch.bool)
+        self.memory_class = torch.tensor([T.MEMORY_CLASSES.index(w.memory_class) for w, _, _ in rows],
+                                         dtype=torch.long)
         self.launches = f([w.launches for w, _, _ in rows])
         self.bytes = f([w.bytes for w, _, _ in rows])
         flops, peak, size_rows, k, align, eff_idx, attn_bwd, conv_bwd = [], [], [], [], [], [], [], []
@@ -224,8 +225,29 @@ class _Features:
             conv_bwd.append(w.kind == T.CONV and w.backward)
         self.flops, self.peak, self.size_rows, self.k, self.align = f(flops), f(peak), f(size_rows), f(k), f(align)
         self.m, self.n = f(mm), f(nn)
-        self.eff_idx = torch.tensor(eff_idx)
-        self.attn_bwd, self.conv_bwd = torch.tensor(attn_bwd), torch.tensor(conv_bwd)
+        self.eff_idx = torch.tensor(eff_idx, dtype=torch.long)
+        self.attn_bwd = torch.tensor(attn_bwd, dtype=torch.bool)
+        self.conv_bwd = torch.tensor(conv_bwd, dtype=torch.bool)
+
+    _TENSORS = ("measured", "memory", "memory_class", "launches", "bytes", "flops", "peak", "size_rows", "k",
+                "align", "m", "n", "eff_idx", "attn_bwd", "conv_bwd")
+
+    @classmethod
+    def of(cls, cases: list[Case], peaks: dict[str, float], timed: bool) -> "_Features":
+        """The rows of ``cases``, built once per case and concatenated (a LOMO fold reuses them)."""
+        parts = []
+        for c in cases:
+            cache = c.meta.setdefault("_features", {})
+            if timed not in cache:
+                cache[timed] = cls([c], peaks, timed)
+            parts.append(cache[timed])
+        out = cls.__new__(cls)
+        out.rows = [r for part in parts for r in part.rows]
+        out.eff_keys = list(_FITTED_EFF)
+        for name in cls._TENSORS:
+            setattr(out, name, torch.cat([getattr(part, name) for part in parts]))
+        out.weight = (out.measured / out.measured.mean()) ** WEIGHT_POWER if out.rows else out.measured
+        return out
 
     def predict(self, p: dict[str, torch.Tensor]) -> torch.Tensor:
         """:func:`estimator.timing.gpu_seconds` over the rows, with the constants as tensors."""
@@ -283,8 +305,8 @@ def fit_kernels(cases: list[Case], gpu=None) -> dict:
     dispatch is added), so only r > 0 is penalised (soft-L1 of max(r, 0), half weight)."""
     gpu = gpu or lookup_gpu(GPU_NAME)
     peaks = T._peaks(gpu)
-    timed = _Features(cases, peaks, timed=True)
-    bound = _Features(cases, peaks, timed=False)
+    timed = _Features.of(cases, peaks, timed=True)
+    bound = _Features.of(cases, peaks, timed=False)
     n_eff = len(timed.eff_keys)
     theta = torch.zeros(len(_SCALARS) + _N_MEMORY + n_eff, dtype=torch.float64, requires_grad=True)
     opt = torch.optim.LBFGS([theta], lr=1.0, max_iter=300, tolerance_grad=1e-9, tolerance_change=1e-12,
@@ -323,7 +345,8 @@ _HOST = ("dispatch", "python", "inop", "tensor")
 MIN_SAMPLES = 3  # an op name enters the in-op table with at least this many idle-GPU samples
 
 
-def inop_table(cases: list[Case], kernels: T.TimingModel) -> tuple[dict[str, float], dict[str, float]]:
+def inop_table(cases: list[Case], kernels: T.TimingModel,
+               gpu_s: dict[str, list[float]] | None = None) -> tuple[dict[str, float], dict[str, float]]:
     """Host time spent inside each op beyond a view's, by aten op name, from the instrumented step.
 
     When the GPU is idle (the op is not ``timed``) an event pair reads the host's time from the
@@ -336,12 +359,13 @@ def inop_table(cases: list[Case], kernels: T.TimingModel) -> tuple[dict[str, flo
     per_class: dict[str, list[float]] = {}
     views = []
     for c in cases:
-        for w, m, t in zip(c.works, c.measured, c.timed):
+        g_s = gpu_s[c.key] if gpu_s else [T.gpu_seconds(w, kernels) for w in c.works]
+        for w, m, t, g in zip(c.works, c.measured, c.timed, g_s):
             if w.kind == T.VIEW and m >= BACKLOG_S:
                 views.append(m)
             if w.kind in T.NO_KERNEL or t:
                 continue
-            extra = m - T.gpu_seconds(w, kernels)
+            extra = m - g
             per.setdefault(w.op, []).append(extra)
             per_class.setdefault(T.host_class(w), []).append(extra)
     base = _median(views) if views else 0.0
@@ -462,14 +486,15 @@ def _nnls(A: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def fit_host(cases: list[Case], kernels: T.TimingModel, table: dict[str, float], classes: dict[str, float],
-             iterations: int = 40) -> dict[str, float]:
+             gpu_s: dict[str, list[float]] | None = None, iterations: int = 40) -> dict[str, float]:
     """Stage 2: host constants from the median step times (see the module docstring).
 
     Gauss-Newton on the piecewise-linear simulated step: linearise at the current constants,
     solve the non-negative least squares of the relative step errors, then take the largest
     step towards that solution (1, 1/2, 1/4 ...) that lowers the sum of squared log errors of
     the true simulation."""
-    tls = [_Timeline(c, [T.gpu_seconds(w, kernels) for w in c.works], table, classes) for c in cases]
+    gpu_s = gpu_s or {c.key: [T.gpu_seconds(w, kernels) for w in c.works] for c in cases}
+    tls = [_Timeline(c, gpu_s[c.key], table, classes) for c in cases]
     y = torch.tensor([c.step_s for c in cases], dtype=torch.float64)
 
     def linearise(c):
@@ -529,8 +554,9 @@ def _fit(cases: list[Case], gpu=None) -> T.TimingModel:
         attention_backward=k["attention_backward"], conv_backward=k["conv_backward"], fill_rows=k["fill_rows"],
         n0=k["n0"], k0=k["k0"], align_gamma=k["align_gamma"], peaks=T._peaks(gpu), cpu_view=host0, cpu_inop={},
         cpu_inop_class={}, cpu_tensor=0.0, cpu_sync=0.0)
-    table, classes = inop_table(cases, model)
-    return replace(model, **host_constants(fit_host(cases, model, table, classes), table, classes))
+    gpu_s = {c.key: [T.gpu_seconds(w, model) for w in c.works] for c in cases}
+    table, classes = inop_table(cases, model, gpu_s)
+    return replace(model, **host_constants(fit_host(cases, model, table, classes, gpu_s), table, classes))
 
 
 def provenance(cases: list[Case]) -> dict:
@@ -561,8 +587,8 @@ def provenance(cases: list[Case]) -> dict:
                                                        and w.memory_class == cls)}
                            for cls in T.MEMORY_CLASSES[1:]},
             "library_s, overlap_p, fill_rows, n0, k0": {"fitted_from": compute},
-            "align_gamma": {"fitted_from": having(lambda w: w.kind == T.MATMUL and w.align < 16
-                                                  and w.dtype in ("bfloat16", "float16"))},
+            "align_gamma": {"fitted_from": having(lambda w: w.kind in (T.MATMUL, T.CONV) and w.align < 16
+                                                  and T.precision_of(w)[1] in ("half", "tf32"))},
             "attention_backward": {"fitted_from": having(lambda w: w.kind == T.ATTENTION and w.backward)},
             "conv_backward": {"fitted_from": having(lambda w: w.kind == T.CONV and w.backward)},
             "eff": eff,
@@ -577,7 +603,7 @@ def provenance(cases: list[Case]) -> dict:
 
 def write_model(model: T.TimingModel, cases: list[Case], path: str = OUT) -> None:
     model = replace(model, source=f"fitted on {len(cases)} measured H100 training steps "
-                                  f"({cases[0].meta.get('torch')}, {datetime.date.today().isoformat()})",
+                                  f"(torch {cases[0].meta.get('torch')}, {datetime.date.today().isoformat()})",
                     provenance=provenance(cases))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as fh:
