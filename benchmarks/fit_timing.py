@@ -723,16 +723,23 @@ def build_case(name: str):
 CAPTURABLE = tuple(_HF) + ("example_gpt", "example_vgg", "lstm_2x512")
 
 
-def capture_rows(cases: list[Case], model: T.TimingModel | None = None) -> list[dict]:
+def capture_rows(cases: list[Case], model: T.TimingModel | None = None, held_out: bool = False) -> list[dict]:
     """The model applied to this project's capture (``estimate(..., device="cuda")``) of each
-    buildable reference case, beside the measured step and the model on the reference's own ops."""
+    buildable reference case, beside the measured step and the model on the reference's own ops.
+    ``held_out``: the constants are refitted without the case's model (as ``lomo``)."""
     from estimator import estimate
 
-    model = model or T.load_model(GPU_NAME)
+    fold: dict[str, T.TimingModel] = {}
     rows = []
     for c in cases:
         if c.name not in CAPTURABLE:
             continue
+        if held_out:
+            if c.model not in fold:
+                fold[c.model] = fit([o for o in cases if o.model != c.model])
+            model = fold[c.model]
+        else:
+            model = model or T.load_model(GPU_NAME)
         net, inputs, loss_fn = build_case(c.name)
         report = estimate(net, inputs, loss_fn=loss_fn, device="cuda", precision=c.precision)
         works = T.works_of(report)
@@ -745,12 +752,44 @@ def capture_rows(cases: list[Case], model: T.TimingModel | None = None) -> list[
     return rows
 
 
+def report_table(cases: list[Case]) -> None:
+    """The benchmarks/README.md tables: per case, measured vs leave-one-model-out predictions on the
+    reference's op records (a) and on this project's capture (b); then the big-matmul errors."""
+    lo = {f"{r['case']}__{r['precision']}": r for r in lomo(cases)}
+    cap = {f"{r['case']}__{r['precision']}": r for r in capture_rows(cases, held_out=True)}
+    print("| case | precision | measured median (ms) | measured min-max (ms) | (a) reference ops (ms) | (a) / measured "
+          "| (b) capture (ms) | (b) / measured | ops: capture / reference |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for key, r in lo.items():
+        s_all = r["samples_s"] or [r["measured_s"]]
+        b = cap.get(key)
+        bcol = (f"{b['captured_s'] * 1e3:.1f} | {b['ratio']:.2f} | {b['ops_captured']} / {b['ops_reference']}"
+                if b else "- | - | -")
+        print(f"| {r['case']} | {r['precision']} | {r['measured_s'] * 1e3:.1f} | {min(s_all) * 1e3:.1f}-"
+              f"{max(s_all) * 1e3:.1f} | {r['predicted_s'] * 1e3:.1f} | {r['ratio']:.2f} | {bcol} |")
+    ratios = [r["ratio"] for r in lo.values()]
+    within = lambda xs, t: sum(abs(x - 1) <= t for x in xs)  # noqa: E731
+    print(f"\n(a): {within(ratios, 0.10)}/{len(ratios)} within 10%, {within(ratios, 0.15)}/{len(ratios)} within 15%, "
+          f"{within(ratios, 0.25)}/{len(ratios)} within 25%; median |error| "
+          f"{_median([abs(x - 1) for x in ratios]):.1%}")
+    cr = [r["ratio"] for r in cap.values()]
+    print(f"(b): {within(cr, 0.10)}/{len(cr)} within 10%, {within(cr, 0.15)}/{len(cr)} within 15%, "
+          f"{within(cr, 0.25)}/{len(cr)} within 25%; median |error| {_median([abs(x - 1) for x in cr]):.1%}")
+    errs = [abs(m["predicted_s"] / m["measured_s"] - 1) for r in lo.values() for m in r["matmuls"]]
+    errs.sort()
+    print(f"big matmuls (held out): {len(errs)} ops, {within([1 + e for e in errs], 0.15)} within 15% "
+          f"({within([1 + e for e in errs], 0.15) / len(errs):.0%}), median |error| {_median(errs):.1%}, "
+          f"90th percentile {errs[int(0.9 * len(errs))]:.1%}, max {errs[-1]:.0%}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--import-reference", metavar="DIR")
     ap.add_argument("--lomo", action="store_true")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--capture", action="store_true", help="the shipped constants on this project's capture")
+    ap.add_argument("--report", action="store_true",
+                    help="markdown table: leave-one-model-out on the reference ops and on the capture")
     ap.add_argument("--out", default=OUT)
     a = ap.parse_args(argv)
     if a.import_reference:
@@ -758,6 +797,9 @@ def main(argv=None):
             print("wrote", os.path.relpath(path, ROOT))
         return
     cases = load_cases()
+    if a.report:
+        report_table(cases)
+        return
     if a.capture:
         print("| case | precision | measured (ms) | capture (ms) | capture / measured | reference ops (ms) "
               "| ops captured / reference |")
