@@ -3,7 +3,10 @@
     python benchmarks/fit_timing.py                 # fit, write estimator/data/timing_h100.json
     python benchmarks/fit_timing.py --lomo          # leave-one-model-out table (markdown), no write
     python benchmarks/fit_timing.py --check         # the shipped constants vs the measurements
-    python benchmarks/fit_timing.py --import-reference /work/shared/cuda-reference
+    python benchmarks/fit_timing.py --capture       # the shipped constants on this project's capture
+    python benchmarks/fit_timing.py --report        # benchmarks/README.md's tables (leave-one-model-out
+                                                    # on the reference ops and on the capture)
+    python benchmarks/fit_timing.py --import-reference /path/to/cuda-reference
                                                     # refresh the compact copy the fit reads
 
 Data: ``tests/data/cuda_reference/CASE__PRECISION.json.gz``, a compact copy of the CUDA
@@ -11,27 +14,30 @@ reference measurements (H100 80GB HBM3, torch 2.11.0+cu130; see the README there
 the median step time (5 synced steps, no instrumentation) and one instrumented step, every aten
 op with its inputs and outputs (shape, dtype, stride) and its CUDA-event time.
 
-What is fitted, in two stages (both take about a second):
+What is fitted, in two stages (about 1.5 s together):
 
-1. **Kernels** (``launch_s``, ``library_s``, ``bandwidth``, ``reduction_eff``, ``overlap_p``,
-   the efficiencies ``eff``, ``attention_backward``, ``conv_backward``, ``fill_rows``, ``k0``,
+1. **Kernels** (``launch_s``, ``library_s``, ``bandwidth``, ``memory_eff``, ``overlap_p``, the
+   efficiencies ``eff``, ``attention_backward``, ``conv_backward``, ``fill_rows``, ``n0``, ``k0``,
    ``align_gamma``): a robust least squares (soft-L1 loss on the log of predicted / measured,
    scale 0.1, L-BFGS) of :func:`estimator.timing.gpu_seconds` against the per-op CUDA-event
-   times.  Only ops whose event pair timed the kernel are used: the instrumented step runs its
-   host side ~10x slower than a real one, so the GPU usually idles and an event pair then times
-   the host's dispatch as well.  An op counts as *timed on a busy GPU* when the op just before
-   it launched no kernel and its own event pair read under 2.5 us (so the queue was not empty),
-   when its phase ran on a busy GPU throughout (90% of the phase's kernel-less ops read under
-   2.5 us), or when it took over 500 us (the host's share is then small); the other kernel ops
-   give upper bounds (``timed_ops``, ``fit_kernels``).
-2. **Host** (``cpu_view``, ``cpu_op`` per phase, ``cpu_library``, ``cpu_tensor``,
-   ``cpu_sync``): the median step times, through the two-timeline simulation of
-   :func:`estimator.timing.timeline` with the stage-1 kernel times.  The simulated step is
-   piecewise linear in the host constants (it is a max-plus recurrence); at the current
-   constants it equals ``a . c + b`` exactly (``a``: how many ops of each host class lie on the
-   critical path, ``b``: the kernel time on it), so the fit alternates simulating and a
-   non-negative linear least squares on the relative step error until the critical paths stop
-   changing.
+   times.  The instrumented step runs its host side ~10x slower than a real one, so the GPU often
+   idles and an event pair then times the host's dispatch as well.  An op counts as *timed on a
+   busy GPU* when the op just before it launched no kernel and its own event pair read under
+   2.5 us (so the queue was not empty), when its phase ran on a busy GPU throughout (90% of the
+   phase's kernel-less ops read under 2.5 us), or when it took over 500 us (the host's share is
+   then small); the other kernel ops give upper bounds (only predictions above them are
+   penalised).  Each constant lives in a physical range (``_BOUNDS``) and is pulled weakly
+   (``PRIOR``) to its middle, which matters only where no op constrains it.
+2. **Host** (``cpu_view`` per phase from a dispatch and a forward-Python constant, ``cpu_inop``
+   per op name, ``cpu_tensor``): first the per-op-name table of host time inside each op from the
+   same instrumented steps (``inop_table``: event time minus predicted kernel time on an idle GPU,
+   less a view's event time), then four constants from the median step times through the
+   two-timeline simulation of :func:`estimator.timing.timeline` with the stage-1 kernel times.
+   The simulated step is piecewise linear in the host constants (a max-plus recurrence); at given
+   constants it equals ``a . c + b`` exactly (``a``: how much of each host constant lies on the
+   critical path, ``b``: the kernel time on it), so the fit is Gauss-Newton: a non-negative
+   least squares of the relative step errors, then the largest step towards it (1, 1/2, ...)
+   that lowers the squared log errors of the true simulation.
 
 Efficiencies without measurements (no case runs them) are set by stated assumptions and say
 so in the data file: ``matmul.tf32`` = ``matmul.half`` (the same tensor-core kernels at the TF32
@@ -193,8 +199,6 @@ class _Features:
         self.rows = rows
         f = lambda xs: torch.tensor(xs, dtype=torch.float64)  # noqa: E731
         self.measured = f([m for _, m, _ in rows])
-        # each op weighs by its share of the time (a step is a sum of times), to the power WEIGHT_POWER
-        self.weight = (self.measured / self.measured.mean()) ** WEIGHT_POWER if rows else self.measured
         self.memory = torch.tensor([w.kind == T.MEMORY for w, _, _ in rows], dtype=torch.bool)
         self.memory_class = torch.tensor([T.MEMORY_CLASSES.index(w.memory_class) for w, _, _ in rows],
                                          dtype=torch.long)
@@ -246,7 +250,6 @@ class _Features:
         out.eff_keys = list(_FITTED_EFF)
         for name in cls._TENSORS:
             setattr(out, name, torch.cat([getattr(part, name) for part in parts]))
-        out.weight = (out.measured / out.measured.mean()) ** WEIGHT_POWER if out.rows else out.measured
         return out
 
     def predict(self, p: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -272,7 +275,6 @@ _BOUNDS = {  # name: (low, high, log scale)
     "fill_rows": (1.0, 1e7, True), "n0": (0.1, 1024.0, True), "k0": (1.0, 1024.0, True), "align_gamma": (0.0, 2.0, False),
     "memory_eff": (0.03, 1.0, False), "eff": (0.01, 1.0, False),
 }
-WEIGHT_POWER = 0.0  # per-op weight (time / mean time) ** this: 0 = every op alike, 1 = by time
 PRIOR = 1e-3  # weight of the pull towards the middle of each range (the data's loss is ~0.01-1)
 _SCALARS = ("launch_s", "library_s", "bandwidth_frac", "overlap_p", "attention_backward", "conv_backward",
             "fill_rows", "n0", "k0", "align_gamma")
@@ -321,8 +323,7 @@ def fit_kernels(cases: list[Case], gpu=None) -> dict:
         p = _unpack(theta, n_eff, gpu.bandwidth)
         r = torch.log(timed.predict(p) / timed.measured)
         r_bound = torch.clamp(torch.log(bound.predict(p) / bound.measured), min=0.0)
-        loss = ((timed.weight * soft_l1(r)).sum() + 0.5 * (bound.weight * soft_l1(r_bound)).sum()) / len(r) \
-            + PRIOR * (theta ** 2).sum()
+        loss = (soft_l1(r).sum() + 0.5 * soft_l1(r_bound).sum()) / len(r) + PRIOR * (theta ** 2).sum()
         loss.backward()
         return loss
 
