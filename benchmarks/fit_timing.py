@@ -596,8 +596,11 @@ def provenance(cases: list[Case]) -> dict:
             "method": "robust least squares on per-op CUDA-event times (see the script's docstring)",
         },
         "host": {"fitted_from": all_keys,
-                 "method": "non-negative least squares on the median step times through the two-timeline "
-                           "simulation (see the script's docstring)"},
+                 "method": "cpu_inop: per aten op name, the median over ops timed on an idle GPU of (event time - "
+                           "predicted kernel time), less the median event time of a view (ops with at least "
+                           f"{MIN_SAMPLES} samples; cpu_inop_class the same by class); cpu_view and cpu_tensor: "
+                           "Gauss-Newton / non-negative least squares on the median step times through the "
+                           "two-timeline simulation (see the script's docstring)"},
         "rnn": "no constant of its own: cuDNN recurrent layers are timed with the GEMM constants",
     }
 

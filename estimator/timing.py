@@ -19,6 +19,13 @@ API (for wiring into ``estimate --gpu``, ``plan`` and ``validate``)::
     cpu_seconds(work, model) -> float           # the host time to issue one op (dispatch, launch)
     simulate(works, model) -> StepTime          # the two timelines
 
+Wiring: ``step_time(report, gpu).total`` is the step time that ``plan`` now takes from its
+roofline (``plan.roofline``); per-phase seconds are ``.forward/.backward/.optimizer``; ``validate``
+can put ``.total`` beside a measured step.  ``OpWork.from_node`` reads shapes from the nodes
+(``meta["spec"]`` of the node and of its inputs), not the tally, so it works on any capture; the
+FLOPs it finds equal the rules' (``tests/test_timing.py``).  Check ``.calibrated`` before
+reporting a time as measured-quality: only the H100-SXM is calibrated.
+
 The model (pure functions of an :class:`OpWork`, one op at a time):
 
 * **compute-bound ops** (mm/addmm/bmm/baddbmm/_grouped_mm, convolution and its backward, the
