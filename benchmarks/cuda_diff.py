@@ -29,6 +29,32 @@ def short(op: str) -> str:
     return op.removeprefix("aten.").rsplit(".", 1)[0]
 
 
+def _cumulative(report, ref, limit) -> None:
+    """Live bytes after each op, estimate (steady-state timeline) vs reference (memory_allocated()),
+    aligned by op name over the whole step; prints each place the difference moves by > 1 MiB."""
+    cap = report.capture
+    live = {p.index: p.total for p in report.memory.timeline}
+    ours, last = [], 0
+    for i, n in enumerate(cap.nodes):
+        last = live.get(i, last)
+        ours.append((short(str(n.target)), last, str(n.meta.get("module", "")), n.meta.get("phase")))
+    theirs = [(short(r["op"]), r["after"], r["module"], r["phase"]) for r in ref["ops"]]
+    sm = difflib.SequenceMatcher(a=[x[0] for x in ours], b=[x[0] for x in theirs], autojunk=False)
+    prev, shown = None, 0
+    print("\n== live bytes after aligned ops (estimate - reference), changes > 1 MiB")
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        if tag != "equal":
+            continue
+        for i, j in zip(range(i1, i2), range(j1, j2)):
+            d = ours[i][1] - theirs[j][1]
+            if prev is None or abs(d - prev) > 2**20:
+                if shown < limit:
+                    print(f"  {theirs[j][3]:9s} {ours[i][0]:34s} est {ours[i][1] / 2**20:10.1f} ref {theirs[j][1] / 2**20:10.1f}"
+                          f" diff {d / 2**20:+9.1f} MiB ({theirs[j][2] or ours[i][2]})")
+                shown += 1
+                prev = d
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("case")
@@ -36,6 +62,8 @@ def main() -> None:
     ap.add_argument("--mode", default="train")
     ap.add_argument("--limit", type=int, default=40)
     ap.add_argument("--phase")
+    ap.add_argument("--cumulative", action="store_true",
+                    help="print where the live bytes after aligned ops start to differ (estimate - reference)")
     a = ap.parse_args()
     logging.getLogger("estimator").setLevel(logging.ERROR)
     from estimator import estimate
@@ -103,6 +131,8 @@ def main() -> None:
                     shown += 1
                     print(f"  {tag}: est {[x[1] for x in o[i1:i2]][:6]} {sum(x[2] for x in o[i1:i2]):,} | "
                           f"ref {[x[1] for x in t[j1:j2]][:6]} {sum(x[2] for x in t[j1:j2]):,} ({t[j1][3] if j1 < len(t) else ''})")
+    if a.cumulative:
+        _cumulative(report, ref, a.limit)
     print("\nonly in the estimate:", dict(only_ours.most_common(12)))
     print("only in the reference:", dict(only_theirs.most_common(12)))
     print("allocation difference by op (estimate - reference, bytes):",
