@@ -20,11 +20,14 @@ events and answers the questions users ask:
   gradients, optimizer state, saved activations, temporaries) at every op,
   with phase and module, and where the peak occurs.
 
-For CUDA targets each allocation is rounded as PyTorch's caching allocator
-does (to a multiple of 512 bytes, ``c10/cuda/CUDACachingAllocator.cpp``
-``round_size``: ``kMinBlockSize = 512``) so the peak compares with
-``torch.cuda.max_memory_allocated()``.  What that counter does not see (CUDA
-context, cuBLAS workspace, fragmentation) is reported apart as headroom.
+For CUDA targets the events go through a simulation of PyTorch's caching
+allocator (:mod:`estimator.allocator`: 512-byte rounding, segments, blocks handed
+out whole when the remainder would be 1 MiB or less), over the model's own load
+(``model.to("cuda")``, parameter by parameter in ``Module._apply`` order), a first
+step and a second one, so the peaks compare with ``torch.cuda.max_memory_allocated()``
+and the reserved memory with ``max_memory_reserved()``.  The memory the CUDA
+libraries take inside the allocator (:mod:`estimator.workspace`) is part of the
+timeline; what the allocator does not see (the CUDA context) is reported apart.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class Category(StrEnum):
     SAVED = "saved"  # held by autograd for backward at the end of the forward pass
     WORKSPACE = "workspace"  # CUDA library memory no op returns (cuBLAS, cuDNN, kernel temporaries)
     TEMPORARY = "temporary"  # everything else: intermediate values
+    ALLOCATOR = "allocator"  # CUDA: cached blocks handed out whole, beyond the requests (estimator.allocator)
 
 
 # Precedence when a storage falls in several categories (an input saved for backward is an input).
@@ -94,6 +98,7 @@ class MemoryProfile:
     device: str
     reserve: dict[str, int] = field(default_factory=dict)
     workspaces: dict[str, int] = field(default_factory=dict)  # persistent library workspaces (name -> bytes)
+    peak_reserved: int | None = None  # CUDA: max_memory_reserved() of the simulated allocator, steady state
 
     def to_dict(self) -> dict[str, Any]:
         at = self.peak_at
@@ -104,9 +109,10 @@ class MemoryProfile:
             "peak_module": at.module,
             "peak_op": at.op,
             "peak_breakdown": dict(at.by_category),
-            "allocator": "cuda caching allocator (512-byte blocks)" if self.device == "cuda" else "exact bytes",
+            "allocator": "cuda caching allocator (simulated)" if self.device == "cuda" else "exact bytes",
             "reserve": dict(self.reserve),
             "workspaces": dict(self.workspaces),
+            "peak_reserved": self.peak_reserved,
         }
 
 
@@ -196,14 +202,84 @@ def with_library_memory(cap: Capture, target: Any, sizes: list[int], cats: list[
     return out, persistent, named
 
 
+def _load_order(cap: Capture) -> list[str]:
+    """Parameter and buffer names in the order ``model.to("cuda")`` moves them: ``Module._apply`` visits
+    a module's children first, then its own parameters, then its own buffers."""
+    tree: dict[str, list[str]] = {}
+    for path in cap.module_types:
+        if path:
+            tree.setdefault(path.rpartition(".")[0], []).append(path)
+    own: dict[str, list[str]] = {}
+    for name in list(cap.params) + list(cap.buffers):
+        own.setdefault(cap.param_owner[name], []).append(name)
+    order: list[str] = []
+
+    def visit(path: str) -> None:
+        for child in tree.get(path, ()):
+            visit(child)
+        order.extend(own.get(path, ()))
+
+    visit("")
+    seen = set(order)
+    return order + [n for n in list(cap.params) + list(cap.buffers) if n not in seen]
+
+
+def _allocator_steps(cap: Capture, events: list[tuple[int, int, int]], raw: list[int], persistent: set[int],
+                     held: set[int], capacity: int | None = None):
+    """The caching allocator over the model's load, a first step and a second (steady-state) step.
+
+    Storages of the model, the inputs, the optimizer state and the library workspaces persist from
+    the step that makes them; every other storage is the step's own (a new block each step).  At the
+    end of a step the loop drops what it no longer holds: the gradients (``zero_grad(set_to_none=
+    True)``), the output, everything but ``held`` (the loss kept for logging, or in inference the
+    output kept until the next one replaces it).  Returns the traces of the two steps."""
+    from .allocator import Allocator, Replay
+
+    names = {n.target: n.meta["storage"][0] for n in cap.records if n.op == "placeholder"}
+    loaded: list[int] = []
+    for name in _load_order(cap):
+        sid = names.get(f"param_{name}", names.get(f"buffer_{name}"))
+        if sid is not None and sid not in loaded:
+            loaded.append(sid)
+    at_start = [sid for index, sid, delta in events if index < 0 and delta > 0]
+    loaded += [sid for sid in at_start if sid not in set(loaded)]  # inputs, constants
+    stays = set(loaded) | set(cap.sids.get("optimizer_state", ())) | persistent
+    sim = Replay(Allocator(capacity))
+    sim.run([(-2, sid, raw[sid]) for sid in loaded])
+    traces = []
+    for step in (1, 2):
+        stream, live = [], set()
+        for index, sid, delta in events:
+            if (index < 0 and delta > 0) or not raw[sid]:
+                continue  # loaded above; or takes no memory on the device
+            key = sid if sid in stays else (step, sid)
+            if delta > 0:
+                if step == 2 and sid in stays:
+                    continue  # made by the first step and kept
+                live.add(key)
+                stream.append((index, key, raw[sid]))
+            else:
+                live.discard(key)
+                stream.append((index, key, -raw[sid]))
+        traces.append(sim.run(stream))
+        if traces[-1].oom is not None:
+            break
+        end = len(cap.nodes)
+        drop = [(end, key, -raw[key[1]]) for key in sorted(k for k in live if isinstance(k, tuple) and k[1] not in held)]
+        sim.run(drop)
+    return traces
+
+
 def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None = None,
-             target: Any = None) -> MemoryProfile:
+             target: Any = None, allocator: bool = True) -> MemoryProfile:
     """Peak and timeline of one training step, first and steady-state iterations.
 
     ``resize`` (storage id -> bytes) replaces some storages' sizes: a what-if on the same
     lifetimes (see :func:`estimator.precision.fp8_what_if`).  For ``device="cuda"`` the memory
     the CUDA libraries take (:mod:`estimator.workspace`) is part of the timeline, for ``target``
-    (a :class:`~estimator.target.CudaTarget`; default: an H100 with this torch)."""
+    (a :class:`~estimator.target.CudaTarget`; default: an H100 with this torch), and the peaks are
+    those of the caching allocator (``allocator=False``: every request rounded to 512 bytes, no
+    block left whole; faster, for searches)."""
     raw = list(cap.storage_bytes)
     cats = categories(cap)
     events, persistent, workspaces = list(cap.events), set(), {}
@@ -213,11 +289,12 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
         events, persistent, workspaces = with_library_memory(cap, target or CudaTarget(), raw, cats)
     for sid, nbytes in (resize or {}).items():
         raw[sid] = nbytes
-    sizes = [round_cuda(n) for n in raw] if device == "cuda" else raw
+    sizes = [round_cuda(n) for n in raw] if device == "cuda" else list(raw)
     pre_first = {sid for index, sid, delta in events if index < 0 and delta > 0}
-    first, _ = _replay(events, sizes, cats, pre_first, timeline=False)
     # what the previous iteration left referenced: its loss (training) or its output (inference)
-    held = cap.sids.get("loss") or cap.sids.get("output", set())
+    held = set(cap.sids.get("loss") or cap.sids.get("output", set()))
+    traces = _allocator_steps(cap, events, raw, persistent, held) if device == "cuda" and allocator else None
+    first, _ = _replay(events, sizes, cats, pre_first, timeline=False)
     previous = set()
     for sid in sorted(held):
         sizes.append(sizes[sid])
@@ -226,6 +303,11 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
     steady_pre = pre_first | set(cap.sids.get("optimizer_state", ())) | persistent | previous
     steady, points = _replay(events, sizes, cats, steady_pre, timeline=True)
     reserve: dict[str, int] = {}
+    reserved = None
+    if traces is not None and len(traces) == 2:
+        first = _with_allocator(first, traces[0], events)
+        steady, points = _with_allocator(steady, traces[1], events, points)
+        reserved = traces[1].peak_reserved
     if device == "cuda":
         reserve = dict(CUDA_RESERVE)
         reserve["fragmentation"] = int(FRAGMENTATION * steady[0])
@@ -238,4 +320,31 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
         device=device,
         reserve=reserve,
         workspaces=workspaces,
+        peak_reserved=reserved,
     )
+
+
+def _with_allocator(best, trace, events, points=None):
+    """The replay's peak (and timeline) with the allocator's totals: the peak is ``max_memory_allocated``
+    of the simulated allocator, at the op where it is reached; the blocks it hands out beyond the
+    requests show as the ``allocator`` category."""
+    index = trace.peak_allocated_index if trace.peak_allocated_index is not None else best[1]
+    by_index = dict(zip(trace.index, trace.allocated_max))
+    after = dict(zip(trace.index, trace.allocated))
+    breakdown = dict(best[2]) if index == best[1] else None
+    if points is not None:
+        timeline = []
+        for i, total, live in points:
+            measured = after.get(i, total)
+            live = dict(live)
+            live[Category.ALLOCATOR] = max(0, measured - total)
+            timeline.append((i, max(total, measured), live))
+            if i == index and breakdown is None:
+                breakdown = dict(live)
+        points = timeline
+    if breakdown is None:
+        breakdown = dict(best[2])
+    breakdown[Category.ALLOCATOR] = 0
+    breakdown[Category.ALLOCATOR] = max(0, trace.peak_allocated - sum(breakdown.values()))
+    result = (trace.peak_allocated, index, breakdown)
+    return (result, points) if points is not None else result

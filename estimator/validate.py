@@ -9,8 +9,9 @@ The measurements, independent of the estimator's rules and simulation:
 * peak: ``torch.cuda.max_memory_allocated()`` after ``reset_peak_memory_stats()``
   over a steady-state iteration (CUDA), or a live-tensor tracker (CPU), less what
   was allocated before the run;
-* FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` with its three known
-  defects fixed (:data:`FLOP_FIXES`);
+* FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` with its known defects fixed
+  (:data:`FLOP_FIXES`: CPU flash attention and grouped-query heads on every SDPA kernel, the CPU
+  LSTM, grouped ``convolution_backward``, and the ops it has no formula for);
 * step time: median of ``steps`` synchronised iterations after a warm-up;
   achieved FLOP/s = measured matmul-class FLOPs (forward + backward) / step time;
   MFU = achieved / the device's dense peak for the dtype (PaLM, Chowdhery et al.
@@ -33,7 +34,7 @@ from typing import Any, Callable
 import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
 from .capture import select_loss, split_inputs
 from .errors import UserError
@@ -55,31 +56,37 @@ ROWS = ("parameters", "buffers", "gradients", "optimizer_state", "activations", 
 # ---------------------------------------------------------------------------
 
 
-def sdpa_cpu_flop(query, key, value, *args, out_shape=None, **kwargs) -> int:
-    """aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p,
-    is_causal, *, attn_mask, scale) -> (output, logsumexp).
-
-    Same formula as torch's flash/efficient SDPA (``sdpa_flop_count``), causal
-    mask ignored (as torch does):
+def _attention_flops(query, key, value) -> int:
+    """Scaled-dot-product attention forward with grouped-query heads (K/V heads broadcast to the
+    query's: torch 2.11's ``sdpa_flop_count`` asserts equal head counts and crashes on them):
       scores = q @ k^T : 2 * (b*h_q) * s_q * d_q * s_k
       out    = p @ v   : 2 * (b*h_q) * s_q * s_k * d_v
-    """
-    return sdpa_flop_count(query, key, value)
+    (causal masking ignored, as torch does)."""
+    b, h_q, s_q, d_q = query
+    s_k, d_v = key[-2], value[-1]
+    return 2 * b * h_q * s_q * s_k * (d_q + d_v)
 
 
-def sdpa_cpu_backward_flop(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
-    """aten._scaled_dot_product_flash_attention_for_cpu_backward(grad_out, query, key,
-    value, out, logsumexp, dropout_p, is_causal, *, attn_mask, scale)
-    -> (grad_query, grad_key, grad_value).
+def _attention_backward_flops(query, key, value) -> int:
+    """Its backward, 5 products of the same sizes (torch's ``sdpa_backward_flop_count``):
+      recompute scores q @ k^T : 2 * bh_q * s_q * d_q * s_k
+      dP = dO @ v^T            : 2 * bh_q * s_q * d_v * s_k
+      dV = P^T @ dO            : 2 * bh_q * s_k * s_q * d_v
+      dQ = dS @ k              : 2 * bh_q * s_q * s_k * d_q
+      dK = dS^T @ q            : 2 * bh_q * d_q * s_q * s_k"""
+    b, h_q, s_q, d_q = query
+    s_k, d_v = key[-2], value[-1]
+    return 2 * b * h_q * s_q * s_k * (3 * d_q + 2 * d_v)
 
-    torch's ``sdpa_backward_flop_count`` (5 bmm-sized products, causal ignored):
-      recompute scores  q @ k^T      : 2 * bh * s_q * d_q * s_k
-      dP = dO @ v^T                  : 2 * bh * s_q * d_v * s_k
-      dV = P^T @ dO                  : 2 * bh * s_k * s_q * d_v
-      dQ = dS @ k                    : 2 * bh * s_q * s_k * d_q
-      dK = dS^T @ q                  : 2 * bh * d_q * s_q * s_k
-    """
-    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+def sdpa_flop(query, key, value, *args, out_shape=None, **kwargs) -> int:
+    """Every fused SDPA kernel: (query, key, value, ...) -> (output, logsumexp, ...)."""
+    return _attention_flops(query, key, value)
+
+
+def sdpa_backward_flop(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+    """Every fused SDPA backward: (grad_out, query, key, value, ...) -> (grad_q, grad_k, grad_v, ...)."""
+    return _attention_backward_flops(query, key, value)
 
 
 def _rnn_layer_flops(input_shape, w_ih_shape, w_hh_shape) -> int:
@@ -174,9 +181,11 @@ def _expand(shape, expand_dims) -> list[int]:
     return out
 
 
+_SDPA = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+         "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
 FLOP_FIXES: dict[Any, Callable[..., int]] = {
-    aten._scaled_dot_product_flash_attention_for_cpu: sdpa_cpu_flop,
-    aten._scaled_dot_product_flash_attention_for_cpu_backward: sdpa_cpu_backward_flop,
+    **{getattr(aten, name): sdpa_flop for name in _SDPA if hasattr(aten, name)},
+    **{getattr(aten, name + "_backward"): sdpa_backward_flop for name in _SDPA if hasattr(aten, name + "_backward")},
     aten.mkldnn_rnn_layer: mkldnn_rnn_layer_flop,
     aten.mkldnn_rnn_layer_backward: mkldnn_rnn_layer_backward_flop,
     aten.convolution_backward: conv_backward_flop_groups,

@@ -1,0 +1,116 @@
+"""The CUDA target against real H100 steps, estimated on CPU fake tensors.
+
+Ground truth: ``tests/data/cuda_reference/memory`` (one NVIDIA H100 80GB HBM3, torch 2.11, cuDNN
+9.19; see its README), measured on the GPU: ``max_memory_allocated()`` over the first and the
+second (steady-state) step, and every aten op the step dispatched.  The models are rebuilt by
+``tests/cuda_cases.py``.  Each case is estimated once (``estimate(..., gpu="H100",
+cuda_torch="2.11")``) and checked for:
+
+* the steady-state peak within 1 % of the measured one and the first step within 2 % (cuBLAS
+  workspaces included, as the counter includes them);
+* the kernels CUDA chose (attention backend, batch norm, dropout, recurrent and convolution
+  kernels, the math path's softmax), op by op in each phase, equal to the estimate's.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import logging
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import cuda_cases  # noqa: E402
+
+FILES = sorted(glob.glob(os.path.join(cuda_cases.DATA, "memory", "*.json.gz")))
+
+
+def _case_id(path: str) -> str:
+    return os.path.basename(path)[: -len(".json.gz")]
+
+
+# Investigated differences: case id -> reason (strict: the test fails once the difference is gone).
+KNOWN: dict[str, str] = {
+    "resnet50_b64__fp16-mixed": (
+        "the reference GradScaler skipped its first optimizer steps (inf gradients at the initial scale "
+        "65,536), so AdamW never made its state: the measured steady-state step starts 195 MiB lower "
+        "than a run whose steps are taken"),
+}
+
+_CACHE: dict[str, tuple] = {}
+
+
+def _estimate(path: str):
+    """(reference record, what the estimate says: peaks and kernels) of one case, estimated once per
+    test session (only those figures are kept: a large live heap would slow every later capture)."""
+    key = _case_id(path)
+    if key not in _CACHE:
+        pytest.importorskip("transformers")
+        from estimator import estimate
+
+        logging.getLogger("estimator").setLevel(logging.ERROR)
+        with gzip.open(path, "rt") as f:
+            ref = json.load(f)
+        case, precision, *mode = key.split("__")
+        mode = mode[0] if mode else "train"
+        model, inputs, loss_fn = cuda_cases.CASES[case]()
+        if mode == "hf-checkpoint":
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if mode == "inference" and isinstance(inputs, dict):
+            inputs = {k: v for k, v in inputs.items() if k != "labels"}
+        report = estimate(model, inputs, loss_fn=loss_fn, optimizer="adamw:lr=0.0001", device="cuda",
+                          precision=precision, mode="inference" if mode == "inference" else "train",
+                          gpu="H100", cuda_torch=ref["torch"].split("+")[0])
+        ours = {"peak": report.memory.peak, "first": report.memory.peak_first_step,
+                "kernels": _sequence((n.meta.get("phase"), str(n.target)) for n in report.capture.nodes)}
+        theirs = {"peak": ref["steps"][1]["peak"], "first": ref["steps"][0]["peak"],
+                  "kernels": _sequence((r["phase"], r["op"]) for r in ref["ops"])}
+        _CACHE[key] = (theirs, ours)
+    return _CACHE[key]
+
+
+def _params(files):
+    out = []
+    for path in files:
+        key = _case_id(path)
+        marks = [pytest.mark.xfail(strict=True, reason=KNOWN[key])] if key in KNOWN else []
+        out.append(pytest.param(path, id=key, marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("path", _params(FILES))
+def test_peak_matches_the_h100(path):
+    measured, ours = _estimate(path)
+    assert ours["peak"] == pytest.approx(measured["peak"], rel=0.01), (ours["peak"] / measured["peak"], ours, measured)
+    assert ours["first"] == pytest.approx(measured["first"], rel=0.02), (ours["first"] / measured["first"])
+
+
+def _kernel(op: str) -> str | None:
+    """The op name if it is one of the kernels the CUDA target chooses, else None."""
+    name = op.removeprefix("aten.").rsplit(".", 1)[0]
+    keys = ("attention", "batch_norm", "dropout", "_cudnn_rnn", "convolution", "_safe_softmax")
+    return name if any(k in name for k in keys) else None
+
+
+def _sequence(ops):
+    """(phase, kernel) in order; the loss belongs to the forward pass as the reference records it."""
+    out = []
+    for phase, op in ops:
+        kernel = _kernel(op)
+        if kernel is not None:
+            out.append(("forward" if phase == "loss" else phase, kernel))
+    return out
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, id=_case_id(p)) for p in FILES])
+def test_kernels_match_the_h100(path):
+    measured, ours = _estimate(path)
+    a, b = ours["kernels"], measured["kernels"]
+    assert a == b, next(((i, x, y) for i, (x, y) in enumerate(zip(a + [None] * len(b), b + [None] * len(a)))
+                         if x != y), None)
