@@ -81,14 +81,28 @@ class Bottleneck(nn.Module):
         self.downsample = downsample
 
     def forward(self, x):
+        # statement by statement as torchvision writes it: Python frees each intermediate when its
+        # variable is rebound, so the order of the statements is the order of the frees
         identity = x
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
+
+        out = self.conv1(x)
+        out = self.bn1(out)
+        out = self.relu(out)
+
+        out = self.conv2(out)
+        out = self.bn2(out)
+        out = self.relu(out)
+
+        out = self.conv3(out)
+        out = self.bn3(out)
+
         if self.downsample is not None:
             identity = self.downsample(x)
+
         out += identity
-        return self.relu(out)
+        out = self.relu(out)
+
+        return out
 
 
 class ResNet50(nn.Module):
@@ -119,9 +133,21 @@ class ResNet50(nn.Module):
         return nn.Sequential(*layers)
 
     def forward(self, x):
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
+        x = self.conv1(x)
+        x = self.bn1(x)
+        x = self.relu(x)
+        x = self.maxpool(x)
+
+        x = self.layer1(x)
+        x = self.layer2(x)
+        x = self.layer3(x)
+        x = self.layer4(x)
+
+        x = self.avgpool(x)
+        x = torch.flatten(x, 1)
+        x = self.fc(x)
+
+        return x
 
 
 def _divisible(v: float, divisor: int = 8) -> int:
@@ -139,9 +165,16 @@ class SqueezeExcitation(nn.Module):
         self.activation = nn.ReLU()
         self.scale_activation = nn.Hardsigmoid()
 
-    def forward(self, x):
-        scale = self.scale_activation(self.fc2(self.activation(self.fc1(self.avgpool(x)))))
-        return scale * x
+    def _scale(self, input):
+        scale = self.avgpool(input)
+        scale = self.fc1(scale)
+        scale = self.activation(scale)
+        scale = self.fc2(scale)
+        return self.scale_activation(scale)
+
+    def forward(self, input):
+        scale = self._scale(input)
+        return scale * input
 
 
 class InvertedResidual(nn.Module):
@@ -159,10 +192,10 @@ class InvertedResidual(nn.Module):
         layers.append(_conv_norm_act(expanded, cout, 1, norm=norm, act=None))
         self.block = nn.Sequential(*layers)
 
-    def forward(self, x):
-        result = self.block(x)
+    def forward(self, input):
+        result = self.block(input)
         if self.use_res_connect:
-            result += x
+            result += input
         return result
 
 
@@ -186,7 +219,14 @@ class MobileNetV3Small(nn.Module):
                                         nn.Dropout(p=0.2, inplace=True), nn.Linear(1024, num_classes))
 
     def forward(self, x):
-        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
+        x = self.features(x)
+
+        x = self.avgpool(x)
+        x = torch.flatten(x, 1)
+
+        x = self.classifier(x)
+
+        return x
 
 
 def _vision(cls: type, b: int, res: int = 224) -> Callable[[], Case]:
