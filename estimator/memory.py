@@ -58,15 +58,26 @@ class Category(StrEnum):
 # Precedence when a storage falls in several categories (an input saved for backward is an input).
 CATEGORIES = tuple(Category)
 
-# Memory outside max_memory_allocated(), reported as headroom for CUDA targets.
+# What a GPU must hold beyond max_memory_allocated(), reported as the reserve of CUDA targets.
 CUDA_RESERVE = {
-    # The CUDA context (driver, kernels of the loaded libraries): 300-800 MiB depending on the
-    # GPU and the CUDA/cuDNN versions; PyTorch forum and NVIDIA docs; ~500 MiB seen on H100 / CUDA 12.
+    # The CUDA context (driver, the kernels of the loaded libraries with lazy loading), outside the
+    # caching allocator: 400-600 MiB on an H100 with CUDA 12-13 (PyTorch forums, NVIDIA's lazy-loading
+    # notes); 500 MiB taken.
     "cuda_context": 500 << 20,
 }
-# Fragmentation of the caching allocator: reserved/allocated is typically 1.05-1.2 in training
-# (PyTorch "CUDA semantics: memory management"); the headroom takes 10 % of the peak.
-FRAGMENTATION = 0.10
+# Fragmentation near the limit: blocks the caching allocator cannot give to a large request (free
+# space inside segments still in use), as a fraction of the peak.  Derived from the largest batches
+# that trained on one H100 80GB HBM3 (torch 2.11; 81,079 MiB visible to torch): GPT-2 124M, seq 1024,
+# bf16-mixed fits 52 and runs out at 53; ResNet-50 fp32, 224 px, fits 959.  With the estimate's peaks
+# (78,026 / 79,505 MiB for GPT-2 at 52 / 53) and 500 MiB of context, any fraction in (1.35 %, 3.27 %]
+# gives both answers without going over them; 2.5 % is taken (ResNet-50: 948 of 959, 98.9 %).
+FRAGMENTATION = 0.025
+
+
+def gpu_bytes_needed(profile: "MemoryProfile") -> int:
+    """What a GPU must have for the step to run: the higher of the two peaks, the fragmentation
+    allowance on it and the CUDA context (see :data:`FRAGMENTATION`, :data:`CUDA_RESERVE`)."""
+    return max(profile.peak, profile.peak_first_step) + sum(profile.reserve.values())
 
 
 def round_cuda(nbytes: int) -> int:
@@ -99,6 +110,7 @@ class MemoryProfile:
     reserve: dict[str, int] = field(default_factory=dict)
     workspaces: dict[str, int] = field(default_factory=dict)  # persistent library workspaces (name -> bytes)
     peak_reserved: int | None = None  # CUDA: max_memory_reserved() of the simulated allocator, steady state
+    out_of_memory: Snapshot | None = None  # CUDA with a capacity: where the simulated allocator ran out
 
     def to_dict(self) -> dict[str, Any]:
         at = self.peak_at
@@ -245,7 +257,9 @@ def _allocator_steps(cap: Capture, events: list[tuple[int, int, int]], raw: list
     loaded += [sid for sid in at_start if sid not in set(loaded)]  # inputs, constants
     stays = set(loaded) | set(cap.sids.get("optimizer_state", ())) | persistent
     sim = Replay(Allocator(capacity))
-    sim.run([(-2, sid, raw[sid]) for sid in loaded])
+    traces = [sim.run([(-2, sid, raw[sid]) for sid in loaded])]
+    if traces[0].oom is not None:
+        return traces
     traces = []
     for step in (1, 2):
         stream, live = [], set()
@@ -271,7 +285,7 @@ def _allocator_steps(cap: Capture, events: list[tuple[int, int, int]], raw: list
 
 
 def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None = None,
-             target: Any = None, allocator: bool = True) -> MemoryProfile:
+             target: Any = None, allocator: bool = True, capacity: int | None = None) -> MemoryProfile:
     """Peak and timeline of one training step, first and steady-state iterations.
 
     ``resize`` (storage id -> bytes) replaces some storages' sizes: a what-if on the same
@@ -279,7 +293,8 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
     the CUDA libraries take (:mod:`estimator.workspace`) is part of the timeline, for ``target``
     (a :class:`~estimator.target.CudaTarget`; default: an H100 with this torch), and the peaks are
     those of the caching allocator (``allocator=False``: every request rounded to 512 bytes, no
-    block left whole; faster, for searches)."""
+    block left whole; faster, for searches).  ``capacity``: the bytes the allocator may reserve on
+    the GPU; the profile then says where (if anywhere) the load or a step runs out of memory."""
     raw = list(cap.storage_bytes)
     cats = categories(cap)
     events, persistent, workspaces = list(cap.events), set(), {}
@@ -293,7 +308,13 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
     pre_first = {sid for index, sid, delta in events if index < 0 and delta > 0}
     # what the previous iteration left referenced: its loss (training) or its output (inference)
     held = set(cap.sids.get("loss") or cap.sids.get("output", set()))
-    traces = _allocator_steps(cap, events, raw, persistent, held) if device == "cuda" and allocator else None
+    traces = (_allocator_steps(cap, events, raw, persistent, held, capacity)
+              if device == "cuda" and (allocator or capacity) else None)
+    oom = None
+    if traces is not None and traces[-1].oom is not None:
+        failed = traces[-1].oom
+        oom = _snapshot(cap, failed.index, failed.allocated, {}) if failed.index >= 0 else \
+            Snapshot(-1, "load", "", "", failed.allocated, {})
     first, _ = _replay(events, sizes, cats, pre_first, timeline=False)
     previous = set()
     for sid in sorted(held):
@@ -310,7 +331,7 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
         reserved = traces[1].peak_reserved
     if device == "cuda":
         reserve = dict(CUDA_RESERVE)
-        reserve["fragmentation"] = int(FRAGMENTATION * steady[0])
+        reserve["fragmentation"] = int(FRAGMENTATION * max(steady[0], first[0]))
     return MemoryProfile(
         peak=steady[0],
         peak_first_step=first[0],
@@ -321,6 +342,7 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
         reserve=reserve,
         workspaces=workspaces,
         peak_reserved=reserved,
+        out_of_memory=oom,
     )
 
 
