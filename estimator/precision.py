@@ -228,6 +228,18 @@ def _overload(name: str) -> Any:
     return getattr(getattr(torch.ops.aten, packet), overload or "default")
 
 
+SKIPPED: set[str] = set()  # ops whose autocast kernel this torch registers from Python (it cannot be overridden)
+
+
+def _impl(lib: Any, name: str, fn: Callable, key: str) -> None:
+    """``lib.impl(name, fn, key, with_keyset=True)``, skipping an op whose kernel for ``key`` torch itself
+    registers from Python (e.g. ``rms_norm``'s AutocastCPU on torch 2.11): that one keeps torch's policy."""
+    try:
+        lib.impl(name, fn, key, with_keyset=True)
+    except RuntimeError:
+        SKIPPED.add(f"{name} ({key})")
+
+
 def register_cuda_autocast(lib: Any, capturing: Callable[[], bool]) -> None:
     """Register CUDA's autocast policies as AutocastCPU kernels in ``lib`` (a ``torch.library.Library``).
 
@@ -240,7 +252,7 @@ def register_cuda_autocast(lib: Any, capturing: Callable[[], bool]) -> None:
                 op = _overload(name)
             except (AttributeError, RuntimeError):  # not in this torch release
                 continue
-            lib.impl(name, _autocast_kernel(op, policy, "none", capturing), "AutocastCPU", with_keyset=True)
+            _impl(lib, name, _autocast_kernel(op, policy, "none", capturing), "AutocastCPU")
     for full in names:
         if not full.startswith("aten::"):
             continue
@@ -254,4 +266,4 @@ def register_cuda_autocast(lib: Any, capturing: Callable[[], bool]) -> None:
             op = _overload(name)
         except (AttributeError, RuntimeError):
             continue
-        lib.impl(name, _autocast_kernel(op, "none", cpu_policy, capturing), "AutocastCPU", with_keyset=True)
+        _impl(lib, name, _autocast_kernel(op, "none", cpu_policy, capturing), "AutocastCPU")

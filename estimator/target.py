@@ -422,6 +422,15 @@ def _cudnn_rnn_backward_meta(input, weight, weight_stride0, weight_buf, hx, cx, 
     return grad_input, grad_hx, grad_cx, grads
 
 
+# Fake kernels of the CUDA ops whose meta kernel is missing (``_cudnn_rnn_backward``) or says other
+# sizes and layouts than the CUDA kernel (``_cudnn_rnn``): the capture runs these instead of the fake
+# kernel (they make fake tensors of the CUDA shapes, strides and sizes).
+FAKE_KERNELS: dict[Any, Callable] = {
+    aten._cudnn_rnn.default: _cudnn_rnn_meta,
+    aten._cudnn_rnn_backward.default: _cudnn_rnn_backward_meta,
+}
+
+
 # -- installing them for one thread -------------------------------------------------------------------
 
 _lock = threading.Lock()
@@ -466,8 +475,6 @@ def _register(lib: Any) -> None:
     for mode in _RNN_MODES:
         lib.impl(f"{mode}.input", _composite(getattr(aten, mode).input, _rnn_cuda(mode)), "AutogradCPU",
                  with_keyset=True)
-    lib.impl("_cudnn_rnn", _cudnn_rnn_meta, "Meta")
-    lib.impl("_cudnn_rnn_backward", _cudnn_rnn_backward_meta, "Meta")
     _precision.register_cuda_autocast(lib, lambda: _current() is not None)
 
 

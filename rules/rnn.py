@@ -93,3 +93,38 @@ def fused_gru_cell_backward(call):
     """B*H*(16 + 6 if has_bias): dh*z (1), dz (5), dn (5), dr (4), dh_n = dn*r (1) (+ bias-gradient sums)."""
     # per element of grad_hy [B, H]: dz = dh*(h - n)*z*(1-z); dn = dh*(1-z)*(1-n^2); dr = dn*h_n*r*(1-r)
     return call["grad_hy"].numel * (16 + (6 if call["has_bias"] else 0))
+
+
+# cuDNN (CUDA target): one op for every layer and direction of nn.LSTM / nn.GRU / nn.RNN.
+
+
+def _cudnn_layers(call):
+    """(W_ih shape, W_hh shape) of each layer and direction of a ``_cudnn_rnn`` call.
+
+    ``weight`` holds ``weight_stride0`` tensors per layer-direction: W_ih, W_hh[, b_ih, b_hh][, W_hr]."""
+    weights, stride = call["weight"], call["weight_stride0"]
+    return [(weights[k].shape, weights[k + 1].shape) for k in range(0, len(weights), stride)]
+
+
+def _cudnn_rows(call) -> tuple[int, int]:
+    """(T*B rows every layer reads, hidden size): the input is (B, T, I) or (T, B, I), or packed (N, I)."""
+    x = call["input"].shape
+    return prod(x[:-1]), call["hidden_size"]
+
+
+@register(*aten_ops("_cudnn_rnn"), kind=MATMUL)
+def cudnn_rnn(call):
+    """sum over layers and directions of 2*T*B*G*H*(I_l + H): each layer's x @ W_ih^T and h @ W_hh^T."""
+    rows, _ = _cudnn_rows(call)
+    # layer l reads rows x I_l (I_0 = the input size, then H per direction): W_ih [G*H, I_l] carries I_l
+    return sum(rnn_layer_flops((rows, w_ih[1]), w_ih, w_hh) for w_ih, w_hh in _cudnn_layers(call))
+
+
+@register(*aten_ops("_cudnn_rnn_backward"), kind=MATMUL)
+def cudnn_rnn_backward(call):
+    """2x :func:`cudnn_rnn` when both input and weight gradients are asked (output_mask), else one forward's worth per kind."""
+    rows, _ = _cudnn_rows(call)
+    mask = call["output_mask"]
+    per_kind = sum(rnn_layer_flops((rows, w_ih[1]), w_ih, w_hh) for w_ih, w_hh in _cudnn_layers(call))
+    # mask: (input, hx, cx, weights): data gradients (dgates @ W) if any of the first three, weight gradients if the last
+    return per_kind * ((1 if any(mask[:3]) else 0) + (1 if mask[3] else 0))

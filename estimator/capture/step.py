@@ -26,7 +26,7 @@ from ..errors import UnsupportedModelError, UserError
 from ..graph import OpNode, to_fx
 from ..optim import build_optimizer, wants_fused
 from ..precision import Precision, parse_precision
-from ..target import CudaTarget, installed
+from ..target import FAKE_KERNELS, CudaTarget, installed
 from . import fake as _fake
 from .checkpoint import wrap_checkpointed
 from .inputs import convert_inputs, is_real, keeps_values, materialize, meta_twin, real_param_copy, split_inputs
@@ -213,6 +213,8 @@ class _Step:
                 rec.substitute[id(_fake.GROUPED_MM)] = _fake.fake_grouped_mm
             if opts.target == "cpu":
                 rec.real_sizes = _fake.real_output_bytes
+            else:
+                rec.substitute.update({id(op): fn for op, fn in FAKE_KERNELS.items()})
         self.fake_entered: _Entered | None = None
 
         self.module_paths: dict[int, str] = {}
