@@ -36,7 +36,7 @@ def resolve_classes(model: torch.nn.Module, names: Any, option: str = "--checkpo
 def _analyse(cap, options: StepOptions, device: str, progress: Progress):
     """Tallies and memory profile of a capture, with the fp8 what-if applied when asked."""
     progress("counting FLOPs and bytes")
-    t = tally(cap)
+    t = tally(cap, train=options.train)
     resize = None
     if options.precision.fp8_linear:
         from .precision import fp8_what_if
