@@ -137,5 +137,30 @@ def estimate(
             peak_saved=profile.peak - prof_ckpt.peak,
             flops_backward=t_ckpt.flops["backward"],
             flops_added=t_ckpt.flops["backward"] - t.flops["backward"],
+            # the bytes after each op, and at the peak (reached inside an op) the peak itself
+            timeline=[(str(p.phase), prof_ckpt.peak if p.index == prof_ckpt.peak_at.index else p.total)
+                      for p in prof_ckpt.timeline],
         )
+    if target_gpu is not None:
+        if mode != "train":
+            report.max_batch_note = "the largest batch is planned for training steps only"
+        else:
+            progress("finding the largest micro-batch")
+            report.max_batch, report.max_batch_note = _largest_batch(
+                model, inputs, target_gpu, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs, loss_fn=loss_fn,
+                precision=options.precision.name, trace=trace)
     return report
+
+
+def _largest_batch(model, inputs, gpu: GPU, **kwargs: Any) -> tuple[int | None, str | None]:
+    """The largest micro-batch that fits on one ``gpu`` (:func:`estimator.plan.plan`, DDP on one GPU),
+    or None and why not."""
+    from .plan import plan
+
+    try:
+        p = plan(model, inputs, gpu=gpu.name, gpus=1, strategy="ddp", **kwargs)
+    except UserError as exc:
+        return None, str(exc)
+    if p.max_batch is None:
+        return None, "the batch size cannot be varied for this model's inputs"
+    return p.max_batch, None

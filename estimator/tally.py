@@ -249,8 +249,8 @@ def tally(cap: Capture, train: bool = True) -> Tally:
             row = ops.setdefault("(input)", {"op": "(input)", "count": 0, "flops_forward": 0, "flops_backward": 0,
                                              "flops_optimizer": 0, "saved_bytes": 0, "kind": "input"})
             row["saved_bytes"] += nbytes
-    by_operator = sorted(ops.values(), key=lambda r: (-(r["flops_forward"] + r["flops_backward"] + r["flops_optimizer"]),
-                                                      -r["saved_bytes"], r["op"]))
+    by_operator = sorted(ops.values(), key=lambda r: (-(r["flops_forward"] + r["flops_backward"]),
+                                                      -r["flops_optimizer"], -r["saved_bytes"], r["op"]))
 
     unsupported_rows = [
         {"op": op, "count": n, "module": module} for (op, module), n in sorted(unsupported.items())
