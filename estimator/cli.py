@@ -302,9 +302,14 @@ class _Progress:
         line = f"estimator: {self.stage}{detail} [{elapsed:.0f} s]"
         width = 0
         try:
-            width = os.get_terminal_size(self.stream.fileno()).columns - 1
-        except (OSError, ValueError, AttributeError):
+            width = int(os.environ.get("COLUMNS", "0")) - 1  # as shutil.get_terminal_size: COLUMNS first
+        except ValueError:
             pass
+        if width < 20:
+            try:
+                width = os.get_terminal_size(self.stream.fileno()).columns - 1
+            except (OSError, ValueError, AttributeError):
+                pass
         width = width if width >= 20 else 119  # a terminal that reports no size
         with self._lock:
             self.stream.write("\r\x1b[K" + line[:width])

@@ -281,24 +281,48 @@ def _wrap(text: str, width: int) -> str:
 
 
 def _table(body: list[list[str]], headers: list[str] | None, tablefmt: str, width: int | None,
-           flexible: tuple[int, ...] = (), minimum: int = 8) -> str:
-    """tabulate, with the ``flexible`` columns wrapped so that the table is at most ``width`` wide."""
-    if width and tablefmt in ("simple", "plain") and body:
-        natural = [max(len(line) for cell in col for line in str(cell).split("\n"))
-                   for col in zip(*([headers] if headers else []), *body)]
-        sep = 2 * (len(natural) - 1)
-        excess = sum(natural) + sep - width
-        if excess > 0 and flexible:
-            limits = {i: natural[i] for i in flexible}
-            while excess > 0:  # shave the widest flexible column, one character at a time
-                i = max(limits, key=lambda k: limits[k])
-                if limits[i] <= minimum:
-                    break
-                limits[i] -= 1
-                excess -= 1
-            body = [[_wrap(str(c), limits[i]) if i in limits else c for i, c in enumerate(row)] for row in body]
+           flexible: tuple[int, ...] = (), minimum: tuple[int, ...] = (), optional: tuple[int, ...] = ()) -> str:
+    """tabulate, at most ``width`` columns wide (text formats): headers wrapped at spaces to their column's
+    cells, then the ``flexible`` columns wrapped, the first one shaved first down to its ``minimum``;
+    the ``optional`` columns dropped (last resort) when that is not enough."""
+    if not (width and tablefmt in ("simple", "plain") and body):
+        if headers:
+            return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+        return tabulate(body, tablefmt=tablefmt, disable_numparse=True)
+    headers = list(headers) if headers else None
+    body = [list(map(str, row)) for row in body]
+
+    def cell_width(col: int) -> int:
+        return max(len(line) for row in body for line in row[col].split("\n"))
+
+    pad = 2 if headers else 0  # tabulate pads header cells by 2 in the simple format
+    if headers:
+        for i, h in enumerate(headers):
+            target = max(cell_width(i), max(len(w) for w in h.split()) if h.split() else 0)
+            headers[i] = _wrap(h, target) if len(h) > target else h
+    natural = [max(cell_width(i), max((len(x) + pad for x in headers[i].split("\n")), default=0) if headers else 0)
+               for i in range(len(body[0]))]
+    excess = sum(natural) + 2 * (len(natural) - 1) - width
+    limits = dict.fromkeys(flexible)
+    for i, low in zip(flexible, minimum or (8,) * len(flexible)):
+        if excess <= 0:
+            break
+        cut = min(excess, max(natural[i] - low, 0))
+        limits[i] = natural[i] - cut
+        excess -= cut
+    if excess > 0 and optional:  # still too wide: drop a column, then fit again
+        drop = optional[0]
+        keep = [i for i in range(len(natural)) if i != drop]
+        remap = {old: new for new, old in enumerate(keep)}
+        pick = lambda row: [row[i] for i in keep]  # noqa: E731
+        flex = [(remap[i], low) for i, low in zip(flexible, minimum or (8,) * len(flexible)) if i != drop]
+        return _table([pick(r) for r in body], pick(headers) if headers else None, tablefmt, width,
+                      tuple(i for i, _ in flex), tuple(low for _, low in flex), tuple(remap[i] for i in optional[1:]))
+    for i, limit in limits.items():
+        if limit is not None and limit < natural[i]:
+            body = [[_wrap(c, limit) if j == i else c for j, c in enumerate(row)] for row in body]
             if headers:
-                headers = [_wrap(str(h), limits[i]) if i in limits else h for i, h in enumerate(headers)]
+                headers[i] = _wrap(headers[i], max(limit - pad, 1))
     if headers:
         return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
     return tabulate(body, tablefmt=tablefmt, disable_numparse=True)
@@ -319,14 +343,16 @@ def module_table(report: "Report", depth: int | None = None, tablefmt: str = "si
     t = report.tally
     body.append(cells("Total", "", "", fmt_count(t.params_total), fmt_bytes(t.activations_bytes),
                       fmt_flops(t.flops["forward"]), fmt_flops(t.flops["backward"]), "100.0"))
-    return _table(body, headers, tablefmt, width, flexible=(0, 1, 2))
+    # shave the output shape first, then the type, the module path last; drop the shapes if that is not enough
+    return _table(body, headers, tablefmt, width, flexible=(2, 1, 0), minimum=(10, 10, 18), optional=(2,))
 
 
 def unsupported_table(report: "Report", tablefmt: str = "simple", width: int | None = None) -> str:
     if not report.tally.unsupported:
         return ""
     body = [[r["op"], str(r["count"]), r["module"]] for r in report.tally.unsupported]
-    return _table(body, ["Op without a cost rule", "Count", "Module"], tablefmt, width, flexible=(0, 2))
+    return _table(body, ["Op without a cost rule", "Count", "Module"], tablefmt, width, flexible=(2, 0),
+                  minimum=(16, 16))
 
 
 def no_gradient_table(report: "Report", tablefmt: str = "simple", width: int | None = None) -> str:
@@ -335,12 +361,14 @@ def no_gradient_table(report: "Report", tablefmt: str = "simple", width: int | N
         return ""
     body = [[r["module"] or "(root)", r["type"], fmt_count(r["count"]), fmt_bytes(r["bytes"]),
              f"{len(r['params'])} tensor{'s' if len(r['params']) != 1 else ''}"] for r in rows]
-    return _table(body, ["Module", "Type", "Params", "Bytes", "Parameters"], tablefmt, width, flexible=(0, 1))
+    return _table(body, ["Module", "Type", "Params", "Bytes", "Parameters"], tablefmt, width, flexible=(1, 0),
+                  minimum=(10, 18))
 
 
 def operators_table(report: "Report", tablefmt: str = "simple", width: int | None = None, top: int | None = None) -> str:
     train = training(report)
-    rows = [r for r in report.tally.by_operator if r["op"] != "(input)" or r["saved_bytes"]]
+    rows = [r for r in report.tally.by_operator  # ops that cost nothing (views, detach) are left to the JSON and CSV
+            if r["flops_forward"] or r["flops_backward"] or r["flops_optimizer"] or r["saved_bytes"]]
     rows = rows[:top] if top else rows
     total = sum(r["flops_forward"] + r["flops_backward"] for r in report.tally.by_operator) or 1
     headers = ["Op", "Calls", "Fwd FLOPs"] + (["Bwd FLOPs", "Optimizer FLOPs", "Saved for backward"] if train else []) \
@@ -352,7 +380,7 @@ def operators_table(report: "Report", tablefmt: str = "simple", width: int | Non
             row += [fmt_flops(r["flops_backward"]), fmt_flops(r["flops_optimizer"]), fmt_bytes(r["saved_bytes"])]
         row.append(f"{100.0 * (r['flops_forward'] + r['flops_backward']) / total:.1f}")
         body.append(row)
-    return _table(body, headers, tablefmt, width, flexible=(0,))
+    return _table(body, headers, tablefmt, width, flexible=(0,), minimum=(16,))
 
 
 def render(report: "Report", tablefmt: str = "simple", depth: int | None = None, *, width: int | None = None,
@@ -919,6 +947,11 @@ def plot(report: Any, path: str, title: str = "", fmt: str | None = None) -> Non
         from matplotlib.figure import Figure
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise UserError("--plot needs matplotlib: pip install 'estimator[plot]'") from exc
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text stays text in an SVG
+        _draw_plot(report, path, title, fmt, Figure, FigureCanvasAgg)
+
+
+def _draw_plot(report: Any, path: str, title: str, fmt: str | None, Figure: Any, FigureCanvasAgg: Any) -> None:
     profile = report.memory if hasattr(report, "memory") else report
     ck = report.checkpoint.timeline if getattr(report, "checkpoint", None) else None
     data = timeline_data(profile, ck, limit=4000)

@@ -69,9 +69,10 @@ class CheckpointWhatIf:
 #   dequantizes one layer's weight at a time to the compute dtype (16-bit), a temporary of
 #   out x in x 2 bytes.
 #
-# Only ``nn.Linear`` weights are quantized; biases, embeddings, norms and the output head
-# (``lm_head``, which transformers' ``get_keys_to_not_convert`` keeps in full precision) stay as
-# they are, as does a Linear whose weight is shared with another module (tied).
+# Only the weights of ``nn.Linear`` (and transformers' ``Conv1D``) layers are quantized, as
+# ``replace_with_bnb_linear`` does; biases, embeddings, norms, and what transformers'
+# ``get_keys_to_not_convert`` keeps in full precision (the output head ``lm_head``, the module
+# holding the last parameter, tied weights) stay as they are.
 QUANT_SCHEMES = {
     "int8": dict(layout="bitsandbytes LLM.int8: int8 weights + one float32 scale per output row",
                  bits=8, group=None),
@@ -285,20 +286,22 @@ class Report:
         return self.render()
 
 
-def _quantizable(report: "Report") -> list[tuple[str, Any]]:
-    """(module path, weight tensor) of every Linear layer the what-if quantizes."""
+def _quantizable(report: "Report") -> list[tuple[str, int, int, int]]:
+    """(module path, output features, input features, bytes per weight) of every layer the what-if quantizes:
+    ``nn.Linear`` and transformers' ``Conv1D`` (GPT-2; weight stored in x out), as transformers'
+    ``replace_with_bnb_linear`` picks them, less what ``get_keys_to_not_convert`` keeps: the output
+    head (``lm_head``), the module holding the last parameter, and tied weights (owned by another module)."""
     cap = report.capture
-    owners: dict[str, list[str]] = {}
-    for name in cap.params:
-        owners.setdefault(cap.param_owner[name], []).append(name)
+    last_owner = cap.param_owner[next(reversed(cap.params))] if cap.params else None
     layers = []
-    for path, names in owners.items():
-        if cap.module_types.get(path) != "Linear" or path.rpartition(".")[2] == "lm_head":
+    for path, kind in cap.module_types.items():
+        if kind not in ("Linear", "Conv1D") or path == last_owner or path.rpartition(".")[2] == "lm_head":
             continue
         weight = cap.params.get(f"{path}.weight")
         if weight is None or weight.ndim != 2:  # tied: the weight is owned by another module
             continue
-        layers.append((path, weight))
+        rows, cols = weight.shape if kind == "Linear" else tuple(reversed(weight.shape))
+        layers.append((path, rows, cols, weight.element_size()))
     return layers
 
 
@@ -318,8 +321,7 @@ def quantized_what_ifs(report: "Report") -> list[QuantizedWhatIf]:
     out = []
     for scheme, spec in QUANT_SCHEMES.items():
         exact_before = exact_after = rounded_saved = elements = largest = 0
-        for _path, w in layers:
-            rows, cols = w.shape
+        for _path, rows, cols, size in layers:
             n = rows * cols
             elements += n
             if spec["bits"] == 8:
@@ -327,9 +329,9 @@ def quantized_what_ifs(report: "Report") -> list[QuantizedWhatIf]:
             else:
                 tensors = [-(-n // 2), 4 * -(-n // spec["group"])]  # packed 4-bit + float32 absmax per 64
                 largest = max(largest, rnd(INT4_COMPUTE_BYTES * n))
-            exact_before += n * w.element_size()
+            exact_before += n * size
             exact_after += sum(tensors)
-            rounded_saved += rnd(n * w.element_size()) - sum(rnd(t) for t in tensors)
+            rounded_saved += rnd(n * size) - sum(rnd(t) for t in tensors)
         out.append(QuantizedWhatIf(scheme=scheme, layout=spec["layout"], layers=len(layers), params=elements,
                                    weights_before=exact_before, weights_after=exact_after,
                                    parameters=report.tally.parameters_bytes - (exact_before - exact_after),
