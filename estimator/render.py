@@ -178,6 +178,8 @@ def headline(report: "Report") -> str:
     if report.max_batch is not None:
         text += ("; no micro-batch fits" if report.max_batch == 0
                  else f"; largest micro-batch {report.max_batch}")
+    elif not report.fits and training(report):
+        text += "; no micro-batch fits on one GPU (estimator plan shards it over several)"
     return text
 
 
@@ -687,7 +689,7 @@ def _tree_html(report: "Report") -> str:
         if not kids:
             return f'<div class="leaf">{line}</div>'
         inner = "".join(row(k, depth + 1) for k in kids)
-        return f'<details{" open" if depth < 1 else ""}><summary>{line}</summary>{inner}</details>'
+        return f'<details{" open" if depth < 2 else ""}><summary>{line}</summary>{inner}</details>'
 
     extra = ""
     for special in (LOSS_MODULE, INPUT_MODULE):
@@ -812,7 +814,8 @@ def to_html(report: "Report", depth: int | None = None) -> str:
                           if train else "")
                        + f"<td class=share><span class=bar><i class=b-fwd style=\"width:{share:.2f}%\"></i></span>"
                          f"{share:.1f}%</td></tr>")
-    operators = ("<h2>Per operator</h2><details open><summary>aten ops by FLOPs (forward + backward)"
+    operators = ("<h2>Per operator</h2><details open><summary>aten ops by FLOPs"
+                 + (" (forward + backward)" if train else "")
                  + (" and the bytes they save for backward" if train else "") + "</summary><table><thead><tr><th>Op</th>"
                  "<th>Calls</th><th>Fwd FLOPs</th>" + ("<th>Bwd FLOPs</th><th>Saved for backward</th>" if train else "")
                  + f"<th>% FLOPs</th></tr></thead><tbody>{''.join(op_rows)}</tbody></table></details>") if op_rows else ""
@@ -978,7 +981,7 @@ def _draw_plot(report: Any, path: str, title: str, fmt: str | None, Figure: Any,
     k = data["peak"]
     if k is not None:
         px, py = data["x"][k], profile.peak / unit
-        ax.axvline(px, color="black", linestyle=":", linewidth=1)
+        ax.axvline(px, color="#555", linestyle=":", linewidth=0.9, alpha=0.7)
         ax.plot([px], [py], "o", color="black", markersize=4)
         where = place(report, profile.peak_at) if hasattr(report, "capture") else f"{profile.peak_at.phase}"
         ax.annotate(f"peak {fmt_bytes(profile.peak)}\n{where}", (px, py), textcoords="offset points",
