@@ -405,7 +405,8 @@ def render(report: "Report", tablefmt: str = "simple", depth: int | None = None,
         summary_text = tabulate([[k, _wrap(v, value_width) if value_width else v] for k, v in summary],
                                 tablefmt="plain", disable_numparse=True)
     line = report.headline()
-    parts = [heading(title(report), 1), f"**{line}**" if md else (_wrap(line, width) if width else line), summary_text,
+    head = title(report) if md or not width else _wrap(title(report), width)
+    parts = [heading(head, 1), f"**{line}**" if md else (_wrap(line, width) if width else line), summary_text,
              heading(f"Per module (depth {depth_text})"), module_table(report, depth, tablefmt, width)]
     missing = no_gradient_table(report, tablefmt, width)
     if missing:

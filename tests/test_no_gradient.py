@@ -80,8 +80,16 @@ def _real_copy(loaded):
     return type(loaded.model)(loaded.config)
 
 
+GEMMA3 = ["text_config.num_hidden_layers=1", "text_config.hidden_size=32", "text_config.intermediate_size=64",
+          "text_config.num_attention_heads=2", "text_config.num_key_value_heads=1", "text_config.head_dim=16",
+          "text_config.vocab_size=300", "image_token_id=299", "boi_token_id=297", "eoi_token_id=298",
+          "vision_config.num_hidden_layers=1", "vision_config.hidden_size=32", "vision_config.intermediate_size=64",
+          "vision_config.num_attention_heads=2", "vision_config.patch_size=8", "mm_tokens_per_image=4"]
+
+
 @pytest.mark.parametrize("spec,sets,size,cls", [
     ("hf:llava", LLAVA, 32, "LlavaForConditionalGeneration"),
+    ("hf:gemma3", GEMMA3, 32, "Gemma3ForConditionalGeneration"),  # a pooled tower: the configuration's count
     ("hf:qwen2_vl", QWEN2_VL, 56, "Qwen2VLForConditionalGeneration"),
 ])
 def test_vision_language_models_get_images_and_image_tokens(spec, sets, size, cls):
@@ -121,9 +129,9 @@ def test_speech_encoders_get_audio_and_their_ctc_head():
     pytest.importorskip("transformers")
     sets = ["num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64",
             "conv_dim=[16,16,16,16,16,16,16]", "num_conv_pos_embeddings=16", "vocab_size=32"]
-    loaded = load_spec("hf:wav2vec2", overrides=sets, seq=8000, batch=2)
+    loaded = load_spec("hf:wav2vec2", overrides=sets, seq=4000, batch=2)
     assert type(loaded.model).__name__ == "Wav2Vec2ForCTC"
-    assert tuple(loaded.inputs["input_values"].shape) == (2, 8000)
+    assert tuple(loaded.inputs["input_values"].shape) == (2, 4000)
     missing, grad_bytes = _real_no_grad(_real_copy(loaded), loaded.inputs)
     report = estimate(loaded.model, loaded.inputs, device="cpu")
     assert report.capture.loss_source == "output.loss"

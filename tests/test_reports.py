@@ -114,17 +114,57 @@ def test_inference_reports_are_titled_and_worded_for_inference():
 # -- width, markdown, suffixes -----------------------------------------------------------------------
 
 
-def test_text_report_fits_a_100_column_terminal():
-    # A real terminal (script(1) gives the command a pty) 100 columns wide: every line fits.
+LONG_NAMES = """
+import torch
+from torch import nn
+
+
+class ProjectionWithAVeryDescriptiveClassName(nn.Linear):
+    pass
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.self_attention_projection_in = ProjectionWithAVeryDescriptiveClassName(32, 96)
+        self.self_attention_projection_out = ProjectionWithAVeryDescriptiveClassName(96, 32)
+
+    def forward(self, x):
+        return self.self_attention_projection_out(torch.relu(self.self_attention_projection_in(x)))
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.transformer_encoder_stack = nn.ModuleList(Encoder() for _ in range(2))
+        self.classification_head_with_long_name = nn.Linear(32, 1000)
+
+    def forward(self, x):
+        for layer in self.transformer_encoder_stack:
+            x = layer(x)
+        return self.classification_head_with_long_name(x).logsumexp(-1).mean()
+
+
+def build():
+    return Model(), torch.randn(64, 12, 32)
+"""
+
+
+def test_text_report_fits_a_100_column_terminal(tmp_path):
+    # A real terminal (script(1) gives the command a pty) 100 columns wide, progress display included:
+    # every line fits, long module paths and class names wrap.
     if not os.path.exists("/usr/bin/script"):
         pytest.skip("script(1) not available")
-    cmd = f"{sys.executable} -m estimator estimate hf:gpt2 --set n_layer=2 --seq 64 --depth 4"
+    (tmp_path / "long.py").write_text(LONG_NAMES)
+    cmd = f"{sys.executable} -m estimator estimate {tmp_path / 'long.py'}:build --depth 4 --gpu A100 --operators"
     proc = subprocess.run(["script", "-q", "-c", cmd, "/dev/null"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "COLUMNS": "100", "ESTIMATOR_PROGRESS_DELAY": "0"})
     assert proc.returncode == 0, proc.stdout[-2000:]
     text = re.sub(r"\x1b\[K|\r", "\n", proc.stdout)
     lines = [ln for ln in text.splitlines() if ln.strip()]
-    assert any(ln.startswith("Per module") for ln in lines) and any("transformer.h.0.attn" in ln for ln in lines)
+    assert any(ln.startswith("estimator: ") for ln in lines)  # the progress display was drawn
+    assert any(ln.startswith("Per module") for ln in lines) and any(ln.startswith("Per operator") for ln in lines)
+    assert any("transformer_encoder_stack." in ln for ln in lines)
     too_wide = [ln for ln in lines if len(ln) > 100]
     assert too_wide == []
 
