@@ -128,7 +128,8 @@ def test_image_size_sets_the_vision_towers_size_and_the_number_of_image_tokens()
 def test_speech_encoders_get_audio_and_their_ctc_head():
     pytest.importorskip("transformers")
     sets = ["num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64",
-            "conv_dim=[16,16,16,16,16,16,16]", "num_conv_pos_embeddings=16", "vocab_size=32"]
+            "conv_dim=[16,16,16,16,16,16,16]", "num_conv_pos_embeddings=16", "vocab_size=32",
+            "layerdrop=0.0"]  # layer drop skips a random layer per step: no fixed answer to compare
     loaded = load_spec("hf:wav2vec2", overrides=sets, seq=4000, batch=2)
     assert type(loaded.model).__name__ == "Wav2Vec2ForCTC"
     assert tuple(loaded.inputs["input_values"].shape) == (2, 4000)
