@@ -155,12 +155,21 @@ def estimate(
 def _largest_batch(model, inputs, gpu: GPU, **kwargs: Any) -> tuple[int | None, str | None]:
     """The largest micro-batch that fits on one ``gpu`` (:func:`estimator.plan.plan`, DDP on one GPU),
     or None and why not."""
+    import logging
+
     from .plan import plan
 
+    def once(record: logging.LogRecord) -> bool:  # the estimate has said it; the planner's traces need not
+        return "get no gradient" not in record.getMessage()
+
+    tally_log = logging.getLogger("estimator.tally")
+    tally_log.addFilter(once)
     try:
         p = plan(model, inputs, gpu=gpu.name, gpus=1, strategy="ddp", **kwargs)
     except UserError as exc:
         return None, str(exc)
+    finally:
+        tally_log.removeFilter(once)
     if p.max_batch is None:
         return None, "the batch size cannot be varied for this model's inputs"
     return p.max_batch, None
