@@ -16,7 +16,6 @@ import io
 import json
 import math
 import re
-import textwrap
 from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate

@@ -3,7 +3,6 @@ markdown tables, refused suffixes, plots, the per-operator breakdown and the qua
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
