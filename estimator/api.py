@@ -47,7 +47,7 @@ def resolve_classes(model: torch.nn.Module, names: Any, option: str = "--checkpo
 def _analyse(cap, options: StepOptions, device: str, progress: Progress):
     """Tallies and memory profile of a capture, with the fp8 what-if applied when asked."""
     progress("counting FLOPs and bytes")
-    t = tally(cap)
+    t = tally(cap, train=options.train)
     resize = None
     if options.precision.fp8_linear:
         from .precision import fp8_what_if
@@ -152,5 +152,39 @@ def estimate(
             peak_saved=profile.peak - prof_ckpt.peak,
             flops_backward=t_ckpt.flops["backward"],
             flops_added=t_ckpt.flops["backward"] - t.flops["backward"],
+            # the bytes after each op, and at the peak (reached inside an op) the peak itself
+            timeline=[(str(p.phase), prof_ckpt.peak if p.index == prof_ckpt.peak_at.index else p.total)
+                      for p in prof_ckpt.timeline],
         )
+    if target_gpu is not None:
+        if mode != "train":
+            report.max_batch_note = "the largest batch is planned for training steps only"
+        else:
+            progress("finding the largest micro-batch")
+            report.max_batch, report.max_batch_note = _largest_batch(
+                model, inputs, target_gpu, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs, loss_fn=loss_fn,
+                precision=options.precision.name, trace=trace)
     return report
+
+
+def _largest_batch(model, inputs, gpu: GPU, **kwargs: Any) -> tuple[int | None, str | None]:
+    """The largest micro-batch that fits on one ``gpu`` (:func:`estimator.plan.plan`, DDP on one GPU),
+    or None and why not."""
+    import logging
+
+    from .plan import plan
+
+    def once(record: logging.LogRecord) -> bool:  # the estimate has said it; the planner's traces need not
+        return "get no gradient" not in record.getMessage()
+
+    tally_log = logging.getLogger("estimator.tally")
+    tally_log.addFilter(once)
+    try:
+        p = plan(model, inputs, gpu=gpu.name, gpus=1, strategy="ddp", **kwargs)
+    except UserError as exc:
+        return None, str(exc)
+    finally:
+        tally_log.removeFilter(once)
+    if p.max_batch is None:
+        return None, "the batch size cannot be varied for this model's inputs"
+    return p.max_batch, None

@@ -91,18 +91,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(est)
     est.add_argument("--format", choices=FORMATS,
                      help="output format: table, json (schema in the README), markdown, csv (one row per module) "
-                          "or html (a self-contained page: summary, modules, memory timeline) (default: from the "
-                          "--output suffix, else table), e.g. --format csv")
+                          "or html (a self-contained page: headline, memory timeline, module tree, summary) "
+                          "(default: from the --output suffix, else table), e.g. --format csv")
     est.add_argument("--depth", type=int, default=2, metavar="N",
                      help="module depth of the per-module table (default: 2), e.g. --depth 1")
     est.add_argument("--output", metavar="FILE",
-                     help="write the report to FILE instead of stdout; .json, .md, .csv, .html and .htm pick the "
-                          "format when --format is not given, e.g. --output report.html")
+                     help="write the report to FILE instead of stdout; the suffix picks the format when --format is "
+                          "not given: .txt (table), .json, .md, .csv, .html or .htm (others are refused), "
+                          "e.g. --output report.html")
+    est.add_argument("--operators", action="store_true",
+                     help="add the per-operator table (FLOPs and bytes saved for backward per aten op) to table, "
+                          "markdown and html; with csv, write one row per operator instead of per module")
     est.add_argument("--gpu", metavar="NAME",
                      help="size the step for this GPU (a name or alias from 'estimator hardware', e.g. --gpu H100): "
                           "the report says whether the step fits in its memory")
-    est.add_argument("--plot", metavar="FILE.png",
-                     help="draw the live-memory timeline with the peak marked (needs matplotlib), e.g. --plot mem.png")
+    est.add_argument("--plot", metavar="FILE",
+                     help="draw the live-memory timeline with the peak marked (needs matplotlib); the suffix picks "
+                          "the image type: .png, .svg or .pdf, e.g. --plot mem.png")
     est.set_defaults(run=_run_estimate)
 
     val = sub.add_parser("validate", help="check an estimate against a live run (e.g. estimator validate "
@@ -174,16 +179,44 @@ def _write(text: str, output: str | None) -> None:
 
 
 FORMATS = ("table", "json", "markdown", "csv", "html")
-_SUFFIX_FORMATS = {".json": "json", ".md": "markdown", ".markdown": "markdown", ".csv": "csv", ".html": "html",
-                   ".htm": "html"}
+_SUFFIX_FORMATS = {".txt": "table", ".json": "json", ".md": "markdown", ".markdown": "markdown", ".csv": "csv",
+                   ".html": "html", ".htm": "html"}
 
 
 def _pick_format(fmt: str | None, output: str | None) -> str:
+    """--format, else the --output suffix (an unknown suffix is refused), else table."""
     if fmt:
         return fmt
     if output:
-        return _SUFFIX_FORMATS.get(os.path.splitext(output)[1].lower(), "table")
+        suffix = os.path.splitext(output)[1].lower()
+        if suffix not in _SUFFIX_FORMATS:
+            raise UserError(f"--output {output}: unknown suffix {suffix or '(none)'!r}; use one of "
+                            f"{', '.join(_SUFFIX_FORMATS)} or give --format")
+        return _SUFFIX_FORMATS[suffix]
     return "table"
+
+
+def _plot_format(path: str) -> str:
+    """The image type ``--plot`` writes, from the suffix; refused (one line) unless matplotlib can write it."""
+    from .render import PLOT_SUFFIXES, plot_formats
+
+    suffix = os.path.splitext(path)[1].lower()
+    available = plot_formats()
+    if not available:
+        raise UserError("--plot needs matplotlib: pip install 'estimator[plot]'")
+    if suffix not in available:
+        raise UserError(f"--plot {path}: unknown image suffix {suffix or '(none)'!r}; use one of "
+                        f"{', '.join(s for s in PLOT_SUFFIXES if s in available)}")
+    return suffix[1:]
+
+
+def _text_width(output: str | None) -> int:
+    """Columns for the text report: the terminal's (COLUMNS first) on stdout, 120 in a file or a pipe."""
+    import shutil
+
+    if output:
+        return 120
+    return max(60, shutil.get_terminal_size((120, 24)).columns)
 
 
 def _load(args: argparse.Namespace, empty: bool = True):
@@ -269,9 +302,14 @@ class _Progress:
         line = f"estimator: {self.stage}{detail} [{elapsed:.0f} s]"
         width = 0
         try:
-            width = os.get_terminal_size(self.stream.fileno()).columns - 1
-        except (OSError, ValueError, AttributeError):
+            width = int(os.environ.get("COLUMNS", "0")) - 1  # as shutil.get_terminal_size: COLUMNS first
+        except ValueError:
             pass
+        if width < 20:
+            try:
+                width = os.get_terminal_size(self.stream.fileno()).columns - 1
+            except (OSError, ValueError, AttributeError):
+                pass
         width = width if width >= 20 else 119  # a terminal that reports no size
         with self._lock:
             self.stream.write("\r\x1b[K" + line[:width])
@@ -302,6 +340,7 @@ def _run_estimate(args: argparse.Namespace) -> int:
     fmt = _pick_format(args.format, args.output)
     if fmt == "html" and not args.output and sys.stdout.isatty():
         raise UserError("--format html writes a page: add --output report.html (or redirect stdout to a file)")
+    plot_fmt = _plot_format(args.plot) if args.plot else None
     with _Progress() as progress:
         progress.set("building the model")
         loaded = _load(args)
@@ -313,18 +352,17 @@ def _run_estimate(args: argparse.Namespace) -> int:
         if fmt == "json":
             text = json.dumps(report.to_dict(), indent=2)
         elif fmt == "markdown":
-            text = report.to_markdown()
+            text = report.to_markdown(operators=args.operators)
         elif fmt == "csv":
-            text = report.to_csv()
+            text = report.operators_csv() if args.operators else report.to_csv()
         elif fmt == "html":
             text = report.to_html()
         else:
-            text = report.render()
+            text = report.render(width=_text_width(args.output), operators=args.operators)
         if args.plot:
             from .render import plot
 
-            _atomic(args.plot, lambda tmp: plot(report.memory, tmp, title=f"{args.spec}: live memory"),
-                    suffix=".png")
+            _atomic(args.plot, lambda tmp: plot(report, tmp, fmt=plot_fmt), suffix="." + plot_fmt)
     _write(text, args.output)
     return 0
 

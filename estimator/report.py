@@ -7,7 +7,7 @@ HTML and plots (the methods here that return text delegate to it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch.fx as fx
@@ -50,6 +50,50 @@ class CheckpointWhatIf:
     peak_saved: int
     flops_backward: int
     flops_added: int
+    # the what-if's live bytes over its step, as (phase, total bytes) per op (drawn beside the step's own)
+    timeline: list[tuple[str, int]] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "timeline"}
+
+
+# Weight-only quantization for inference, as bitsandbytes lays the weights out when transformers /
+# accelerate load a model with ``load_in_8bit`` / ``load_in_4bit`` (BitsAndBytesConfig defaults):
+#
+# * int8, LLM.int8() (``bnb.nn.Linear8bitLt``, ``Int8Params``): the weight as int8 ``CB`` (out x in,
+#   1 byte each) plus ``SCB``, one float32 absmax scale per output row (row-wise quantization:
+#   Dettmers et al. 2022, "LLM.int8()", section 3; bitsandbytes ``int8_vectorwise_quant``).
+# * int4, NF4 / FP4 (``bnb.nn.Linear4bit``, ``Params4bit``, ``quantize_4bit``): two 4-bit values
+#   per byte (ceil(out x in / 2) bytes) plus one float32 absmax per block of 64 weights
+#   (``blocksize=64``; ``bnb_4bit_use_double_quant=False``, transformers' default).  The matmul
+#   dequantizes one layer's weight at a time to the compute dtype (16-bit), a temporary of
+#   out x in x 2 bytes.
+#
+# Only the weights of ``nn.Linear`` (and transformers' ``Conv1D``) layers are quantized, as
+# ``replace_with_bnb_linear`` does; biases, embeddings, norms, and what transformers'
+# ``get_keys_to_not_convert`` keeps in full precision (the output head ``lm_head``, the module
+# holding the last parameter, tied weights) stay as they are.
+QUANT_SCHEMES = {
+    "int8": dict(layout="bitsandbytes LLM.int8: int8 weights + one float32 scale per output row",
+                 bits=8, group=None),
+    "int4": dict(layout="bitsandbytes NF4/FP4: 4-bit weights, two per byte + one float32 absmax per 64 weights",
+                 bits=4, group=64),
+}
+INT4_COMPUTE_BYTES = 2  # the 16-bit compute dtype one dequantized layer takes during its matmul
+
+
+@dataclass
+class QuantizedWhatIf:
+    """Inference with the weights of the ``nn.Linear`` layers quantized (weight-only), see QUANT_SCHEMES."""
+
+    scheme: str
+    layout: str
+    layers: int  # Linear layers quantized
+    params: int  # their weights' elements
+    weights_before: int  # bytes of those weights as traced
+    weights_after: int  # bytes quantized (values + scales)
+    parameters: int  # all parameter bytes after quantization
+    peak: int  # the inference peak with the quantized weights
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -69,6 +113,9 @@ class Report:
     mode: str = "train"
     checkpoint: CheckpointWhatIf | None = None
     gpu: GPU | None = None  # the GPU the step is sized for (estimate(gpu=...))
+    # the largest micro-batch that fits on ``gpu`` (estimator.plan, one GPU, DDP), or None with the reason
+    max_batch: int | None = None
+    max_batch_note: str | None = None
 
     # -- access ---------------------------------------------------------------
     @property
@@ -118,6 +165,44 @@ class Report:
             )
         return rows
 
+    # -- the answer a user reads first ------------------------------------------------
+    @property
+    def needed(self) -> int | None:
+        """Bytes the device needs: the peak plus, for a CUDA target, the reserve outside PyTorch's allocator
+        (CUDA context, cuBLAS workspace, fragmentation; ``memory.reserve``)."""
+        if self.memory is None:
+            return None
+        return self.memory.peak + sum(self.memory.reserve.values())
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether :attr:`needed` fits in the GPU's memory (None without a GPU)."""
+        if self.gpu is None or self.needed is None:
+            return None
+        return self.needed <= self.gpu.memory
+
+    def fit_dict(self) -> dict[str, Any] | None:
+        if self.gpu is None or self.needed is None:
+            return None
+        return {"gpu": self.gpu.name, "capacity": self.gpu.memory, "needed": self.needed, "fits": self.fits,
+                "margin": self.gpu.memory - self.needed, "max_batch": self.max_batch,
+                "max_batch_note": self.max_batch_note}
+
+    def headline(self) -> str:
+        """One line: the memory the device needs and, with a GPU, whether it fits and the largest micro-batch."""
+        return _render.headline(self)
+
+    @property
+    def quantized(self) -> list[QuantizedWhatIf]:
+        """Weight-only int8 / int4 what-ifs of an inference estimate (empty for training)."""
+        if self.mode != "inference" or self.memory is None:
+            return []
+        return quantized_what_ifs(self)
+
+    def by_operator(self) -> list[dict[str, Any]]:
+        """FLOPs (forward, backward, optimizer) and bytes saved for backward per aten op, most FLOPs first."""
+        return [{k: v for k, v in row.items()} for row in self.tally.by_operator]
+
     # -- dict / JSON ----------------------------------------------------------
     def to_dict(self, depth: int | None = None) -> dict[str, Any]:
         t = self.tally
@@ -156,6 +241,12 @@ class Report:
             "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None,
             "modules": [r.to_dict() for r in self.module_rows(depth)],
             "unsupported_ops": list(t.unsupported),
+            "headline": self.headline(),
+            "needed": self.needed,
+            "fit": self.fit_dict(),
+            "no_gradient": [dict(r) for r in t.no_gradient],
+            "by_operator": self.by_operator(),
+            "quantized": [q.to_dict() for q in self.quantized] if self.mode == "inference" else None,
         }
 
     # -- text, csv, html (estimator.render) -----------------------------------
@@ -168,11 +259,14 @@ class Report:
     def unsupported_table(self, tablefmt: str = "simple") -> str:
         return _render.unsupported_table(self, tablefmt)
 
-    def render(self, tablefmt: str = "simple", depth: int | None = None) -> str:
-        return _render.render(self, tablefmt, depth)
+    def render(self, tablefmt: str = "simple", depth: int | None = None, width: int | None = None,
+               operators: bool = False) -> str:
+        """Text (``tablefmt="simple"``) or markdown (``"github"``); ``width``: wrap to that many columns;
+        ``operators``: add the per-operator table."""
+        return _render.render(self, tablefmt, depth, width=width, operators=operators)
 
-    def to_markdown(self, depth: int | None = None) -> str:
-        return _render.render(self, "github", depth)
+    def to_markdown(self, depth: int | None = None, operators: bool = False) -> str:
+        return _render.render(self, "github", depth, operators=operators)
 
     CSV_COLUMNS = _render.CSV_COLUMNS
 
@@ -184,5 +278,62 @@ class Report:
         """A self-contained page; see :func:`estimator.render.to_html`."""
         return _render.to_html(self, depth)
 
+    def operators_csv(self) -> str:
+        """One row per aten op (the JSON ``by_operator`` rows)."""
+        return _render.operators_csv(self)
+
     def __str__(self) -> str:
         return self.render()
+
+
+def _quantizable(report: "Report") -> list[tuple[str, int, int, int]]:
+    """(module path, output features, input features, bytes per weight) of every layer the what-if quantizes:
+    ``nn.Linear`` and transformers' ``Conv1D`` (GPT-2; weight stored in x out), as transformers'
+    ``replace_with_bnb_linear`` picks them, less what ``get_keys_to_not_convert`` keeps: the output
+    head (``lm_head``), the module holding the last parameter, and tied weights (owned by another module)."""
+    cap = report.capture
+    last_owner = cap.param_owner[next(reversed(cap.params))] if cap.params else None
+    layers = []
+    for path, kind in cap.module_types.items():
+        if kind not in ("Linear", "Conv1D") or path == last_owner or path.rpartition(".")[2] == "lm_head":
+            continue
+        weight = cap.params.get(f"{path}.weight")
+        if weight is None or weight.ndim != 2:  # tied: the weight is owned by another module
+            continue
+        rows, cols = weight.shape if kind == "Linear" else tuple(reversed(weight.shape))
+        layers.append((path, rows, cols, weight.element_size()))
+    return layers
+
+
+def quantized_what_ifs(report: "Report") -> list[QuantizedWhatIf]:
+    """int8 and int4 weight-only what-ifs of an inference estimate (layouts: QUANT_SCHEMES).
+
+    ``parameters``: the parameter bytes with those weights quantized (exact bytes); ``peak``: the
+    inference peak less the bytes the quantized weights save (each tensor rounded as the target's
+    allocator does), plus, for int4, one layer's weight dequantized to 16 bits (an upper bound: that
+    temporary is counted at the peak)."""
+    from .memory import round_cuda
+
+    rnd = round_cuda if report.device == "cuda" else (lambda n: n)
+    layers = _quantizable(report)
+    if not layers or report.memory is None:
+        return []
+    out = []
+    for scheme, spec in QUANT_SCHEMES.items():
+        exact_before = exact_after = rounded_saved = elements = largest = 0
+        for _path, rows, cols, size in layers:
+            n = rows * cols
+            elements += n
+            if spec["bits"] == 8:
+                tensors = [n, 4 * rows]  # int8 CB (out x in) + float32 SCB (out,)
+            else:
+                tensors = [-(-n // 2), 4 * -(-n // spec["group"])]  # packed 4-bit + float32 absmax per 64
+                largest = max(largest, rnd(INT4_COMPUTE_BYTES * n))
+            exact_before += n * size
+            exact_after += sum(tensors)
+            rounded_saved += rnd(n * size) - sum(rnd(t) for t in tensors)
+        out.append(QuantizedWhatIf(scheme=scheme, layout=spec["layout"], layers=len(layers), params=elements,
+                                   weights_before=exact_before, weights_after=exact_after,
+                                   parameters=report.tally.parameters_bytes - (exact_before - exact_after),
+                                   peak=report.memory.peak - rounded_saved + largest))
+    return out

@@ -413,7 +413,7 @@ def _hf_config(transformers, target: str, overrides: dict[str, Any]) -> tuple[An
         merged = dict(data)
         merged.update(top)
         for head, sub in nested.items():
-            merged[head] = {**(data.get(head) or getattr(base, head).to_dict()), **sub}
+            merged[head] = _merge_sub(data.get(head) or getattr(base, head).to_dict(), sub)
         try:
             cfg = config_class.from_dict(merged)
         except Exception as exc:
@@ -442,12 +442,28 @@ def _hf_config(transformers, target: str, overrides: dict[str, Any]) -> tuple[An
     top, nested, special = _split_overrides(base, overrides)
     kwargs = dict(top)
     for head, sub in nested.items():
-        kwargs[head] = {**getattr(base, head).to_dict(), **sub}
+        kwargs[head] = _merge_sub(getattr(base, head).to_dict(), sub)
     try:
         cfg = AutoConfig.for_model(model_type, **kwargs)
     except Exception as exc:
         raise UserError(f"{config_class.__name__}: {_short(exc)}") from exc
     return cfg, special
+
+
+# Fields a configuration derives from another when it is built: a sub-configuration given as a dict
+# keeps them, so they are dropped when the field they derive from is overridden.
+DERIVED_FIELDS = {"num_hidden_layers": ("layer_types",)}
+
+
+def _merge_sub(base: dict[str, Any], sub: dict[str, Any]) -> dict[str, Any]:
+    """A sub-configuration's dict with ``--set`` values over it (derived fields re-derived)."""
+    merged = dict(base)
+    for key in sub:
+        for derived in DERIVED_FIELDS.get(key, ()):
+            if derived not in sub:
+                merged.pop(derived, None)
+    merged.update(sub)
+    return merged
 
 
 def _apply_nested(cfg: Any, nested: dict[str, dict[str, Any]]) -> None:
@@ -492,10 +508,14 @@ def _hf_model_class(transformers, cfg: Any) -> tuple[Any, str]:
     if getattr(cfg, "is_encoder_decoder", False):
         order.append(("AutoModelForSeq2SeqLM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"))
         order.append(("AutoModelForSpeechSeq2Seq", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"))
+    if getattr(cfg, "vision_config", None) is not None:
+        # vision-language models: the class with the vision tower, the projector and the LM head
+        order.append(("AutoModelForImageTextToText", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES"))
     order += [
         ("AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
         ("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
         ("AutoModelForImageClassification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+        ("AutoModelForCTC", "MODEL_FOR_CTC_MAPPING_NAMES"),  # speech encoders (wav2vec2, HuBERT): the CTC head
         ("AutoModel", "MODEL_MAPPING_NAMES"),
     ]
     for auto_name, mapping_name in order:
@@ -506,20 +526,31 @@ def _hf_model_class(transformers, cfg: Any) -> tuple[Any, str]:
 
 
 def _max_positions(cfg: Any) -> int | None:
-    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
-        value = getattr(cfg, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
+    for c in (cfg, getattr(cfg, "text_config", None)):
+        for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+            value = getattr(c, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
     return None
+
+
+def _set_image_size(cfg: Any, size: int) -> None:
+    """``--image-size``: the configuration's image size (a vision-language model's vision tower's)."""
+    vision = getattr(cfg, "vision_config", None)
+    if hasattr(cfg, "image_size"):
+        cfg.image_size = size
+    elif vision is not None and hasattr(vision, "image_size"):
+        vision.image_size = size
+    elif vision is None:
+        raise UserError(f"--image-size: {type(cfg).__name__} has no image_size (a token model: use --seq)")
+    # else: a vision tower that takes any size (Qwen2-VL): the inputs follow --image-size
 
 
 def _load_hf(target: str, opts: SpecOptions) -> Loaded:
     transformers = _import_transformers()
     cfg, special = _hf_config(transformers, target, opts.overrides)
     if opts.image_size is not None:
-        if not hasattr(cfg, "image_size"):
-            raise UserError(f"--image-size: {type(cfg).__name__} has no image_size (a token model: use --seq)")
-        cfg.image_size = opts.image_size
+        _set_image_size(cfg, opts.image_size)
     cls, how = _hf_model_class(transformers, cfg)
     kwargs: dict[str, Any] = {}
     major = int(transformers.__version__.split(".")[0])
@@ -543,6 +574,11 @@ def _hf_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
     main = getattr(model, "main_input_name", "input_ids")
     batch = opts.batch or 1
     meta = dict(device="meta")
+    if _takes(model, "pixel_values") and getattr(cfg, "vision_config", None) is not None \
+            and _image_token_id(cfg) is not None:
+        return _vlm_inputs(model, cfg, opts)
+    if main == "input_values":
+        return _ctc_inputs(model, cfg, opts)
     if main == "input_ids":
         if opts.image_size is not None:
             raise UserError(f"--image-size: {type(model).__name__} takes token ids; use --seq")
@@ -588,6 +624,184 @@ def _hf_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
         return inputs, desc
     raise UserError(f"hf: makes token or image inputs; {type(model).__name__} takes {main!r}: "
                     f"write a SPEC file that returns (model, inputs)")
+
+
+def _takes(model: torch.nn.Module, name: str) -> bool:
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # pragma: no cover
+        return False
+
+
+def _image_token_id(cfg: Any) -> int | None:
+    for key in ("image_token_id", "image_token_index"):
+        value = getattr(cfg, key, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _seq_for(cfg: Any, opts: SpecOptions, at_least: int, what: str) -> int:
+    limit = _max_positions(cfg)
+    seq = opts.seq or max(min(limit, DEFAULT_SEQ) if limit else FALLBACK_SEQ, at_least + 1)
+    if seq <= at_least:
+        raise UserError(f"--seq {seq} leaves no text after the {at_least} {what}: use --seq {at_least + 1} or more "
+                        f"(or a smaller --image-size)")
+    if limit and seq > limit:
+        log.warning("--seq %d is longer than the model's %d positions: a real run may fail", seq, limit)
+    return seq
+
+
+def _vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any, str]:
+    """A vision-language model's training batch: one image of ``--image-size`` per sample, its image
+    tokens at the start of ``input_ids``, text after them, labels on the text.
+
+    LLaVA-style models (a fixed number of image tokens per image: LLaVA, PaliGemma, Gemma 3, InternVL)
+    take ``pixel_values`` of batch x 3 x size x size; Qwen2-VL-style models (patches merged 2 x 2, any
+    size) take the flattened patches, ``image_grid_thw`` and ``mm_token_type_ids``.  The tensors are
+    real CPU tensors (a few MiB): the model reads the token ids and the grid, so a capture that falls
+    back to real tensors needs their values."""
+    vision = cfg.vision_config
+    batch = opts.batch or 1
+    name = type(model).__name__
+    image_token = _image_token_id(cfg)
+    if hasattr(vision, "spatial_merge_size") and hasattr(vision, "temporal_patch_size") and _takes(model, "image_grid_thw"):
+        patch, merge, temporal = int(vision.patch_size), int(vision.spatial_merge_size), int(vision.temporal_patch_size)
+        size = opts.image_size or QWEN_VL_IMAGE_SIZE
+        if size % (patch * merge):
+            raise UserError(f"--image-size {size}: {name} takes images in multiples of {patch * merge} pixels "
+                            f"(patch {patch} x merge {merge}), e.g. --image-size {max(1, size // (patch * merge)) * patch * merge}")
+        side = size // patch
+        channels = int(getattr(vision, "in_channels", 3) or 3)
+        n_tokens = side * side // (merge * merge)
+        seq = _seq_for(cfg, opts, n_tokens, "image tokens")
+        ids, labels = _image_text_ids(batch, seq, n_tokens, image_token)
+        inputs = {"input_ids": ids,
+                  "pixel_values": torch.zeros(batch * side * side, channels * temporal * patch * patch),
+                  "image_grid_thw": torch.tensor([[1, side, side]] * batch),
+                  "labels": labels}
+        if _takes(model, "mm_token_type_ids"):
+            inputs["mm_token_type_ids"] = (ids == image_token).to(torch.int32)
+        desc = (f"input_ids {batch}x{seq} ({n_tokens} image tokens each), pixel_values of {batch} image(s) "
+                f"{size}x{size} ({batch * side * side} patches), image_grid_thw, labels")
+        return _without_checks_on_fake(model, inputs), desc
+    size = opts.image_size or getattr(vision, "image_size", None) or DEFAULT_IMAGE_SIZE
+    h, w = (int(size[0]), int(size[-1])) if isinstance(size, (list, tuple)) else (int(size), int(size))
+    channels = int(getattr(vision, "num_channels", 3) or 3)
+    pixels = torch.zeros(batch, channels, h, w)
+    n_tokens = _image_tokens(model, cfg, pixels[:1])
+    seq = _seq_for(cfg, opts, n_tokens, "image tokens")
+    ids, labels = _image_text_ids(batch, seq, n_tokens, image_token)
+    inputs = {"input_ids": ids, "pixel_values": pixels, "labels": labels}
+    if _takes(model, "token_type_ids"):  # PaliGemma, Gemma 3: image positions marked 1
+        inputs["token_type_ids"] = (ids == image_token).to(torch.int64)
+    desc = f"input_ids {batch}x{seq} ({n_tokens} image tokens each), pixel_values {batch}x{channels}x{h}x{w}, labels"
+    return _without_checks_on_fake(model, inputs), desc
+
+
+QWEN_VL_IMAGE_SIZE = 448  # Qwen2-VL takes any multiple of 28 pixels; 448 x 448 = 256 image tokens
+
+
+def _image_text_ids(batch: int, seq: int, n_image: int, image_token: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids (image tokens first, then text token 1) and labels (-100 on the image tokens)."""
+    ids = torch.ones(batch, seq, dtype=torch.int64)
+    ids[:, :n_image] = image_token
+    labels = ids.clone()
+    labels[:, :n_image] = -100
+    return ids, labels
+
+
+def _image_tokens(model: torch.nn.Module, cfg: Any, pixels: torch.Tensor) -> int:
+    """How many tokens one image becomes: the vision tower and projector run on the meta device (the
+    weights are not needed for shapes), else the count the configuration states."""
+    name = type(model).__name__
+    get = getattr(model, "get_image_features", None)
+    failure: Exception | None = None
+    if get is not None:
+        try:
+            sig = inspect.signature(get).parameters
+            extra = {"image_sizes": torch.tensor([list(pixels.shape[-2:])])} if "image_sizes" in sig else {}
+            with torch.no_grad():
+                out = get(pixel_values=pixels.to("meta"), **extra)
+            features = getattr(out, "pooler_output", out)
+            if isinstance(features, (list, tuple)):
+                features = features[0]
+            if isinstance(features, torch.Tensor) and features.ndim >= 2:
+                return features.numel() // features.shape[-1]
+        except Exception as exc:  # noqa: BLE001 - a tower that does not run on meta: the configuration's count
+            failure = exc
+    for key in ("mm_tokens_per_image", "image_seq_length", "num_image_tokens"):
+        value = getattr(cfg, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    why = f" ({type(failure).__name__}: {_first_line(failure)})" if failure is not None else ""
+    raise UserError(f"{name}: cannot tell how many tokens an image of {pixels.shape[-2]}x{pixels.shape[-1]} "
+                    f"becomes{why}; this model needs more than pixel_values (tiles, image sizes): write a SPEC "
+                    f"file that returns (model, inputs)")
+
+
+class _ChecksOffOnFake:
+    """Forward hooks that set ``TRANSFORMERS_DISABLE_TORCH_CHECK=1`` while the model runs on fake tensors.
+
+    Vision-language models check that the image tokens match the image features by reading tensor
+    values (``torch_compilable_check``), which fake tensors do not have; transformers skips these
+    checks when that variable is set.  It is set only for a forward on fake tensors and restored
+    after it: real runs (``estimator validate``) keep the checks."""
+
+    VAR = "TRANSFORMERS_DISABLE_TORCH_CHECK"
+
+    def __init__(self):
+        self.saved: list[str | None] = []
+
+    def pre(self, _module, args, kwargs):
+        fake = any(isinstance(t, torch._subclasses.FakeTensor) for t in list(args) + list(kwargs.values()))
+        self.saved.append(os.environ.get(self.VAR) if fake else _UNCHANGED)
+        if fake:
+            os.environ[self.VAR] = "1"
+
+    def post(self, _module, _args, _kwargs, _output):
+        previous = self.saved.pop() if self.saved else _UNCHANGED
+        if previous is _UNCHANGED:
+            return
+        if previous is None:
+            os.environ.pop(self.VAR, None)
+        else:
+            os.environ[self.VAR] = previous
+
+
+_UNCHANGED = "\0unchanged"
+
+
+def _without_checks_on_fake(model: torch.nn.Module, inputs: dict) -> dict:
+    hooks = _ChecksOffOnFake()
+    model.register_forward_pre_hook(hooks.pre, with_kwargs=True)
+    model.register_forward_hook(hooks.post, with_kwargs=True, always_call=True)
+    return inputs
+
+
+CTC_SAMPLES = 16000 * 10  # speech encoders: 10 s of 16 kHz audio by default
+
+
+def _ctc_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any, str]:
+    """Speech encoders with a CTC head (wav2vec2, HuBERT, WavLM): raw audio of ``--seq`` samples and
+    labels a quarter as long as the encoder's output frames (real CPU tensors: the CTC loss reads
+    the label lengths)."""
+    name = type(model).__name__
+    if opts.image_size is not None:
+        raise UserError(f"--image-size: {name} takes audio; use --seq for the number of audio samples")
+    if not _takes(model, "labels"):
+        raise UserError(f"hf: {name} takes audio (input_values) and has no loss of its own: write a SPEC file "
+                        f"that returns (model, inputs) and a loss")
+    batch = opts.batch or 1
+    samples = opts.seq or CTC_SAMPLES
+    frames = samples
+    for kernel, stride in zip(getattr(cfg, "conv_kernel", ()), getattr(cfg, "conv_stride", ())):
+        frames = (frames - kernel) // stride + 1
+    if frames < 2:
+        raise UserError(f"--seq {samples}: too few audio samples for {name}'s feature encoder; use --seq 16000 or more")
+    n_labels = max(1, frames // 4)
+    inputs = {"input_values": torch.zeros(batch, samples), "labels": torch.ones(batch, n_labels, dtype=torch.int64)}
+    return inputs, f"input_values {batch}x{samples} (audio samples), labels {batch}x{n_labels}"
 
 
 # -- image classifiers: torchvision: and timm: ------------------------------------------------
@@ -677,9 +891,59 @@ def _load_torchvision(name: str, opts: SpecOptions) -> Loaded:
         return build
 
     model = _construct_sized(make, kwargs, "image_size", opts, f"torchvision model {name}")
+    if name in models.list_models(module=models.detection):
+        inputs, desc = detection_inputs(model, opts)
+        return Loaded(model, inputs, loss_fn=detection_loss, description=f"{type(model).__name__}; {desc}")
     size = opts.image_size or getattr(model, "image_size", None) or _torchvision_crop(models, name)
     inputs, desc = _image_inputs(opts, size)
     return Loaded(model, inputs, loss_fn=classification_loss, description=f"{type(model).__name__}; {desc}")
+
+
+DETECTION_IMAGE_SIZE = 800  # torchvision's detection transforms resize the shorter side to 800 anyway
+
+
+def detection_targets(model: torch.nn.Module, batch: int, height: int, width: int) -> list[dict[str, torch.Tensor]]:
+    """One synthetic object per image, as torchvision's detection models take them in training mode:
+    ``boxes`` (N, 4) as x1, y1, x2, y2 and ``labels`` (N,); ``masks`` (N, H, W) for Mask R-CNN and
+    ``keypoints`` (N, K, 3) for Keypoint R-CNN.  Real CPU tensors (the models check the boxes' values)."""
+    heads = getattr(model, "roi_heads", None)
+    box = torch.tensor([[0.1 * width, 0.1 * height, 0.6 * width, 0.6 * height]])
+    targets = []
+    for _ in range(batch):
+        t = {"boxes": box.clone(), "labels": torch.ones(1, dtype=torch.int64)}
+        if heads is not None and heads.has_mask():
+            mask = torch.zeros(1, height, width, dtype=torch.uint8)
+            mask[:, int(0.1 * height):int(0.6 * height), int(0.1 * width):int(0.6 * width)] = 1
+            t["masks"] = mask
+        if heads is not None and heads.has_keypoint():
+            k = heads.keypoint_predictor.kps_score_lowres.out_channels
+            points = torch.stack([torch.linspace(0.2 * width, 0.5 * width, k), torch.linspace(0.2 * height, 0.5 * height, k),
+                                  torch.ones(k)], dim=-1)
+            t["keypoints"] = points[None]
+        targets.append(t)
+    return targets
+
+
+def detection_inputs(model: torch.nn.Module, opts: SpecOptions) -> tuple[Any, str]:
+    """(images, targets) for a torchvision detection model: ``--batch`` images of ``--image-size``
+    (default 800) and one synthetic object each; the model returns its losses in training mode."""
+    if opts.seq is not None:
+        raise UserError("--seq applies to token models; detection models take --batch and --image-size")
+    batch, size = opts.batch or 1, opts.image_size or DETECTION_IMAGE_SIZE
+    images = [torch.zeros(3, size, size) for _ in range(batch)]
+    targets = detection_targets(model, batch, size, size)
+    kinds = ", ".join(k for k in targets[0] if k != "boxes")
+    return (images, targets), f"{batch} image(s) 3x{size}x{size}, targets (one box, {kinds})"
+
+
+def detection_loss(output: Any) -> torch.Tensor:
+    """The sum of the losses a detection model returns in training mode (a dict of scalars)."""
+    if isinstance(output, dict) and output and all(isinstance(v, torch.Tensor) and v.numel() == 1
+                                                   for v in output.values()):
+        return sum(output.values())
+    from .capture import default_loss
+
+    return default_loss(output)
 
 
 def _construct_sized(make, kwargs: dict, size_key: str, opts: SpecOptions, what: str):

@@ -63,6 +63,12 @@ class Tally:
     modules: dict[str, ModuleTally]  # every module path (and (loss), (input)) -> its own costs
     memory_by_dtype: dict[str, dict[str, int]]  # category -> dtype -> bytes
     unsupported: list[dict[str, Any]] = field(default_factory=list)
+    # trainable parameters the step gives no gradient, one row per module: {"module", "params": [names],
+    # "count": elements, "bytes"} (training steps only)
+    no_gradient: list[dict[str, Any]] = field(default_factory=list)
+    # per aten op (overload packet): {"op", "count", "flops_forward", "flops_backward", "flops_optimizer",
+    # "saved_bytes"}, most FLOPs first
+    by_operator: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _spec_of(node: OpNode) -> TensorSpec | None:
@@ -130,7 +136,46 @@ def _bytes_by_dtype(cap: Capture) -> dict[str, dict[str, int]]:
     return out
 
 
-def tally(cap: Capture) -> Tally:
+def _no_gradient(cap: Capture) -> list[dict[str, Any]]:
+    """Trainable parameters without a gradient after backward, one row per outermost module all of whose
+    trainable parameters get none (a whole vision tower is one row), else per owning module."""
+    trainable = {name: p for name, p in cap.params.items() if p.requires_grad}
+    missing = [name for name in trainable if name not in cap.grads]
+    if not missing:
+        return []
+
+    def ancestors(path: str) -> list[str]:  # "" (the root) first, then each prefix, the path itself last
+        parts = path.split(".") if path else []
+        return [""] + [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+    total: Counter[str] = Counter()
+    unused: Counter[str] = Counter()
+    no_grad = set(missing)
+    for name in trainable:
+        for a in ancestors(cap.param_owner[name]):
+            total[a] += 1
+            unused[a] += name in no_grad
+    rows: dict[str, dict[str, Any]] = {}
+    for name in missing:
+        owner = cap.param_owner[name]
+        module = next((a for a in ancestors(owner) if unused[a] == total[a]), owner)
+        row = rows.setdefault(module, {"module": module, "type": cap.module_types.get(module, ""), "params": [],
+                                       "count": 0, "bytes": 0})
+        p = trainable[name]
+        row["params"].append(name)
+        row["count"] += p.numel()
+        row["bytes"] += p.numel() * p.element_size()
+    return sorted(rows.values(), key=lambda r: -r["count"])
+
+
+def _op_name(target: Any) -> str:
+    packet = getattr(target, "overloadpacket", None)
+    return str(packet if packet is not None else target)
+
+
+def tally(cap: Capture, train: bool = True) -> Tally:
+    """The costs of a captured step; ``train``: it is a training step (else trainable parameters
+    without a gradient are expected and not reported)."""
     modules: dict[str, ModuleTally] = {}
 
     def mod(path: str) -> ModuleTally:
@@ -153,6 +198,8 @@ def tally(cap: Capture) -> Tally:
     flops = Counter()
     by_dtype: Counter[str] = Counter()
     unsupported: Counter[tuple[str, str]] = Counter()
+    ops: dict[str, dict[str, Any]] = {}
+    op_of_sid: dict[int, str] = {}  # storage id -> the op that produced it (for saved bytes per op)
     for node in cap.records:
         cost = node_cost(node)
         if cost is None:
@@ -160,11 +207,21 @@ def tally(cap: Capture) -> Tally:
         node.meta["cost"] = cost
         phase = node.meta["phase"]
         module = node.meta["module"]
+        name = _op_name(node.target)
+        row = ops.get(name)
+        if row is None:
+            row = ops[name] = {"op": name, "count": 0, "flops_forward": 0, "flops_backward": 0, "flops_optimizer": 0,
+                               "saved_bytes": 0, "kind": cost.kind}
+        row["count"] += 1
+        if phase in FORWARD_PHASES:
+            for sid in node.meta.get("storage", ()):
+                op_of_sid.setdefault(sid, name)
         if cost.kind == "unsupported":
-            unsupported[(str(node.target.overloadpacket if hasattr(node.target, "overloadpacket") else node.target), module)] += 1
+            unsupported[(name, module)] += 1
             continue
         if not cost.flops:
             continue
+        row["flops_" + ("forward" if phase in FORWARD_PHASES else phase)] += cost.flops
         if phase in FORWARD_PHASES:
             flops["forward"] += cost.flops
             mod(module).flops_forward += cost.flops
@@ -185,6 +242,15 @@ def tally(cap: Capture) -> Tally:
 
     for sid, (nbytes, module) in cap.saved.items():
         mod(INPUT_MODULE if sid in cap.sids["input"] else module).saved_bytes += nbytes
+        producer = op_of_sid.get(sid)
+        if producer is not None:
+            ops[producer]["saved_bytes"] += nbytes
+        else:  # an input, a buffer or a constant that autograd keeps
+            row = ops.setdefault("(input)", {"op": "(input)", "count": 0, "flops_forward": 0, "flops_backward": 0,
+                                             "flops_optimizer": 0, "saved_bytes": 0, "kind": "input"})
+            row["saved_bytes"] += nbytes
+    by_operator = sorted(ops.values(), key=lambda r: (-(r["flops_forward"] + r["flops_backward"]),
+                                                      -r["flops_optimizer"], -r["saved_bytes"], r["op"]))
 
     unsupported_rows = [
         {"op": op, "count": n, "module": module} for (op, module), n in sorted(unsupported.items())
@@ -192,6 +258,14 @@ def tally(cap: Capture) -> Tally:
     if unsupported_rows:
         names = sorted({r["op"] for r in unsupported_rows})
         log.warning("%d op(s) have no cost rule and are listed as unsupported: %s", len(names), ", ".join(names))
+
+    no_gradient = _no_gradient(cap) if train else []
+    if no_gradient:
+        count = sum(r["count"] for r in no_gradient)
+        where = ", ".join(f"{r['module'] or '(root)'} ({r['count']:,})" for r in no_gradient[:4])
+        log.warning("%s trainable parameters get no gradient in this step: %s%s; check that the inputs feed every "
+                    "part of the model, or freeze what is not trained (requires_grad=False)", f"{count:,}", where,
+                    ", ..." if len(no_gradient) > 4 else "")
 
     params = list(cap.params.values())
     trainable = [p for p in params if p.requires_grad]
@@ -209,4 +283,6 @@ def tally(cap: Capture) -> Tally:
         modules=modules,
         memory_by_dtype=_bytes_by_dtype(cap),
         unsupported=unsupported_rows,
+        no_gradient=no_gradient,
+        by_operator=by_operator,
     )

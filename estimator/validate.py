@@ -272,10 +272,19 @@ class Validation:
     def render(self, tablefmt: str = "simple") -> str:
         from tabulate import tabulate
 
-        body = [[name, f"{r['estimated']:,.0f}", f"{r['measured']:,.0f}", f"{100 * r['error']:+.2f}%",
-                 "ok" if abs(r["error"]) * 100 <= self.tolerance else "OFF"] for name, r in self.rows.items()]
+        from .render import fmt_bytes, fmt_flops
+
+        def value(name: str, v: float) -> str:
+            """Every figure with its unit: bytes in binary units, FLOPs in decimal ones, exact value beside."""
+            if name.startswith("flops"):
+                return fmt_flops(v) + (f" ({v:,.0f})" if abs(v) >= 1000 else "")
+            return fmt_bytes(v) + (f" ({v:,.0f} B)" if abs(v) >= 1024 else "")
+
+        body = [[name.replace("_", " "), value(name, r["estimated"]), value(name, r["measured"]),
+                 f"{100 * r['error']:+.2f}%", "ok" if abs(r["error"]) * 100 <= self.tolerance else "OFF"]
+                for name, r in self.rows.items()]
         head = tabulate(body, headers=["", "estimated", "measured", "error", f"within {self.tolerance:g}%"],
-                        tablefmt=tablefmt, disable_numparse=True)
+                        tablefmt=tablefmt, disable_numparse=True, colalign=("left", "right", "right", "right", "left"))
         mfu = "unknown (pass --peak-tflops)" if self.mfu is None else f"{100 * self.mfu:.1f}%"
         tail = (f"device: {self.device_name}\nstep time: {self.step_time_s * 1e3:.2f} ms (median)\n"
                 f"achieved: {self.achieved_flops_per_s / 1e12:.3f} TFLOP/s, MFU {mfu}")

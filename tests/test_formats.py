@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import html
 import io
 import json
 import os
@@ -71,7 +72,7 @@ class _Collect(HTMLParser):
         self.tags.append((tag, dict(attrs)))
         if tag not in self.VOID:
             self.stack.append(tag)
-        self._in_json = tag == "script" and dict(attrs).get("type") == "application/json"
+        self._in_json = tag == "script" and dict(attrs).get("id") == "estimate-json"
 
     def handle_startendtag(self, tag, attrs):
         self.tags.append((tag, dict(attrs)))
@@ -101,18 +102,23 @@ def test_html_is_self_contained_and_balanced(report):
         assert tag not in ("link", "img", "iframe", "object", "embed")
     assert re.findall(r"https?://[^\s\"']+", page) == ["http://www.w3.org/2000/svg"]
     assert "@import" not in page and "url(" not in page
-    assert not any(tag == "script" and attrs.get("type") != "application/json" for tag, attrs in parser.tags)
-    # The title is escaped, the summary and the module table are there, the JSON is embedded.
+    # One small inline script (the hover), which loads nothing
+    scripts = re.findall(r"<script>(.*?)</script>", page, flags=re.S)
+    assert len(scripts) == 1 and not re.search(r"fetch|XMLHttpRequest|import|src|eval", scripts[0])
+    assert [a.get("type") for t, a in parser.tags if t == "script"].count("application/json") == 2
+    # The title is escaped; the headline comes first; the summary and every module are there; the JSON is embedded.
     assert "net &lt;&amp;&gt; &quot;quoted&quot;" in page
+    assert page.index(html.escape(report.headline())) < page.index("<svg")
     for key, value in report.summary_rows():
-        assert key in page
-    for row in report.module_rows():
-        assert f">{row.path}<" in page
+        assert html.escape(key) in page and html.escape(value) in page
+    for path in report.tally.modules:
+        if not path.startswith("("):
+            assert f'title="{path or "(root)"}"' in page
     assert json.loads(parser.script_json) == json.loads(json.dumps(report.to_dict()))
-    # The memory timeline: one polygon per category present, the peak marked with its size.
+    # The memory timeline: one polygon per category present, the peak marked with its size, the phases labelled.
     svg = page[page.index("<svg"):page.index("</svg>")]
     assert svg.count("<polygon") >= 2 and f"peak {fmt_bytes(report.memory.peak)}" in svg
-    assert "backward" in svg and "optimizer" in svg
+    assert ">forward pass<" in svg and ">backward pass<" in svg and ">optimizer step<" in svg
 
 
 def _profile(n: int) -> MemoryProfile:

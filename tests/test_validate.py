@@ -95,3 +95,16 @@ def test_meta_model_with_tied_weights_stays_tied():
     model, inputs, loss_fn = zoo.ZOO["tied"](device="meta")
     result = validate(model, inputs, loss_fn=loss_fn, device="cpu", steps=1)
     assert result.rows["parameters"]["error"] == 0, result.render()
+
+
+def test_rendered_rows_carry_units():
+    from estimator.render import fmt_bytes, fmt_flops
+    from estimator.validate import ROWS, Validation
+
+    values = {name: (3 << 20) + i for i, name in enumerate(ROWS)}  # a few MiB each, distinct
+    rows = {name: {"estimated": v, "measured": v + 1, "error": 1 / v} for name, v in values.items()}
+    text = Validation("cpu", "cpu", rows, 0.5, 1e9, None, None, 5.0).render()
+    for name, v in values.items():
+        line = next(ln for ln in text.splitlines() if ln.startswith(name.replace("_", " ")))
+        unit = fmt_flops if name.startswith("flops") else fmt_bytes
+        assert unit(v) in line and unit(v + 1) in line and f"{v:,}" in line

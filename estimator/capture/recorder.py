@@ -71,6 +71,26 @@ def tensor_spec(t: torch.Tensor) -> TensorSpec:
     return TensorSpec(tuple(t.shape), t.dtype)
 
 
+class _ModuleStack(list):
+    """The paths of the modules being run, innermost last (pushed and popped by the capture's
+    forward hooks).  Before each push and pop, the autograd nodes created since the last recorded
+    op are credited to the module running until then: a node whose op the recorder never sees
+    (a custom ``autograd.Function`` created just before its forward calls a submodule) belongs to
+    the module that created it, not to the next op's."""
+
+    def __init__(self, recorder: "Recorder"):
+        super().__init__()
+        self.recorder = recorder
+
+    def append(self, path: str) -> None:
+        self.recorder._claim_autograd_nodes(self[-1] if self else None, None)
+        super().append(path)
+
+    def pop(self, *index: int) -> str:
+        self.recorder._claim_autograd_nodes(self[-1] if self else None, None)
+        return super().pop(*index)
+
+
 class Recorder(TorchDispatchMode):
     """Records each dispatched aten op as an :class:`OpNode`, with its module, phase and storage events.
 
@@ -91,8 +111,11 @@ class Recorder(TorchDispatchMode):
         self.records: list[OpNode] = []  # every call_function record, getitem included
         self.order: list[OpNode] = []  # aten ops only
         self.phase = Phase.FORWARD
-        self.module_stack: list[str] = []
-        self.seq_module: dict[int, tuple[str, OpNode]] = {}  # autograd seq nr -> (module, forward node)
+        self.module_stack: list[str] = _ModuleStack(self)
+        # autograd sequence number -> (module, forward node) of the op whose autograd kernel created
+        # that node; ``next_seq`` is the first sequence number no recorded op has claimed yet
+        self.seq_module: dict[int, tuple[str, OpNode]] = {}
+        self.next_seq = torch.autograd._get_sequence_nr()
         self.accumulate_owner: Callable[[Any], str] = lambda fn: ""
         self.current_op: Any = None
         self.current_module = ""
@@ -149,10 +172,12 @@ class Recorder(TorchDispatchMode):
                       meta=dict(spec=(tensor_spec(t),), stride=(t.stride(),), storage=(self.sid(t),), module=module,
                                 phase=kind, kind=kind))
         self.placeholders.append(node)
-        if kind == "constant":
+        if kind == "constant":  # met while an op is being recorded: its autograd node is not claimed yet
             self.constants[t] = node
         else:
             t._estimator_node = node
+            # autograd nodes made while the traced stand-ins were set up (casts of inputs) belong to no op
+            self.next_seq = torch.autograd._get_sequence_nr()
         return node
 
     def set_node(self, t: torch.Tensor, node: OpNode) -> None:
@@ -197,6 +222,25 @@ class Recorder(TorchDispatchMode):
             return self.accumulate_owner(fn), None
         return OPTIMIZER_MODULE, None
 
+    def _claim_autograd_nodes(self, module: str | None, node: OpNode | None) -> None:
+        """Credit the autograd nodes created since the last recorded op to ``node`` and its module
+        (``module`` None: the module the forward phases give ops outside any module).
+
+        An op's autograd kernel creates its node (taking the next sequence number) just before the
+        op reaches this recorder, so the nodes made since the previous op are this op's.  An op that
+        makes no node (an in-place update of a buffer, a cast of integer labels in the loss) claims
+        nothing: it must not take the node of the op before it, which may be another module's
+        (a convolution followed by batch norm's ``num_batches_tracked.add_``).  Nodes made during
+        recomputation in backward (activation checkpointing) are claimed the same way.
+        """
+        seq = torch.autograd._get_sequence_nr()
+        if seq > self.next_seq:
+            if self.phase != Phase.OPTIMIZER:
+                hit = (LOSS_MODULE if module is None else module, node)
+                for s in range(self.next_seq, seq):
+                    self.seq_module[s] = hit
+            self.next_seq = seq
+
     # -- the hook -----------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return self.record(func, args, kwargs or {}, func)
@@ -229,9 +273,7 @@ class Recorder(TorchDispatchMode):
         meta["storage"] = tuple(self.sid(o, real_sizes.get(i) if real_sizes else None) for i, o in enumerate(flat_out))
         if fwd_node is not None:
             meta["forward_node"] = fwd_node
-        if self.phase in FORWARD_PHASES:
-            # The autograd node created for this op (if any) has the latest sequence number.
-            self.seq_module[torch.autograd._get_sequence_nr() - 1] = (module, node)
+        self._claim_autograd_nodes(module, node)
         if isinstance(out, torch.Tensor):
             out._estimator_node = node
         else:

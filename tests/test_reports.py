@@ -1,0 +1,310 @@
+"""What a user reads: the headline, plain words for the peak, mode-aware titles, terminal width,
+markdown tables, refused suffixes, plots, the per-operator breakdown and the quantized what-if."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import zoo
+from estimator import estimate
+from estimator.hardware import lookup
+from estimator.render import fmt_bytes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    """``estimator ARGS`` in this process: exit status, stdout, stderr."""
+    from estimator.cli import main
+
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def gpt_report():
+    model, inputs, loss_fn = zoo.gpt()
+    return estimate(model, inputs, loss_fn=loss_fn, gpu="L4")
+
+
+# -- the headline -------------------------------------------------------------------------------
+
+
+def test_headline_says_what_the_gpu_needs_whether_it_fits_and_the_largest_batch(gpt_report):
+    r = gpt_report
+    needed = r.memory.peak + sum(r.memory.reserve.values())
+    assert r.needed == needed and r.fits == (needed <= lookup("L4").memory)
+    from estimator.plan import plan
+
+    model, inputs, loss_fn = zoo.gpt()
+    expected_batch = plan(model, inputs, gpu="L4", gpus=1, strategy="ddp", loss_fn=loss_fn).max_batch
+    assert r.max_batch == expected_batch and expected_batch > 2  # the model is tiny: many fit on an L4
+    line = r.headline()
+    assert fmt_bytes(needed) in line and fmt_bytes(r.memory.peak) in line and "L4" in line
+    assert f"largest micro-batch {expected_batch}" in line and (" fits on " in line) == r.fits
+    fit = r.to_dict()["fit"]
+    assert fit == {"gpu": "L4", "capacity": lookup("L4").memory, "needed": needed, "fits": r.fits,
+                   "margin": lookup("L4").memory - needed, "max_batch": expected_batch, "max_batch_note": None}
+    # first line of every format
+    assert r.render().splitlines()[2] == line
+    assert r.to_markdown().splitlines()[2] == f"**{line}**"
+    page = r.to_html()
+    assert page.index("class=\"headline fits\"") < page.index("<svg")
+
+
+def test_headline_when_it_does_not_fit_and_without_a_gpu():
+    model, inputs, loss_fn = zoo.gpt()
+    # A tiny GPU: the same step, sized against a GPU made 1 MiB smaller than what it needs.
+    from dataclasses import replace
+
+    needed = estimate(model, inputs, loss_fn=loss_fn).needed
+    small = replace(lookup("L4"), name="Tiny", memory=needed - 2**20)
+    r = estimate(model, inputs, loss_fn=loss_fn, gpu=small)
+    assert r.fits is False and "DOES NOT FIT on Tiny" in r.headline() and f"{fmt_bytes(2**20)} short" in r.headline()
+    assert r.to_dict()["fit"]["margin"] == -2**20
+    plain = estimate(model, inputs, loss_fn=loss_fn)
+    assert plain.to_dict()["fit"] is None and "--gpu NAME" in plain.headline()
+    cpu = estimate(model, inputs, loss_fn=loss_fn, device="cpu")
+    assert cpu.needed == cpu.memory.peak and "CPU" in cpu.headline()
+
+
+def test_the_peak_is_named_in_words(gpt_report):
+    from estimator.render import place
+
+    at = gpt_report.memory.peak_at
+    words = place(gpt_report, at)
+    assert "aten." not in words and ".default" not in words
+    phase = {"optimizer": "optimizer step", "backward": "backward pass", "forward": "forward pass"}[str(at.phase)]
+    assert words.startswith(phase)
+    if str(at.phase) == "optimizer":
+        assert words.startswith("optimizer step (AdamW ")
+    rows = dict(gpt_report.summary_rows())
+    assert words in rows["Memory: peak (steady-state step)"]
+    assert "reserve outside the allocator" not in gpt_report.render()
+
+
+def test_optimizer_peak_reads_as_the_optimizer_step():
+    model = nn.Sequential(nn.Linear(256, 256), nn.Linear(256, 2))
+    r = estimate(model, torch.randn(2, 256))
+    assert str(r.memory.peak_at.phase) == "optimizer"  # the weights dominate; Adam's temporaries peak last
+    from estimator.render import place
+
+    assert re.fullmatch(r"optimizer step \(AdamW foreach \w+\)", place(r, r.memory.peak_at))
+
+
+def test_inference_reports_are_titled_and_worded_for_inference():
+    model, inputs, loss_fn = zoo.gpt()
+    r = estimate(model, inputs, loss_fn=loss_fn, mode="inference")
+    text = r.render()
+    assert text.startswith("Inference estimate") and "Training" not in text and "steady-state" not in text
+    assert "training step" not in text.lower() and "Bwd FLOPs" not in text and "Memory: gradients" not in text
+    assert r.headline().startswith("Inference needs")
+    assert "<title>Inference estimate" in r.to_html()
+
+
+# -- width, markdown, suffixes -----------------------------------------------------------------------
+
+
+LONG_NAMES = """
+import torch
+from torch import nn
+
+
+class ProjectionWithAVeryDescriptiveClassName(nn.Linear):
+    pass
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.self_attention_projection_in = ProjectionWithAVeryDescriptiveClassName(32, 96)
+        self.self_attention_projection_out = ProjectionWithAVeryDescriptiveClassName(96, 32)
+
+    def forward(self, x):
+        return self.self_attention_projection_out(torch.relu(self.self_attention_projection_in(x)))
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.transformer_encoder_stack = nn.ModuleList(Encoder() for _ in range(2))
+        self.classification_head_with_long_name = nn.Linear(32, 1000)
+
+    def forward(self, x):
+        for layer in self.transformer_encoder_stack:
+            x = layer(x)
+        return self.classification_head_with_long_name(x).logsumexp(-1).mean()
+
+
+def build():
+    return Model(), torch.randn(64, 12, 32)
+"""
+
+
+def test_text_report_fits_a_100_column_terminal(tmp_path):
+    # A real terminal (script(1) gives the command a pty) 100 columns wide, progress display included:
+    # every line fits, long module paths and class names wrap.
+    if not os.path.exists("/usr/bin/script"):
+        pytest.skip("script(1) not available")
+    (tmp_path / "long.py").write_text(LONG_NAMES)
+    cmd = f"{sys.executable} -m estimator estimate {tmp_path / 'long.py'}:build --depth 4 --gpu A100 --operators"
+    proc = subprocess.run(["script", "-q", "-c", cmd, "/dev/null"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "COLUMNS": "100", "ESTIMATOR_PROGRESS_DELAY": "0"})
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    text = re.sub(r"\x1b\[K|\r", "\n", proc.stdout)
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    assert any(ln.startswith("estimator: ") for ln in lines)  # the progress display was drawn
+    assert any(ln.startswith("Per module") for ln in lines) and any(ln.startswith("Per operator") for ln in lines)
+    assert any("transformer_encoder_stack." in ln for ln in lines)
+    too_wide = [ln for ln in lines if len(ln) > 100]
+    assert too_wide == []
+
+
+def test_markdown_tables_have_header_rows():
+    model, inputs, loss_fn = zoo.mlp()
+    md = estimate(model, inputs, loss_fn=loss_fn, device="cpu").to_markdown(operators=True)
+    lines = md.splitlines()
+    assert lines[0].startswith("# ") and lines[2].startswith("**")
+    separators = [i for i, ln in enumerate(lines) if re.fullmatch(r"\|(:?-+:?\|)+", ln)]
+    assert len(separators) >= 3  # summary, modules, operators
+    for i in separators:  # each separator sits under a header row of the same shape
+        assert lines[i - 1].startswith("| ") and lines[i - 1].count("|") == lines[i].count("|")
+    assert lines[separators[0] - 1].split("|")[1].strip() == "Quantity"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--output", "r.xlsx"), "unknown suffix '.xlsx'; use one of .txt, .json, .md"),
+    (("--output", "report"), "unknown suffix '(none)'"),
+    (("--plot", "mem.bmp"), "unknown image suffix '.bmp'; use one of .png, .svg, .pdf"),
+])
+def test_unknown_suffixes_are_refused_in_one_line_and_nothing_is_written(tmp_path, capsys, args, needle):
+    pytest.importorskip("matplotlib")
+    args = tuple(str(tmp_path / a) if "." in a or a == "report" else a for a in args)
+    code, out, err = cli(capsys, "estimate", "examples/mlp.py:build", "--device", "cpu", *args)
+    assert code == 2 and out == "" and "Traceback" not in err
+    errors = [ln for ln in err.splitlines() if ln.startswith("estimator: error:")]
+    assert len(errors) == 1 and needle in errors[0], err
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("suffix,magic", [(".png", b"\x89PNG"), (".svg", b"<?xml"), (".pdf", b"%PDF")])
+def test_plots_are_written_in_the_type_their_suffix_names(tmp_path, capsys, suffix, magic):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / f"mem{suffix}"
+    code, _, err = cli(capsys, "estimate", "examples/mlp.py:build", "--device", "cpu", "--plot", str(out),
+                       "--format", "json")
+    assert code == 0, err
+    assert out.read_bytes().startswith(magic)
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]
+
+
+def test_plot_has_the_html_palette_units_and_a_title_with_batch_sequence_precision(tmp_path):
+    pytest.importorskip("matplotlib")
+    from estimator.render import CATEGORY_COLORS, plot
+
+    model, inputs, loss_fn = zoo.gpt()
+    r = estimate(model, inputs, loss_fn=loss_fn, precision="bf16-mixed", checkpoint="Block")
+    out = tmp_path / "mem.svg"
+    plot(r, str(out))
+    svg = out.read_text()
+    fills = {c.lower() for c in re.findall(r"fill: ?(#[0-9a-fA-F]{6})", svg)}
+    used = {CATEGORY_COLORS[c].lower() for c in CATEGORY_COLORS if any(p.by_category.get(c) for p in r.memory.timeline)}
+    assert used <= fills
+    assert "batch 2" in svg and "sequence 16" in svg and "bf16-mixed" in svg
+    assert "live memory (KiB)" in svg or "live memory (MiB)" in svg
+    assert "forward pass" in svg and "backward pass" in svg and "optimizer step" in svg
+
+
+# -- per operator ---------------------------------------------------------------------------------
+
+
+def test_by_operator_adds_up_to_the_totals_and_matches_flop_counter_per_op():
+    from groundtruth import measure
+
+    model, inputs, loss_fn = zoo.gpt()
+    r = estimate(model, inputs, loss_fn=loss_fn, device="cpu")
+    rows = r.to_dict()["by_operator"]
+    d = r.to_dict()
+    for phase in ("forward", "backward", "optimizer"):
+        assert sum(x[f"flops_{phase}"] for x in rows) == d["flops"][phase]
+    assert sum(x["saved_bytes"] for x in rows) == d["memory"]["activations"]
+    # matmul-class ops: equal to what FlopCounterMode measures per op on a real step
+    truth = measure(*zoo.gpt()[:2], "adamw", loss_fn)
+    ours_fwd = {x["op"]: x["flops_forward"] for x in rows if x["kind"] == "matmul" and x["flops_forward"]}
+    ours_bwd = {x["op"]: x["flops_backward"] for x in rows if x["kind"] == "matmul" and x["flops_backward"]}
+    assert ours_fwd == {k: v for k, v in truth["flops_forward_by_op"].items() if v}
+    assert ours_bwd == {k: v for k, v in truth["flops_backward_by_op"].items() if v}
+
+
+def test_operators_table_option(tmp_path, capsys):
+    code, out_text, _ = cli(capsys, "estimate", "examples/mlp.py:build", "--device", "cpu", "--operators")
+    assert code == 0 and "Per operator" in out_text and "addmm" in out_text
+    out = tmp_path / "ops.csv"
+    cli(capsys, "estimate", "examples/mlp.py:build", "--device", "cpu", "--operators", "--output", str(out))
+    header, *rows = out.read_text().splitlines()
+    assert header.startswith("op,count,flops_forward") and any(r.startswith("aten.addmm,") for r in rows)
+
+
+# -- quantized inference ------------------------------------------------------------------------------
+
+
+def _bnb_parameter_bytes(model: nn.Module, four_bit: bool) -> int:
+    """Parameter bytes after transformers + bitsandbytes quantize ``model`` on the CPU (the real layout)."""
+    import bitsandbytes as bnb
+    from transformers import BitsAndBytesConfig
+    from transformers.integrations.bitsandbytes import replace_with_bnb_linear
+    from transformers.quantizers.base import get_keys_to_not_convert
+
+    cfg = BitsAndBytesConfig(load_in_4bit=True) if four_bit else BitsAndBytesConfig(load_in_8bit=True)
+    q = replace_with_bnb_linear(model, modules_to_not_convert=get_keys_to_not_convert(model), quantization_config=cfg)
+    for mod in q.modules():  # load random weights as transformers would, with the module's own settings
+        w = getattr(mod, "weight", None)
+        if isinstance(mod, bnb.nn.Linear8bitLt):
+            mod.weight = bnb.nn.Int8Params(torch.randn(w.shape), requires_grad=False,
+                                           has_fp16_weights=w.has_fp16_weights).to("cpu")
+        elif isinstance(mod, bnb.nn.Linear4bit):
+            mod.weight = bnb.nn.Params4bit(torch.randn(w.shape), requires_grad=False, blocksize=w.blocksize,
+                                           compress_statistics=w.compress_statistics, quant_type=w.quant_type).to("cpu")
+    total = 0
+    for p in q.parameters():
+        total += p.untyped_storage().nbytes()
+        if getattr(p, "SCB", None) is not None:
+            total += p.SCB.untyped_storage().nbytes()
+        if getattr(p, "quant_state", None) is not None:
+            total += p.quant_state.absmax.untyped_storage().nbytes()
+    return total
+
+
+@pytest.mark.parametrize("name", ["hf_llama_sdpa", "hf_gpt2"])
+def test_quantized_inference_sizes_equal_bitsandbytes_layout(name):
+    pytest.importorskip("transformers")
+    pytest.importorskip("bitsandbytes")
+    model, inputs, _ = zoo.ZOO[name]()
+    inputs = {k: v for k, v in inputs.items() if k != "labels"}
+    r = estimate(model, inputs, device="cpu", mode="inference")
+    q = {x["scheme"]: x for x in r.to_dict()["quantized"]}
+    assert q["int8"]["parameters"] == _bnb_parameter_bytes(zoo.ZOO[name]()[0], four_bit=False)
+    assert q["int4"]["parameters"] == _bnb_parameter_bytes(zoo.ZOO[name]()[0], four_bit=True)
+
+
+def test_quantized_what_if_only_for_inference_and_peak_moves_by_the_weights_saved():
+    model, inputs, loss_fn = zoo.gpt()
+    assert estimate(model, inputs, loss_fn=loss_fn, device="cpu").to_dict()["quantized"] is None
+    r = estimate(model, inputs, loss_fn=loss_fn, device="cpu", mode="inference")
+    q = {x.scheme: x for x in r.quantized}
+    last_owner = list(model.named_parameters())[-1][0].rpartition(".")[0]
+    linear = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and m.weight is not model.wte.weight
+              and n != last_owner and not n.endswith("lm_head")]  # tied head and the last module stay as they are
+    assert q["int8"].layers == len(linear) > 0
+    assert q["int8"].weights_before - q["int8"].weights_after == r.tally.parameters_bytes - q["int8"].parameters
+    assert q["int8"].peak == r.memory.peak - (q["int8"].weights_before - q["int8"].weights_after)
+    assert q["int4"].parameters < q["int8"].parameters < r.tally.parameters_bytes
+    assert "What-if: int4 weights" in r.render()
