@@ -164,16 +164,18 @@ def headline(report: "Report") -> str:
     reserve = sum(m.reserve.values())
     if report.device != "cuda":
         return f"{what} needs {fmt_bytes(needed)} of memory (peak of live tensors on the CPU target)"
-    parts = f"peak {fmt_bytes(m.peak)} + {fmt_bytes(reserve)} CUDA reserve"
+    parts = f"peak {fmt_bytes(max(m.peak, m.peak_first_step))} + {fmt_bytes(reserve)} CUDA reserve"
     text = f"{what} needs {fmt_bytes(needed)} on the GPU ({parts})"
     gpu = report.gpu
     if gpu is None:
         return text + "; add --gpu NAME to check a GPU"
-    capacity = f"{fmt_gb(gpu.memory)} = {fmt_bytes(gpu.memory)}"
+    usable = gpu.capacity
+    capacity = (f"{fmt_gb(gpu.memory)}, {fmt_bytes(usable)} usable" if usable != gpu.memory
+                else f"{fmt_gb(gpu.memory)} = {fmt_bytes(usable)}")
     if report.fits:
-        text += f": fits on {gpu.name} ({capacity}, {fmt_bytes(gpu.memory - needed)} to spare)"
+        text += f": fits on {gpu.name} ({capacity}, {fmt_bytes(usable - needed)} to spare)"
     else:
-        text += f": DOES NOT FIT on {gpu.name} ({capacity}, {fmt_bytes(needed - gpu.memory)} short)"
+        text += f": DOES NOT FIT on {gpu.name} ({capacity}, {fmt_bytes(needed - usable)} short)"
     if report.max_batch is not None:
         text += ("; no micro-batch fits" if report.max_batch == 0
                  else f"; largest micro-batch {report.max_batch}")

@@ -168,24 +168,26 @@ class Report:
     # -- the answer a user reads first ------------------------------------------------
     @property
     def needed(self) -> int | None:
-        """Bytes the device needs: the peak plus, for a CUDA target, the reserve outside PyTorch's allocator
-        (CUDA context, cuBLAS workspace, fragmentation; ``memory.reserve``)."""
+        """Bytes the device needs: the higher of the two peaks plus, for a CUDA target, the reserve (the CUDA
+        context outside PyTorch's allocator and the fragmentation allowance; :func:`estimator.memory.gpu_bytes_needed`)."""
         if self.memory is None:
             return None
-        return self.memory.peak + sum(self.memory.reserve.values())
+        from .memory import gpu_bytes_needed
+
+        return gpu_bytes_needed(self.memory)
 
     @property
     def fits(self) -> bool | None:
         """Whether :attr:`needed` fits in the GPU's memory (None without a GPU)."""
         if self.gpu is None or self.needed is None:
             return None
-        return self.needed <= self.gpu.memory
+        return self.needed <= self.gpu.capacity
 
     def fit_dict(self) -> dict[str, Any] | None:
         if self.gpu is None or self.needed is None:
             return None
-        return {"gpu": self.gpu.name, "capacity": self.gpu.memory, "needed": self.needed, "fits": self.fits,
-                "margin": self.gpu.memory - self.needed, "max_batch": self.max_batch,
+        return {"gpu": self.gpu.name, "capacity": self.gpu.capacity, "needed": self.needed, "fits": self.fits,
+                "margin": self.gpu.capacity - self.needed, "max_batch": self.max_batch,
                 "max_batch_note": self.max_batch_note}
 
     def headline(self) -> str:
