@@ -1,8 +1,7 @@
 """Ground truth for one training step, measured on a REAL CPU step.
 
-Independent of the estimator's estimate: nothing of its capture, rules or
-tallies is used; the one shared piece is the measuring instrument, the fixed
-``FlopCounterMode`` of :mod:`estimator.validate`.  :func:`measure` deep-copies the model (the caller's model, inputs and
+Independent of the estimator: nothing of its capture, rules, tallies or validate
+module is used; the measuring instruments are the tests' own (:mod:`instruments`).  :func:`measure` deep-copies the model (the caller's model, inputs and
 optimizer are never changed), then
 
 1. memory run: forward + loss under a ``saved_tensors_hooks`` pack hook (every
@@ -13,7 +12,7 @@ optimizer are never changed), then
 2. FLOP run, on a second copy and with no pack hook (so that neither run can
    perturb the other): ``FlopCounterMode`` around forward + loss, and a second
    one around backward, with the three defects of ``torch.utils.flop_counter``
-   fixed by ``FLOP_FIXES`` (formulas in estimator/validate.py).
+   fixed by ``instruments.FIXES``.
 
 The FLOP count is "matmul-class": the ops ``FlopCounterMode`` has formulas for
 (mm, addmm, bmm, baddbmm, convolution and its backward, the SDPA kernels) plus
@@ -33,10 +32,7 @@ from torch.utils.flop_counter import FlopCounterMode
 aten = torch.ops.aten
 
 
-# The FlopCounterMode fixes (CPU SDPA, mkldnn_rnn_layer, grouped convolution_backward) are the
-# measurement instrument shared with ``estimator validate``: see estimator/validate.py, where each
-# formula's arithmetic is written out.  Nothing of the estimator's rules, capture or tallies is used.
-from estimator.validate import FLOP_FIXES, flop_counter  # noqa: E402
+from instruments import FIXES as FLOP_FIXES, flop_counter  # noqa: E402  (the tests' own instrument)
 
 
 def _by_op(counter: FlopCounterMode) -> dict[str, int]:

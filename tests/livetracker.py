@@ -1,7 +1,6 @@
 """Ground truth for peak memory on CPU: a live-tensor tracker on a real training step.
 
-The tracker (``estimator.validate.LiveTracker``, the instrument ``estimator validate``
-uses on CPU) is a ``TorchDispatchMode`` that adds each output storage's bytes when it
+The tracker (``instruments.LiveTracker``, the tests' own instrument) is a ``TorchDispatchMode`` that adds each output storage's bytes when it
 first appears, and a ``weakref.finalize`` on the storage subtracts them when it is
 freed; parameters, buffers and inputs are registered up front.  It shares nothing
 with the estimator's lifetime simulation.
@@ -12,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.utils._pytree as pytree
 
-from estimator.validate import LiveTracker
+from instruments import LiveTracker
 
 
 def measure_peaks(model, inputs, optimizer_factory, loss_of, *, autocast_dtype=None, train=True, steps=2):
