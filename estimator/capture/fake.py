@@ -22,8 +22,9 @@ oneDNN workspace) are measured once per shape here too (:func:`real_output_bytes
 packed-sequence check reads the position ids) takes the branch a real run takes.  An op runs
 for real when every tensor it reads is real (integer and boolean inputs and buffers stay real,
 see :mod:`.step`) and everything it returns is integer or boolean and at most
-:data:`KNOWN_VALUES_LIMIT` elements (decided on the meta device first); anything that touches
-a fake tensor, a weight or a floating-point value stays fake.  Such tensors are small (the size
+:data:`KNOWN_VALUES_LIMIT` elements (decided on the meta device first; an op whose output size
+depends on the values, such as ``repeat_interleave`` of an image grid, runs when its real inputs
+are small); anything that touches a fake tensor, a weight or a floating-point value stays fake.  Such tensors are small (the size
 of the input ids) and are counted in memory like any other.
 """
 
@@ -130,8 +131,11 @@ def _runs_on_known_values(func: Any, args: tuple, kwargs: dict) -> bool:
         meta_kwargs["device"] = torch.device("meta")
     try:
         out = func(*meta_args, **meta_kwargs)
-    except Exception:  # no meta kernel, or arguments it rejects: the fake path decides
-        return False
+    except Exception:
+        # no meta kernel, or an output size that depends on the values (repeat_interleave, nonzero):
+        # small real inputs run for real, as a real step would; the rest is for the fake path to decide
+        inputs = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        return bool(real) and sum(t.numel() for t in inputs) <= KNOWN_VALUES_LIMIT
     outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
     return bool(outs) and all(not (o.is_floating_point() or o.is_complex()) for o in outs) and \
         sum(o.numel() for o in outs) <= KNOWN_VALUES_LIMIT
