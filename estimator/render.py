@@ -61,13 +61,15 @@ def fmt_gb(n: int) -> str:
 
 CATEGORY_LABEL = {"parameter": "parameters", "buffer": "buffers", "input": "inputs",
                   "optimizer_state": "optimizer state", "gradient": "gradients", "saved": "saved activations",
-                  "temporary": "temporaries"}
+                  "workspace": "CUDA library workspaces", "temporary": "temporaries",
+                  "allocator": "allocator blocks beyond requests"}
 _CATEGORY_LABEL = CATEGORY_LABEL  # the name before the headline work
 
 # One palette for the HTML chart, the legend and the PNG (Tableau 10).
 CATEGORY_COLORS = {
     "parameter": "#4e79a7", "buffer": "#a0cbe8", "input": "#f28e2b", "optimizer_state": "#59a14f",
-    "gradient": "#e15759", "saved": "#b07aa1", "temporary": "#edc948",
+    "gradient": "#e15759", "saved": "#b07aa1", "temporary": "#edc948", "workspace": "#9c755f",
+    "allocator": "#bab0ac",
 }
 
 OPTIMIZER_NAMES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "sgd-momentum": "SGD", "adagrad": "Adagrad",
@@ -215,6 +217,8 @@ def summary_rows(report: "Report") -> list[tuple[str, str]]:
         if train and m.peak_first_step != m.peak:
             rows.append(("Memory: peak (first step)", f"{fmt_bytes(m.peak_first_step)} (the optimizer state "
                                                        f"is created inside the first step)"))
+        if report.kernels:
+            rows.append(("Kernels assumed", ", ".join(f"{name} x{n}" for name, n in report.kernels.items())))
         if m.reserve:
             rows.append(("Memory: CUDA reserve", f"{fmt_bytes(sum(m.reserve.values()))}: " + ", ".join(
                 f"{_RESERVE_LABEL.get(k, k.replace('_', ' '))} {fmt_bytes(v)}" for k, v in m.reserve.items())))

@@ -41,6 +41,11 @@ class ModuleRow:
         return dict(self.__dict__)
 
 
+# Op names of the kernels a target chooses among (see estimator.target): attention backends (and the
+# math path's softmax), batch norm, dropout, recurrent layers.
+_KERNEL_KEYS = ("attention", "_safe_softmax", "batch_norm", "dropout", "_cudnn_rnn", "mkldnn_rnn")
+
+
 @dataclass
 class CheckpointWhatIf:
     """The same step with activation checkpointing on every instance of ``classes``."""
@@ -165,6 +170,17 @@ class Report:
             )
         return rows
 
+    @property
+    def kernels(self) -> dict[str, int]:
+        """The kernels the target's choice decided (attention backend, batch norm, dropout, recurrent
+        layers) and how many times each runs in the step, forward and backward: what the estimate assumed."""
+        counts: dict[str, int] = {}
+        for node in self.capture.nodes:
+            name = str(getattr(node.target, "overloadpacket", node.target)).removeprefix("aten.")
+            if any(k in name for k in _KERNEL_KEYS):
+                counts[name] = counts.get(name, 0) + 1
+        return counts
+
     # -- the answer a user reads first ------------------------------------------------
     @property
     def needed(self) -> int | None:
@@ -243,6 +259,7 @@ class Report:
             "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None,
             "modules": [r.to_dict() for r in self.module_rows(depth)],
             "unsupported_ops": list(t.unsupported),
+            "kernels": self.kernels,
             "headline": self.headline(),
             "needed": self.needed,
             "fit": self.fit_dict(),
