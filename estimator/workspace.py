@@ -14,8 +14,12 @@ includes, besides the tensors of the step (what the capture records):
   (``CUBLASLT_WORKSPACE_SIZE``, in KiB); the reference steps show 65 MiB for models with biased
   linear layers, 66 MiB when checkpointing recomputes them in backward.
 * **Kernel temporaries**: workspaces allocated inside one op and freed before it returns
-  (cuDNN convolution and attention workspaces, reduction buffers, sort buffers): per-op rules,
-  registered like the FLOP rules (:func:`transient`), pure functions of the op's arguments.
+  (cuDNN convolution, attention and RNN workspaces, the cross-block buffers of ATen's reductions,
+  softmax backward's ``grad * output``, ``_safe_softmax``'s masks, CUB's sort and scan buffers in
+  embedding backward, ``sort``, ``index_put`` and ``cumsum``): per-op rules, registered like the
+  FLOP rules (:func:`transient`), pure functions of the op's arguments and of its tensors' strides
+  (:class:`Layout`); each docstring names its source and the reference figures it reproduces
+  (``tests/test_workspace.py`` checks them against every op of the reference H100 steps).
 * **Outputs the CUDA kernel does not place on the GPU**: the memory-efficient attention
   kernel's RNG seed and offset are host tensors when there is no dropout (:func:`device_bytes`).
 
@@ -390,8 +394,7 @@ def _last_pow2(n: int) -> int:
 
 
 def reduce_buffer_bytes(sizes: list[int], out: list[int], inp: list[int], itemsize: int, arg_bytes: int,
-                        target: CudaTarget, vt0: int = 4, input_vec_size: int = 4,
-                        max_threads: int = 512) -> int:
+                        target: CudaTarget, input_vec_size: int = 4, max_threads: int = 512) -> int:
     """Cross-block buffer + semaphores of one ``gpu_reduce_kernel`` launch: ``setReduceConfig`` ported
     (``ReduceConfig::global_memory_size`` and ``semaphore_size``), on a coalesced iterator from
     :func:`_reduction_iterator` (``sizes``, output and input byte strides).  The base address is taken
@@ -460,8 +463,7 @@ _INT32_MAX = 2**31 - 1
 
 
 def reduction_bytes(shape: tuple[int, ...], in_strides: tuple[int, ...], reduced: set[int], itemsize: int,
-                    arg_bytes: int, out_bytes: int, target: CudaTarget, vt0: int = 4,
-                    input_vec_size: int = 4) -> int:
+                    arg_bytes: int, out_bytes: int, target: CudaTarget, input_vec_size: int = 4) -> int:
     """The temporaries of a TensorIterator reduction on CUDA (``gpu_reduce_kernel``): the largest
     cross-block buffer of its launches, and, when the iterator is too large for 32-bit offsets and the
     output type cannot hold the accumulator (``AccumulationBuffer``), an accumulator copy of the output
@@ -478,7 +480,7 @@ def reduction_bytes(shape: tuple[int, ...], in_strides: tuple[int, ...], reduced
             return seen[key]
         offsets = [sum((n - 1) * s for n, s in zip(sizes, st)) for st in (out, inp)]
         if _numel(key) <= _INT32_MAX and max(offsets) < _INT32_MAX:
-            seen[key] = reduce_buffer_bytes(sizes, out, inp, itemsize, arg_bytes, target, vt0, input_vec_size)
+            seen[key] = reduce_buffer_bytes(sizes, out, inp, itemsize, arg_bytes, target, input_vec_size)
             return seen[key]
         # get_dim_to_split: the largest (size - 1) * |stride| over the operands, last dim first on ties
         dim = max(range(len(sizes) - 1, -1, -1), key=lambda d: max((sizes[d] - 1) * abs(st[d]) for st in (out, inp)))
@@ -522,7 +524,7 @@ def _acc_bytes(dtype: torch.dtype) -> int:
     return dtype.itemsize
 
 
-def _reduce_call(call: OpCall, layout: Layout, target: CudaTarget, arg_bytes: int, vt0: int = 4,
+def _reduce_call(call: OpCall, layout: Layout, target: CudaTarget, arg_bytes: int,
                  input_vec_size: int = 4, out_dtype: torch.dtype | None = None) -> int:
     x = call["self"]
     if x is None or x.numel == 0:
@@ -530,7 +532,7 @@ def _reduce_call(call: OpCall, layout: Layout, target: CudaTarget, arg_bytes: in
     reduced = _reduced_dims(x.shape, call.get("dim"))
     out_dtype = out_dtype or (call.out.dtype if call.outputs else x.dtype)
     return reduction_bytes(x.shape, layout.stride("self", x), reduced, x.itemsize, arg_bytes, out_dtype.itemsize,
-                           target, vt0, input_vec_size)
+                           target, input_vec_size)
 
 
 @transient(aten.sum, aten.nansum)
@@ -559,7 +561,7 @@ def _sum(call: OpCall, target: CudaTarget, layout: Layout) -> int:
     vec = 8 if x.itemsize == 2 else 4
     reduced = _reduced_dims(x.shape, call.get("dim"))
     return cast + reduction_bytes(x.shape, layout.stride("self", x), reduced, x.itemsize, _acc_bytes(x.dtype),
-                                  out_dtype.itemsize, target, 4, vec)
+                                  out_dtype.itemsize, target, vec)
 
 
 @transient(aten.mean, aten.prod, aten.linalg_vector_norm)
@@ -670,8 +672,9 @@ def _embedding_backward(call: OpCall, target: CudaTarget, layout: Layout) -> int
     9,427,456 B, Llama (4,096, D 1,024) 18,653,696 B, T5's relative-position bias (262,144 ids of 32
     buckets, D 8, a strided grad: 8 MiB copy + the sort) 18,948,608 B, the LSTM's 2,048 ids (a strided
     grad copy only) 2,097,152 B, 1,024/2,048 contiguous ids 0: exactly.  BERT's token-type table
-    (2 rows, 4,096 expanded ids) measures 210,432 B where this gives 1,011,200 B (the per-segment
-    buffer for 2 rows is sized for 411 partial segments here): the one contradiction found."""
+    (2 rows, 4,096 expanded ids) measures 210,432 B where this gives 978,432 B: the source sizes
+    ``grad_weight_per_segment`` for 4,096 / 10 + 2 = 411 partial segments (841,728 B), which the
+    step did not allocate; the one contradiction found."""
     grad, idx = call["grad_output"], call["indices"]
     if grad is None or idx is None:
         return 0
@@ -778,8 +781,9 @@ def _index_put(call: OpCall, target: CudaTarget, layout: Layout) -> int:
 #   (0, or 512 B for float32); wgrad accumulates one float partial dw per image: N * K * C * 4 B.
 # * **depthwise / grouped** (ATen's own kernels or cuDNN's grouped ones): 0 in every reference step.
 # * **few input channels** (C < 8, the stem): 3x3 kernels run on a direct kernel (0); larger kernels
-#   pad the channels to 8 (16-bit) for tensor cores: |x| * 8 / C + |w| * 8 / C + |y| + 512; float32
-#   keeps C in the forward (|x| + |w| + |y|) and pads to 4 in wgrad.
+#   pad the channels for tensor cores (bfloat16 to 8, float16 to 4: :func:`_stem_channels`):
+#   |x| * pad / C + |w| * pad / C + |y| + 512; float32 keeps C in the forward (|x| + |w| + |y|) and
+#   pads to 4 in wgrad.
 #
 # Which family a convolution gets (cuDNN's choice, fitted on the reference steps):
 #
@@ -791,18 +795,30 @@ def _index_put(call: OpCall, target: CudaTarget, layout: Layout) -> int:
 #   / MobileNet layer), the transform on 7x7;
 # * every other kernel shape (3x3, 7x7 with C >= 8, strides): the transform.
 #
-# Figures (tests/test_workspace.py measures them on every reference op): forward, 523 of 597 ops
-# exact or within the allocator's 1 MiB slack; absolute error summed over all 597 ops 6.3 % of the
-# 16.9 GiB measured; the largest misses: ResNet-50's float32 strided 1x1 downsample (56x56 -> 28x28:
-# cuDNN transforms the input and weight, not the output: +O, 391 MiB at batch 256) and the bf16
-# [N, 1024, 14, 14] -> 512 1x1 (transformed although 14x14: -|x|-|y|, 147 MiB at batch 256).
-# Backward, 301 of 491 exact or within 1 MiB; summed error 4.4 % of 24.0 GiB; the transform family
-# is a lower bound: the engines add split-K buffers of 0..16 MiB (most often 2, 6.8 or 8 MiB) that
-# depend on the kernel chosen, e.g. ResNet-50 b256 bf16 layer3 3x3 +15.8 MiB over 50.1 MiB.
+# Figures (tests/test_workspace.py measures them on every reference op; "within": exact, or at most
+# the allocator's unsplit 1 MiB above a prediction holding a large request):
+#
+# * forward: 451 of 597 ops exact, 490 within; |error| summed over the 597 ops 1,066 MiB = 6.2 % of
+#   the 16.9 GiB measured (663 MiB over, 404 under); the largest misses: ResNet-50's float32 strided
+#   1x1 downsample 56x56 -> 28x28 (cuDNN transforms the input and weight, not the output: +|y| - |w|,
+#   391.5 MiB at batch 256, 97.5 at 64; the 28x28 and 14x14 ones do transform the output) and the
+#   16-bit [N, 1024, 14, 14] -> 512 1x1 (transformed although 14x14: -(|x| + |y|), 147 MiB at 256);
+# * backward: 205 of 491 exact, 298 within; |error| 1,055 MiB = 4.3 % of 24.0 GiB, all of it under:
+#   a lower bound on every reference op, the engines adding split-K buffers of 0..16 MiB (most often
+#   2, 6.8 or 8 MiB) that depend on the kernel chosen (ResNet-50 b256 bf16 layer3 3x3: +15.8 MiB
+#   over 50.1 MiB; the largest, 16.0 MiB, on its strided 1x1 over 294 MiB).
 
 _CONV_MIN_CHANNELS = 8  # fewer input channels: the stem families above
 _POINTWISE_TRANSFORM_BELOW = 196  # positions per image (14x14) under which a 1x1 forward transforms
 _POINTWISE_TRANSFORM_CHANNELS = 128
+
+
+def _stem_channels(dtype: torch.dtype) -> int:
+    """Channels a 16-bit stem is padded to: 4 for float16 (cuDNN's C=4 first-layer kernels), 8 for
+    bfloat16.  Reference H100 ResNet-50 b64 stem forward: float16 |x|*4/3 + |w|*4/3 + |y| + 512 =
+    128,476,160 B, bfloat16 |x|*8/3 + |w|*8/3 + |y| + 512 = 154,191,360 B (measured 155,189,248:
+    the allocator's slack), exactly."""
+    return 4 if dtype == torch.float16 else _CONV_MIN_CHANNELS
 
 
 def _channels_last(spec: TensorSpec | None, strides: tuple[int, ...]) -> bool:
@@ -858,7 +874,7 @@ def _convolution(call: OpCall, target: CudaTarget, layout: Layout) -> int:
             return copy  # direct kernel
         if x.itemsize != 2:
             return copy + xb + wb + yb  # float32: transposed as they are
-        pad = _CONV_MIN_CHANNELS  # 16-bit tensor cores want 8 channels
+        pad = _stem_channels(x.dtype)
         return copy + _r(x.nbytes // c * pad) + _r(w.nbytes // c * pad) + yb + _BLOCK
     if kernel == 1:
         if positions == 1:
@@ -885,7 +901,7 @@ def _convolution_backward(call: OpCall, target: CudaTarget, layout: Layout) -> i
     if len(mask) > 2 and mask[2] and dy.ndim >= 2:
         dims = {0, *range(2, dy.ndim)}
         bias = reduction_bytes(dy.shape, layout.stride("grad_output", dy), dims, dy.itemsize,
-                               _acc_bytes(dy.dtype), dy.itemsize, target, 4, 8 if dy.itemsize == 2 else 4)
+                               _acc_bytes(dy.dtype), dy.itemsize, target, 8 if dy.itemsize == 2 else 4)
     groups = int(call.get("groups", 1) or 1)
     if not _cudnn_eligible(x, w, groups) or not (mask[0] or mask[1]):
         return bias
@@ -899,7 +915,7 @@ def _convolution_backward(call: OpCall, target: CudaTarget, layout: Layout) -> i
     if c < _CONV_MIN_CHANNELS and not transposed:
         if x.dtype == torch.float32 and kernel <= 9:
             return max(bias, copies)
-        pad = 4 if x.dtype == torch.float32 else _CONV_MIN_CHANNELS
+        pad = 4 if x.dtype == torch.float32 else _stem_channels(x.dtype)
         return max(bias, copies + dyb + _r(x.nbytes // c * pad) + _BLOCK)
     if kernel == 1 and positions == 1:
         return max(bias, copies)
@@ -953,7 +969,10 @@ def library_memory(cap: Any, target: CudaTarget) -> LibraryMemory:
                 out.persistent.append((index, lt, f"cuBLASLt workspace ({thread} thread)"))
         rule = _TRANSIENT.get(getattr(target_op, "overloadpacket", None))
         if rule is not None:
-            nbytes = int(rule(op_call(node), target, layout_of(node)))
+            try:
+                nbytes = int(rule(op_call(node), target, layout_of(node)))
+            except Exception as exc:  # a rule that cannot handle these arguments is a bug: say where
+                raise RuntimeError(f"transient rule for {target_op} failed on {node.format_node()}: {exc}") from exc
             if nbytes > 0:
                 out.transients[index] = nbytes
         for i, (sid, spec) in enumerate(zip(node.meta.get("storage", ()), node.meta.get("spec", ()))):

@@ -89,8 +89,8 @@ def test_rules_cover_the_large_reference_temporaries(outcomes):
 
 
 @pytest.mark.parametrize("op,within,error", [
-    ("aten.convolution.default", 0.81, 0.065),
-    ("aten.convolution_backward.default", 0.60, 0.045),
+    ("aten.convolution.default", 0.82, 0.063),
+    ("aten.convolution_backward.default", 0.60, 0.044),
 ])
 def test_convolution_families_fit(outcomes, op, within, error):
     rows = outcomes[op]
@@ -103,13 +103,11 @@ def test_convolution_families_fit(outcomes, op, within, error):
     assert max(abs(pred - meas) for *_, pred, meas in rows) <= 392 * MiB
 
 
-def test_convolution_backward_transform_family_is_a_lower_bound(outcomes):
-    """3x3 backward on NCHW (the transform family): the prediction never exceeds the measurement; the
-    engines add split-K buffers of up to 16 MiB on top."""
-    rows = [(pred, meas) for name, i, rec, pred, meas in outcomes["aten.convolution_backward.default"]
-            if rec["in"][2][0][2:] == [3, 3] and rec["in"][1][0][1] >= 8 and rec["in"][1][0][1] == rec["in"][2][0][1]]
-    assert len(rows) > 100
-    assert all(pred <= meas <= pred + 16 * MiB + 512 for pred, meas in rows)
+def test_convolution_backward_is_a_lower_bound(outcomes):
+    """Backward never predicts more than measured: the engines add split-K buffers of up to 16 MiB
+    on top of the modelled layout transforms."""
+    rows = outcomes["aten.convolution_backward.default"]
+    assert all(pred <= meas <= pred + 16 * MiB + 512 for *_, pred, meas in rows)
 
 
 def test_depthwise_and_pointwise_image_convolutions_take_nothing(outcomes):
@@ -152,8 +150,8 @@ def test_reduction_splits_past_32_bit_offsets():
     float accumulator copy of the output kept across them (``AccumulationBuffer``); a float output
     accumulates in place."""
     # [2, 2**30] over dim 0: split along the reduced dim, each half sums one row (no staging buffer)
-    assert W.reduction_bytes((2, 2**30), (2**30, 1), {0}, 2, 4, 2, H100, 4, 8) == 4 * 2**30
-    assert W.reduction_bytes((2, 2**30), (2**30, 1), {0}, 2, 4, 4, H100, 4, 8) == 0
+    assert W.reduction_bytes((2, 2**30), (2**30, 1), {0}, 2, 4, 2, H100, 8) == 4 * 2**30
+    assert W.reduction_bytes((2, 2**30), (2**30, 1), {0}, 2, 4, 4, H100, 8) == 0
 
 
 def test_cub_temporaries():
