@@ -286,7 +286,7 @@ def _cub_temp(*sizes: int) -> int:
 # reference steps sort 8,192 keys in one tile and 262,144 (T5's relative-position bucket ids) in 28
 # tiles (lookback 57,344 B), which brackets it to 9,363..9,709 keys; 9,600 = 384 threads x 25 keys.
 _ONESWEEP_TILE = 9600
-_SINGLE_TILE = 2048  # at most this many keys: one-block sort, CUB asks for a 1-byte temporary
+_SINGLE_TILE = 2048  # at most this many keys: CUB's one-block sort asks for 1 byte (bound assumed, not measured)
 
 
 def cub_radix_sort_pairs_bytes(n: int, key_bytes: int, value_bytes: int, bits: int) -> int:
