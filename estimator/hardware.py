@@ -127,3 +127,43 @@ def table_rows() -> list[list[str]]:
 
 
 TABLE_HEADERS = ["GPU", "Memory", "Bandwidth", "fp32", "tf32", "bf16", "fp16", "fp8", "Aliases"]
+
+
+# -- streaming multiprocessors: what CUDA kernels size their launches from ------------------------------
+#
+# ``cudaDeviceProp.multiProcessorCount`` and ``maxThreadsPerMultiProcessor``: kernels that pick their
+# grid from the device (ATen's ``Reduce.cuh: setReduceConfig`` sizes its cross-block buffer from them).
+# SM counts from the vendors' datasheets / architecture whitepapers (H100 SXM5 132, H100 PCIe 114,
+# H200 132, A100 108, V100 SXM2 80, B200 148, L4 58, L40S 142, RTX 3090 82, RTX 4090 128); threads per
+# SM from the CUDA C Programming Guide's compute-capability table (2,048 on 7.0/8.0/9.0/10.0, 1,536 on
+# 8.6/8.9).  The reference H100 (tests/data/cuda_reference) reports 132 and 2,048.
+
+
+@dataclass(frozen=True)
+class Multiprocessors:
+    count: int  # multiProcessorCount
+    max_threads: int  # maxThreadsPerMultiProcessor
+
+
+MULTIPROCESSORS: dict[str, Multiprocessors] = {
+    "V100": Multiprocessors(80, 2048),
+    "A100-40GB": Multiprocessors(108, 2048),
+    "A100-80GB": Multiprocessors(108, 2048),
+    "H100-SXM": Multiprocessors(132, 2048),
+    "H100-PCIe": Multiprocessors(114, 2048),
+    "H200": Multiprocessors(132, 2048),
+    "B200": Multiprocessors(148, 2048),
+    "L4": Multiprocessors(58, 1536),
+    "L40S": Multiprocessors(142, 1536),
+    "RTX3090": Multiprocessors(82, 1536),
+    "RTX4090": Multiprocessors(128, 1536),
+}
+
+
+def multiprocessors(name: str) -> Multiprocessors:
+    """The SM count and threads per SM of the GPU called ``name`` (an H100 SXM's for one not listed)."""
+    try:
+        gpu = lookup(name).name
+    except UserError:
+        gpu = name
+    return MULTIPROCESSORS.get(gpu, MULTIPROCESSORS["H100-SXM"])
