@@ -334,7 +334,7 @@ class _Step:
         # The traced tensors stand in for the model's own for the whole step (backward recomputation of
         # checkpointed regions included), as torch.func.functional_call does for a single call.
         swap = _reparametrize_module(model, {**self.params, **self.buffers}, tie_weights=True, strict=False) \
-            if opts.prepare is None else _AsIs.storage_resizes(self.rec)
+            if opts.prepare is None else _AsIs.engine_hooks(self.rec)
         kernels = self.kernel_mode()
         if self.fake:
             fake_log.setLevel(logging.CRITICAL)
@@ -550,6 +550,9 @@ class _AsIs:
       local tensor (this rank's shard): ``Capture.params`` etc. hold local tensors;
     * an op on a tensor subclass (DTensor) is not recorded: the subclass runs it as ops on its
       local tensors, which are;
+    * DTensor's sharding propagation (``_sharding_prop.py``: it runs each new op once on fake
+      tensors of the global shapes, in the active fake mode, to learn the output's metadata) is
+      bookkeeping, not part of the step: nothing it runs is recorded;
     * a storage resized in place (FSDP2 frees and re-allocates each unsharded parameter with
       ``untyped_storage().resize_()``: ``_fsdp_param.py``, ``free_storage`` / ``alloc_storage``)
       is recorded as a free and, for a new size above 0, a new allocation of a new storage id;
@@ -590,27 +593,45 @@ class _AsIs:
 
     @staticmethod
     @contextlib.contextmanager
-    def storage_resizes(rec: "_AsIsRecorder"):
-        """Record in-place storage resizes (``UntypedStorage.resize_``) while the step runs."""
-        cls = torch.UntypedStorage
-        own = cls.__dict__.get("resize_")
-        original = cls.resize_
+    def engine_hooks(rec: "_AsIsRecorder"):
+        """While the step runs: record in-place storage resizes (``UntypedStorage.resize_``) and pause
+        the recorder during DTensor's sharding propagation (when this torch has it)."""
+        patches: list[tuple[Any, str, Any]] = []  # (owner, attribute, what it held: None if inherited)
 
-        def resize_(storage, size):
-            before = storage.nbytes()
-            out = original(storage, size)
-            if storage.nbytes() != before:
-                rec.resized(storage)
-            return out
+        def patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+            patches.append((owner, name, owner.__dict__.get(name)))
+            setattr(owner, name, make(getattr(owner, name)))
 
-        cls.resize_ = resize_
+        def resizing(original):
+            def resize_(storage, size):
+                before = storage.nbytes()
+                out = original(storage, size)
+                if storage.nbytes() != before:
+                    rec.resized(storage)
+                return out
+            return resize_
+
+        def paused(original):
+            def run(*args, **kwargs):
+                previous, rec.paused = rec.paused, True
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    rec.paused = previous
+            return run
+
+        patch(torch.UntypedStorage, "resize_", resizing)
+        propagator = _sharding_propagator()
+        if propagator is not None and hasattr(propagator, "_propagate_tensor_meta_non_cached"):
+            patch(propagator, "_propagate_tensor_meta_non_cached", paused)
         try:
             yield
         finally:
-            if own is None:
-                del cls.resize_
-            else:
-                cls.resize_ = own
+            for owner, name, held in reversed(patches):
+                if held is None:
+                    delattr(owner, name)
+                else:
+                    setattr(owner, name, held)
 
 
 class _Allocations(TorchDispatchMode):
@@ -658,9 +679,10 @@ class _AsIsRecorder(Recorder):
         super().__init__(fake)
         self.engine_sids: set[int] = set()
         self._resized_away: set[int] = set()  # freed by a resize: their storage object lives on
+        self.paused = False  # in the engine's bookkeeping (DTensor's sharding propagation)
 
     def record(self, func, args, kwargs, run):
-        if _on_subclass(args) or (kwargs and _on_subclass(kwargs.values())):
+        if self.paused or _on_subclass(args) or (kwargs and _on_subclass(kwargs.values())):
             return run(*args, **kwargs)  # NotImplemented: the subclass runs it on its local tensors
         return super().record(func, args, kwargs, run)
 
@@ -713,3 +735,11 @@ def _on_subclass(values: Any) -> bool:
 
 
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter, FakeTensor)
+
+
+def _sharding_propagator() -> type | None:
+    """DTensor's ShardingPropagator class, if this torch has it (only looked up, never imported here)."""
+    import sys
+
+    module = sys.modules.get("torch.distributed.tensor._sharding_prop")
+    return getattr(module, "ShardingPropagator", None)
