@@ -394,10 +394,11 @@ class _Step:
 
     def forward_and_loss(self) -> None:
         rec, saved, param_sids = self.rec, self.saved, self.param_sids
+        storage_of = _AsIs.local if self.opts.prepare is not None else (lambda t: t)  # a DTensor: its local tensor
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             if rec.phase in FORWARD_PHASES:
-                sid = rec.sid(t)
+                sid = rec.sid(storage_of(t))
                 if sid not in saved and sid not in param_sids:
                     saved[sid] = (rec.storage_bytes[sid], rec.where()[0])
             return t
@@ -546,13 +547,15 @@ class _AsIs:
       there that are still alive when the step starts (DDP's gradient buckets) are live from the
       start: placeholders of kind ``"engine"``.  It runs once per capture attempt, so it should
       build afresh each time;
-    * parameters, buffers, gradients and optimizer state that are DTensors are traced by their
-      local tensor (this rank's shard): ``Capture.params`` etc. hold local tensors;
+    * parameters, buffers, gradients, optimizer state and saved tensors that are DTensors are traced
+      by their local tensor (this rank's shard): ``Capture.params`` etc. hold local tensors;
     * an op on a tensor subclass (DTensor) is not recorded: the subclass runs it as ops on its
       local tensors, which are;
     * DTensor's sharding propagation (``_sharding_prop.py``: it runs each new op once on fake
       tensors of the global shapes, in the active fake mode, to learn the output's metadata) is
       bookkeeping, not part of the step: nothing it runs is recorded;
+    * a functional collective's ``wait_tensor`` returns the tensor it waited for, as its real kernel
+      does (the fake kernel makes a new one);
     * a storage resized in place (FSDP2 frees and re-allocates each unsharded parameter with
       ``untyped_storage().resize_()``: ``_fsdp_param.py``, ``free_storage`` / ``alloc_storage``)
       is recorded as a free and, for a new size above 0, a new allocation of a new storage id;
@@ -680,6 +683,11 @@ class _AsIsRecorder(Recorder):
         self.engine_sids: set[int] = set()
         self._resized_away: set[int] = set()  # freed by a resize: their storage object lives on
         self.paused = False  # in the engine's bookkeeping (DTensor's sharding propagation)
+        # A functional collective's wait returns the tensor it waited for (the real kernel aliases it);
+        # the fake kernel returns a new tensor, which would count the collective's output twice.
+        wait = getattr(getattr(torch.ops, "_c10d_functional", None), "wait_tensor", None)
+        if wait is not None:
+            self.substitute[id(wait.default)] = lambda tensor: tensor
 
     def record(self, func, args, kwargs, run):
         if self.paused or _on_subclass(args) or (kwargs and _on_subclass(kwargs.values())):

@@ -69,6 +69,56 @@ def fake_world(world: int, rank: int) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+        _clear_dtensor_caches()
+
+
+def _clear_dtensor_caches() -> None:
+    """Forget DTensor's cached sharding decisions: they hold the meshes (and through them the process
+    groups) of the world just destroyed, and a new mesh of the same shape compares equal to the old."""
+    import sys
+
+    api = sys.modules.get("torch.distributed.tensor._api")
+    propagator = getattr(getattr(getattr(api, "DTensor", None), "_op_dispatcher", None), "sharding_propagator", None)
+    for name in ("propagate_op_sharding", "_propagate_tensor_meta_cached"):
+        clear = getattr(getattr(propagator, name, None), "cache_clear", None)
+        if clear is not None:
+            clear()
+    redistribute = sys.modules.get("torch.distributed.tensor._redistribute")
+    for name in ("_gen_transform_infos", "clear_redistribute_planner_cache"):
+        fn = getattr(redistribute, name, None)
+        clear = getattr(fn, "cache_clear", None) or (fn if name.startswith("clear") else None)
+        if clear is not None:
+            clear()
+
+
+@contextlib.contextmanager
+def one_sequence_per_sample() -> Iterator[None]:
+    """Tell transformers that the traced batch packs one sequence per sample, as the real one does.
+
+    Without a KV cache (training with checkpointing, ``use_cache=False``) transformers looks at the
+    position ids' values to detect packed sequences (``masking_utils.find_packed_sequence_indices``);
+    a fake tensor has no values, so it assumes packing and builds a full attention mask (no fused
+    causal attention, grouped-query attention expanded by copies), which a real run on the same
+    inputs does not.  The planner's inputs are one sequence per sample (positions 0..T-1): during its
+    traces the function answers "not packed" for fake tensors, as it does for real ones."""
+    import sys
+
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    module = sys.modules.get("transformers.masking_utils")
+    original = getattr(module, "find_packed_sequence_indices", None)
+    if original is None:
+        yield
+        return
+
+    def find_packed_sequence_indices(position_ids):
+        return None if isinstance(position_ids, FakeTensor) else original(position_ids)
+
+    module.find_packed_sequence_indices = find_packed_sequence_indices
+    try:
+        yield
+    finally:
+        module.find_packed_sequence_indices = original
 
 
 def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -102,15 +152,22 @@ def to_fake(model: torch.nn.Module) -> None:
                 store[name] = new
 
 
+_WORLDS = itertools.count()  # one number per fake world: its meshes' dimension names carry it
+
+
 def _mesh(layout: Layout):
+    """The layout's mesh.  Its dimension names carry the number of this fake world: DTensor caches
+    sharding decisions by mesh, and a mesh of a world already destroyed must not compare equal to
+    this one (it would bring back process groups that no longer exist)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     names, shape = zip(*layout.mesh)
-    return init_device_mesh("cpu", tuple(shape), mesh_dim_names=tuple(names))
+    world = next(_WORLDS)
+    return init_device_mesh("cpu", tuple(shape), mesh_dim_names=tuple(f"{n}.{world}" for n in names))
 
 
 def _submesh(mesh, names: tuple[str, ...]):
-    present = tuple(n for n in names if n in (mesh.mesh_dim_names or ()))
+    present = tuple(n for n in (mesh.mesh_dim_names or ()) if n.rpartition(".")[0] in names)
     if not present:
         return None
     return mesh[present] if len(present) > 1 else mesh[present[0]]
@@ -192,7 +249,8 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
             return m, call
 
         try:
-            cap = capture(model, inputs, replace(options, prepare=prepare), progress=progress)
+            with one_sequence_per_sample():
+                cap = capture(model, inputs, replace(options, prepare=prepare), progress=progress)
         except UserError as exc:
             if layout.tp > 1:
                 raise UserError(f"{exc} (under tensor parallelism{' with sequence parallelism' if layout.sequence_parallel else ''}: "

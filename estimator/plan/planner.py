@@ -23,7 +23,7 @@ from ..hardware import GPU, gpu_links, link, lookup
 from ..memory import CUDA_RESERVE, FRAGMENTATION, simulate
 from ..rules.registry import MATMUL
 from ..tally import tally
-from .engine import trace_engine
+from .engine import one_sequence_per_sample, trace_engine
 from .layout import ENGINE_STRATEGIES, STRATEGIES, Layout, PlanPrecision, check_layout, parse_plan_precision
 from .results import Comparison, Config, Flops, PerGpu, Plan, Solve, StepTime, Suggestion, Training, Verdict
 from .schedule import matmul_flops, traced_time, zero_time
@@ -148,7 +148,9 @@ class Planner:
         if hit is None:
             self.progress("tracing the step on one device", f"{what or 'as given'} {value or ''}".strip())
             opts = replace(self.options, checkpoint=checkpoint, precision=precision)
-            cap = capture(self.model, self.inputs_at(what, value), opts, mode=self.trace_mode, progress=self.progress)
+            with one_sequence_per_sample():
+                cap = capture(self.model, self.inputs_at(what, value), opts, mode=self.trace_mode,
+                              progress=self.progress)
             hit = self._steps[key] = Step(cap, tally(cap), simulate(cap, self.device), storage_rows(cap), value)
             if cap.fallback_reason:
                 hit.notes.append(cap.fallback_reason)
