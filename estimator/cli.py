@@ -363,7 +363,7 @@ def _run_hardware(args: argparse.Namespace) -> int:
 EPILOG_PLAN = """examples:
   estimator plan examples/gpt.py:build --gpu H100 --gpus 8 --strategy fsdp
   estimator plan hf:llama --set num_hidden_layers=4 --seq 4096 --gpu A100-80GB --gpus 64 --strategy fsdp --tokens 20B
-  estimator plan examples/gpt.py:build --gpu H100 --gpus 16 --tp 2 --sequence-parallel --strategy fsdp --steps 10000
+  estimator plan examples/llama.py:build --gpu H100 --gpus 16 --tp 2 --sequence-parallel --strategy fsdp --steps 10000
   estimator plan examples/gpt.py:build --gpu H100 --gpus 8 --strategy fsdp --precision fsdp-bf16 --reduce-dtype fp32
   estimator plan examples/gpt.py:build --gpu L4,H100 --gpus 4,8 --compare --checkpoint Block --format json
   estimator plan examples/gpt.py:build --gpu A100-40GB --gpus 64 --strategy zero3 --zero-semantics paper

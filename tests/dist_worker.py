@@ -9,20 +9,20 @@ plan is written out by hand (Megatron's pairs for a Llama block, torchtitan's se
 
 For each run the rank
 
-1. builds the model with real weights: the example GPT (``examples/gpt.py``) or a Hugging Face
-   ``LlamaForCausalLM``;
+1. builds the model with real weights: the example GPT (``examples/gpt.py``) or Llama
+   (``examples/llama.py``);
 2. starts a live-storage tracker, then applies the engines: ``parallelize_module`` (``tp`` > 1,
    on the inner mesh dimension), FSDP2 ``fully_shard`` on every block and the root (on the outer
    one; ``precision="fsdp-bf16"``: ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``) with a
    reduce-scatter that does not copy its input (see :func:`in_place_reduce_scatter`), or
-   ``DistributedDataParallel`` with its defaults; ``checkpoint``: the GPT's blocks run
-   ``torch.utils.checkpoint`` (non-reentrant) from their forward, the Llama model calls
-   transformers' own ``gradient_checkpointing_enable()``; ``precision="bf16-mixed"``: the forward
+   ``DistributedDataParallel`` with its defaults; ``checkpoint``: every block runs
+   ``torch.utils.checkpoint`` (non-reentrant) from its forward; ``precision="bf16-mixed"``: the forward
    and the loss under ``torch.autocast("cpu", torch.bfloat16)``;
-3. builds ``torch.optim.AdamW``, runs three iterations (forward + loss, ``backward()``,
-   ``step()``, ``zero_grad(set_to_none=True)``) and records the peak of live bytes over the third
-   one (steady state: optimizer state allocated, gradients ``None`` at the start);
-4. measures the model states from the real tensors after the third ``step()``, before
+3. builds ``torch.optim.AdamW``, runs iterations (forward + loss, ``backward()``, ``step()``,
+   ``zero_grad(set_to_none=True)``) and records the peak of live bytes over the last one (steady
+   state: optimizer state allocated, gradients ``None`` at the start): the second, the third for
+   DDP (which rebuilds its gradient buckets in the second);
+4. measures the model states from the real tensors after the last ``step()``, before
    ``zero_grad``: the distinct storages (``untyped_storage().nbytes()``) of the parameters, the
    gradients and the optimizer state (DTensors by their local tensor).
 
@@ -164,18 +164,17 @@ def build(case: dict, run: dict):
         model = gpt.GPT(gpt.GPTConfig(**case["config"]))
         idx = torch.randint(0, case["config"]["vocab_size"], (b, s))
         return model, (idx, idx.clone()), {}, (lambda out: out), gpt.Block
-    import transformers
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    import llama
 
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**case["config"]))
-    ids = torch.randint(0, case["config"]["vocab_size"], (b, s))
-    kwargs = {"input_ids": ids, "labels": ids.clone()}
-    if run.get("sp"):  # explicit positions: the model would count them on its local sequence shard
-        kwargs["position_ids"] = torch.arange(s).expand(b, s)
-    return model, (), kwargs, (lambda out: out.loss), type(model.model.layers[0])
+    model = llama.Llama(llama.LlamaConfig(**case["config"]))
+    idx = torch.randint(0, case["config"]["vocab_size"], (b, s))
+    return model, (idx, idx.clone()), {}, (lambda out: out), llama.Block
 
 
 def tensor_parallel(model, mesh, sp: bool) -> None:
-    """Megatron's pairs in each Llama block; torchtitan's sequence parallelism when ``sp``."""
+    """Megatron's pairs in each block of ``examples/llama.py``; torchtitan's sequence parallelism
+    (``torchtitan/models/llama3/parallelize.py``) when ``sp``."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -186,25 +185,25 @@ def tensor_parallel(model, mesh, sp: bool) -> None:
     )
 
     seq = Shard(1)
-    for layer in model.model.layers:
+    for layer in model.layers:
         styles = {
-            "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-            "self_attn.v_proj": ColwiseParallel(), "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-            "self_attn.o_proj": RowwiseParallel(output_layouts=seq) if sp else RowwiseParallel(),
-            "mlp.down_proj": RowwiseParallel(output_layouts=seq) if sp else RowwiseParallel(),
+            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+            "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=seq) if sp else RowwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=seq) if sp else RowwiseParallel(),
         }
         if sp:
             styles.update({
-                "input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel(),
-                "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": seq},
-                                                desired_input_kwarg_layouts={"hidden_states": Replicate()}),
-                "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+                "attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
+                "attention": PrepareModuleInput(input_layouts=(seq, None, None),
+                                                desired_input_layouts=(Replicate(), None, None)),
+                "feed_forward": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
             })
         parallelize_module(layer, mesh, styles)
-    top = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq if sp else Replicate()),
-           "lm_head": ColwiseParallel(input_layouts=seq if sp else Replicate(), output_layouts=Replicate())}
+    top = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq if sp else Replicate()),
+           "output": ColwiseParallel(input_layouts=seq if sp else Replicate(), output_layouts=Replicate())}
     if sp:
-        top["model.norm"] = SequenceParallel()
+        top["norm"] = SequenceParallel()
     parallelize_module(model, mesh, top)
 
 
@@ -221,7 +220,7 @@ def run_one(case: dict, run: dict, world: int) -> dict:
     with tracker:
         for t in pytree.tree_leaves((args, kwargs)):
             tracker.register(t)
-        if run["checkpoint"] and case["model"] == "gpt":
+        if run["checkpoint"]:
             from torch.utils.checkpoint import checkpoint
 
             for blk in model.modules():
@@ -245,14 +244,13 @@ def run_one(case: dict, run: dict, world: int) -> dict:
             for m in units:
                 m.set_custom_reduce_scatter(in_place_reduce_scatter())
             wrapped = model
-        if run["checkpoint"] and case["model"] == "llama":
-            model.gradient_checkpointing_enable()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         for p in model.parameters():
             tracker.register(p)
         out: dict = {}
-        for it in range(3):
-            if it == 2:
+        last = 2 if run["strategy"] == "ddp" else 1  # DDP rebuilds its buckets in the second iteration
+        for it in range(last + 1):
+            if it == last:
                 for st in opt.state.values():
                     for v in st.values():
                         if isinstance(v, torch.Tensor):
@@ -267,7 +265,7 @@ def run_one(case: dict, run: dict, world: int) -> dict:
                 loss = loss_of(wrapped(*args, **kwargs))
             loss.backward()
             opt.step()
-            if it == 2:
+            if it == last:
                 out["peak"] = tracker.peak
                 out["peak_op"] = tracker.peak_op
                 params = list(model.parameters())

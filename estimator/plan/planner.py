@@ -42,6 +42,7 @@ from .traced import Peak, Step, storage_rows
 from .zero import ZeroStates, zero_peak
 
 Progress = Callable[..., None]
+MAX_GPUS = 16384  # the largest layout the suggestions search
 
 
 def default_wrap(model: torch.nn.Module) -> tuple[tuple[type, ...], list[str]]:
@@ -245,8 +246,8 @@ class Planner:
         for ckpt in options:
             lay = replace(layout, strategy=strategy, rank=0)
             counts = []
-            for n in sorted({layout.gpus, *[2 ** k for k in range(1, 17)],
-                             *[self.gpus_per_node * k for k in range(1, (1 << 16) // self.gpus_per_node + 1)]}):
+            for n in sorted({layout.gpus, *[2 ** k for k in range(1, 15)],
+                             *[self.gpus_per_node * k for k in range(1, MAX_GPUS // self.gpus_per_node + 1)]}):
                 if n < layout.gpus:
                     continue
                 try:
@@ -274,10 +275,13 @@ class Planner:
 
         if not lay.traced or len(counts) < 3:
             return fewest_gpus(counts, traced_fits)
-        ends = [self.traced(replace(lay, gpus=n), ckpt) for n in (counts[0], counts[-1])]
+        # two points of the 1/N fit: the first count and about 8 times it (far enough apart, and not so
+        # many ranks that FSDP2's padding to a multiple of them dominates)
+        second = next((n for n in counts if n >= 8 * counts[0]), counts[-1])
+        ends = [self.traced(replace(lay, gpus=n), ckpt) for n in (counts[0], second)]
         if ends[0].structure() != ends[-1].structure():
             return fewest_gpus(counts, traced_fits)
-        xs = [1 / counts[0], 1 / counts[-1]]
+        xs = [1 / counts[0], 1 / second]
         per = [list(s.cap.storage_bytes) for s in ends]
 
         def interpolated_fits(n: int) -> bool:

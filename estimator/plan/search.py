@@ -83,14 +83,14 @@ def position_limit(model: torch.nn.Module) -> tuple[int, str] | None:
 
 def lagrange(xs: Sequence[float], ys: Sequence[Sequence[float]], x: float) -> list[float]:
     """Per-element Lagrange interpolation of the vectors ``ys`` (taken at ``xs``) at ``x``."""
-    weights = []
-    for i, xi in enumerate(xs):
+    out = torch.zeros(len(ys[0]), dtype=torch.float64)
+    for i, (xi, y) in enumerate(zip(xs, ys)):
         w = 1.0
         for j, xj in enumerate(xs):
             if j != i:
                 w *= (x - xj) / (xi - xj)
-        weights.append(w)
-    return [sum(w * y[k] for w, y in zip(weights, ys)) for k in range(len(ys[0]))]
+        out += w * torch.as_tensor(y, dtype=torch.float64)
+    return out.tolist()
 
 
 def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], bool] | None,

@@ -16,7 +16,6 @@ refined only for the storages memory counts as saved or temporary:
 from __future__ import annotations
 
 import operator
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -25,7 +24,7 @@ import torch.utils._pytree as pytree
 
 from ..capture import Capture
 from ..graph import OpNode
-from ..memory import Category, MemoryProfile, categories, round_cuda
+from ..memory import CUDA_BLOCK, Category, MemoryProfile, categories, round_cuda
 from ..tally import Tally
 
 ROWS = ("parameters", "gradients", "optimizer_state", "gathered_parameters", "weight_copies", "comm_buffers",
@@ -161,34 +160,55 @@ class Peak:
     by_row: dict[str, int]
 
 
-def replay(cap: Capture, sizes: Sequence[float], rows: Sequence[str], device: str,
-           extra: dict[str, int] | None = None, drop: frozenset[str] = frozenset()) -> Peak:
-    """The steady-state peak of ``cap``'s timeline with each storage of ``sizes`` bytes, by row.
+class Timeline:
+    """A capture's allocation/free events as arrays, for replays at other storage sizes."""
+
+    def __init__(self, cap: Capture, rows: Sequence[str]):
+        events = cap.events
+        self.n = len(cap.storage_bytes)
+        self.sid = torch.tensor([s for _, s, _ in events], dtype=torch.long)
+        self.sign = torch.tensor([1 if d > 0 else -1 for _, _, d in events], dtype=torch.long)
+        self.index = [i for i, _, _ in events]
+        pre = {sid for index, sid, delta in events if index < 0 and delta > 0}
+        pre |= set(cap.sids.get("optimizer_state", ()))
+        self.pre = torch.zeros(self.n, dtype=torch.bool)
+        if pre:
+            self.pre[list(pre)] = True
+        # an allocation of a storage live from the start is not an event of the steady-state step
+        self.skip = (self.sign > 0) & self.pre[self.sid] if len(events) else torch.zeros(0, dtype=torch.bool)
+        self.row = torch.tensor([ROWS.index(r) for r in rows], dtype=torch.long)
+
+
+def replay(timeline: Timeline, sizes: Sequence[float], device: str, extra: dict[str, float] | None = None,
+           drop: frozenset[str] = frozenset()) -> Peak:
+    """The steady-state peak of a timeline with each storage of ``sizes`` bytes, by row.
 
     As :func:`estimator.memory.simulate`: the optimizer state is live from the start, each size is
-    rounded as the CUDA caching allocator does for ``device="cuda"``.  ``extra`` adds storages live
-    for the whole step (bytes by row); rows in ``drop`` live elsewhere (host memory) and count 0."""
-    rnd = (lambda n: round_cuda(int(round(n)))) if device == "cuda" else (lambda n: int(round(n)))
-    size = [0 if rows[s] in drop else rnd(max(0.0, b)) for s, b in enumerate(sizes)]
-    live: dict[str, int] = defaultdict(int)
-    for row, b in (extra or {}).items():
-        live[row] += rnd(b)
-    pre = {sid for index, sid, delta in cap.events if index < 0 and delta > 0}
-    pre |= set(cap.sids.get("optimizer_state", ()))
-    for sid in pre:
-        live[rows[sid]] += size[sid]
-    total = sum(live.values())
-    best = Peak(total, -1, dict(live))
-    for index, sid, delta in cap.events:
-        if delta > 0 and sid in pre:
-            continue
-        b = size[sid] if delta > 0 else -size[sid]
-        live[rows[sid]] += b
-        total += b
-        if total > best.total:
-            best = Peak(total, index, dict(live))
-    best.by_row = {r: int(best.by_row.get(r, 0)) for r in ROWS}
-    return best
+    rounded as the CUDA caching allocator does for ``device="cuda"`` (:func:`~estimator.memory.round_cuda`),
+    the peak is the first maximum.  ``extra`` adds storages live for the whole step (bytes by row);
+    rows in ``drop`` live elsewhere (host memory) and count 0."""
+    size = torch.round(torch.clamp(torch.as_tensor(sizes, dtype=torch.float64), min=0)).to(torch.long)
+    if device == "cuda":
+        size = torch.where(size > 0, (size + CUDA_BLOCK - 1) // CUDA_BLOCK * CUDA_BLOCK, size)
+    for r in drop:
+        size[timeline.row == ROWS.index(r)] = 0
+    extra_rows = torch.zeros(len(ROWS), dtype=torch.long)
+    for r, b in (extra or {}).items():
+        extra_rows[ROWS.index(r)] += round_cuda(int(round(b))) if device == "cuda" else int(round(b))
+    start_rows = extra_rows.index_add(0, timeline.row[timeline.pre], size[timeline.pre])
+    start = int(start_rows.sum())
+    deltas = size[timeline.sid] * timeline.sign
+    deltas[timeline.skip] = 0
+    best_index, best_rows = -1, start_rows
+    total = start
+    if len(deltas):
+        running = start + torch.cumsum(deltas, 0)
+        k = int(torch.argmax(running))
+        if int(running[k]) > start:
+            total = int(running[k])
+            best_index = timeline.index[k]
+            best_rows = start_rows.index_add(0, timeline.row[timeline.sid[:k + 1]], deltas[:k + 1])
+    return Peak(total, best_index, {r: int(best_rows[i]) for i, r in enumerate(ROWS)})
 
 
 @dataclass
@@ -202,16 +222,23 @@ class Step:
     value: int | None = None  # the batch size (or sequence length) it was traced at
     collectives: dict[int, Collective] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    _timeline: Timeline | None = field(default=None, repr=False)
 
-    def peak(self, device: str, sizes: Sequence[float] | None = None, extra: dict[str, int] | None = None,
+    def peak(self, device: str, sizes: Sequence[float] | None = None, extra: dict[str, float] | None = None,
              drop: frozenset[str] = frozenset()) -> Peak:
-        return replay(self.cap, self.cap.storage_bytes if sizes is None else sizes, self.rows, device, extra, drop)
+        """The steady-state peak at the traced sizes (or ``sizes``), by row (see :func:`replay`)."""
+        if self._timeline is None:
+            self._timeline = Timeline(self.cap, self.rows)
+        return replay(self._timeline, self.cap.storage_bytes if sizes is None else sizes, device, extra, drop)
 
     def structure(self) -> tuple:
-        """What must agree between two traces for their storages to be interpolated sid by sid."""
+        """What must agree between two traces for their storages to be interpolated sid by sid: the ops,
+        the rows, every allocation in order and the set of frees after each op (storages freed together,
+        when a Python object holding several dies, may be freed in another order)."""
         cap = self.cap
         return (len(cap.nodes), len(cap.storage_bytes), tuple(self.rows),
-                tuple((i, s, d > 0) for i, s, d in cap.events))
+                tuple((i, s) for i, s, d in cap.events if d > 0),
+                frozenset((i, s) for i, s, d in cap.events if d < 0))
 
 
 def getitem_source(node: OpNode) -> OpNode:
