@@ -61,7 +61,7 @@ def _add_common(p: argparse.ArgumentParser, *, precisions: Sequence[str] = PRECI
                    help="sgd, sgd-momentum, adam, adamw, adagrad, rmsprop, adamax, adadelta, nadam, radam or none, "
                         "with options, e.g. sgd:momentum=0.9 or adam:amsgrad=true (default: adamw)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
-                   help="target device whose kernels and optimizer defaults are modelled (default: cuda)")
+                   help="target device whose kernels and optimizer defaults are modelled (default: cuda), e.g. --device cpu")
     p.add_argument("--precision", default=default_precision, choices=tuple(precisions),
                    help=precision_help or
                    "fp32; bf16/fp16 (model cast); bf16-mixed/fp16-mixed (torch.autocast, fp32 master "

@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 import torch
 
+from ..errors import UserError
+
 
 def wrap_checkpointed(model: torch.nn.Module, classes: tuple[type, ...]) -> Callable[[], None]:
     """Run every instance of ``classes`` under activation checkpointing; return an undo.
@@ -90,3 +92,21 @@ def _hf_checkpointing(model: torch.nn.Module, classes: tuple[type, ...]) -> Call
                     delattr(mod, a)
 
     return undo
+
+
+def resolve_classes(model: torch.nn.Module, names: Any, option: str = "--checkpoint") -> tuple[type, ...]:
+    """Module classes from classes or class names (``"Block"``, ``"GPT2Block"``) present in ``model``."""
+    if not names:
+        return ()
+    items = names if isinstance(names, (list, tuple, set)) else [names]
+    by_name = {type(m).__name__: type(m) for m in model.modules()}
+    classes = []
+    for item in items:
+        if isinstance(item, type):
+            classes.append(item)
+        elif isinstance(item, str) and item in by_name:
+            classes.append(by_name[item])
+        else:
+            raise UserError(f"{option} {item!r}: no module of that class in the model; "
+                            f"classes present: {', '.join(sorted(by_name)[:15])}")
+    return tuple(classes)

@@ -257,7 +257,7 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
                                 f"the forward must run on local shards, e.g. views with -1 for the head count)") from exc
             raise
         collectives = find_collectives(cap, layout.gpus_per_node)
-    step = Step(cap, tally(cap), simulate(cap, device), storage_rows(cap), value, collectives, notes)
+    step = Step(cap, tally(cap), simulate(cap, device, target=options.cuda), storage_rows(cap), value, collectives, notes)
     if cap.fallback_reason:
         step.notes.append(cap.fallback_reason)
     return step

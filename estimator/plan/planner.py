@@ -16,13 +16,14 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from ..api import resolve_classes
 from ..capture import StepOptions, capture
+from ..capture.checkpoint import resolve_classes
 from ..errors import UserError
 from ..hardware import GPU, gpu_links, link, lookup
 from ..memory import CUDA_RESERVE, FRAGMENTATION, simulate
 from ..rules.registry import MATMUL
 from ..tally import tally
+from ..target import CudaTarget
 from .engine import one_sequence_per_sample, trace_engine
 from .layout import ENGINE_STRATEGIES, STRATEGIES, Layout, PlanPrecision, check_layout, parse_plan_precision
 from .results import Comparison, Config, Flops, PerGpu, Plan, Solve, StepTime, Suggestion, Training, Verdict
@@ -98,7 +99,8 @@ class Planner:
         self.trace_mode = trace
         self.options = StepOptions(loss_fn=loss_fn, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs,
                                    foreach=True if device == "cuda" else None, precision=self.precision.step,
-                                   train=True, target=device)
+                                   train=True, target=device,
+                                   cuda=CudaTarget.for_gpu(self.gpu) if device == "cuda" else None)
         if wrap:
             self.wrap = resolve_classes(model, wrap, "--wrap")
             self.unit_paths = [p for p, m in model.named_modules() if p and isinstance(m, self.wrap)]
@@ -152,7 +154,7 @@ class Planner:
             with one_sequence_per_sample():
                 cap = capture(self.model, self.inputs_at(what, value), opts, mode=self.trace_mode,
                               progress=self.progress)
-            hit = self._steps[key] = Step(cap, tally(cap), simulate(cap, self.device), storage_rows(cap), value)
+            hit = self._steps[key] = Step(cap, tally(cap), simulate(cap, self.device, target=opts.cuda), storage_rows(cap), value)
             if cap.fallback_reason:
                 hit.notes.append(cap.fallback_reason)
         return hit
@@ -224,7 +226,7 @@ class Planner:
 
         def traced(v: int) -> tuple[bool, int]:
             pk = self.memory(layout, self.traced(layout, checkpoint, what, v)).peak.total
-            return self.needed(pk) <= gpu.memory, pk
+            return self.needed(pk) <= gpu.capacity, pk
 
         interpolated = None
         if all(s.structure() == steps[0].structure() for s in steps[1:]):
@@ -232,7 +234,7 @@ class Planner:
 
             def interpolated(v: int) -> bool:
                 pk = self.memory(layout, steps[0], lagrange(points, per, v)).peak.total
-                return self.needed(pk) <= gpu.memory
+                return self.needed(pk) <= gpu.capacity
 
         limit = position_limit(self.model) if what == "seq" else None
         return largest_fitting(what, base, interpolated, traced, points, confirm, model_limit=limit)
@@ -271,7 +273,7 @@ class Planner:
 
         def traced_fits(n: int) -> bool:
             at = replace(lay, gpus=n)
-            return self.needed(self.memory(at, self.traced(at, ckpt)).peak.total) <= gpu.memory
+            return self.needed(self.memory(at, self.traced(at, ckpt)).peak.total) <= gpu.capacity
 
         if not lay.traced or len(counts) < 3:
             return fewest_gpus(counts, traced_fits)
@@ -286,7 +288,7 @@ class Planner:
 
         def interpolated_fits(n: int) -> bool:
             sizes = lagrange(xs, per, 1 / n)
-            return self.needed(self.memory(replace(lay, gpus=n), ends[0], sizes).peak.total) <= gpu.memory
+            return self.needed(self.memory(replace(lay, gpus=n), ends[0], sizes).peak.total) <= gpu.capacity
 
         guess = fewest_gpus(counts, interpolated_fits)
         if guess is None:
@@ -320,7 +322,7 @@ class Planner:
         pk = mem.peak
         reserve = self.reserve(pk.total)
         needed = pk.total + sum(reserve.values())
-        fits = needed <= target.memory
+        fits = needed <= target.capacity
         notes = list(step.notes)
         suggestions = [] if fits else self.suggestions(layout, ckpt, target)
         batch_solve = seq_solve = None
@@ -350,7 +352,7 @@ class Planner:
             global_batch=self.batch * layout.dp if self.batch else None, seq=self.seq,
             engine=self._engine_text(layout), device=self.device)
         notes += self._notes(layout, mem)
-        return Plan(config, per_gpu, Verdict(fits, target.memory, reserve, needed, target.memory - needed,
+        return Plan(config, per_gpu, Verdict(fits, target.capacity, reserve, needed, target.capacity - needed,
                                              suggestions), time, flops, training, batch_solve, seq_solve,
                     self._checkpoint_size(layout, step, mem), notes)
 

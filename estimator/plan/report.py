@@ -3,11 +3,15 @@ peak), the verdict, the searches, time; comparisons as one table with the recomm
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tabulate import tabulate
 
 from ..render import fmt_bytes, fmt_flops
-from .results import Comparison, Plan, Solve
 from .traced import ROW_TITLES, ROWS
+
+if TYPE_CHECKING:  # results call these renderers
+    from .results import Comparison, Plan, Solve
 
 
 def fmt_duration(s: float | None) -> str:

@@ -10,7 +10,10 @@ refined only for the storages memory counts as saved or temporary:
 * ``comm_buffers``: FSDP2's flat all-gather and reduce-scatter buffers, and the storages an
   engine set up before the step (DDP's gradient buckets);
 * ``weight_copies``: autocast's low-precision copies of the weights (cached for the forward pass);
-* ``activations``: the rest of what autograd saves for backward; ``temporaries``: the rest.
+* ``activations``: the rest of what autograd saves for backward; ``temporaries``: the rest;
+* ``workspaces``: what the libraries and the caching allocator add at the peak (CUDA: cuBLAS and
+  cuDNN workspaces, kernel temporaries, blocks handed out whole; both: the previous step's loss): :func:`estimator.memory.simulate`'s
+  peak of the traced step minus the replay of its storages, so the rows add up to memory's peak.
 """
 
 from __future__ import annotations
@@ -24,11 +27,11 @@ import torch.utils._pytree as pytree
 
 from ..capture import Capture
 from ..graph import OpNode
-from ..memory import CUDA_BLOCK, Category, MemoryProfile, categories, round_cuda
+from ..memory import CUDA_BLOCK, Category, MemoryProfile, categories, round_cuda, simulate
 from ..tally import Tally
 
 ROWS = ("parameters", "gradients", "optimizer_state", "gathered_parameters", "weight_copies", "comm_buffers",
-        "activations", "temporaries", "inputs_and_buffers")
+        "activations", "temporaries", "inputs_and_buffers", "workspaces")
 ROW_TITLES = {
     "parameters": "Parameters (this rank)",
     "gradients": "Gradients",
@@ -39,6 +42,7 @@ ROW_TITLES = {
     "activations": "Activations (saved for backward)",
     "temporaries": "Temporaries",
     "inputs_and_buffers": "Inputs and buffers",
+    "workspaces": "CUDA workspaces and allocator rounding",
 }
 _FROM_CATEGORY = {
     Category.PARAMETER: "parameters", Category.BUFFER: "inputs_and_buffers", Category.INPUT: "inputs_and_buffers",
@@ -223,13 +227,32 @@ class Step:
     collectives: dict[int, Collective] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     _timeline: Timeline | None = field(default=None, repr=False)
+    _library: dict[str, int] = field(default_factory=dict, repr=False)
 
     def peak(self, device: str, sizes: Sequence[float] | None = None, extra: dict[str, float] | None = None,
              drop: frozenset[str] = frozenset()) -> Peak:
         """The steady-state peak at the traced sizes (or ``sizes``), by row (see :func:`replay`)."""
         if self._timeline is None:
             self._timeline = Timeline(self.cap, self.rows)
-        return replay(self._timeline, self.cap.storage_bytes if sizes is None else sizes, device, extra, drop)
+        pk = replay(self._timeline, self.cap.storage_bytes if sizes is None else sizes, device, extra, drop)
+        library = self.library_bytes(device)
+        if not library:
+            return pk
+        return Peak(pk.total + library, pk.index, {**pk.by_row, "workspaces": pk.by_row["workspaces"] + library})
+
+    def library_bytes(self, device: str) -> int:
+        """The bytes the libraries and the caching allocator add to the traced step's peak on ``device``
+        (the ``workspaces`` row; on CPU, the previous step's loss the loop still holds): the simulated
+        peak (:func:`estimator.memory.simulate`) minus the replay of the step's own storages.  Taken
+        from the traced size for replays at other sizes too; a search's answer is confirmed by tracing
+        it, which measures its own."""
+        if device not in self._library:
+            if self._timeline is None:
+                self._timeline = Timeline(self.cap, self.rows)
+            own = replay(self._timeline, self.cap.storage_bytes, device).total
+            simulated = self.profile.peak if self.profile.device == device else simulate(self.cap, device).peak
+            self._library[device] = max(0, simulated - own)
+        return self._library[device]
 
     def structure(self) -> tuple:
         """What must agree between two traces for their storages to be interpolated sid by sid: the ops,
