@@ -7,6 +7,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from .capture import Progress, StepOptions, capture
+from .capture.checkpoint import resolve_classes  # noqa: F401  (part of this module's API before the split)
 from .errors import UserError
 from .hardware import GPU, lookup
 from .memory import simulate
@@ -24,24 +25,6 @@ def _torch_version(text: str | None) -> tuple[int, int] | None:
         return int(major), int(minor)
     except ValueError:
         raise UserError(f"cuda_torch={text!r}: give a torch release as MAJOR.MINOR, e.g. '2.11'") from None
-
-
-def resolve_classes(model: torch.nn.Module, names: Any, option: str = "--checkpoint") -> tuple[type, ...]:
-    """Module classes from classes or class names (``"Block"``, ``"GPT2Block"``) present in ``model``."""
-    if not names:
-        return ()
-    items = names if isinstance(names, (list, tuple, set)) else [names]
-    by_name = {type(m).__name__: type(m) for m in model.modules()}
-    classes = []
-    for item in items:
-        if isinstance(item, type):
-            classes.append(item)
-        elif isinstance(item, str) and item in by_name:
-            classes.append(by_name[item])
-        else:
-            raise UserError(f"{option} {item!r}: no module of that class in the model; "
-                            f"classes present: {', '.join(sorted(by_name)[:15])}")
-    return tuple(classes)
 
 
 def _analyse(cap, options: StepOptions, device: str, progress: Progress):

@@ -167,3 +167,61 @@ def multiprocessors(name: str) -> Multiprocessors:
     except UserError:
         gpu = name
     return MULTIPROCESSORS.get(gpu, MULTIPROCESSORS["H100-SXM"])
+
+
+# -- interconnects ------------------------------------------------------------------------------
+#
+# Links between GPUs (inside a node, across nodes) and between a GPU and its host, as used by the
+# capacity planner's communication times.  Bandwidths are per GPU and per direction, the rates of
+# the datasheets (NCCL's achieved bus bandwidth is lower; see estimator.plan.schedule).
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    bandwidth: float  # bytes/s per GPU, one direction
+    source: str
+
+
+LINKS: dict[str, Link] = {link.name: link for link in (
+    Link("nvlink2", 150e9, "V100 SXM2: 6 NVLink2 links, 300 GB/s both directions (NVIDIA V100 datasheet)"),
+    Link("nvlink3", 300e9, "A100 SXM: 12 NVLink3 links, 600 GB/s both directions (NVIDIA A100 datasheet)"),
+    Link("nvlink4", 450e9, "H100/H200 SXM: 18 NVLink4 links, 900 GB/s both directions (NVIDIA H100 datasheet)"),
+    Link("nvlink5", 900e9, "B200: NVLink5, 1.8 TB/s both directions (NVIDIA DGX B200 datasheet)"),
+    Link("xgmi", 448e9, "MI300X: 7 Infinity Fabric links x 64 GB/s per direction (AMD MI300X datasheet)"),
+    Link("pcie3", 16e9, "PCIe 3.0 x16: ~16 GB/s per direction"),
+    Link("pcie4", 32e9, "PCIe 4.0 x16: ~32 GB/s per direction"),
+    Link("pcie5", 64e9, "PCIe 5.0 x16: ~64 GB/s per direction"),
+    Link("ib-edr", 12.5e9, "InfiniBand EDR, 100 Gb/s per GPU (DGX-1/DGX-2 V100)"),
+    Link("ib-hdr", 25e9, "InfiniBand HDR, 200 Gb/s per GPU (DGX A100: 8 x ConnectX-6 HDR)"),
+    Link("ib-ndr", 50e9, "InfiniBand NDR, 400 Gb/s per GPU (DGX H100/B200: 8 x ConnectX-7)"),
+    Link("ib-xdr", 100e9, "InfiniBand XDR, 800 Gb/s per GPU"),
+    Link("eth-100g", 12.5e9, "100 Gb/s Ethernet per GPU"),
+)}
+
+# GPU -> (link between the GPUs of a node, host link used by offloading, link between nodes): the
+# reference systems' (DGX-1 V100, DGX A100, DGX H100/H200, DGX B200; PCIe cards in PCIe servers
+# with 100 Gb/s Ethernet; MI300X platforms with 400 Gb/s NICs).
+GPU_LINKS: dict[str, tuple[str, str, str]] = {
+    "V100": ("nvlink2", "pcie3", "ib-edr"), "A100-40GB": ("nvlink3", "pcie4", "ib-hdr"),
+    "A100-80GB": ("nvlink3", "pcie4", "ib-hdr"), "H100-SXM": ("nvlink4", "pcie5", "ib-ndr"),
+    "H100-PCIe": ("pcie5", "pcie5", "ib-ndr"), "H200": ("nvlink4", "pcie5", "ib-ndr"),
+    "B200": ("nvlink5", "pcie5", "ib-ndr"), "L4": ("pcie4", "pcie4", "eth-100g"),
+    "L40S": ("pcie4", "pcie4", "eth-100g"), "RTX3090": ("pcie4", "pcie4", "eth-100g"),
+    "RTX4090": ("pcie4", "pcie4", "eth-100g"), "MI300X": ("xgmi", "pcie5", "ib-ndr"),
+}
+DEFAULT_LINKS = ("pcie4", "pcie4", "ib-ndr")  # a GPU not in GPU_LINKS
+
+
+def link(name: str) -> Link:
+    """The link called ``name`` (case-insensitive); a UserError lists the known ones."""
+    found = LINKS.get(name.strip().lower())
+    if found is None:
+        raise UserError(f"unknown interconnect {name!r}; choose one of {', '.join(LINKS)}")
+    return found
+
+
+def gpu_links(gpu: GPU) -> tuple[Link, Link, Link]:
+    """(intra-node, host, inter-node) links of ``gpu``'s reference system."""
+    intra, host, inter = GPU_LINKS.get(gpu.name, DEFAULT_LINKS)
+    return LINKS[intra], LINKS[host], LINKS[inter]

@@ -34,5 +34,6 @@ from . import (  # noqa: F401,E402
     embedding,
     zero,
     modules,
+    distributed,
 )
 from .modules import module_buffers, module_formula, module_param_formula, register_module  # noqa: F401,E402

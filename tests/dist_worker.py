@@ -1,35 +1,38 @@
 """One rank of a real data-parallel training run on CPU (gloo), for tests/test_plan.py.
 
-Run as ``python tests/dist_worker.py RANK WORLD_SIZE INIT_FILE OUT_JSON CONFIG_JSON``; the
-test starts one process per rank.  ``CONFIG_JSON``: ``{"cases": [{"name", "model": GPTConfig fields,
-"batch", "seq", "strategies": ["ddp", "fsdp", "fsdp_keep"]}]}``.  Independent of estimator's code: nothing from
-``estimator`` is imported here.
+Run as ``python tests/dist_worker.py RANK WORLD_SIZE INIT_FILE OUT_JSON CONFIG_JSON``; the test
+starts one process per rank.  ``CONFIG_JSON``: ``{"cases": [{"name", "model": "gpt" | "llama",
+"config": {...}, "batch", "seq", "runs": [{"id", "strategy": "ddp" | "fsdp", "precision": "fp32" |
+"bf16-mixed" | "fsdp-bf16", "checkpoint": bool, "tp": int, "sp": bool, "reshard": bool}]}]}``.
+Independent of estimator's code: nothing from ``estimator`` is imported here; the tensor-parallel
+plan is written out by hand (Megatron's pairs for a Llama block, torchtitan's sequence parallelism).
 
-For each strategy (``ddp``: ``torch.nn.parallel.DistributedDataParallel`` with its defaults;
-``fsdp``: FSDP2 ``fully_shard`` on every ``Block`` and on the root, its defaults, with a
-reduce-scatter that does not copy its input (see :func:`in_place_reduce_scatter`); ``fsdp_keep``:
-the same with ``reshard_after_forward=False``) the rank
+For each run the rank
 
-1. builds the example GPT (``examples/gpt.py``) with the config given and real weights;
-2. starts a live-storage tracker, then wraps the model and builds ``torch.optim.AdamW``;
-3. runs three iterations (forward + loss, ``backward()``, ``step()``,
-   ``zero_grad(set_to_none=True)``) and records the peak of live bytes over the third one
-   (steady state: optimizer state allocated, gradients ``None`` at the start);
-4. measures the model states from the real tensors after the third ``step()``, before
-   ``zero_grad``: the distinct storages (``untyped_storage().nbytes()``) of the parameters,
-   the gradients and the optimizer state (DTensors by their local shard, ``to_local()``),
-   plus each parameter's local shape.
+1. builds the model with real weights: the example GPT (``examples/gpt.py``) or Llama
+   (``examples/llama.py``);
+2. starts a live-storage tracker, then applies the engines: ``parallelize_module`` (``tp`` > 1,
+   on the inner mesh dimension), FSDP2 ``fully_shard`` on every block and the root (on the outer
+   one; ``precision="fsdp-bf16"``: ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``) with a
+   reduce-scatter that does not copy its input (see :func:`in_place_reduce_scatter`), or
+   ``DistributedDataParallel`` with its defaults; ``checkpoint``: every block runs
+   ``torch.utils.checkpoint`` (non-reentrant) from its forward; ``precision="bf16-mixed"``: the forward
+   and the loss under ``torch.autocast("cpu", torch.bfloat16)``;
+3. builds ``torch.optim.AdamW``, runs iterations (forward + loss, ``backward()``, ``step()``,
+   ``zero_grad(set_to_none=True)``) and records the peak of live bytes over the last one (steady
+   state: optimizer state allocated, gradients ``None`` at the start): the second, the third for
+   DDP (which rebuilds its gradient buckets in the second);
+4. measures the model states from the real tensors after the last ``step()``, before
+   ``zero_grad``: the distinct storages (``untyped_storage().nbytes()``) of the parameters, the
+   gradients and the optimizer state (DTensors by their local tensor).
 
-What the peak includes: every storage that a dispatched aten op reads or produces while
-the tracker is active, at its current size (FSDP2 frees and re-allocates its unsharded
-parameters with ``untyped_storage().resize_()``, outside the dispatcher, so the live total
-is re-summed from the storages' current ``nbytes()`` at each op): parameters (the local
-shards for FSDP2), optimizer state, inputs, activations, temporaries, gradients, DDP's
-gradient buckets (allocated by its reducer through the dispatcher, inside the tracker),
-FSDP2's all-gather and reduce-scatter buffers.  What it cannot see: memory gloo allocates
-on its worker threads, outside the dispatch mode (on a GPU, NCCL's buffers are likewise
-outside ``torch.cuda.max_memory_allocated()``), and temporaries inside a DTensor op (none for
-the element-wise optimizer ops run here).
+What the peak includes: every storage that a dispatched aten op reads or produces while the
+tracker is active, at its current size (FSDP2 frees and re-allocates its unsharded parameters
+with ``untyped_storage().resize_()``, outside the dispatcher, so the live total is re-summed from
+the storages' current ``nbytes()`` at each op).  An op on DTensors is handed back to DTensor
+(``NotImplemented``), which runs it as ops on the local tensors, which the tracker sees too.
+What it cannot see: memory gloo allocates inside its kernels or on its worker threads (on a GPU,
+NCCL's buffers are likewise outside ``torch.cuda.max_memory_allocated()``).
 """
 
 from __future__ import annotations
@@ -62,12 +65,14 @@ class ResizeAwareTracker(TorchDispatchMode):
         self.storages: dict[int, weakref.ref] = {}
         self.peak = 0
         self.peak_op = ""
-        self.trace: list | None = None  # (op, live bytes) samples, when debugging
+        self.trace: list | None = None  # (op, live bytes) samples, when debugging (DIST_WORKER_TRACE=run id)
 
     def register(self, t: torch.Tensor) -> None:
+        from torch._subclasses.fake_tensor import FakeTensor
+
         t = _local(t)
-        if t.device.type == "meta":
-            return
+        if t.device.type == "meta" or type(t) not in (torch.Tensor, torch.nn.Parameter):
+            return  # fake tensors (DTensor's sharding propagation) and wrappers (their inner tensors count)
         st = t.untyped_storage()
         key = st._cdata
         ref = self.storages.get(key)
@@ -95,6 +100,12 @@ class ResizeAwareTracker(TorchDispatchMode):
         self.peak, self.peak_op = self.live(), "start"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if any(t not in (torch.Tensor, torch.nn.Parameter) and not issubclass(t, FakeTensor) for t in types):
+            # a tensor subclass (DTensor, a functional collective's AsyncCollectiveTensor): it runs the op on
+            # the tensors it wraps, which come back here
+            return NotImplemented
         kwargs = kwargs or {}
         for t in pytree.tree_leaves((args, kwargs)):
             if isinstance(t, torch.Tensor):
@@ -142,36 +153,94 @@ def in_place_reduce_scatter():
     return InPlaceReduceScatter()
 
 
-def build(cfg: dict):
-    sys.path.insert(0, os.path.join(ROOT, "examples"))
-    import gpt
-
+def build(case: dict, run: dict):
+    """(model, inputs, loss of the output, block class) with real weights."""
     torch.manual_seed(0)
-    model = gpt.GPT(gpt.GPTConfig(**cfg["model"]))
-    idx = torch.randint(0, cfg["model"]["vocab_size"], (cfg["batch"], cfg["seq"]))
-    return model, (idx, idx.clone()), gpt.Block
+    b, s = case["batch"], case["seq"]
+    if case["model"] == "gpt":
+        sys.path.insert(0, os.path.join(ROOT, "examples"))
+        import gpt
+
+        model = gpt.GPT(gpt.GPTConfig(**case["config"]))
+        idx = torch.randint(0, case["config"]["vocab_size"], (b, s))
+        return model, (idx, idx.clone()), {}, (lambda out: out), gpt.Block
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    import llama
+
+    model = llama.Llama(llama.LlamaConfig(**case["config"]))
+    idx = torch.randint(0, case["config"]["vocab_size"], (b, s))
+    return model, (idx, idx.clone()), {}, (lambda out: out), llama.Block
 
 
-def run(strategy: str, cfg: dict, mesh) -> dict:
-    """One strategy: ``ddp``, ``fsdp`` (FSDP2 defaults) or ``fsdp_keep`` (``reshard_after_forward=False``)."""
-    model, inputs, block_cls = build(cfg)
+def tensor_parallel(model, mesh, sp: bool) -> None:
+    """Megatron's pairs in each block of ``examples/llama.py``; torchtitan's sequence parallelism
+    (``torchtitan/models/llama3/parallelize.py``) when ``sp``."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    seq = Shard(1)
+    for layer in model.layers:
+        styles = {
+            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+            "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=seq) if sp else RowwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=seq) if sp else RowwiseParallel(),
+        }
+        if sp:
+            styles.update({
+                "attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
+                "attention": PrepareModuleInput(input_layouts=(seq, None, None),
+                                                desired_input_layouts=(Replicate(), None, None)),
+                "feed_forward": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+            })
+        parallelize_module(layer, mesh, styles)
+    top = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq if sp else Replicate()),
+           "output": ColwiseParallel(input_layouts=seq if sp else Replicate(), output_layouts=Replicate())}
+    if sp:
+        top["norm"] = SequenceParallel()
+    parallelize_module(model, mesh, top)
+
+
+def run_one(case: dict, run: dict, world: int) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    tp = run.get("tp", 1)
+    dp = world // tp
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp")) if tp > 1 else \
+        init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    model, args, kwargs, loss_of, block_cls = build(case, run)
     tracker = ResizeAwareTracker()
+    autocast = run["precision"] == "bf16-mixed"
     with tracker:
-        for t in inputs:
+        for t in pytree.tree_leaves((args, kwargs)):
             tracker.register(t)
-        if strategy == "ddp":
+        if run["checkpoint"]:
+            from torch.utils.checkpoint import checkpoint
+
+            for blk in model.modules():
+                if isinstance(blk, block_cls):
+                    blk.forward = (lambda f: lambda *a, **k: checkpoint(f, *a, use_reentrant=False, **k))(blk.forward)
+        if tp > 1:
+            tensor_parallel(model, mesh["tp"], run.get("sp", False))
+        if run["strategy"] == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
             wrapped = DistributedDataParallel(model)
         else:
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-            # fsdp: fully_shard's defaults (reshard_after_forward=None: the root keeps its parameters
-            # from forward to backward, the others reshard); fsdp_keep: reshard_after_forward=False.
-            kw = {"reshard_after_forward": False} if strategy == "fsdp_keep" else {}
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if run["precision"] == "fsdp-bf16" \
+                else MixedPrecisionPolicy()
+            keep = {} if run.get("reshard", True) else {"reshard_after_forward": False}
             units = [m for m in model.modules() if isinstance(m, block_cls)] + [model]
             for m in units:
-                fully_shard(m, mesh=mesh, **kw)
+                fully_shard(m, mesh=mesh["dp"], mp_policy=policy, **keep)
             for m in units:
                 m.set_custom_reduce_scatter(in_place_reduce_scatter())
             wrapped = model
@@ -179,20 +248,24 @@ def run(strategy: str, cfg: dict, mesh) -> dict:
         for p in model.parameters():
             tracker.register(p)
         out: dict = {}
-        for it in range(3):
-            if it == 2:
+        last = 2 if run["strategy"] == "ddp" else 1  # DDP rebuilds its buckets in the second iteration
+        for it in range(last + 1):
+            if it == last:
                 for st in opt.state.values():
                     for v in st.values():
                         if isinstance(v, torch.Tensor):
                             tracker.register(v)
                 tracker.reset_peak()
-                out["live_at_start"] = tracker.live()
-                if os.environ.get("DIST_WORKER_TRACE"):
+                if os.environ.get("DIST_WORKER_TRACE") == run["id"]:
                     tracker.trace = []
-            loss = wrapped(*inputs)
+            if autocast:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = loss_of(wrapped(*args, **kwargs))
+            else:
+                loss = loss_of(wrapped(*args, **kwargs))
             loss.backward()
             opt.step()
-            if it == 2:
+            if it == last:
                 out["peak"] = tracker.peak
                 out["peak_op"] = tracker.peak_op
                 params = list(model.parameters())
@@ -201,18 +274,10 @@ def run(strategy: str, cfg: dict, mesh) -> dict:
                 out["optimizer_state"] = _distinct_bytes(
                     [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)])
                 out["local_shapes"] = {n: list(_local(p).shape) for n, p in model.named_parameters()}
-                out["state_shapes"] = {n: {k: list(_local(v).shape) for k, v in opt.state[p].items()}
-                                       for n, p in model.named_parameters()}
-                out["loss"] = float(loss.detach())
                 if tracker.trace is not None:
-                    out["trace"] = tracker.trace
-                    tracker.trace = None
+                    out["trace"], tracker.trace = tracker.trace, None
             opt.zero_grad(set_to_none=True)
             del loss
-        if strategy == "ddp":
-            data = wrapped._get_ddp_logging_data()
-            out["ddp_bucket_sizes"] = data.get("bucket_sizes")
-            out["ddp_gradient_as_bucket_view"] = bool(wrapped.gradient_as_bucket_view)
     return out
 
 
@@ -221,16 +286,12 @@ def main(argv: list[str]) -> int:
     cfg = json.loads(cfg_json)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=60))
+                            timeout=timedelta(seconds=120))
     try:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        mesh = init_device_mesh("cpu", (world_size,))  # before any tracker: its rank tensor is not training memory
-        result = {"rank": rank, "world_size": world_size, "cases": {}}
+        result = {"rank": rank, "world_size": world_size, "runs": {}}
         for case in cfg["cases"]:
-            out = result["cases"][case["name"]] = {}
-            for strategy in case["strategies"]:
-                out[strategy] = run(strategy, case, mesh)
+            for run in case["runs"]:
+                result["runs"][f"{case['name']}/{run['id']}"] = run_one(case, run, world_size)
                 dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -39,7 +39,7 @@ import torch._subclasses.fake_tensor as _fake
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import get_proxy_mode as _proxy_mode
-from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes, is_traceable_wrapper_subclass
 
 from ..compat import optional_op
 from .recorder import METADATA_QUERY_IDS
@@ -107,8 +107,8 @@ def _all_real(values: Any) -> bool | None:
     found = None
     for a in values:
         if isinstance(a, torch.Tensor):
-            if type(a) is FakeTensor or a.is_meta:
-                return False
+            if type(a) is FakeTensor or a.is_meta or is_traceable_wrapper_subclass(a):
+                return False  # a subclass (DTensor) holds fake tensors inside
             found = True
         elif isinstance(a, (list, tuple)) and a:
             inner = _all_real(a)

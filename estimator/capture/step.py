@@ -13,14 +13,16 @@ import contextlib
 import gc
 import logging
 import os
+import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensor
 from torch.nn.utils.stateless import _reparametrize_module
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import UnsupportedModelError, UserError
 from ..graph import OpNode, to_fx
@@ -53,6 +55,9 @@ class StepOptions:
     checkpoint: tuple[type, ...] = ()  # module classes run under torch.utils.checkpoint (non-reentrant)
     target: str = "cpu"  # "cuda": the kernels CUDA runs where they differ (see estimator.target)
     cuda: CudaTarget | None = None  # the CUDA target's GPU and versions (None: an H100 with this torch)
+    # Trace a model as it is, parameters and engine included (see _AsIs below): ``prepare(model, fake)``
+    # returns (the model to trace, the module to call), its parameters made inside ``fake``.
+    prepare: Callable[[torch.nn.Module, Any], tuple[torch.nn.Module, torch.nn.Module]] | None = None
 
 
 @dataclass
@@ -118,6 +123,8 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
     args, kw = split_inputs(inputs)
     if mode not in ("auto", "fake", "real"):
         raise ValueError(f"mode must be 'auto', 'fake' or 'real', not {mode!r}")
+    if opts.prepare is not None:
+        mode = "fake"  # a model traced as it is has no real weights to fall back on
     if mode == "real":
         return _Step(model, args, kw, opts, fake=False, progress=progress).run()
     try:
@@ -205,7 +212,7 @@ class _Step:
         self.progress = progress or (lambda stage, detail="": None)
         if fake:
             _fake.clear_shared_cache()
-        rec = self.rec = Recorder(fake)
+        rec = self.rec = (_AsIsRecorder if opts.prepare is not None else Recorder)(fake)
         rec.target = opts.target
         self.fake_mode = _fake.RecordingFakeMode(rec, allow_non_fake_inputs=True) if fake else None
         if fake:
@@ -216,6 +223,11 @@ class _Step:
             else:
                 rec.substitute.update({id(op): fn for op, fn in FAKE_KERNELS.items()})
         self.fake_entered: _Entered | None = None
+        self.call: torch.nn.Module = model  # the module the step calls (a wrapper such as DDP: see _AsIs)
+        engine_state: list[torch.Tensor] = []
+        if opts.prepare is not None:
+            model, self.call, engine_state = _AsIs.prepare(model, opts.prepare, self.fake_mode)
+            self.model = model
 
         self.module_paths: dict[int, str] = {}
         self.module_types: dict[str, str] = {}
@@ -226,7 +238,11 @@ class _Step:
         self.named_params = dict(model.named_parameters())  # tied weights appear once
         named_buffers = dict(model.named_buffers())
         self.param_owner = {n: n.rpartition(".")[0] for n in list(self.named_params) + list(named_buffers)}
-        self._make_traced(args, kwargs, named_buffers)
+        if opts.prepare is not None:
+            self.params, self.buffers, self.t_args, self.t_kwargs, self.flat_inputs = _AsIs.traced(
+                self.named_params, named_buffers, args, kwargs, self.fake_mode)
+        else:
+            self._make_traced(args, kwargs, named_buffers)
 
         for n, p in self.params.items():
             rec.placeholder(f"param_{n}", p, "parameter", self.param_owner[n])
@@ -234,6 +250,8 @@ class _Step:
             rec.placeholder(f"buffer_{n}", b, "buffer", self.param_owner[n])
         for i, t in enumerate(self.flat_inputs):
             rec.placeholder(f"input_{i}", t, "input", INPUT_MODULE)
+        for i, t in enumerate(engine_state):
+            rec.placeholder(f"engine_{i}", t, "engine")
 
         param_by_id = {id(p): n for n, p in self.params.items()}
         param_owner = self.param_owner
@@ -307,7 +325,8 @@ class _Step:
         stack.callback(wrap_checkpointed(model, opts.checkpoint))
         # The traced tensors stand in for the model's own for the whole step (backward recomputation of
         # checkpointed regions included), as torch.func.functional_call does for a single call.
-        swap = _reparametrize_module(model, {**self.params, **self.buffers}, tie_weights=True, strict=False)
+        swap = _reparametrize_module(model, {**self.params, **self.buffers}, tie_weights=True, strict=False) \
+            if opts.prepare is None else _AsIs.engine_hooks(self.rec)
         if opts.target == "cuda" and self.fake:  # CUDA kernels exist as meta implementations only
             stack.enter_context(installed(opts.cuda or CudaTarget()))
         if self.fake:
@@ -363,14 +382,15 @@ class _Step:
     def inference_forward(self) -> None:
         with self._recording(), torch.no_grad(), self.opts.precision.autocast_context():
             # kept to the end of the capture: a serving loop holds the output it returns
-            self.output = self._guard(lambda: self.model(*self.t_args, **self.t_kwargs))
+            self.output = self._guard(lambda: self.call(*self.t_args, **self.t_kwargs))
 
     def forward_and_loss(self) -> None:
         rec, saved, param_sids = self.rec, self.saved, self.param_sids
+        storage_of = _AsIs.local if self.opts.prepare is not None else (lambda t: t)  # a DTensor: its local tensor
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             if rec.phase in FORWARD_PHASES:
-                sid = rec.sid(t)
+                sid = rec.sid(storage_of(t))
                 if sid not in saved and sid not in param_sids:
                     saved[sid] = (rec.storage_bytes[sid], rec.where()[0])
             return t
@@ -379,7 +399,7 @@ class _Step:
             with self.opts.precision.autocast_context():
                 # the output stays referenced until the step ends, as in ``out = model(x); loss = ...;
                 # loss.backward(); opt.step()``: freed only when the next step replaces it
-                self.output = self._guard(lambda: self.model(*self.t_args, **self.t_kwargs))
+                self.output = self._guard(lambda: self.call(*self.t_args, **self.t_kwargs))
                 rec.phase = Phase.LOSS
                 self.progress("tracing the loss")
                 loss, self.loss_source = self._guard(lambda: select_loss(self.output, self.opts.loss_fn))
@@ -402,8 +422,8 @@ class _Step:
         rec, opts, scaler = self.rec, self.opts, self.scaler
         rec.phase = Phase.OPTIMIZER
         self.progress("tracing the optimizer step")
-        opt_params = self.params
-        if (self.fake_entered is not None and self.fake_entered.active and scaler is None
+        opt_params = self.params if opts.prepare is None else self.named_params
+        if (self.fake_entered is not None and self.fake_entered.active and scaler is None and opts.prepare is None
                 and not wants_fused(opts.optimizer, opts.optimizer_kwargs)):
             # The step runs on meta twins of the fake parameters and gradients (same storage
             # ids): meta kernels skip FakeTensorMode's per-op work, and the state is the same.
@@ -422,12 +442,13 @@ class _Step:
         for n, p in opt_params.items():
             st = opt.state.get(p)
             if st:
-                self.opt_state[n] = {k: v for k, v in st.items() if isinstance(v, torch.Tensor)}
+                self.opt_state[n] = {k: _AsIs.local(v) for k, v in st.items() if isinstance(v, torch.Tensor)}
 
     # -- the result -----------------------------------------------------------------------------
     def _result(self) -> Capture:
         rec, loss = self.rec, self.loss
-        grads = {n: p.grad for n, p in self.params.items() if p.grad is not None}
+        grads = {n: _AsIs.local(p.grad) for n, p in self.named_params.items() if p.grad is not None} \
+            if self.opts.prepare is not None else {n: p.grad for n, p in self.params.items() if p.grad is not None}
         sids = {
             "parameter": self.param_sids,
             "buffer": {rec.sid(b) for b in self.buffers.values()},
@@ -440,6 +461,8 @@ class _Step:
             "output": {rec.sid(t) for t in pytree.tree_leaves(getattr(self, "output", None))
                        if isinstance(t, torch.Tensor)},
         }
+        if self.opts.prepare is not None:
+            sids["engine"] = rec.engine_sids
         rec.closed = True
         return Capture(
             records=rec.placeholders + rec.records,
@@ -502,3 +525,226 @@ def _caused_by(exc: BaseException | None, types: tuple[type, ...]) -> bool:
         exc = exc.__cause__ or exc.__context__
         seen += 1
     return False
+
+
+# -- a model traced as it is (StepOptions.prepare) ---------------------------------------------
+
+
+class _AsIs:
+    """Tracing a model as it is, for engines that manage the parameters themselves.
+
+    FSDP2's ``fully_shard``, ``DistributedDataParallel`` and tensor parallelism's
+    ``parallelize_module`` own their parameters (DTensors, gradient buckets, unsharded copies
+    freed and re-allocated in place), so no stand-ins can be swapped in.  With
+    ``StepOptions.prepare`` the step traces the model as the engine left it:
+
+    * ``prepare(model, fake)`` returns ``(model to trace, module to call)``; what it runs inside
+      the context manager ``fake`` makes fake tensors of this capture's fake mode (e.g.
+      ``model.to_empty(device="cpu")`` on a model built on meta), and the storages it allocates
+      there that are still alive when the step starts (DDP's gradient buckets) are live from the
+      start: placeholders of kind ``"engine"``.  It runs once per capture attempt, so it should
+      build afresh each time;
+    * parameters, buffers, gradients, optimizer state and saved tensors that are DTensors are traced
+      by their local tensor (this rank's shard): ``Capture.params`` etc. hold local tensors;
+    * an op on a tensor subclass (DTensor) is not recorded: the subclass runs it as ops on its
+      local tensors, which are;
+    * DTensor's sharding propagation (``_sharding_prop.py``: it runs each new op once on fake
+      tensors of the global shapes, in the active fake mode, to learn the output's metadata) is
+      bookkeeping, not part of the step: nothing it runs is recorded;
+    * a functional collective's ``wait_tensor`` returns the tensor it waited for, as its real kernel
+      does (the fake kernel makes a new one);
+    * a storage resized in place (FSDP2 frees and re-allocates each unsharded parameter with
+      ``untyped_storage().resize_()``: ``_fsdp_param.py``, ``free_storage`` / ``alloc_storage``)
+      is recorded as a free and, for a new size above 0, a new allocation of a new storage id;
+      those ids and the engine placeholders' are ``Capture.sids["engine"]``;
+    * the trace is on fake tensors only (there are no real weights to fall back on).
+    """
+
+    @staticmethod
+    def local(t: torch.Tensor) -> torch.Tensor:
+        """The local tensor of a DTensor (this rank's shard); any other tensor as it is."""
+        inner = getattr(t, "_local_tensor", None)
+        return inner if isinstance(inner, torch.Tensor) else t
+
+    @staticmethod
+    def prepare(model: torch.nn.Module, prepare: Callable, fake_mode: Any):
+        """Run ``prepare``; return (model to trace, module to call, tensors it left allocated in ``fake``)."""
+        made = _Allocations(fake_mode)
+        traced, call = prepare(model, made)
+        return traced, call if call is not None else traced, made.alive()
+
+    @staticmethod
+    def traced(named_params: dict, named_buffers: dict, args: tuple, kwargs: dict, fake_mode: Any):
+        """(params, buffers, args, kwargs, flat inputs) of the model as it is; inputs made fake."""
+        params = {n: _AsIs.local(p) for n, p in named_params.items()}
+        buffers = {n: _AsIs.local(b) for n, b in named_buffers.items()}
+        for n, t in {**params, **buffers}.items():
+            if not isinstance(t, FakeTensor) or t.fake_mode is not fake_mode:
+                raise ValueError(f"StepOptions.prepare left {n} on {t.device} ({type(t).__name__}): "
+                                 f"make the parameters and buffers inside the fake context it is given")
+
+        def fake_base(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            with fake_mode:
+                return torch.empty(shape, dtype=dtype, device="cpu")
+
+        t_args, t_kwargs = convert_inputs((args, kwargs), fake_base, lambda dtype: dtype)
+        flat = [t for t in pytree.tree_leaves((t_args, t_kwargs)) if isinstance(t, torch.Tensor)]
+        return params, buffers, t_args, t_kwargs, flat
+
+    @staticmethod
+    @contextlib.contextmanager
+    def engine_hooks(rec: "_AsIsRecorder"):
+        """While the step runs: record in-place storage resizes (``UntypedStorage.resize_``) and pause
+        the recorder during DTensor's sharding propagation (when this torch has it)."""
+        patches: list[tuple[Any, str, Any]] = []  # (owner, attribute, what it held: None if inherited)
+
+        def patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+            patches.append((owner, name, owner.__dict__.get(name)))
+            setattr(owner, name, make(getattr(owner, name)))
+
+        def resizing(original):
+            def resize_(storage, size):
+                before = storage.nbytes()
+                out = original(storage, size)
+                if storage.nbytes() != before:
+                    rec.resized(storage)
+                return out
+            return resize_
+
+        def paused(original):
+            def run(*args, **kwargs):
+                previous, rec.paused = rec.paused, True
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    rec.paused = previous
+            return run
+
+        patch(torch.UntypedStorage, "resize_", resizing)
+        propagator = _sharding_propagator()
+        if propagator is not None and hasattr(propagator, "_propagate_tensor_meta_non_cached"):
+            patch(propagator, "_propagate_tensor_meta_non_cached", paused)
+        try:
+            yield
+        finally:
+            for owner, name, held in reversed(patches):
+                if held is None:
+                    delattr(owner, name)
+                else:
+                    setattr(owner, name, held)
+
+
+class _Allocations(TorchDispatchMode):
+    """A context manager (re-entrant) that enters the capture's fake mode and keeps (weakly) the
+    fake tensors made inside: what ``prepare`` allocated."""
+
+    def __init__(self, fake_mode: Any):
+        super().__init__()
+        self.fake_mode = fake_mode
+        self.made: list[weakref.ref] = []
+        self._stacks: list[contextlib.ExitStack] = []
+
+    def __enter__(self):
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.fake_mode)
+        super().__enter__()
+        stack.callback(super().__exit__, None, None, None)
+        self._stacks.append(stack)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stacks.pop().close()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, FakeTensor):
+                self.made.append(weakref.ref(t))
+        return out
+
+    def alive(self) -> list[torch.Tensor]:
+        tensors, seen = [], set()
+        for ref in self.made:
+            t = ref()
+            if t is not None and t.untyped_storage()._cdata not in seen:
+                seen.add(t.untyped_storage()._cdata)
+                tensors.append(t)
+        return tensors
+
+
+class _AsIsRecorder(Recorder):
+    """The recorder of a model traced as it is (see :class:`_AsIs`)."""
+
+    def __init__(self, fake: bool):
+        super().__init__(fake)
+        self.engine_sids: set[int] = set()
+        self._resized_away: set[int] = set()  # freed by a resize: their storage object lives on
+        self.paused = False  # in the engine's bookkeeping (DTensor's sharding propagation)
+        # A functional collective's wait returns the tensor it waited for (the real kernel aliases it);
+        # the fake kernel returns a new tensor, which would count the collective's output twice.
+        wait = getattr(getattr(torch.ops, "_c10d_functional", None), "wait_tensor", None)
+        if wait is not None:
+            self.substitute[id(wait.default)] = lambda tensor: tensor
+
+    def record(self, func, args, kwargs, run):
+        if self.paused or _on_subclass(args) or (kwargs and _on_subclass(kwargs.values())):
+            return run(*args, **kwargs)  # NotImplemented: the subclass runs it on its local tensors
+        return super().record(func, args, kwargs, run)
+
+    def placeholder(self, name: str, t: torch.Tensor, kind: str, module: str = "") -> OpNode | None:
+        if kind == "engine" and t.untyped_storage()._cdata in self.sid_of:
+            return None  # a parameter's, buffer's or input's storage: registered already
+        node = super().placeholder(name, t, kind, module)
+        if kind == "engine":
+            self.engine_sids.add(node.meta["storage"][0])
+        return node
+
+    def resized(self, storage: Any) -> None:
+        """``storage`` was resized in place: free its storage id; a new size > 0 is a new allocation."""
+        if self.closed:
+            return
+        cdata = storage._cdata
+        entry = self.sid_of.get(cdata)
+        dtype = torch.uint8
+        if entry is not None and entry[1]() is storage:
+            sid = entry[0]
+            del self.sid_of[cdata]
+            self._resized_away.add(sid)
+            self.events.append((len(self.order) - 1, sid, -self.storage_bytes[sid]))
+            dtype = self.storage_dtype[sid]
+        nbytes = storage.nbytes()
+        if nbytes > 0:
+            sid = len(self.storage_bytes)
+            self.sid_of[cdata] = (sid, weakref.ref(storage))
+            self.storage_bytes.append(nbytes)
+            self.storage_dtype.append(dtype)
+            self.events.append((len(self.order) - 1, sid, nbytes))
+            self.engine_sids.add(sid)
+            fin = weakref.finalize(storage, self._freed, cdata, sid)
+            fin.atexit = False
+
+    def _freed(self, cdata: int, sid: int) -> None:
+        if sid not in self._resized_away:
+            super()._freed(cdata, sid)
+
+
+def _on_subclass(values: Any) -> bool:
+    """Whether ``values`` (or a list among them) holds a tensor subclass other than FakeTensor (a DTensor)."""
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            if v and _on_subclass(v):
+                return True
+        elif isinstance(v, torch.Tensor) and type(v) not in _PLAIN_TENSOR_TYPES:
+            return True
+    return False
+
+
+_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter, FakeTensor)
+
+
+def _sharding_propagator() -> type | None:
+    """DTensor's ShardingPropagator class, if this torch has it (only looked up, never imported here)."""
+    import sys
+
+    module = sys.modules.get("torch.distributed.tensor._sharding_prop")
+    return getattr(module, "ShardingPropagator", None)

@@ -1,0 +1,283 @@
+"""PyTorch's own engines traced on fake tensors, one rank at a time, over a fake process group.
+
+For a :class:`~estimator.plan.layout.Layout` the planner does what a training script does, in
+one process and without a GPU:
+
+1. a fake process group of ``gpus`` ranks (``torch.testing._internal.distributed.fake_pg.FakeStore``
+   and ``init_process_group("fake")``: collectives return at once), this process being ``rank``;
+   it is set up for one trace and torn down after it, never left initialised;
+2. a ``DeviceMesh`` of the layout's shape (:attr:`Layout.mesh`);
+3. a copy of the model on the ``meta`` device (its parameters are never copied), cast for the
+   ``bf16``/``fp16`` policies, with tensor parallelism applied by ``parallelize_module``
+   (:mod:`estimator.plan.tp`) and FSDP2's ``fully_shard`` on every wrap-class instance and on
+   the root, with the ``MixedPrecisionPolicy`` and ``reshard_after_forward`` asked for;
+4. inside the capture's fake mode (:attr:`estimator.capture.StepOptions.prepare`) the parameters
+   made fake (ties kept), FSDP2's lazy initialisation run (it pads the shards), DDP constructed
+   over them;
+5. one training step captured on this rank: the engine's own hooks all-gather, copy out, free,
+   reduce-scatter, bucket and all-reduce as they do on GPUs, so every buffer, dtype, padding and
+   the moment each is allocated and freed are the engine's (``_fsdp_param_group.py``,
+   ``_fsdp_collectives.py``, ``torch/csrc/distributed/c10d/reducer.cpp``).
+
+Two things differ from a GPU run and are handled here: DDP's default all-reduce hook reads the
+value of the fake process group's work, which has none, so an equivalent Python hook (in-place
+division and all-reduce of the bucket, as the C++ default does) is registered; and DDP's
+construction skips its cross-rank parameter check (``init_sync=False``), which reads tensor data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+from dataclasses import replace
+from typing import Any, Iterator
+
+import torch
+
+from ..capture import StepOptions, capture
+from ..errors import UserError
+from ..memory import simulate
+from ..tally import tally
+from .layout import Layout, PlanPrecision
+from .tp import TPPlan, apply_tp
+from .traced import Step, find_collectives, storage_rows
+
+
+def _fake_store():
+    """torch's in-process fake store (a testing utility: looked up here only, with a clear error)."""
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError as exc:  # pragma: no cover - a torch build without distributed support
+        raise UserError("this torch build has no fake process group (torch.distributed with the 'fake' "
+                        "backend): the data-parallel engines cannot be traced") from exc
+    return FakeStore()
+
+
+@contextlib.contextmanager
+def fake_world(world: int, rank: int) -> Iterator[None]:
+    """A fake process group of ``world`` ranks in this process, as ``rank``; destroyed on exit."""
+    import torch.distributed as dist
+
+    if not dist.is_available():  # pragma: no cover
+        raise UserError("this torch build has no torch.distributed: the data-parallel engines cannot be traced")
+    if dist.is_initialized():
+        raise UserError("a torch.distributed process group is already initialised in this process; plan in a "
+                        "process of its own (the planner sets up a fake one per trace)")
+    dist.init_process_group("fake", store=_fake_store(), rank=rank, world_size=world)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        _clear_dtensor_caches()
+
+
+def _clear_dtensor_caches() -> None:
+    """Forget DTensor's cached sharding decisions: they hold the meshes (and through them the process
+    groups) of the world just destroyed, and a new mesh of the same shape compares equal to the old."""
+    import sys
+
+    api = sys.modules.get("torch.distributed.tensor._api")
+    propagator = getattr(getattr(getattr(api, "DTensor", None), "_op_dispatcher", None), "sharding_propagator", None)
+    for name in ("propagate_op_sharding", "_propagate_tensor_meta_cached"):
+        clear = getattr(getattr(propagator, name, None), "cache_clear", None)
+        if clear is not None:
+            clear()
+    redistribute = sys.modules.get("torch.distributed.tensor._redistribute")
+    for name in ("_gen_transform_infos", "clear_redistribute_planner_cache"):
+        fn = getattr(redistribute, name, None)
+        clear = getattr(fn, "cache_clear", None) or (fn if name.startswith("clear") else None)
+        if clear is not None:
+            clear()
+
+
+@contextlib.contextmanager
+def one_sequence_per_sample() -> Iterator[None]:
+    """Tell transformers that the traced batch packs one sequence per sample, as the real one does.
+
+    Without a KV cache (training with checkpointing, ``use_cache=False``) transformers looks at the
+    position ids' values to detect packed sequences (``masking_utils.find_packed_sequence_indices``);
+    a fake tensor has no values, so it assumes packing and builds a full attention mask (no fused
+    causal attention, grouped-query attention expanded by copies), which a real run on the same
+    inputs does not.  The planner's inputs are one sequence per sample (positions 0..T-1): during its
+    traces the function answers "not packed" for fake tensors, as it does for real ones."""
+    import sys
+
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    module = sys.modules.get("transformers.masking_utils")
+    original = getattr(module, "find_packed_sequence_indices", None)
+    if original is None:
+        yield
+        return
+
+    def find_packed_sequence_indices(position_ids):
+        return None if isinstance(position_ids, FakeTensor) else original(position_ids)
+
+    module.find_packed_sequence_indices = find_packed_sequence_indices
+    try:
+        yield
+    finally:
+        module.find_packed_sequence_indices = original
+
+
+def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` whose parameters and buffers are on the meta device (ties kept); the
+    weights themselves are never copied."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    memo: dict[int, Any] = {}
+    with _disable_current_modes():
+        for t in itertools.chain(model.parameters(), model.buffers()):
+            if id(t) not in memo:
+                meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+                memo[id(t)] = torch.nn.Parameter(meta, requires_grad=t.requires_grad) \
+                    if isinstance(t, torch.nn.Parameter) else meta
+    return copy.deepcopy(model, memo)
+
+
+def to_fake(model: torch.nn.Module) -> None:
+    """Replace every parameter and buffer by an empty one on the CPU (fake inside a fake mode), a
+    tensor shared by several modules (tied weights) once."""
+    made: dict[int, Any] = {}
+    for mod in model.modules():
+        for store, is_param in ((mod._parameters, True), (mod._buffers, False)):
+            for name, t in list(store.items()):
+                if t is None:
+                    continue
+                new = made.get(id(t))
+                if new is None:
+                    empty = torch.empty_like(t, device="cpu")
+                    new = made[id(t)] = torch.nn.Parameter(empty, requires_grad=t.requires_grad) if is_param else empty
+                store[name] = new
+
+
+_WORLDS = itertools.count()  # one number per fake world: its meshes' dimension names carry it
+
+
+def _mesh(layout: Layout):
+    """The layout's mesh.  Its dimension names carry the number of this fake world: DTensor caches
+    sharding decisions by mesh, and a mesh of a world already destroyed must not compare equal to
+    this one (it would bring back process groups that no longer exist)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    names, shape = zip(*layout.mesh)
+    world = next(_WORLDS)
+    return init_device_mesh("cpu", tuple(shape), mesh_dim_names=tuple(f"{n}.{world}" for n in names))
+
+
+def _submesh(mesh, names: tuple[str, ...]):
+    present = tuple(n for n in (mesh.mesh_dim_names or ()) if n.rpartition(".")[0] in names)
+    if not present:
+        return None
+    return mesh[present] if len(present) > 1 else mesh[present[0]]
+
+
+def build(model: torch.nn.Module, layout: Layout, precision: PlanPrecision, unit_paths: list[str],
+          tp_plan: TPPlan | None, mesh) -> torch.nn.Module:
+    """The meta copy of ``model`` with the layout's engines applied (outside any fake mode)."""
+    m = meta_copy(model)
+    if precision.step.cast is not None:
+        m.to(precision.step.cast)
+    if layout.tp > 1:
+        if tp_plan is None or tp_plan.empty:
+            raise UserError(f"--tp {layout.tp}: no Linear layer pairs to split were found in the blocks; use --tp 1")
+        apply_tp(m, tp_plan, _submesh(mesh, ("tp",)), layout.sequence_parallel)
+    if layout.strategy in ("fsdp", "hsdp"):
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        dp_mesh = _submesh(mesh, ("replicate", "shard") if layout.strategy == "hsdp" else ("dp",))
+        policy = MixedPrecisionPolicy(param_dtype=precision.param_dtype, reduce_dtype=precision.reduce_dtype)
+        modules = dict(m.named_modules())
+        keep = {} if layout.reshard_after_forward else {"reshard_after_forward": False}
+        for path in unit_paths:  # inner units first would not matter: FSDP2 groups each call's own params
+            fully_shard(modules[path], mesh=dp_mesh, mp_policy=policy, **keep)
+        fully_shard(m, mesh=dp_mesh, mp_policy=policy, **keep)  # the root: not resharded after forward by default
+    return m
+
+
+def _ddp_allreduce_hook(world: int):
+    """DDP's default all-reduce, in Python: divide the bucket by the world size and all-reduce it in
+    place (``reducer.cpp`` does both in place; the fake work has no value to return)."""
+    import torch.distributed as dist
+
+    def hook(_state, bucket):
+        buffer = bucket.buffer()
+        buffer.div_(world)
+        dist.all_reduce(buffer)
+        future = torch.futures.Future()
+        future.set_result(buffer)
+        return future
+
+    return hook
+
+
+def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision: PlanPrecision,
+                 options: StepOptions, unit_paths: list[str], tp_plan: TPPlan | None, device: str,
+                 value: int | None = None, progress=None) -> Step:
+    """One rank's training step of ``model`` under ``layout`` on PyTorch's engines (DDP, FSDP2, TP)."""
+    notes: list[str] = []
+    if layout.sequence_parallel:
+        inputs, added = with_position_ids(model, inputs)
+        if added:
+            notes.append("sequence parallelism: position_ids (0..T-1) passed to the model, whose own would be "
+                         "counted on the local sequence shard")
+    with fake_world(layout.gpus, layout.rank):
+        import torch.distributed.fsdp  # noqa: F401  (defines FSDP2's ops)
+        from ..rules.distributed import register_distributed as register
+
+        register()
+        mesh = _mesh(layout)
+
+        def prepare(_model: torch.nn.Module, fake) -> tuple[torch.nn.Module, torch.nn.Module]:
+            m = build(model, layout, precision, unit_paths, tp_plan, mesh)
+            call = m
+            with fake:
+                to_fake(m)
+                if layout.strategy in ("fsdp", "hsdp"):
+                    state = getattr(m, "_get_fsdp_state", lambda: None)()
+                    lazy_init = getattr(state, "_lazy_init", None)
+                    if lazy_init is not None:  # pads the shards now rather than in the traced forward
+                        lazy_init()
+                elif layout.strategy == "ddp" and layout.dp > 1:
+                    from torch.nn.parallel import DistributedDataParallel
+
+                    dp_mesh = _submesh(mesh, ("dp",))
+                    kwargs = {"device_mesh": dp_mesh} if layout.tp > 1 else {}
+                    call = DistributedDataParallel(m, init_sync=False, **kwargs)
+                    call.register_comm_hook(None, _ddp_allreduce_hook(layout.dp))
+            return m, call
+
+        try:
+            with one_sequence_per_sample():
+                cap = capture(model, inputs, replace(options, prepare=prepare), progress=progress)
+        except UserError as exc:
+            if layout.tp > 1:
+                raise UserError(f"{exc} (under tensor parallelism{' with sequence parallelism' if layout.sequence_parallel else ''}: "
+                                f"the forward must run on local shards, e.g. views with -1 for the head count)") from exc
+            raise
+        collectives = find_collectives(cap, layout.gpus_per_node)
+    step = Step(cap, tally(cap), simulate(cap, device, target=options.cuda), storage_rows(cap), value, collectives, notes)
+    if cap.fallback_reason:
+        step.notes.append(cap.fallback_reason)
+    return step
+
+
+def with_position_ids(model: torch.nn.Module, inputs: Any) -> tuple[Any, bool]:
+    """``inputs`` with ``position_ids`` (0..T-1 for each sample) when the model takes them and they are
+    not given: a model that derives them from its input's length would see the local sequence shard
+    under sequence parallelism (Hugging Face models do)."""
+    import inspect
+
+    if not isinstance(inputs, dict) or "position_ids" in inputs:
+        return inputs, False
+    try:
+        takes = "position_ids" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return inputs, False
+    ids = inputs.get("input_ids")
+    if not takes or not isinstance(ids, torch.Tensor) or ids.ndim != 2:
+        return inputs, False
+    batch, seq = ids.shape
+    position_ids = torch.arange(seq, dtype=torch.long).expand(batch, seq)
+    return {**inputs, "position_ids": position_ids}, True

@@ -1,0 +1,182 @@
+"""Strategies, layouts and precision policies: what one plan asks for, and which combinations exist.
+
+A :class:`Layout` is a data-parallel strategy over ``gpus`` GPUs, optionally with tensor
+parallelism inside a node.  The GPUs form a mesh (outer to inner dimension):
+
+* ``ddp`` / ``fsdp`` / ``zero1-3``: ``(dp, tp)``, ``dp = gpus / tp``;
+* ``hsdp``: ``(replicate, shard, tp)``, sharded within a node (``gpus_per_node / tp`` ranks)
+  and replicated across nodes (PyTorch's HSDP: ``fully_shard`` on a 2-D data-parallel mesh).
+
+``ddp``, ``fsdp`` and ``hsdp`` (and ``tp``) are traced on PyTorch's own engines
+(:mod:`estimator.plan.engine`); ZeRO stages 1-3 have no engine in PyTorch and are laid out by
+hand (:mod:`estimator.plan.zero`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import UserError
+from ..precision import Precision, parse_precision
+
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp")
+ENGINE_STRATEGIES = frozenset({"ddp", "fsdp", "hsdp"})  # traced on torch's engines
+ZERO_STRATEGIES = frozenset({"zero1", "zero2", "zero3"})  # laid out by hand (DeepSpeed or paper)
+SHARDED_PARAMS = frozenset({"zero3", "fsdp", "hsdp"})
+OFFLOADS = ("optimizer", "params")
+ZERO_SEMANTICS = ("deepspeed", "paper")
+PRECISIONS = ("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed", "fsdp-bf16", "fsdp-fp16")
+DEFAULT_PRECISION = "bf16-mixed"
+_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+           "fp16": torch.float16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One strategy on a mesh of GPUs, and the rank whose memory is planned."""
+
+    strategy: str
+    gpus: int
+    tp: int = 1
+    sequence_parallel: bool = False
+    gpus_per_node: int = 8
+    rank: int = 0  # global rank traced (0 holds the most real rows of every unevenly split dimension)
+    reshard_after_forward: bool = True
+    offload: str | None = None
+
+    @property
+    def dp(self) -> int:
+        return self.gpus // self.tp
+
+    @property
+    def shard(self) -> int:
+        """Ranks a parameter is sharded over (1: replicated)."""
+        if self.strategy == "ddp":
+            return 1
+        if self.strategy == "hsdp":
+            return max(1, min(self.dp, self.gpus_per_node // self.tp))
+        return self.dp
+
+    @property
+    def replicate(self) -> int:
+        return self.dp // self.shard
+
+    @property
+    def traced(self) -> bool:
+        """Traced on a PyTorch engine (else laid out by hand: ZeRO)."""
+        return self.strategy in ENGINE_STRATEGIES
+
+    @property
+    def mesh(self) -> tuple[tuple[str, int], ...]:
+        """(dimension name, size) of the device mesh, outer first; size-1 dimensions left out."""
+        if self.strategy == "hsdp":
+            dims = (("replicate", self.replicate), ("shard", self.shard), ("tp", self.tp))
+        else:
+            dims = (("dp", self.dp), ("tp", self.tp))
+        return tuple((n, s) for n, s in dims if s > 1) or (("dp", 1),)
+
+    def describe(self) -> str:
+        text = self.strategy
+        if self.tp > 1:
+            text += f" x tp {self.tp}" + (" (sequence parallel)" if self.sequence_parallel else "")
+        return text
+
+
+@dataclass(frozen=True)
+class PlanPrecision:
+    """A precision policy of the plan: the step's (autocast or a model cast) and, for FSDP2, its
+    ``MixedPrecisionPolicy`` (``torch/distributed/fsdp/_fully_shard/_fsdp_api.py``)."""
+
+    name: str
+    step: Precision  # how the capture runs the step (autocast, model cast or neither)
+    param_dtype: torch.dtype | None = None  # MixedPrecisionPolicy.param_dtype (None: no policy)
+    reduce_dtype: torch.dtype | None = None  # MixedPrecisionPolicy.reduce_dtype (None: the param dtype)
+
+    @property
+    def fsdp_policy(self) -> bool:
+        return self.param_dtype is not None
+
+    @property
+    def low(self) -> torch.dtype | None:
+        """The low-precision dtype of a mixed policy (autocast's or the policy's param dtype)."""
+        return self.param_dtype or self.step.autocast
+
+    @property
+    def master(self) -> bool:
+        """fp32 master weights beside low-precision compute (a *-mixed or FSDP policy)."""
+        return self.low is not None
+
+
+def parse_plan_precision(name: str | PlanPrecision | None, reduce_dtype: str | torch.dtype | None = None
+                         ) -> PlanPrecision:
+    """``fp32``, ``bf16``/``fp16`` (model cast), ``bf16-mixed``/``fp16-mixed`` (autocast, fp32
+    master weights), ``fsdp-bf16``/``fsdp-fp16`` (FSDP2 ``MixedPrecisionPolicy(param_dtype=...)``:
+    parameters all-gathered and activations computed in that dtype, gradients reduced in
+    ``reduce_dtype``, by default the same)."""
+    if isinstance(name, PlanPrecision):
+        return name
+    key = (name or DEFAULT_PRECISION).strip().lower()
+    reduce = _dtype(reduce_dtype, "--reduce-dtype") if reduce_dtype is not None else None
+    if key.startswith("fsdp-"):
+        low = _DTYPES.get(key.removeprefix("fsdp-"))
+        if low is None or low is torch.float32:
+            raise UserError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}")
+        return PlanPrecision(key, parse_precision("fp32"), param_dtype=low, reduce_dtype=reduce)
+    if key not in PRECISIONS:
+        raise UserError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}")
+    if reduce is not None:
+        raise UserError(f"--reduce-dtype sets FSDP2's MixedPrecisionPolicy: use it with --precision fsdp-bf16 "
+                        f"or fsdp-fp16, not {key}")
+    return PlanPrecision(key, parse_precision(key))
+
+
+def _dtype(value: str | torch.dtype, option: str) -> torch.dtype:
+    if isinstance(value, torch.dtype):
+        return value
+    found = _DTYPES.get(str(value).strip().lower())
+    if found is None:
+        raise UserError(f"{option} must be fp32, bf16 or fp16, not {value!r}")
+    return found
+
+
+def check_layout(layout: Layout, precision: PlanPrecision) -> None:
+    """Impossible combinations: one line saying what to change (UserError)."""
+    s, gpus, tp = layout.strategy, layout.gpus, layout.tp
+    if s not in STRATEGIES:
+        raise UserError(f"unknown strategy {s!r}; choose one of {', '.join(STRATEGIES)}")
+    if gpus < 1:
+        raise UserError(f"--gpus must be >= 1, not {gpus}")
+    if tp < 1:
+        raise UserError(f"--tp must be >= 1, not {tp}")
+    if layout.gpus_per_node < 1:
+        raise UserError(f"--gpus-per-node must be >= 1, not {layout.gpus_per_node}")
+    if gpus % tp:
+        raise UserError(f"--tp {tp} does not divide --gpus {gpus}: the GPUs form dp x tp groups; "
+                        f"use a multiple of {tp} GPUs")
+    if tp > layout.gpus_per_node:
+        raise UserError(f"--tp {tp} spans more than one node of {layout.gpus_per_node} GPUs; "
+                        f"keep tensor parallelism inside a node (--tp <= {layout.gpus_per_node})")
+    if layout.sequence_parallel and tp == 1:
+        raise UserError("--sequence-parallel needs tensor parallelism: add --tp 2 (or more)")
+    if s != "ddp" and layout.dp < 2:
+        raise UserError(f"{s} with {layout.dp} data-parallel GPU{'s' if layout.dp != 1 else ''} shards nothing: "
+                        f"use --strategy ddp, or at least {2 * tp} GPUs")
+    if s == "hsdp" and layout.dp <= max(1, layout.gpus_per_node // tp):
+        raise UserError(f"hsdp shards within a node and replicates across nodes: with {layout.dp} data-parallel "
+                        f"GPUs and {layout.gpus_per_node} per node it is fsdp; use --strategy fsdp or more GPUs")
+    if s in ZERO_STRATEGIES and tp > 1:
+        raise UserError(f"{s} is laid out by hand for tp 1 only (PyTorch has no ZeRO engine to trace with "
+                        f"tensor parallelism); use --strategy fsdp or hsdp with --tp {tp}")
+    if layout.offload not in (None, *OFFLOADS):
+        raise UserError(f"--offload must be one of {', '.join(OFFLOADS)}, not {layout.offload!r}")
+    if layout.offload == "optimizer" and s == "ddp":
+        raise UserError("--offload optimizer needs a sharded optimizer: use zero1, zero2, zero3, fsdp or hsdp")
+    if layout.offload == "params" and s not in SHARDED_PARAMS:
+        raise UserError("--offload params needs sharded parameters: use zero3, fsdp or hsdp")
+    if precision.fsdp_policy and s not in ("fsdp", "hsdp"):
+        raise UserError(f"--precision {precision.name} is FSDP2's MixedPrecisionPolicy: use --strategy fsdp or "
+                        f"hsdp, or --precision {precision.name.removeprefix('fsdp-')}-mixed (autocast)")
+    if layout.rank < 0 or layout.rank >= gpus:
+        raise UserError(f"rank must be in [0, {gpus}), not {layout.rank}")

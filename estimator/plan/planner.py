@@ -1,0 +1,591 @@
+"""The planner: traces a model once per layout and size, and answers for one layout (:meth:`Planner.plan`)
+or many (:meth:`Planner.compare`): memory per GPU, fits or not, largest batch, step time, time to train.
+
+Where each answer comes from: the engines' traced steps (:mod:`.engine`) or the ZeRO layouts
+(:mod:`.zero`) for memory, :mod:`.schedule` for time, :mod:`.search` for the searches; the
+rows, peak and reserve follow :mod:`estimator.memory` (its categories, its steady-state replay,
+its CUDA reserve).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from ..capture import StepOptions, capture
+from ..capture.checkpoint import resolve_classes
+from ..errors import UserError
+from ..hardware import GPU, gpu_links, link, lookup
+from ..memory import CUDA_RESERVE, FRAGMENTATION, simulate
+from ..rules.registry import MATMUL
+from ..tally import tally
+from ..target import CudaTarget
+from .engine import one_sequence_per_sample, trace_engine
+from .layout import ENGINE_STRATEGIES, STRATEGIES, Layout, PlanPrecision, check_layout, parse_plan_precision
+from .results import Comparison, Config, Flops, PerGpu, Plan, Solve, StepTime, Suggestion, Training, Verdict
+from .schedule import matmul_flops, traced_time, zero_time
+from .search import (
+    check_budget,
+    fewest_gpus,
+    input_dims,
+    lagrange,
+    largest_fitting,
+    position_limit,
+    resize_inputs,
+    tokens_per_sample,
+)
+from .tp import TPPlan, derive_tp_plan, model_heads
+from .traced import Peak, Step, storage_rows
+from .zero import ZeroStates, zero_peak
+
+Progress = Callable[..., None]
+MAX_GPUS = 16384  # the largest layout the suggestions search
+
+
+def default_wrap(model: torch.nn.Module) -> tuple[tuple[type, ...], list[str]]:
+    """The blocks of the largest list of repeated blocks (a ModuleList/Sequential of >= 2 children of one
+    class, e.g. transformer blocks): (their class, their paths); none: ((), [])."""
+    best, best_params = None, 0
+    for path, mod in model.named_modules():
+        if isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential)):
+            kids = list(mod.named_children())
+            if len(kids) >= 2 and len({type(k) for _, k in kids}) == 1:
+                n = sum(p.numel() for p in mod.parameters())
+                if n > best_params:
+                    best, best_params = (type(kids[0][1]), [f"{path}.{k}" if path else k for k, _ in kids]), n
+    return ((best[0],), best[1]) if best is not None else ((), [])
+
+
+@dataclass
+class _Memory:
+    """One rank's memory under a layout: the peak by row and the model states it holds."""
+
+    peak: Peak
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    host: int
+    zero: ZeroStates | None = None
+
+
+class Planner:
+    """Plans for one model and micro-batch: traces each layout once (cached), then answers."""
+
+    def __init__(self, model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, optimizer: Any = "adamw",
+                 optimizer_kwargs: Mapping[str, Any] | None = None, loss_fn=None, precision: str = "bf16-mixed",
+                 reduce_dtype: str | None = None, wrap: Any = None, device: str = "cuda", gpus_per_node: int = 8,
+                 interconnect: str | None = None, inter_node: str | None = None, zero_semantics: str = "deepspeed",
+                 model_name: str | None = None, progress: Progress | None = None, trace: str = "auto"):
+        if not isinstance(model, torch.nn.Module):
+            raise UserError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+        if device not in ("cuda", "cpu"):
+            raise UserError(f"device must be 'cuda' or 'cpu', not {device!r}")
+        if zero_semantics not in ("deepspeed", "paper"):
+            raise UserError(f"--zero-semantics must be deepspeed or paper, not {zero_semantics!r}")
+        if gpus_per_node < 1:
+            raise UserError(f"--gpus-per-node must be >= 1, not {gpus_per_node}")
+        self.model, self.inputs, self.device = model, inputs, device
+        self.gpu = gpu if isinstance(gpu, GPU) else lookup(gpu)
+        self.model_name = model_name or type(model).__name__
+        self.precision = parse_plan_precision(precision, reduce_dtype)
+        self.gpus_per_node = gpus_per_node
+        self.interconnect, self.inter_node = interconnect, inter_node
+        self.zero_semantics = zero_semantics
+        self.progress = progress or (lambda stage, detail="": None)
+        self.trace_mode = trace
+        self.options = StepOptions(loss_fn=loss_fn, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs,
+                                   foreach=True if device == "cuda" else None, precision=self.precision.step,
+                                   train=True, target=device,
+                                   cuda=CudaTarget.for_gpu(self.gpu) if device == "cuda" else None)
+        if wrap:
+            self.wrap = resolve_classes(model, wrap, "--wrap")
+            self.unit_paths = [p for p, m in model.named_modules() if p and isinstance(m, self.wrap)]
+        else:
+            self.wrap, self.unit_paths = default_wrap(model)
+        self.batch, self.seq = input_dims(inputs)
+        self._steps: dict[tuple, Step] = {}
+        self._tp_plan: TPPlan | None = None
+
+    # -- links ----------------------------------------------------------------------------------------
+    def links(self, gpu: GPU):
+        intra, host, inter = gpu_links(gpu)
+        return (link(self.interconnect) if self.interconnect else intra, host,
+                link(self.inter_node) if self.inter_node else inter)
+
+    # -- traces (cached) --------------------------------------------------------------------------------
+    def _size_key(self, what: str | None, value: int | None) -> tuple[str | None, int | None]:
+        """The cache key of a size: the inputs as given are one size whatever asked for them."""
+        if what is not None and value == (self.batch if what == "batch" else self.seq):
+            return None, None
+        return what, value
+
+    def inputs_at(self, what: str | None, value: int | None) -> Any:
+        if what is None:
+            return self.inputs
+        base = self.base(what)
+        return self.inputs if value == base else resize_inputs(self.inputs, 0 if what == "batch" else 1, base, value)
+
+    def base(self, what: str) -> int:
+        value = self.batch if what == "batch" else self.seq
+        if value is None:
+            raise UserError(f"cannot solve for the {'batch size' if what == 'batch' else 'sequence length'}: "
+                            f"the inputs have no {'dimension 0' if what == 'batch' else 'dimension 1'}")
+        return value
+
+    def single(self, checkpoint: tuple[type, ...] = (), what: str | None = None, value: int | None = None,
+               zero: bool = False) -> Step:
+        """The single-device step (no engine): ZeRO's base and the reference for FLOPs and TP pairs.
+        ``zero``: with a mixed policy, the model cast to the low dtype as DeepSpeed runs it."""
+        from ..precision import parse_precision
+
+        precision = self.options.precision
+        if zero and self.precision.master:
+            precision = parse_precision({torch.bfloat16: "bf16", torch.float16: "fp16"}[self.precision.low])
+        what, value = self._size_key(what, value)
+        key = ("single", checkpoint, what, value, precision.name)
+        hit = self._steps.get(key)
+        if hit is None:
+            self.progress("tracing the step on one device", f"{what or 'as given'} {value or ''}".strip())
+            opts = replace(self.options, checkpoint=checkpoint, precision=precision)
+            with one_sequence_per_sample():
+                cap = capture(self.model, self.inputs_at(what, value), opts, mode=self.trace_mode,
+                              progress=self.progress)
+            hit = self._steps[key] = Step(cap, tally(cap), simulate(cap, self.device, target=opts.cuda), storage_rows(cap), value)
+            if cap.fallback_reason:
+                hit.notes.append(cap.fallback_reason)
+        return hit
+
+    def tp_plan(self) -> TPPlan:
+        if self._tp_plan is None:
+            self._tp_plan = derive_tp_plan(self.model, self.single().cap, self.unit_paths)
+        return self._tp_plan
+
+    def traced(self, layout: Layout, checkpoint: tuple[type, ...] = (), what: str | None = None,
+               value: int | None = None) -> Step:
+        """The rank's step under ``layout``: the engine traced (ddp, fsdp, hsdp), or ZeRO's base step."""
+        if not layout.traced:
+            return self.single(checkpoint, what, value, zero=True)
+        what, value = self._size_key(what, value)
+        key = ("engine", layout, checkpoint, what, value)
+        hit = self._steps.get(key)
+        if hit is None:
+            label = f"{layout.describe()} on {layout.gpus} GPUs, rank {layout.rank}"
+            self.progress(f"tracing {label}", f"{what} {value}" if what else "")
+
+            def progress(stage: str, detail: str = "") -> None:
+                self.progress(f"{stage} ({label})", detail)
+
+            hit = self._steps[key] = trace_engine(
+                self.model, self.inputs_at(what, value), layout, self.precision,
+                replace(self.options, checkpoint=checkpoint), self.unit_paths,
+                self.tp_plan() if layout.tp > 1 else None, self.device, value, progress)
+        return hit
+
+    # -- memory of one rank ------------------------------------------------------------------------------
+    def largest_unit(self) -> int:
+        modules = dict(self.model.named_modules())
+        return max((sum(p.numel() for p in modules[u].parameters()) for u in self.unit_paths), default=0)
+
+    def memory(self, layout: Layout, step: Step, sizes: list[float] | None = None) -> _Memory:
+        if not layout.traced:
+            peak, st = zero_peak(step, layout, self.precision, self.zero_semantics, self.device,
+                                 self.largest_unit(), sizes)
+            return _Memory(peak, int(round(st.parameters)), int(round(st.gradients)),
+                           int(round(st.optimizer_state)), int(round(st.cpu)), st)
+        t = step.tally
+        states = {"parameters": t.parameters_bytes, "gradients": t.gradients_bytes,
+                  "optimizer_state": t.optimizer_state_bytes}
+        drop = frozenset(states) if layout.offload else frozenset()  # FSDP2 CPUOffloadPolicy: on the host
+        peak = step.peak(self.device, sizes, drop=drop)
+        host = sum(states.values()) if layout.offload else 0
+        return _Memory(peak, states["parameters"], states["gradients"], states["optimizer_state"], host)
+
+    def reserve(self, peak: int) -> dict[str, int]:
+        """What the GPU needs beyond the allocator's peak (:data:`estimator.memory.CUDA_RESERVE` and its
+        fragmentation share)."""
+        out = dict(CUDA_RESERVE)
+        out["fragmentation"] = int(FRAGMENTATION * peak)
+        return out
+
+    def needed(self, peak: int) -> int:
+        return peak + sum(self.reserve(peak).values())
+
+    # -- searches -----------------------------------------------------------------------------------------
+    def solve(self, what: str, layout: Layout, checkpoint: tuple[type, ...], gpu: GPU, confirm: bool = True) -> Solve:
+        """Largest micro-batch (``what="batch"``) or sequence length that fits one GPU of ``layout``."""
+        base = self.base(what)
+        if what == "batch":
+            points = [base, 2 * base]
+        else:  # at and below the given length: a model may reject longer sequences
+            points = [base // 4, base // 2, base] if base >= 4 else [base, 2 * base, 3 * base]
+        steps = [self.traced(layout, checkpoint, what, v) for v in points]
+
+        def traced(v: int) -> tuple[bool, int]:
+            pk = self.memory(layout, self.traced(layout, checkpoint, what, v)).peak.total
+            return self.needed(pk) <= gpu.capacity, pk
+
+        interpolated = None
+        if all(s.structure() == steps[0].structure() for s in steps[1:]):
+            per = [list(s.cap.storage_bytes) for s in steps]
+
+            def interpolated(v: int) -> bool:
+                pk = self.memory(layout, steps[0], lagrange(points, per, v)).peak.total
+                return self.needed(pk) <= gpu.capacity
+
+        limit = position_limit(self.model) if what == "seq" else None
+        return largest_fitting(what, base, interpolated, traced, points, confirm, model_limit=limit)
+
+    def suggestions(self, layout: Layout, checkpoint: tuple[type, ...], gpu: GPU) -> list[Suggestion]:
+        """The smallest layouts that fit when ``layout`` does not: the fewest GPUs for its strategy (fsdp
+        for ddp, which shards nothing), and the same with activation checkpointing of the wrap class."""
+        out: list[Suggestion] = []
+        strategy = layout.strategy if layout.strategy != "ddp" else "fsdp"
+        options = [checkpoint] + ([tuple(self.wrap)] if not checkpoint and self.wrap else [])
+        for ckpt in options:
+            lay = replace(layout, strategy=strategy, rank=0)
+            counts = []
+            for n in sorted({layout.gpus, *[2 ** k for k in range(1, 15)],
+                             *[self.gpus_per_node * k for k in range(1, MAX_GPUS // self.gpus_per_node + 1)]}):
+                if n < layout.gpus:
+                    continue
+                try:
+                    check_layout(replace(lay, gpus=n), self.precision)
+                except UserError:
+                    continue
+                counts.append(n)
+            n = self._fewest_gpus(lay, ckpt, gpu, counts)
+            if n is not None:
+                peak = self.memory(replace(lay, gpus=n), self.traced(replace(lay, gpus=n), ckpt)).peak.total
+                out.append(Suggestion(strategy, n, lay.tp, [c.__name__ for c in ckpt], peak, self.needed(peak)))
+        out.sort(key=lambda s: (s.gpus, bool(s.checkpoint)))
+        return out
+
+    def _fewest_gpus(self, lay: Layout, ckpt: tuple[type, ...], gpu: GPU, counts: list[int]) -> int | None:
+        """The fewest of ``counts`` GPUs on which ``lay`` fits.  ZeRO: its arithmetic at each count.  An
+        engine: sharded sizes go as 1/N (up to padding), so every storage is interpolated in 1/N between
+        the traces at the first and last count, and the answer confirmed by tracing it and the count below."""
+        if not counts:
+            return None
+
+        def traced_fits(n: int) -> bool:
+            at = replace(lay, gpus=n)
+            return self.needed(self.memory(at, self.traced(at, ckpt)).peak.total) <= gpu.capacity
+
+        if not lay.traced or len(counts) < 3:
+            return fewest_gpus(counts, traced_fits)
+        # two points of the 1/N fit: the first count and about 8 times it (far enough apart, and not so
+        # many ranks that FSDP2's padding to a multiple of them dominates)
+        second = next((n for n in counts if n >= 8 * counts[0]), counts[-1])
+        ends = [self.traced(replace(lay, gpus=n), ckpt) for n in (counts[0], second)]
+        if ends[0].structure() != ends[-1].structure():
+            return fewest_gpus(counts, traced_fits)
+        xs = [1 / counts[0], 1 / second]
+        per = [list(s.cap.storage_bytes) for s in ends]
+
+        def interpolated_fits(n: int) -> bool:
+            sizes = lagrange(xs, per, 1 / n)
+            return self.needed(self.memory(replace(lay, gpus=n), ends[0], sizes).peak.total) <= gpu.capacity
+
+        guess = fewest_gpus(counts, interpolated_fits)
+        if guess is None:
+            return None
+        i = counts.index(guess)
+        if traced_fits(guess) and (i == 0 or not traced_fits(counts[i - 1])):
+            return guess
+        return fewest_gpus(counts, traced_fits)  # the interpolation missed: bisect with traces
+
+    # -- one plan ------------------------------------------------------------------------------------------
+    def plan(self, strategy: str = "ddp", gpus: int = 1, *, tp: int = 1, sequence_parallel: bool = False,
+             checkpoint: Any = None, offload: str | None = None, tokens: float | None = None,
+             samples: float | None = None, steps: int | None = None, mfu: float | None = None,
+             solve: Sequence[str] | str = ("batch",), reshard_after_forward: bool = True, rank: int = 0,
+             confirm: bool = True, gpu: str | GPU | None = None) -> Plan:
+        target = self.gpu if gpu is None else (gpu if isinstance(gpu, GPU) else lookup(gpu))
+        layout = Layout(strategy.lower(), gpus, tp, sequence_parallel, self.gpus_per_node, rank,
+                        reshard_after_forward, offload)
+        check_layout(layout, self.precision)
+        check_budget(tokens, samples, steps, mfu)
+        if tp > 1:
+            heads = model_heads(self.model)
+            bad = sorted({h for h in heads.values() if h % tp})
+            if bad:
+                where = next(k for k, v in heads.items() if v == bad[0])
+                raise UserError(f"--tp {tp} does not divide the {bad[0]} attention heads ({where}); "
+                                f"use a divisor of {bad[0]}")
+        ckpt = resolve_classes(self.model, checkpoint, "--checkpoint")
+        step = self.traced(layout, ckpt)
+        mem = self.memory(layout, step)
+        pk = mem.peak
+        reserve = self.reserve(pk.total)
+        needed = pk.total + sum(reserve.values())
+        fits = needed <= target.capacity
+        notes = list(step.notes)
+        suggestions = [] if fits else self.suggestions(layout, ckpt, target)
+        batch_solve = seq_solve = None
+        solve = (solve,) if isinstance(solve, str) else tuple(solve or ())
+        if fits and "batch" in solve:
+            batch_solve = self.solve("batch", layout, ckpt, target, confirm)
+        if fits and "seq" in solve:
+            seq_solve = self.solve("seq", layout, ckpt, target, confirm)
+        time = self._time(layout, step, target)
+        base_step = self.traced(layout, ()) if ckpt else step
+        model_flops, dtype = matmul_flops(base_step)
+        peak_flops = target.peak_flops(dtype) or target.peak_flops("fp32")
+        mfu_est = model_flops / (time.step_time_s * peak_flops) if time.step_time_s > 0 else None
+        training = self._training(layout, time, model_flops, peak_flops, tokens, samples, steps, mfu)
+        flops = self._flops(model_flops, dtype, peak_flops, mfu_est)
+        node = step.cap.nodes[pk.index] if pk.index >= 0 else None
+        per_gpu = PerGpu(rows=dict(pk.by_row), peak=pk.total, peak_phase=node.meta.get("phase", "") if node else "start",
+                         peak_module=node.meta.get("module", "") if node else "",
+                         peak_op=str(node.target) if node else "", parameters=mem.parameters,
+                         gradients=mem.gradients, optimizer_state=mem.optimizer_state,
+                         saved_activations=step.tally.activations_bytes, host=mem.host)
+        config = Config(
+            model=self.model_name, gpu=target.name, gpus=gpus, strategy=layout.strategy, tp=tp,
+            sequence_parallel=sequence_parallel, dp=layout.dp, shard_group=layout.shard, rank=rank,
+            precision=self.precision.name, optimizer=step.cap.optimizer_name, checkpoint=[c.__name__ for c in ckpt],
+            offload=offload, wrap=[c.__name__ for c in self.wrap], micro_batch=self.batch,
+            global_batch=self.batch * layout.dp if self.batch else None, seq=self.seq,
+            engine=self._engine_text(layout), device=self.device)
+        notes += self._notes(layout, mem)
+        return Plan(config, per_gpu, Verdict(fits, target.capacity, reserve, needed, target.capacity - needed,
+                                             suggestions), time, flops, training, batch_solve, seq_solve,
+                    self._checkpoint_size(layout, step, mem), notes)
+
+    # -- pieces of a plan -------------------------------------------------------------------------------------
+    def _engine_text(self, layout: Layout) -> str:
+        if not layout.traced:
+            return f"ZeRO-{layout.strategy[-1]} laid out by hand, {self.zero_semantics} semantics"
+        parts = {"ddp": "DistributedDataParallel", "fsdp": "FSDP2 fully_shard",
+                 "hsdp": "FSDP2 fully_shard on a 2-D mesh (HSDP)"}[layout.strategy]
+        if self.precision.fsdp_policy:
+            parts += f" (MixedPrecisionPolicy param {str(self.precision.param_dtype).removeprefix('torch.')}" \
+                     f", reduce {str(self.precision.reduce_dtype or self.precision.param_dtype).removeprefix('torch.')})"
+        if layout.tp > 1:
+            parts += " + parallelize_module" + (" (sequence parallel)" if layout.sequence_parallel else "")
+        return f"traced: {parts} on a fake process group of {layout.gpus} ranks"
+
+    def _notes(self, layout: Layout, mem: _Memory) -> list[str]:
+        notes = []
+        if layout.strategy == "hsdp":
+            notes.append(f"hsdp: sharded over {layout.shard} GPUs per node, replicated {layout.replicate} times")
+        if layout.tp > 1:
+            plan = self.tp_plan()
+            notes.append(f"tensor parallelism: {len(plan.colwise)} colwise and {len(plan.rowwise)} rowwise Linear "
+                         f"layers (Megatron pairs found in the traced dataflow), embedding "
+                         f"{plan.embedding or 'replicated'}, head {plan.head or 'replicated'}")
+            notes.extend(plan.notes)
+        if not layout.traced:
+            notes.append(f"{layout.strategy}: PyTorch has no ZeRO engine; {self.zero_semantics} semantics "
+                         f"(--zero-semantics deepspeed|paper; see estimator/plan/zero.py)")
+            if self.precision.master:
+                notes.append(f"{layout.strategy} with {self.precision.name}: the model cast to "
+                             f"{str(self.precision.low).removeprefix('torch.')} with fp32 master weights, as "
+                             f"DeepSpeed's bf16/fp16 modes run it")
+        if layout.offload:
+            if layout.traced:
+                notes.append("offload: FSDP2's CPUOffloadPolicy: sharded parameters, gradients and optimizer state "
+                             "in host memory, the optimizer step on the CPU (its time is not modelled)")
+            else:
+                notes.append(f"offload {layout.offload}: DeepSpeed's ZeRO-Offload; the optimizer step runs on the "
+                             f"CPU (its time is not modelled)")
+        if self.device == "cpu":
+            notes.append("device cpu: exact bytes, no CUDA allocator rounding")
+        return notes
+
+    def _time(self, layout: Layout, step: Step, gpu: GPU) -> StepTime:
+        intra, host, inter = self.links(gpu)
+        if layout.traced:
+            t = traced_time(step, gpu, intra, inter, optimizer_on_gpu=layout.offload is None)
+            if layout.offload:  # sharded parameters in and gradients out over the host link, each step
+                moved = 2 * step.tally.parameters_bytes + step.tally.gradients_bytes
+                t = replace(t, offload_s=moved / host.bandwidth, step_time_s=t.step_time_s + moved / host.bandwidth)
+            return t
+        t = step.tally
+        spans = layout.dp > self.gpus_per_node
+        scale = 0.0 if layout.offload else 1.0 / layout.dp
+        out = zero_time(step, gpu, int(layout.strategy[-1]), layout.dp, spans, intra, inter,
+                        float(t.parameters_bytes), float(t.gradients_bytes), scale)
+        if layout.offload:  # this rank's gradient partition out, its updated parameter partition in
+            moved = float(t.gradients_bytes) / layout.dp + float(t.parameters_bytes) / layout.dp
+            out = replace(out, offload_s=moved / host.bandwidth, step_time_s=out.step_time_s + moved / host.bandwidth)
+        return out
+
+    def _training(self, layout: Layout, time: StepTime, model_flops: float, peak: float, tokens, samples, steps,
+                  mfu) -> Training:
+        tps = tokens_per_sample(self.inputs)
+        samples_per_step = (self.batch or 0) * layout.dp
+        tokens_per_step = samples_per_step * tps if tps else None
+        n_steps = None
+        if steps is not None:
+            n_steps = int(steps)
+        elif tokens is not None:
+            if not tokens_per_step:
+                raise UserError("--tokens needs integer token inputs of shape (batch, seq); use --samples or --steps")
+            n_steps = math.ceil(tokens / tokens_per_step)
+        elif samples is not None:
+            n_steps = math.ceil(samples / samples_per_step)
+        per_step = model_flops / (mfu * peak) if mfu else time.step_time_s
+        return Training(n_steps, samples_per_step, tokens_per_step,
+                        n_steps * per_step if n_steps is not None else None, mfu)
+
+    def _flops(self, model_flops: float, dtype: str, peak: float, mfu: float | None) -> Flops:
+        base = self.single()
+        n_mm = matmul_params(base)
+        attn = attention_term(base)
+        tps = tokens_per_sample(self.inputs)
+        traced_per_token = six = None
+        if attn is not None and tps:
+            traced_per_token = matmul_flops(base)[0] / ((self.batch or 1) * tps)
+            six = 6 * n_mm + attn
+        return Flops(model_flops, dtype, peak, mfu, n_mm, traced_per_token, six, attn)
+
+    def _checkpoint_size(self, layout: Layout, step: Step, mem: _Memory) -> dict[str, int]:
+        base = self.single().tally
+        full = base.parameters_bytes + base.buffers_bytes + base.optimizer_state_bytes
+        if layout.traced:
+            per_rank = step.tally.parameters_bytes + step.tally.buffers_bytes + step.tally.optimizer_state_bytes
+        else:
+            per_rank = mem.parameters + base.buffers_bytes + mem.optimizer_state
+        return {"full": int(full), "per_rank": int(per_rank)}
+
+    # -- many plans ------------------------------------------------------------------------------------------
+    def compare(self, gpus: int | Sequence[int], *, strategies: Sequence[str] | None = None, tp: int = 1,
+                sequence_parallel: bool = False, checkpoint: Any = None, offload: str | None = None,
+                tokens=None, samples=None, steps=None, mfu=None, confirm: bool = False,
+                gpu: str | GPU | Sequence[str | GPU] | None = None, with_checkpointing: bool = True) -> Comparison:
+        """Plans side by side: every GPU type x GPU count x strategy, without and with activation
+        checkpointing (``checkpoint`` classes, by default the wrap class)."""
+        gpu_list = [self.gpu] if gpu is None else ([gpu] if isinstance(gpu, (str, GPU)) else list(gpu))
+        counts = [gpus] if isinstance(gpus, int) else list(gpus)
+        ck = resolve_classes(self.model, checkpoint, "--checkpoint") if checkpoint else tuple(self.wrap)
+        ckpt_sets = [()] + ([ck] if ck and with_checkpointing else [])
+        names = list(strategies) if strategies else list(STRATEGIES)
+        plans: list[Plan] = []
+        skipped: list[str] = []
+        for g in gpu_list:
+            for n in counts:
+                for s in names:
+                    for ckset in ckpt_sets:
+                        try:
+                            plans.append(self.plan(s, n, tp=tp, sequence_parallel=sequence_parallel,
+                                                   checkpoint=list(ckset) or None, offload=offload, tokens=tokens,
+                                                   samples=samples, steps=steps, mfu=mfu, confirm=confirm, gpu=g))
+                        except UserError as exc:
+                            if strategies and len(counts) == 1:
+                                raise
+                            if not ckset:
+                                skipped.append(f"{s} on {n} GPUs: {exc}")
+        if not plans:
+            raise UserError("no layout applies: " + "; ".join(skipped))
+        return Comparison(plans, skipped)
+
+
+# -- FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B) ------------------------------------------------
+
+
+def matmul_params(step: Step) -> int:
+    """Parameters that enter a matmul-class op in forward (through views and casts): the N of 6N."""
+    cap = step.cap
+    users: dict[int, list] = defaultdict(list)
+    from ..graph import OpNode
+    import torch.utils._pytree as pytree
+
+    for rec in cap.records:
+        for a in pytree.tree_leaves((rec.args, rec.kwargs)):
+            if isinstance(a, OpNode):
+                users[id(a)].append(rec)
+    holders = {n.target: n for n in cap.records if n.op == "placeholder" and n.meta.get("kind") == "parameter"}
+    count = 0
+    for name, p in cap.params.items():
+        holder = holders.get(f"param_{name}")
+        frontier, seen, hit = [holder] if holder is not None else [], set(), False
+        while frontier and not hit:
+            node = frontier.pop()
+            for user in users.get(id(node), ()):
+                if id(user) in seen or user.meta.get("phase") not in ("forward", "loss"):
+                    continue
+                seen.add(id(user))
+                cost = user.meta.get("cost")
+                if cost is not None and cost.kind == MATMUL:
+                    hit = True
+                    break
+                if user.op == "call_function" and (cost is None or cost.kind == "zero"):
+                    frontier.append(user)
+        if hit:
+            count += p.numel()
+    return count
+
+
+def attention_term(step: Step) -> int | None:
+    """12 * sum over attention ops of H * Q * T_k (PaLM's 12 L H Q T per token), None without attention."""
+    from ..graph import OpNode
+
+    total, found = 0, False
+    for node in step.cap.nodes:
+        packet = getattr(node.target, "overloadpacket", None)
+        name = packet.__name__ if packet is not None else ""
+        if node.meta.get("phase") != "forward" or "scaled_dot_product" not in name or "backward" in name:
+            continue
+        args = [a for a in node.args[:2] if isinstance(a, OpNode)]
+        if len(args) < 2:
+            continue
+        q, k = (args[0].meta.get("spec") or (None,))[0], (args[1].meta.get("spec") or (None,))[0]
+        if q is None or k is None or len(q.shape) < 4:
+            continue
+        found = True
+        total += 12 * q.shape[-3] * q.shape[-1] * k.shape[-2]
+    return total if found else None
+
+
+# -- the functions others call ----------------------------------------------------------------------------------
+
+
+def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, strategy: str = "ddp", tp: int = 1,
+         sequence_parallel: bool = False, optimizer: Any = "adamw", optimizer_kwargs: Mapping[str, Any] | None = None,
+         loss_fn=None, precision: str = "bf16-mixed", reduce_dtype: str | None = None, checkpoint: Any = None,
+         offload: str | None = None, wrap: Any = None, tokens: float | None = None, samples: float | None = None,
+         steps: int | None = None, mfu: float | None = None, solve: Sequence[str] | str = ("batch",),
+         gpus_per_node: int = 8, interconnect: str | None = None, inter_node: str | None = None,
+         zero_semantics: str = "deepspeed", reshard_after_forward: bool = True, device: str = "cuda", rank: int = 0,
+         confirm: bool = True, model_name: str | None = None, progress: Progress | None = None) -> Plan:
+    """Plan a training step of ``model`` on ``gpus`` GPUs called ``gpu`` with ``strategy``.
+
+    ``inputs`` are one GPU's micro-batch.  ``ddp``, ``fsdp`` and ``hsdp`` (with ``tp`` tensor
+    parallelism) are traced on PyTorch's own engines over a fake process group; ZeRO stages
+    ``zero1``-``zero3`` are laid out by hand (``zero_semantics``: ``"deepspeed"`` or ``"paper"``).
+    Returns a :class:`~estimator.plan.results.Plan`: per-GPU memory of rank ``rank`` (rows that add up
+    to the peak), fits or not (and the smallest layouts that fit when not), the largest micro-batch
+    (``solve`` may add ``"seq"``), step time from the traced schedule, time to train for the budget.
+    ``precision`` (default ``bf16-mixed``): see :func:`~estimator.plan.layout.parse_plan_precision`.
+    ``device="cpu"`` plans exact bytes without CUDA rounding (tests).  Raises
+    :class:`~estimator.errors.UserError` for impossible combinations.
+    """
+    planner = Planner(model, inputs, gpu=gpu, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs,
+                      loss_fn=loss_fn, precision=precision, reduce_dtype=reduce_dtype, wrap=wrap, device=device,
+                      gpus_per_node=gpus_per_node, interconnect=interconnect, inter_node=inter_node,
+                      zero_semantics=zero_semantics, model_name=model_name, progress=progress)
+    return planner.plan(strategy, gpus, tp=tp, sequence_parallel=sequence_parallel, checkpoint=checkpoint,
+                        offload=offload, tokens=tokens, samples=samples, steps=steps, mfu=mfu, solve=solve,
+                        reshard_after_forward=reshard_after_forward, rank=rank, confirm=confirm)
+
+
+def compare(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU | Sequence[str | GPU],
+            gpus: int | Sequence[int], strategies: Sequence[str] | None = None, tp: int = 1,
+            optimizer: Any = "adamw", loss_fn=None, precision: str = "bf16-mixed", checkpoint: Any = None,
+            offload: str | None = None, wrap: Any = None, tokens=None, samples=None, steps=None, mfu=None,
+            gpus_per_node: int = 8, interconnect: str | None = None, inter_node: str | None = None,
+            zero_semantics: str = "deepspeed", device: str = "cuda", confirm: bool = False,
+            model_name: str | None = None, progress: Progress | None = None) -> Comparison:
+    """Plans side by side: strategies x (no checkpointing, checkpointing) for each GPU type and count,
+    with the recommended row (the fastest that fits)."""
+    gpu_list = [gpu] if isinstance(gpu, (str, GPU)) else list(gpu)
+    planner = Planner(model, inputs, gpu=gpu_list[0], optimizer=optimizer, loss_fn=loss_fn, precision=precision,
+                      wrap=wrap, device=device, gpus_per_node=gpus_per_node, interconnect=interconnect,
+                      inter_node=inter_node, zero_semantics=zero_semantics, model_name=model_name, progress=progress)
+    return planner.compare(gpus, strategies=strategies, tp=tp, checkpoint=checkpoint, offload=offload, tokens=tokens,
+                           samples=samples, steps=steps, mfu=mfu, confirm=confirm, gpu=gpu_list)

@@ -1,0 +1,132 @@
+"""Plans as text: the headline (fits or not, memory needed), the memory rows (adding up to the
+peak), the verdict, the searches, time; comparisons as one table with the recommended row."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tabulate import tabulate
+
+from ..render import fmt_bytes, fmt_flops
+from .traced import ROW_TITLES, ROWS
+
+if TYPE_CHECKING:  # results call these renderers
+    from .results import Comparison, Plan, Solve
+
+
+def fmt_duration(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    if s < 3 * 86400:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} days"
+
+
+def _fmt_solve(solve: Solve | None) -> str:
+    if solve is None or solve.value is None:
+        return "-" if solve is None else "no limit found"
+    text = f"{solve.value}"
+    if solve.limited_by:
+        text += f" (the model's limit, {solve.limited_by}; memory allows {solve.memory_allows})"
+    elif solve.confirmed is not None:
+        text += " (confirmed by tracing it and the next)" if solve.confirmed else " (interpolated)"
+    return text
+
+
+def headline(p: Plan) -> str:
+    v = p.verdict
+    c = p.config
+    needs = f"needs {fmt_bytes(v.needed)} per GPU (peak {fmt_bytes(p.per_gpu.peak)} + reserve)"
+    if p.fits:
+        return f"FITS on {c.gpus} x {c.gpu}: {needs}, {fmt_bytes(v.margin)} to spare"
+    over = f"DOES NOT FIT on {c.gpus} x {c.gpu}: {needs}, {fmt_bytes(-v.margin)} over its {fmt_bytes(v.capacity)}"
+    if v.suggestions:
+        over += f"; fits on {v.suggestions[0].describe()}"
+    return over
+
+
+def render_plan(p: Plan, tablefmt: str = "simple") -> str:
+    c, g, t = p.config, p.per_gpu, p.time
+    tp_text = f" x tp {c.tp}" + (" (sequence parallel)" if c.sequence_parallel else "") if c.tp > 1 else ""
+    ck = ", checkpoint " + ", ".join(c.checkpoint) if c.checkpoint else ""
+    off = ", offload " + c.offload if c.offload else ""
+    title = (f"Plan: {c.model} on {c.gpus} x {c.gpu}, {c.strategy}{tp_text}, {c.precision}{ck}{off}, "
+             f"micro-batch {c.micro_batch if c.micro_batch is not None else '-'}"
+             f"{f' x {c.seq}' if c.seq else ''} (rank {c.rank}; {c.engine})")
+    at = f"{g.peak_phase}" + (f", {g.peak_module}" if g.peak_module else "")
+    mem = [(f"{ROW_TITLES[r]}", fmt_bytes(g.rows.get(r, 0))) for r in ROWS if g.rows.get(r, 0)]
+    mem.append((f"Peak ({at})", fmt_bytes(g.peak)))
+    mem.append(("Reserve (CUDA context, cuBLAS workspace, fragmentation)", fmt_bytes(sum(p.verdict.reserve.values()))))
+    mem.append(("Needed / capacity", f"{fmt_bytes(p.verdict.needed)} / {fmt_bytes(p.verdict.capacity)}"))
+    if g.host:
+        mem.append(("Offloaded to host memory", fmt_bytes(g.host)))
+    states = [("Model states held (parameters / gradients / optimizer)",
+               f"{fmt_bytes(g.parameters)} / {fmt_bytes(g.gradients)} / {fmt_bytes(g.optimizer_state)}"),
+              ("Activations saved at the end of forward", fmt_bytes(g.saved_activations))]
+    parts = [headline(p), title,
+             "Memory at the peak (rows add up to the peak)\n" + tabulate(mem, tablefmt=tablefmt, disable_numparse=True),
+             tabulate(states, tablefmt=tablefmt, disable_numparse=True)]
+    if p.fits:
+        sizes = [("Largest micro-batch that fits", _fmt_solve(p.batch))]
+        if p.seq is not None:
+            sizes.append(("Longest sequence that fits", _fmt_solve(p.seq)))
+        parts.append(tabulate(sizes, tablefmt=tablefmt, disable_numparse=True))
+    elif p.verdict.suggestions:
+        parts.append("Smallest layouts that fit:\n" + "\n".join(
+            f"  - {s.describe()}: needs {fmt_bytes(s.needed)}" for s in p.verdict.suggestions))
+    tm = [("Micro-batch per GPU / global batch", f"{c.micro_batch} / {c.global_batch}"),
+          ("Compute", f"{t.compute_s * 1e3:.2f} ms"),
+          ("Communication (exposed)", f"{t.comm_s * 1e3:.2f} ms ({t.exposed_comm_s * 1e3:.2f} ms) over "
+                                      f"{', '.join(t.links) or 'no link'}"),
+          ("Step time", f"{t.step_time_s * 1e3:.2f} ms" +
+           (f" (MFU {p.flops.mfu * 100:.1f}%)" if p.flops.mfu else ""))]
+    if t.offload_s:
+        tm.append(("Host transfers (offload)", f"{t.offload_s * 1e3:.2f} ms"))
+    tr = p.training
+    if p.fits and tr is not None and tr.steps:
+        tm.append(("Steps", f"{tr.steps:,}"))
+        at_mfu = f" at MFU {tr.mfu_given * 100:.0f}%" if tr.mfu_given else ""
+        tm.append(("Time to train", fmt_duration(tr.time_to_train_s) + at_mfu +
+                   f" ({tr.time_to_train_s * c.gpus / 3600:,.0f} GPU-hours)"))
+    f = p.flops
+    if f.six_n_per_token:
+        tm.append(("FLOPs per token: traced / 6N+12LHQT",
+                   f"{fmt_flops(f.traced_per_token)} / {fmt_flops(f.six_n_per_token)}"))
+    ckpt = p.checkpoint_size
+    if ckpt:
+        tm.append(("Checkpoint on disk: full / per rank",
+                   f"{fmt_bytes(ckpt['full'])} / {fmt_bytes(ckpt['per_rank'])}"))
+    parts.append(tabulate(tm, tablefmt=tablefmt, disable_numparse=True))
+    if p.notes:
+        parts.append("Notes:\n" + "\n".join(f"  - {n}" for n in p.notes))
+    return "\n\n".join(parts) + "\n"
+
+
+def render_comparison(cmp: Comparison, tablefmt: str = "simple") -> str:
+    best = cmp.recommended
+    body = []
+    for p in cmp.plans:
+        c = p.config
+        tp = f" x tp {c.tp}" if c.tp > 1 else ""
+        body.append([("* " if p is best else "  ") + c.gpu, str(c.gpus), c.strategy + tp,
+                     ", ".join(c.checkpoint) or "-", str(c.micro_batch), str(c.global_batch),
+                     fmt_bytes(p.verdict.needed), "yes" if p.fits else "no",
+                     "-" if p.max_batch is None else str(p.max_batch),
+                     f"{p.step_time_s * 1e3:.1f} ms", "-" if not p.flops.mfu else f"{p.flops.mfu * 100:.1f}%",
+                     fmt_duration(p.time_to_train_s)])
+    first = cmp.plans[0].config
+    head = f"Plans for {first.model} ({first.precision})"
+    table = tabulate(body, headers=["GPU", "GPUs", "Strategy", "Checkpoint", "Micro-batch", "Global batch",
+                                    "Needs / GPU", "Fits", "Max batch", "Step time", "MFU", "Time to train"],
+                     tablefmt=tablefmt, disable_numparse=True)
+    rec = (f"Recommended (*): {best.config.gpus} x {best.config.gpu}, {best.config.strategy}"
+           f"{', checkpoint ' + ', '.join(best.config.checkpoint) if best.config.checkpoint else ''}: the fastest "
+           f"that fits" if best is not None else "Recommended: none of these fits")
+    parts = [head, table, rec]
+    if cmp.skipped:
+        parts.append("Not applicable:\n" + "\n".join(f"  - {s}" for s in cmp.skipped))
+    return "\n\n".join(parts) + "\n"

@@ -1,0 +1,236 @@
+"""Typed results of a plan: memory per GPU, the verdict, the searches, time; their JSON form.
+
+Rendering (tables) is :mod:`estimator.plan.report`; nothing here is read back by string key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .traced import ROWS
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One step's time on one GPU (see :mod:`estimator.plan.schedule`)."""
+
+    step_time_s: float
+    compute_s: float  # the compute stream's busy time
+    comm_s: float  # the collectives' time on their links
+    exposed_comm_s: float  # time the compute stream waits for communication
+    by_phase_s: dict[str, float]
+    comm_by_kind_s: dict[str, float]
+    comm_bytes_per_gpu: dict[str, float]
+    links: list[str]
+    model: str  # "traced schedule" or the ZeRO volume model
+    offload_s: float = 0.0  # host transfers of an offloaded layout, not overlapped
+
+
+@dataclass(frozen=True)
+class PerGpu:
+    """Memory of the planned rank.  ``rows`` are at the peak and add up to it."""
+
+    rows: dict[str, int]
+    peak: int
+    peak_phase: str
+    peak_module: str
+    peak_op: str
+    parameters: int  # model states held by this rank (steady state, end of the step)
+    gradients: int
+    optimizer_state: int
+    saved_activations: int  # held by autograd at the end of the forward pass
+    host: int = 0  # offloaded to host memory
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["rows"] = {r: self.rows.get(r, 0) for r in ROWS}
+        return d
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """A layout that fits, proposed when the asked one does not."""
+
+    strategy: str
+    gpus: int
+    tp: int
+    checkpoint: list[str]
+    peak: int
+    needed: int
+
+    def describe(self) -> str:
+        ck = f", checkpoint {', '.join(self.checkpoint)}" if self.checkpoint else ""
+        tp = f" x tp {self.tp}" if self.tp > 1 else ""
+        return f"{self.gpus} GPUs, {self.strategy}{tp}{ck}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    fits: bool
+    capacity: int
+    reserve: dict[str, int]  # outside the allocator: CUDA context, cuBLAS workspace, fragmentation
+    needed: int  # peak + reserve
+    margin: int  # capacity - needed
+    suggestions: list[Suggestion] = field(default_factory=list)  # the smallest layouts that fit (when not)
+
+
+@dataclass(frozen=True)
+class Solve:
+    """The largest micro-batch (or longest sequence) that fits one GPU."""
+
+    what: str  # "batch" or "seq"
+    value: int | None  # None: unbounded within the search
+    method: str
+    traced: list[int]
+    confirmed: bool | None = None  # traced at the answer (fits) and the next (does not)
+    peak_at_answer: int | None = None
+    peak_at_next: int | None = None
+    limited_by: str | None = None  # the model's own limit (position embeddings)
+    memory_allows: int | None = None
+
+
+@dataclass(frozen=True)
+class Training:
+    """The budget and how long it takes."""
+
+    steps: int | None
+    samples_per_step: int
+    tokens_per_step: int | None
+    time_to_train_s: float | None
+    mfu_given: float | None  # --mfu replaces the schedule's step time for the time to train
+
+
+@dataclass(frozen=True)
+class Flops:
+    model_flops_per_step_per_gpu: float  # matmul-class forward + backward, without recomputation
+    matmul_dtype: str
+    peak_flops_per_s: float
+    mfu: float | None  # model FLOPs / (step time x peak)
+    matmul_params: int | None = None  # N of 6N (single-device step)
+    traced_per_token: float | None = None
+    six_n_per_token: float | None = None  # PaLM (Chowdhery et al. 2022, app. B): 6N + 12 L H Q T
+    attention_per_token: float | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    model: str
+    gpu: str
+    gpus: int
+    strategy: str
+    tp: int
+    sequence_parallel: bool
+    dp: int
+    shard_group: int
+    rank: int
+    precision: str
+    optimizer: str | None
+    checkpoint: list[str]
+    offload: str | None
+    wrap: list[str]
+    micro_batch: int | None
+    global_batch: int | None
+    seq: int | None
+    engine: str  # how the layout was obtained: "traced: ..." or "ZeRO (DeepSpeed semantics)" ...
+    device: str
+
+
+@dataclass
+class Plan:
+    """The plan of one layout: per-GPU memory, verdict, largest batch, time."""
+
+    config: Config
+    per_gpu: PerGpu
+    verdict: Verdict
+    time: StepTime
+    flops: Flops
+    training: Training | None
+    batch: Solve | None = None
+    seq: Solve | None = None
+    checkpoint_size: dict[str, int] = field(default_factory=dict)  # full, per_rank
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.verdict.fits
+
+    @property
+    def margin(self) -> int:
+        return self.verdict.margin
+
+    @property
+    def max_batch(self) -> int | None:
+        return self.batch.value if (self.batch is not None and self.fits) else None
+
+    @property
+    def max_seq(self) -> int | None:
+        return self.seq.value if (self.seq is not None and self.fits) else None
+
+    @property
+    def step_time_s(self) -> float:
+        return self.time.step_time_s
+
+    @property
+    def time_to_train_s(self) -> float | None:
+        return self.training.time_to_train_s if (self.training is not None and self.fits) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        c = asdict(self.config)
+        return {
+            **c, "per_gpu": self.per_gpu.to_dict(), "capacity": self.verdict.capacity,
+            "reserve": dict(self.verdict.reserve), "needed": self.verdict.needed, "fits": self.fits,
+            "margin": self.margin, "suggestions": [asdict(s) for s in self.verdict.suggestions],
+            "max_batch": self.max_batch, "max_batch_check": asdict(self.batch) if self.batch else None,
+            "max_seq": self.max_seq, "max_seq_check": asdict(self.seq) if self.seq else None,
+            "step_time_s": self.step_time_s, "time_to_train_s": self.time_to_train_s,
+            "time": asdict(self.time), "training": asdict(self.training) if self.training else None,
+            "flops": asdict(self.flops), "checkpoint_size": dict(self.checkpoint_size), "notes": list(self.notes),
+        }
+
+    def render(self, tablefmt: str = "simple") -> str:
+        from .report import render_plan
+
+        return render_plan(self, tablefmt)
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+@dataclass
+class Comparison:
+    """Plans side by side (strategies x checkpointing, GPU types, GPU counts); the recommended one
+    is the fastest that fits (shortest time to train with a budget, else most samples per second)."""
+
+    plans: list[Plan]
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def recommended(self) -> Plan | None:
+        fitting = [p for p in self.plans if p.fits]
+        if not fitting:
+            return None
+        if all(p.time_to_train_s is not None for p in fitting):
+            return min(fitting, key=lambda p: p.time_to_train_s)
+        return max(fitting, key=lambda p: p.training.samples_per_step / p.step_time_s if p.training else 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        best = self.recommended
+        rows = []
+        for p in self.plans:
+            c = p.config
+            rows.append({"gpu": c.gpu, "gpus": c.gpus, "strategy": c.strategy, "tp": c.tp,
+                         "checkpoint": list(c.checkpoint), "micro_batch": c.micro_batch,
+                         "global_batch": c.global_batch, "peak": p.per_gpu.peak, "needed": p.verdict.needed,
+                         "fits": p.fits, "max_batch": p.max_batch, "step_time_s": p.step_time_s, "mfu": p.flops.mfu,
+                         "time_to_train_s": p.time_to_train_s, "recommended": p is best})
+        return {"rows": rows, "recommended": self.plans.index(best) if best is not None else None,
+                "skipped": list(self.skipped), "plans": [p.to_dict() for p in self.plans]}
+
+    def render(self, tablefmt: str = "simple") -> str:
+        from .report import render_comparison
+
+        return render_comparison(self, tablefmt)
+
+    def __str__(self) -> str:
+        return self.render()

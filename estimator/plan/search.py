@@ -1,0 +1,158 @@
+"""Searches over traced steps: the largest micro-batch or longest sequence that fits a GPU, the
+fewest GPUs on which a layout fits, and the inputs at another size.
+
+Storage sizes are polynomials of the batch size (degree 1) and of the sequence length (degree 2:
+attention scores), and of 1/N in the number of data-parallel ranks (shards), up to padding.  A
+search traces the step at two or three values with the same op sequence, interpolates every
+storage's size, replays the timeline to find the answer, and then traces the answer and its
+neighbour to confirm it (it fits, the next does not); a miss falls back to traces only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..errors import UserError
+from .results import Solve
+
+_POSITION_ATTRS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "max_sequence_length",
+                   "block_size", "seq_length")
+
+
+def _plain(inputs: Any) -> Any:
+    if isinstance(inputs, Mapping) and type(inputs) is not dict:
+        return dict(inputs)
+    return inputs
+
+
+def input_dims(inputs: Any) -> tuple[int | None, int | None]:
+    """(batch size, sequence length) read from the inputs: dim 0 of the first tensor; dim 1 of the
+    first integer tensor with >= 2 dims (else of the first tensor with >= 2 dims)."""
+    leaves = [t for t in pytree.tree_leaves(_plain(inputs)) if isinstance(t, torch.Tensor)]
+    batch = next((t.shape[0] for t in leaves if t.ndim >= 1), None)
+    two = [t for t in leaves if t.ndim >= 2]
+    ints = [t for t in two if not t.is_floating_point()]
+    seq = (ints or two)[0].shape[1] if two else None
+    return batch, seq
+
+
+def tokens_per_sample(inputs: Any) -> int | None:
+    """Tokens in one sample: dim 1 of the first integer input with 2 dims (B, T), else None."""
+    for t in pytree.tree_leaves(_plain(inputs)):
+        if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.ndim == 2:
+            return int(t.shape[1])
+    return None
+
+
+def resize_inputs(inputs: Any, dim: int, old: int, new: int) -> Any:
+    """The inputs with every tensor's ``dim`` of size ``old`` set to ``new`` (as meta tensors); a
+    tensor passed twice stays one tensor."""
+    made: dict[int, torch.Tensor] = {}
+
+    def one(t: torch.Tensor) -> torch.Tensor:
+        if t.ndim > dim and t.shape[dim] == old:
+            if id(t) not in made:
+                shape = list(t.shape)
+                shape[dim] = new
+                made[id(t)] = torch.empty(shape, dtype=t.dtype, device="meta").requires_grad_(t.requires_grad)
+            return made[id(t)]
+        return t
+
+    return pytree.tree_map_only(torch.Tensor, one, _plain(inputs))
+
+
+def position_limit(model: torch.nn.Module) -> tuple[int, str] | None:
+    """The longest sequence the model accepts, if it says: a config / module attribute
+    (max_position_embeddings, n_positions, block_size...) or the rows of a position-embedding table."""
+    found: list[tuple[int, str]] = []
+    cfg = getattr(model, "config", None)
+    for holder, prefix in [(cfg, "config")] + [(m, p or "(root)") for p, m in model.named_modules()]:
+        for attr in _POSITION_ATTRS:
+            v = getattr(holder, attr, None) if holder is not None else None
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                found.append((v, f"{prefix}.{attr}"))
+    for path, mod in model.named_modules():
+        last = path.rpartition(".")[2].lower()
+        if isinstance(mod, torch.nn.Embedding) and ("pos" in last or last == "wpe"):
+            found.append((mod.num_embeddings, f"{path}.num_embeddings"))
+    return min(found) if found else None
+
+
+def lagrange(xs: Sequence[float], ys: Sequence[Sequence[float]], x: float) -> list[float]:
+    """Per-element Lagrange interpolation of the vectors ``ys`` (taken at ``xs``) at ``x``."""
+    out = torch.zeros(len(ys[0]), dtype=torch.float64)
+    for i, (xi, y) in enumerate(zip(xs, ys)):
+        w = 1.0
+        for j, xj in enumerate(xs):
+            if j != i:
+                w *= (x - xj) / (xi - xj)
+        out += w * torch.as_tensor(y, dtype=torch.float64)
+    return out.tolist()
+
+
+def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], bool] | None,
+                    traced: Callable[[int], tuple[bool, int]], points: list[int], confirm: bool,
+                    limit: int = 1 << 24, model_limit: tuple[int, str] | None = None) -> Solve:
+    """The largest value (>= 1) that fits: interpolated when ``fits_interpolated`` is given (the
+    traces at ``points`` share their structure), then confirmed by ``traced(v) -> (fits, peak)``."""
+    method = "interpolated" if fits_interpolated is not None else "traced (the op sequence changes with the size)"
+    fits_at = fits_interpolated or (lambda v: traced(v)[0])
+    if not fits_at(1):
+        best = 0
+    else:
+        lo, hi = 1, 2
+        while hi <= limit and fits_at(hi):
+            lo, hi = hi, hi * 2
+        if hi > limit:
+            return Solve(what, None, method, list(points))
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits_at(mid) else (lo, mid)
+        best = lo
+    if model_limit is not None and best > model_limit[0]:
+        return Solve(what, model_limit[0], method, list(points), limited_by=f"{model_limit[1]} = {model_limit[0]}",
+                     memory_allows=best)
+    if not confirm:
+        return Solve(what, best, method, list(points))
+    budget = 16
+    ok_best, peak_best = traced(best) if best >= 1 else (True, 0)
+    ok_next, peak_next = traced(best + 1)
+    if not (ok_best and not ok_next):  # the interpolation missed: search with traces from there
+        lo, hi = (0, best) if not ok_best else (best + 1, 2 * (best + 1))
+        if ok_best:
+            while budget > 0 and traced(hi)[0]:
+                lo, hi, budget = hi, hi * 2, budget - 1
+        while hi - lo > 1 and budget > 0:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if traced(mid)[0] else (lo, mid)
+            budget -= 1
+        best = lo
+        ok_best, peak_best = traced(best) if best >= 1 else (True, 0)
+        ok_next, peak_next = traced(best + 1)
+        method += " (missed; searched with traces)"
+    return Solve(what, best, method, list(points), confirmed=ok_best and not ok_next, peak_at_answer=peak_best,
+                 peak_at_next=peak_next)
+
+
+def fewest_gpus(candidates: list[int], fits: Callable[[int], bool]) -> int | None:
+    """The first of the increasing ``candidates`` on which ``fits`` (monotone), by bisection; None if none."""
+    if not candidates or not fits(candidates[-1]):
+        return None
+    lo, hi = -1, len(candidates) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(candidates[mid]) else (mid, hi)
+    return candidates[hi]
+
+
+def check_budget(tokens: float | None, samples: float | None, steps: int | None, mfu: float | None) -> None:
+    if sum(x is not None for x in (tokens, samples, steps)) > 1:
+        raise UserError("give one budget: --tokens, --samples or --steps")
+    for name, v in (("--tokens", tokens), ("--samples", samples), ("--steps", steps)):
+        if v is not None and v <= 0:
+            raise UserError(f"{name} must be > 0, not {v}")
+    if mfu is not None and not 0.0 < mfu <= 1.0:
+        raise UserError(f"--mfu must be in (0, 1], e.g. 0.4, not {mfu}")

@@ -1,0 +1,213 @@
+"""Tensor parallelism: which Linear layers split how, derived from the traced dataflow, applied with
+PyTorch's own ``parallelize_module`` (``torch/distributed/tensor/parallel/style.py``).
+
+Megatron's layout (Shoeybi et al. 2019, §3): in each transformer block, a Linear whose input is
+computed from other Linears' outputs through per-feature work only (activations, attention,
+element-wise products, views) is split **rowwise** (``RowwiseParallel``: input features split,
+outputs summed by an all-reduce), and those Linears **colwise** (``ColwiseParallel``: output
+features split, no communication in between).  The pairs are read from the single-device step:
+walking back from each Linear's input through the ops of its block, stopping at a norm module
+(it mixes the features), the block's input or a placeholder; a Linear reached is a partner.
+This finds Megatron's pairs in GPT (qkv -> proj, fc1 -> fc2) and Llama (q, k, v -> o;
+gate, up -> down) models without a table of names.
+
+Outside the blocks: the token embedding is split by rows of its vocabulary (``RowwiseParallel``
+on ``nn.Embedding``: the output all-reduced) and the LM head by output features with its logits
+gathered (``ColwiseParallel(output_layouts=Replicate())``), unless they share a weight (tied:
+both left replicated).
+
+**Sequence parallelism** (Korthikanti et al. 2022, §4.2.2), as torchtitan applies it: norms run
+on sequence shards (``SequenceParallel``), the rowwise Linears reduce-scatter to sequence shards
+(``output_layouts=Shard(1)``), and the sequence is all-gathered once before each group of
+colwise Linears (at their closest common module, as ``PrepareModuleInput`` does); the embedding
+reduce-scatters its output and the head gathers its input.
+
+A model whose forward does not run on local shards (a view with a fixed head count, a
+position embedding added to sequence shards) fails its trace: the planner reports it in one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..capture import Capture
+from ..graph import OpNode
+from .traced import getitem_source
+
+_HEAD_ATTRS = ("num_heads", "n_head", "n_heads", "num_attention_heads", "nhead", "num_key_value_heads", "n_kv_heads")
+
+
+@dataclass
+class TPPlan:
+    """Module paths and how each is split."""
+
+    colwise: list[str] = field(default_factory=list)
+    rowwise: list[str] = field(default_factory=list)
+    embedding: str | None = None
+    head: str | None = None
+    norms: list[str] = field(default_factory=list)  # sequence parallel: norms on sequence shards
+    gather_at: list[str] = field(default_factory=list)  # sequence parallel: all-gather the sequence here
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.colwise or self.rowwise or self.embedding or self.head)
+
+
+def _within(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + ".")
+
+
+def _common(paths: list[str]) -> str:
+    parts = [p.split(".") for p in paths]
+    out = []
+    for level in zip(*parts):
+        if len(set(level)) != 1:
+            break
+        out.append(level[0])
+    return ".".join(out)
+
+
+def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) -> TPPlan:
+    """Megatron's colwise/rowwise pairs of ``model``, read from its single-device step ``cap``."""
+    modules = dict(model.named_modules())
+    linears = {p for p, m in modules.items() if isinstance(m, torch.nn.Linear)}
+    norms = {p for p, m in modules.items() if "norm" in type(m).__name__.lower()}
+
+    def unit_of(path: str) -> str | None:
+        return max((u for u in unit_paths if _within(path, u)), key=len, default=None)
+
+    def linear_of(path: str) -> str | None:
+        return max((lp for lp in linears if _within(path, lp)), key=len, default=None)
+
+    first: dict[str, int] = {}
+    inputs: dict[str, list[OpNode]] = {}
+    for i, node in enumerate(cap.nodes):
+        if node.meta.get("phase") != "forward":
+            continue
+        lp = linear_of(node.meta.get("module", ""))
+        if lp is None:
+            continue
+        first.setdefault(lp, i)
+        for a in (*node.args, *node.kwargs.values()):
+            for leaf in (a if isinstance(a, (list, tuple)) else (a,)):
+                if isinstance(leaf, OpNode) and leaf.op != "placeholder":
+                    src = getitem_source(leaf)
+                    if not _within(src.meta.get("module", ""), lp):
+                        inputs.setdefault(lp, []).append(src)
+
+    plan = TPPlan()
+    colwise: set[str] = set()
+    rowwise: set[str] = set()
+    for lp in sorted(first, key=first.get):
+        unit = unit_of(lp)
+        if unit is None:
+            continue
+        partners: set[str] = set()
+        seen: set[int] = set()
+        stack = list(inputs.get(lp, ()))
+        while stack:
+            node = stack.pop()
+            if id(node) in seen or node.op == "placeholder":
+                continue
+            seen.add(id(node))
+            module = node.meta.get("module", "")
+            if not _within(module, unit) or any(_within(module, n) for n in norms if _within(n, unit)):
+                continue
+            other = linear_of(module)
+            if other is not None and other != lp:
+                partners.add(other)
+                continue
+            for a in (*node.args, *node.kwargs.values()):
+                for leaf in (a if isinstance(a, (list, tuple)) else (a,)):
+                    if isinstance(leaf, OpNode):
+                        stack.append(getitem_source(leaf))
+        if partners and not partners & rowwise and lp not in colwise:
+            rowwise.add(lp)
+            colwise |= partners
+            group = sorted(partners)
+            plan.gather_at.append(_common(group) if len(group) > 1 else group[0])
+    plan.colwise = sorted(colwise, key=lambda p: first.get(p, 0))
+    plan.rowwise = sorted(rowwise, key=lambda p: first.get(p, 0))
+    plan.gather_at = sorted(set(plan.gather_at), key=lambda p: min(first.get(c, 0) for c in colwise if _within(c, p)))
+    # Outside the blocks: the token embedding and the LM head, unless they share a weight.
+    outside_linears = [p for p in sorted(first, key=first.get) if unit_of(p) is None]
+    embeddings = [(p, m) for p, m in modules.items() if isinstance(m, torch.nn.Embedding) and unit_of(p) is None]
+    embedding = max(embeddings, key=lambda pm: pm[1].num_embeddings, default=(None, None))
+    head = outside_linears[-1] if outside_linears else None
+    if embedding[0] is not None and head is not None and modules[head].weight is embedding[1].weight:
+        plan.notes.append(f"the embedding {embedding[0]} and the head {head} share their weight: both replicated")
+    else:
+        plan.embedding = embedding[0]
+        plan.head = head
+    in_units = [n for n in norms if unit_of(n) is not None and not any(_within(n, lp) for lp in linears)]
+    last_unit_end = max((first.get(c, 0) for c in colwise | rowwise), default=0)
+    final = [n for n in norms if unit_of(n) is None and n in _forward_modules(cap, after=last_unit_end)]
+    plan.norms = sorted(in_units) + final
+    return plan
+
+
+def _forward_modules(cap: Capture, after: int) -> set[str]:
+    return {n.meta.get("module", "") for n in cap.nodes[after:] if n.meta.get("phase") == "forward"}
+
+
+def apply_tp(model: torch.nn.Module, plan: TPPlan, mesh, sequence_parallel: bool) -> None:
+    """``parallelize_module`` ``model`` (built on meta) over the 1-D ``mesh`` with ``plan``."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    seq = Shard(1)
+    styles: dict[str, object] = {}
+    gathers_itself = set(plan.gather_at) & set(plan.colwise) if sequence_parallel else set()
+    for p in plan.colwise:  # a single colwise Linear after sequence shards gathers its own input
+        styles[p] = ColwiseParallel(input_layouts=seq) if p in gathers_itself else ColwiseParallel()
+    for p in plan.rowwise:
+        styles[p] = RowwiseParallel(output_layouts=seq) if sequence_parallel else RowwiseParallel()
+    if plan.embedding:
+        styles[plan.embedding] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq if sequence_parallel
+                                                 else Replicate())
+    if plan.head:
+        styles[plan.head] = ColwiseParallel(input_layouts=seq if sequence_parallel else Replicate(),
+                                            output_layouts=Replicate())
+    if sequence_parallel:
+        for p in plan.norms:
+            styles[p] = SequenceParallel()
+    parallelize_module(model, mesh, styles)
+    if sequence_parallel:
+        modules = dict(model.named_modules())
+
+        def gather_sequence(module, args, kwargs):
+            """All-gather the sequence shards entering a group of colwise Linears (PrepareModuleInput)."""
+            def gather(a):
+                if isinstance(a, DTensor) and tuple(a.placements) == (seq,):
+                    return a.redistribute(placements=[Replicate()])
+                return a
+
+            return tuple(gather(a) for a in args), {k: gather(v) for k, v in kwargs.items()}
+
+        for p in plan.gather_at:
+            if p not in gathers_itself:
+                modules[p].register_forward_pre_hook(gather_sequence, with_kwargs=True)
+
+
+def model_heads(model: torch.nn.Module) -> dict[str, int]:
+    """Attention head counts the model states (module attributes such as n_head, its config)."""
+    out: dict[str, int] = {}
+    for path, mod in model.named_modules():
+        for attr in _HEAD_ATTRS:
+            v = getattr(mod, attr, None)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                out[f"{path or '(root)'}.{attr}"] = v
+    cfg = getattr(model, "config", None)
+    for attr in _HEAD_ATTRS:
+        v = getattr(cfg, attr, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            out[f"config.{attr}"] = v
+    return out
