@@ -65,6 +65,7 @@ def estimate(
     model_name: str | None = None,
     progress: Progress | None = None,
     cuda_torch: str | None = None,
+    solve_batch: bool = True,
 ) -> Report:
     """Estimate one training step (forward, loss, backward, optimizer step) of ``model``.
 
@@ -93,6 +94,8 @@ def estimate(
         trace: ``"auto"``, ``"fake"`` or ``"real"`` (see :func:`estimator.capture.capture`).
         cuda_torch: the torch release that will run the step on the GPU (e.g. ``"2.11"``), when it is
             not the one installed here: kernel choices (attention backends) depend on it.
+        solve_batch: with ``gpu``, also find the largest micro-batch that fits on it (the report's
+            ``max_batch``: a few more traces, see :mod:`estimator.plan`); False skips that search.
         progress: ``progress(stage, detail="")``, called as the estimate advances (the module being
             traced in forward, then each phase, counting, memory); the command line draws it.
     """
@@ -139,7 +142,12 @@ def estimate(
             timeline=[(str(p.phase), prof_ckpt.peak if p.index == prof_ckpt.peak_at.index else p.total)
                       for p in prof_ckpt.timeline],
         )
-    if target_gpu is not None:
+    if target_gpu is not None and device == "cuda":
+        from .timing import step_time
+
+        progress("timing the step")
+        report.step_time = step_time(report, target_gpu)
+    if target_gpu is not None and solve_batch:
         if mode != "train":
             report.max_batch_note = "the largest batch is planned for training steps only"
         else:
@@ -163,7 +171,7 @@ def _largest_batch(model, inputs, gpu: GPU, **kwargs: Any) -> tuple[int | None, 
     tally_log = logging.getLogger("estimator.tally")
     tally_log.addFilter(once)
     try:
-        p = plan(model, inputs, gpu=gpu.name, gpus=1, strategy="ddp", **kwargs)
+        p = plan(model, inputs, gpu=gpu, gpus=1, strategy="ddp", **kwargs)
     except UserError as exc:
         return None, str(exc)
     finally:

@@ -217,6 +217,17 @@ def summary_rows(report: "Report") -> list[tuple[str, str]]:
         if train and m.peak_first_step != m.peak:
             rows.append(("Memory: peak (first step)", f"{fmt_bytes(m.peak_first_step)} (the optimizer state "
                                                        f"is created inside the first step)"))
+        st = report.step_time
+        if st is not None:
+            quality = "calibrated on measured kernels" if st.calibrated else "extrapolated from the H100's constants"
+            rows.append((f"Step time on {st.gpu}", f"{st.total * 1e3:.1f} ms (forward {st.forward * 1e3:.1f}, "
+                         f"backward {st.backward * 1e3:.1f}, optimizer {st.optimizer * 1e3:.1f}; "
+                         f"{'launch' if st.bound == 'host' else 'GPU'}-bound; {quality})"))
+            rows.append(("Achieved FLOP/s, MFU", f"{fmt_flops(st.achieved_flops)}/s, MFU {st.mfu:.1%} "
+                         f"(PaLM appendix B: model FLOPs over the step and the peak)"))
+            top = st.by_op()
+            rows.append(("Top ops by GPU time", ", ".join(
+                f"{op.removeprefix('aten.')} {sec * 1e3:.2f} ms" for op, sec in list(top.items())[:5])))
         if report.kernels:
             rows.append(("Kernels assumed", ", ".join(f"{name} x{n}" for name, n in report.kernels.items())))
         if m.reserve:

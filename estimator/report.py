@@ -121,6 +121,8 @@ class Report:
     # the largest micro-batch that fits on ``gpu`` (estimator.plan, one GPU, DDP), or None with the reason
     max_batch: int | None = None
     max_batch_note: str | None = None
+    # predicted step time on ``gpu`` (estimator.timing; CUDA targets sized for a GPU), else None
+    step_time: Any = None
 
     # -- access ---------------------------------------------------------------
     @property
@@ -260,6 +262,7 @@ class Report:
             "modules": [r.to_dict() for r in self.module_rows(depth)],
             "unsupported_ops": list(t.unsupported),
             "kernels": self.kernels,
+            "step_time": self.step_time.to_dict() if self.step_time is not None else None,
             "headline": self.headline(),
             "needed": self.needed,
             "fit": self.fit_dict(),

@@ -1045,6 +1045,24 @@ def works_of(obj: Any, steady_state: bool = True) -> list[OpWork]:
     return works
 
 
+def node_times(nodes: Sequence[Any], gpu: GPU | str = "H100-SXM", model: TimingModel | None = None, *,
+               matmul_tf32: bool = False, steady_state: bool = True) -> list[tuple[float, float, bool]]:
+    """(kernel seconds, host seconds, waits for the GPU) of each of ``nodes`` (captured OpNodes, in
+    order): the per-op model of this module, for schedules that place ops themselves (the planner's
+    streams and links).  Placeholders, bookkeeping and (``steady_state``) the first step's
+    optimizer-state initialisation take (0, 0, False)."""
+    gpu = lookup_gpu(gpu) if isinstance(gpu, str) else gpu
+    model = model or load_model(gpu)
+    out = []
+    for node in nodes:
+        w = OpWork.from_node(node)
+        if w is None or (steady_state and w.phase == "optimizer" and op_base(w.op) in _FIRST_STEP_ONLY):
+            out.append((0.0, 0.0, False))
+        else:
+            out.append((gpu_seconds(w, model, matmul_tf32), cpu_seconds(w, model), w.sync))
+    return out
+
+
 def step_time(obj: Any, gpu: GPU | str = "H100-SXM", model: TimingModel | None = None, *,
               matmul_tf32: bool = False, steady_state: bool = True) -> StepTime:
     """Predicted time of one training step on ``gpu``.

@@ -37,13 +37,19 @@ aten = torch.ops.aten
 # ---------------------------------------------------------------------------
 
 
+def _heads_as_query(query, *kv):
+    # grouped-query attention: each KV head serves h_q / h_kv query heads, so the FLOPs are those of
+    # the KV heads repeated to h_q (torch < 2.12's formulas reject h_kv != h_q)
+    return [(*s[:-3], query[-3], *s[-2:]) for s in kv]
+
+
 def _cpu_flash(query, key, value, *args, out_shape=None, **kwargs):
     # torch's own sdpa formula, which it applies to every fused sdpa kernel but the CPU one
-    return fc.sdpa_flop_count(query, key, value)
+    return fc.sdpa_flop_count(query, *_heads_as_query(query, key, value))
 
 
 def _cpu_flash_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs):
-    return fc.sdpa_backward_flop_count(grad_out, query, key, value)
+    return fc.sdpa_backward_flop_count(grad_out, query, *_heads_as_query(query, key, value))
 
 
 _RNN_GATES = {0: 1, 1: 1, 2: 4, 3: 3}  # mkldnn/cudnn rnn modes: RNN_RELU, RNN_TANH, LSTM, GRU
@@ -322,8 +328,9 @@ def test_flash_kernels_read_batch_seq_heads_dim():
     # so the expectation is torch's sdpa formula on the transposed shapes
     q, k, v = _meta(2, 5, 4, 8), _meta(2, 7, 2, 8), _meta(2, 7, 2, 8)
     g, o, lse = _meta(2, 5, 4, 8), _meta(2, 5, 4, 8), _meta(2, 4, 5)
-    fwd = fc.sdpa_flop_count((2, 4, 5, 8), (2, 2, 7, 8), (2, 2, 7, 8))
-    bwd = fc.sdpa_backward_flop_count((2, 4, 5, 8), (2, 4, 5, 8), (2, 2, 7, 8), (2, 2, 7, 8))
+    fwd = fc.sdpa_flop_count((2, 4, 5, 8), *_heads_as_query((2, 4, 5, 8), (2, 2, 7, 8), (2, 2, 7, 8)))
+    bwd = fc.sdpa_backward_flop_count((2, 4, 5, 8), (2, 4, 5, 8),
+                                      *_heads_as_query((2, 4, 5, 8), (2, 2, 7, 8), (2, 2, 7, 8)))
     assert ours(aten._flash_attention_forward.default, q, k, v, None, None, 5, 7, 0.0, False, False) == fwd
     assert ours(aten._efficient_attention_forward.default, q, k, v, None, None, None, None, None, 0.0, 0) == fwd
     assert ours(aten._flash_attention_backward.default, g, q, k, v, o, lse, None, None, 5, 7, 0.0, False,

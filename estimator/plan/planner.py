@@ -552,7 +552,8 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
          steps: int | None = None, mfu: float | None = None, solve: Sequence[str] | str = ("batch",),
          gpus_per_node: int = 8, interconnect: str | None = None, inter_node: str | None = None,
          zero_semantics: str = "deepspeed", reshard_after_forward: bool = True, device: str = "cuda", rank: int = 0,
-         confirm: bool = True, model_name: str | None = None, progress: Progress | None = None) -> Plan:
+         confirm: bool = True, model_name: str | None = None, progress: Progress | None = None,
+         trace: str = "auto") -> Plan:
     """Plan a training step of ``model`` on ``gpus`` GPUs called ``gpu`` with ``strategy``.
 
     ``inputs`` are one GPU's micro-batch.  ``ddp``, ``fsdp`` and ``hsdp`` (with ``tp`` tensor
@@ -562,13 +563,14 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
     to the peak), fits or not (and the smallest layouts that fit when not), the largest micro-batch
     (``solve`` may add ``"seq"``), step time from the traced schedule, time to train for the budget.
     ``precision`` (default ``bf16-mixed``): see :func:`~estimator.plan.layout.parse_plan_precision`.
-    ``device="cpu"`` plans exact bytes without CUDA rounding (tests).  Raises
+    ``device="cpu"`` plans exact bytes without CUDA rounding (tests).  ``trace``: as
+    :func:`estimator.estimate`'s (``"auto"``, ``"fake"`` or ``"real"``).  Raises
     :class:`~estimator.errors.UserError` for impossible combinations.
     """
     planner = Planner(model, inputs, gpu=gpu, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs,
                       loss_fn=loss_fn, precision=precision, reduce_dtype=reduce_dtype, wrap=wrap, device=device,
                       gpus_per_node=gpus_per_node, interconnect=interconnect, inter_node=inter_node,
-                      zero_semantics=zero_semantics, model_name=model_name, progress=progress)
+                      zero_semantics=zero_semantics, model_name=model_name, progress=progress, trace=trace)
     return planner.plan(strategy, gpus, tp=tp, sequence_parallel=sequence_parallel, checkpoint=checkpoint,
                         offload=offload, tokens=tokens, samples=samples, steps=steps, mfu=mfu, solve=solve,
                         reshard_after_forward=reshard_after_forward, rank=rank, confirm=confirm)

@@ -2,10 +2,11 @@
 and with the dependencies the engine gives them; exposed communication is what the compute
 stream waits for.
 
-**Per op**: :func:`node_time` (one function, to be replaced by a calibrated per-op model):
-today's roofline, ``max(FLOPs / peak(dtype), bytes / bandwidth)``, the peak of the op's compute
-dtype for matmul-class ops (fp32 for the rest), bytes = the node's tensor inputs (each once) and
-outputs, views 0.  **Per collective**: ring algorithms, bytes each GPU sends ``2(n-1)/n S``
+**Per op**: the calibrated per-op model of :mod:`estimator.timing` (the one ``estimate --gpu``
+reports): each op's kernel time on the GPU and its host time (dispatch, launch), so a small model's
+step is launch-bound as on a real GPU; the host issues ops in order and a kernel starts when the
+host has issued it and the stream is free.  GPUs without measured constants use the H100's scaled
+to their datasheet (``estimator.timing.load_model``; the plan's step time says so).  **Per collective**: ring algorithms, bytes each GPU sends ``2(n-1)/n S``
 (all-reduce) or ``(n-1)/n S`` (all-gather, reduce-scatter, all-to-all), ``S`` (broadcast), over
 the inter-node link when the group's ranks span nodes, else the intra-node link, at the links'
 datasheet rates.
@@ -45,6 +46,7 @@ from ..graph import OpNode
 from ..hardware import GPU, Link
 from ..rules.registry import MATMUL
 from ..rules.zero import VIEWS
+from ..timing import load_model, node_times
 from .traced import Collective, Step, _op_name
 from .results import StepTime
 
@@ -71,13 +73,9 @@ def node_bytes(node: OpNode) -> int:
     return moved + _spec_bytes(node.meta.get("spec"))
 
 
-def node_time(node: OpNode, gpu: GPU) -> float:
-    """Seconds one op takes on ``gpu``: the roofline (see the module docstring)."""
-    cost = node.meta.get("cost")
-    flops = cost.flops if cost is not None and cost.kind != "unsupported" else 0
-    fp32 = gpu.peak_flops("fp32")
-    peak = (gpu.peak_flops(cost.dtype or "fp32") or fp32) if cost is not None and cost.kind == MATMUL else fp32
-    return max(flops / peak if flops else 0.0, node_bytes(node) / gpu.bandwidth)
+def _model_name(gpu: GPU) -> str:
+    model = load_model(gpu)
+    return "calibrated per-op times" if model.calibrated else f"per-op times {model.source}"
 
 
 def ring_bytes(kind: str, n: int, size: float) -> float:
@@ -118,6 +116,9 @@ def traced_time(step: Step, gpu: GPU, intra: Link, inter: Link, optimizer_on_gpu
     comm_bytes: dict[str, float] = defaultdict(float)
     links: set[str] = set()
     end = 0.0
+    host = 0.0  # when the host has issued the ops so far
+    waited = 0.0  # compute-stream time spent waiting for collectives
+    times = node_times(step.cap.nodes, gpu)
     for i, node in enumerate(step.cap.nodes):
         phase = node.meta.get("phase", "forward")
         inputs = _sids_of((node.args, node.kwargs))
@@ -141,9 +142,12 @@ def traced_time(step: Step, gpu: GPU, intra: Link, inter: Link, optimizer_on_gpu
                 links.add(lk.name)
             end = max(end, finish)
             continue
-        seconds = node_time(node, gpu)
+        seconds, issue, sync = times[i]
         if phase == "optimizer" and not optimizer_on_gpu:
-            seconds = 0.0
+            seconds = issue = 0.0
+        host += issue
+        if sync:  # a device value read on the host: the host waits for the stream
+            host = max(host, t_compute)
         if name in _SIDE_COPIES:  # on FSDP2's all-gather / reduce-scatter side stream
             stream = "ag" if name == "fsdp.all_gather_copy_in" else "rs"
             start = max(side_free[stream], after_inputs, last_copy_out if stream == "ag" else 0.0)
@@ -152,7 +156,9 @@ def traced_time(step: Step, gpu: GPU, intra: Link, inter: Link, optimizer_on_gpu
                 written[s] = finish
             end = max(end, finish)
             continue
-        start = max(t_compute, max((ready.get(s, 0.0) for s in inputs), default=0.0))
+        issued = max(t_compute, host)  # the stream is free and the host has issued the op
+        start = max(issued, max((ready.get(s, 0.0) for s in inputs), default=0.0))
+        waited += start - issued  # the stream waits for a collective
         t_compute = start + seconds
         busy += seconds
         by_phase[phase] += seconds
@@ -161,9 +167,11 @@ def traced_time(step: Step, gpu: GPU, intra: Link, inter: Link, optimizer_on_gpu
         if name == _COPY_OUT:
             last_copy_out = t_compute
         end = max(end, t_compute)
-    return StepTime(step_time_s=end, compute_s=busy, comm_s=sum(comm_s.values()), exposed_comm_s=max(0.0, end - busy),
+    waited += max(0.0, end - max(t_compute, host))  # collectives still running after the last op
+    end = max(end, host)
+    return StepTime(step_time_s=end, compute_s=busy, comm_s=sum(comm_s.values()), exposed_comm_s=waited,
                     by_phase_s=dict(by_phase), comm_by_kind_s=dict(comm_s), comm_bytes_per_gpu=dict(comm_bytes),
-                    links=sorted(links), model="traced schedule")
+                    links=sorted(links), model=f"traced schedule, {_model_name(gpu)}")
 
 
 def zero_time(step: Step, gpu: GPU, stage: int, n: int, spans_nodes: bool, intra: Link, inter: Link,
@@ -173,9 +181,13 @@ def zero_time(step: Step, gpu: GPU, stage: int, n: int, spans_nodes: bool, intra
     ``param_bytes``/``grad_bytes``: the full 16-bit (working dtype) parameters and gradients;
     ``optimizer_scale``: the optimizer's share of the traced optimizer work on this rank."""
     by_phase: dict[str, float] = defaultdict(float)
-    for node in step.cap.nodes:
+    host_by_phase: dict[str, float] = defaultdict(float)
+    for node, (seconds, issue, _) in zip(step.cap.nodes, node_times(step.cap.nodes, gpu)):
         phase = node.meta.get("phase", "forward")
-        by_phase["forward" if phase == "loss" else phase] += node_time(node, gpu)
+        by_phase["forward" if phase == "loss" else phase] += seconds
+        host_by_phase["forward" if phase == "loss" else phase] += issue
+    for phase, issue in host_by_phase.items():  # a launch-bound pass takes its host time
+        by_phase[phase] = max(by_phase[phase], issue)
     by_phase["optimizer"] *= optimizer_scale
     lk = inter if spans_nodes else intra
     rs = ring_bytes("reduce_scatter", n, grad_bytes)
@@ -193,7 +205,7 @@ def zero_time(step: Step, gpu: GPU, stage: int, n: int, spans_nodes: bool, intra
                     by_phase_s=dict(by_phase),
                     comm_by_kind_s={k: v / lk.bandwidth for k, v in comm_bytes.items()},
                     comm_bytes_per_gpu=comm_bytes, links=[lk.name] if n > 1 else [],
-                    model="ZeRO volumes (DeepSpeed's overlap defaults)")
+                    model=f"ZeRO volumes (DeepSpeed's overlap defaults), {_model_name(gpu)}")
 
 
 def matmul_flops(step: Step, phases: Sequence[str] = ("forward", "loss", "backward")) -> tuple[float, str]:
