@@ -6,6 +6,7 @@
     >>> report.to_dict()
 """
 
+from . import compat as _compat  # noqa: F401  (first: says which torch release is needed)
 from .build import build_empty, empty_weights
 from .errors import UserError
 from .api import estimate

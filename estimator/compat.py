@@ -11,6 +11,20 @@ from typing import Any
 
 import torch
 
+# The torch releases this project is tested on: 2.11 (the CUDA reference steps' release) and 2.13 (CI).
+MIN_TORCH = (2, 11)
+
+
+def torch_version(text: str | None = None) -> tuple[int, int]:
+    """(major, minor) of ``text`` (default: the installed torch)."""
+    major, minor = (text or torch.__version__).split("+")[0].split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+if torch_version() < MIN_TORCH:  # pragma: no cover - pip's requirement keeps this from happening
+    raise ImportError(f"estimator needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]} (found {torch.__version__}); "
+                      f"upgrade with: pip install 'torch>={MIN_TORCH[0]}.{MIN_TORCH[1]}'")
+
 try:
     StrEnum = enum.StrEnum  # Python >= 3.11
 except AttributeError:  # pragma: no cover - Python 3.10

@@ -258,6 +258,9 @@ class Validation:
     peak_flops_per_s: float | None
     tolerance: float  # percent
     notes: list[str] = field(default_factory=list)
+    # the step time estimator.timing predicts for this GPU (CUDA runs), and whether it is calibrated
+    predicted_step_time_s: float | None = None
+    predicted_calibrated: bool | None = None
 
     @property
     def ok(self) -> bool:
@@ -267,7 +270,8 @@ class Validation:
         return {"device": self.device, "device_name": self.device_name, "rows": self.rows,
                 "step_time_s": self.step_time_s, "achieved_flops_per_s": self.achieved_flops_per_s,
                 "mfu": self.mfu, "peak_flops_per_s": self.peak_flops_per_s, "tolerance_percent": self.tolerance,
-                "ok": self.ok, "notes": self.notes}
+                "ok": self.ok, "notes": self.notes, "predicted_step_time_s": self.predicted_step_time_s,
+                "predicted_calibrated": self.predicted_calibrated}
 
     def render(self, tablefmt: str = "simple") -> str:
         from tabulate import tabulate
@@ -286,7 +290,12 @@ class Validation:
         head = tabulate(body, headers=["", "estimated", "measured", "error", f"within {self.tolerance:g}%"],
                         tablefmt=tablefmt, disable_numparse=True, colalign=("left", "right", "right", "right", "left"))
         mfu = "unknown (pass --peak-tflops)" if self.mfu is None else f"{100 * self.mfu:.1f}%"
-        tail = (f"device: {self.device_name}\nstep time: {self.step_time_s * 1e3:.2f} ms (median)\n"
+        predicted = ""
+        if self.predicted_step_time_s is not None:
+            predicted = (f", predicted {self.predicted_step_time_s * 1e3:.2f} ms "
+                         f"({100 * _error(self.predicted_step_time_s, self.step_time_s):+.1f}%"
+                         f"{'' if self.predicted_calibrated else ', extrapolated constants'})")
+        tail = (f"device: {self.device_name}\nstep time: {self.step_time_s * 1e3:.2f} ms (median){predicted}\n"
                 f"achieved: {self.achieved_flops_per_s / 1e12:.3f} TFLOP/s, MFU {mfu}")
         return "\n".join([head, tail, *self.notes]) + "\n"
 
@@ -361,7 +370,10 @@ def validate(
     if steps < 1:
         raise UserError(f"--steps must be >= 1, not {steps}")
     policy = parse_precision(precision)
-    report = estimate(model, inputs, optimizer=optimizer, loss_fn=loss_fn, device=device, precision=precision)
+    # on a GPU the estimate is for that GPU (its architecture decides kernels and workspaces)
+    here = match_device_name(torch.cuda.get_device_name()) if device == "cuda" else None
+    report = estimate(model, inputs, optimizer=optimizer, loss_fn=loss_fn, device=device, precision=precision,
+                      gpu=here, solve_batch=False)
     est = report.to_dict()
     dev = torch.device(device)
 
@@ -495,4 +507,10 @@ def validate(
         name = "cpu"
         peak = peak_tflops * 1e12 if peak_tflops else None
     mfu = achieved / peak if peak else None
-    return Validation(device, name, rows, step_time, achieved, mfu, peak, tolerance, notes)
+    predicted = None
+    if device == "cuda" and gpu is not None:
+        from .timing import step_time as predict_step_time
+
+        predicted = predict_step_time(report, gpu)
+    return Validation(device, name, rows, step_time, achieved, mfu, peak, tolerance, notes,
+                      predicted.total if predicted else None, predicted.calibrated if predicted else None)

@@ -65,6 +65,7 @@ def test_gpu_validation(name):
                       precision="bf16-mixed")
     assert result.rows["parameters"]["error"] == 0
     assert abs(result.rows["peak"]["error"]) < 0.05, result.render()
+    assert result.predicted_step_time_s is not None and "predicted" in result.render()
 
 
 def test_hardware_table_has_the_required_gpus_and_lecture_figures():
@@ -108,3 +109,17 @@ def test_rendered_rows_carry_units():
         line = next(ln for ln in text.splitlines() if ln.startswith(name.replace("_", " ")))
         unit = fmt_flops if name.startswith("flops") else fmt_bytes
         assert unit(v) in line and unit(v + 1) in line and f"{v:,}" in line
+
+
+def test_gpu_run_shows_the_predicted_step_time():
+    """On a GPU the validation puts estimator.timing's prediction beside the measured median."""
+    from estimator.validate import Validation
+
+    v = Validation("cuda", "NVIDIA H100 80GB HBM3", {}, 0.050, 1e12, None, None, 5.0,
+                   predicted_step_time_s=0.055, predicted_calibrated=True)
+    text = v.render()
+    # (55 - 50) / 50 = +10.0 %
+    assert "step time: 50.00 ms (median), predicted 55.00 ms (+10.0%)" in text
+    assert v.to_dict()["predicted_step_time_s"] == 0.055
+    cpu = Validation("cpu", "cpu", {}, 0.050, 1e12, None, None, 5.0)
+    assert "predicted" not in cpu.render() and cpu.to_dict()["predicted_step_time_s"] is None
