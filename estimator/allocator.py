@@ -125,6 +125,10 @@ Speed: ``bisect`` over sorted integer keys in blocks of at most 2,000 (a small s
 no per-event scan of the cache (only the out-of-memory path and :meth:`Allocator.snapshot` walk
 every block).  About 5 microseconds per event: 1e6 events of a synthetic step in ~5 s on one
 core.
+
+Why one file of this length: the allocator's block, pool, segment and stream rules are one
+state machine (``CUDACachingAllocator.cpp`` is one file for the same reason); split, its
+invariants would be spread over modules that only make sense together.
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ units, one multiply-add being 2 FLOPs.  The report object holds the numbers
 
 Every text, markdown and HTML report starts with the headline (:func:`headline`): the memory the
 device needs (peak + reserve) and, for a GPU, whether it fits and the largest micro-batch.
+
+Why one file of this length: every output format (text, markdown, CSV, HTML with its SVG chart,
+PNG) renders the same rows from the same Report; keeping them together keeps the formats in step
+(the golden and format tests compare them).
 """
 
 from __future__ import annotations

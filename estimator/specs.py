@@ -28,6 +28,10 @@ building) is built again normally.
 
 Input shapes: ``8x3x224x224`` (float32) or ``8x1024:int64``; tensors are made on the
 ``meta`` device, so no memory is allocated for them.
+
+Why one file of this length: each SPEC form (files, ``hf:``, ``torchvision:``, ``timm:``) needs its
+own loader, input builder and one-line error messages, and they share the option parsing
+(``--batch``, ``--seq``, ``--set``, ``--image-size``); one loader per section below.
 """
 
 from __future__ import annotations

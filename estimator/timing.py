@@ -78,6 +78,11 @@ MFU, as in PaLM (Chowdhery et al. 2022, appendix B): model FLOPs per second over
 and backward passes as counted by this project's rules (a multiply-add is 2 FLOPs, as
 ``torch.utils.flop_counter``; attention included, recomputation excluded) and the peak is the
 datasheet dense peak of the dtype the matmuls run in (``hardware.GPU.peak``).
+
+Why one file of this length: the per-op work records, the formulas and the two timelines are
+pure functions of each other that the fit script (``benchmarks/fit_timing.py``) vectorises and
+must keep equal (tests/test_timing.py checks them against each other); the constants are data
+(``estimator/data/timing_h100.json``).
 """
 
 from __future__ import annotations

@@ -25,6 +25,10 @@ includes, besides the tensors of the step (what the capture records):
 
 :func:`library_memory` applies them to a captured step; :func:`estimator.memory.simulate` adds
 them to the timeline.
+
+Why one file of this length: every rule is a port of one library's temporary-memory logic with
+the reference figures it was checked on; they share the layout and CUB helpers and one registry
+(``@transient``), as ``rules/`` shares one for costs.
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@
 The golden file (``tests/golden/to_dict.json.gz``, written by ``tests/golden/make.py``) is the
 guard for pure refactors: moving code must not move a number.  A deliberate change of behaviour
 rewrites the file in its own commit, with the reason in the message.
+
+The numbers are those of one torch release (the file's ``_torch``; CI's): another release
+decomposes some ops differently and the CUDA target's kernel choices follow the release, so on
+another release the comparison is skipped, not loosened.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ def _diff(expected, actual, path="") -> list[str]:
 @pytest.mark.parametrize("name", make.cases())
 @pytest.mark.parametrize("device,precision", make.VARIANTS)
 def test_to_dict_unchanged(name, device, precision):
+    if GOLDEN.get(make.TORCH_KEY) != make.torch_release():
+        pytest.skip(f"the golden numbers are torch {GOLDEN.get(make.TORCH_KEY)}'s; this is {make.torch_release()}")
     if name.startswith("hf_"):
         pytest.importorskip("transformers")
     actual = json.loads(json.dumps(make.snapshot(name, device, precision)))

@@ -306,21 +306,27 @@ def torch_formula(op, *args, **kwargs) -> int:
 
 @pytest.mark.parametrize("kv_heads, d_v", [(4, 8), (2, 8), (2, 6)])
 def test_sdpa_kernels_equal_torch_formulas(kv_heads, d_v):
-    q, k, v = _meta(2, 4, 5, 8), _meta(2, kv_heads, 7, 8), _meta(2, kv_heads, 7, d_v)
+    q = _meta(2, 4, 5, 8)
     g, o, lse = _meta(2, 4, 5, d_v), _meta(2, 4, 5, d_v), _meta(2, 4, 5)
-    calls = [
-        (aten._scaled_dot_product_efficient_attention.default, (q, k, v, None, True)),
-        (aten._scaled_dot_product_flash_attention.default, (q, k, v)),
-        (aten._scaled_dot_product_cudnn_attention.default, (q, k, v, None, True)),
-        (aten._scaled_dot_product_efficient_attention_backward.default,
-         (g, q, k, v, None, o, lse, None, None, 0.0, [True] * 4)),
-        (aten._scaled_dot_product_flash_attention_backward.default,
-         (g, q, k, v, o, lse, None, None, 5, 7, 0.0, False, None, None)),
-        (aten._scaled_dot_product_cudnn_attention_backward.default,
-         (g, q, k, v, o, lse, None, None, None, None, None, 5, 7, 0.0, False)),
-    ]
-    for op, args in calls:
-        assert ours(op, *args) == torch_formula(op, *args), op
+
+    def calls(k, v):
+        return [
+            (aten._scaled_dot_product_efficient_attention.default, (q, k, v, None, True)),
+            (aten._scaled_dot_product_flash_attention.default, (q, k, v)),
+            (aten._scaled_dot_product_cudnn_attention.default, (q, k, v, None, True)),
+            (aten._scaled_dot_product_efficient_attention_backward.default,
+             (g, q, k, v, None, o, lse, None, None, 0.0, [True] * 4)),
+            (aten._scaled_dot_product_flash_attention_backward.default,
+             (g, q, k, v, o, lse, None, None, 5, 7, 0.0, False, None, None)),
+            (aten._scaled_dot_product_cudnn_attention_backward.default,
+             (g, q, k, v, o, lse, None, None, None, None, None, 5, 7, 0.0, False)),
+        ]
+
+    # grouped-query K/V count as K/V repeated to the 4 query heads (torch < 2.12's formulas reject them)
+    ours_calls = calls(_meta(2, kv_heads, 7, 8), _meta(2, kv_heads, 7, d_v))
+    torch_calls = calls(_meta(2, 4, 7, 8), _meta(2, 4, 7, d_v))
+    for (op, args), (_, expected_args) in zip(ours_calls, torch_calls):
+        assert ours(op, *args) == torch_formula(op, *expected_args), op
 
 
 def test_flash_kernels_read_batch_seq_heads_dim():
@@ -341,18 +347,24 @@ def test_flash_kernels_read_batch_seq_heads_dim():
 
 def test_varlen_flash_kernels_equal_torch_formulas():
     # nested [total, h, d] inputs with offsets: torch counts every sequence at the max length on fake/meta
+    # (grouped-query K/V [15, 2, 8]: torch's expectation on K/V repeated to the 4 query heads)
     q, k, v = _meta(12, 4, 8), _meta(15, 2, 8), _meta(15, 2, 8)
+    k_rep, v_rep = _meta(15, 4, 8), _meta(15, 4, 8)
     cum_q, cum_k = _meta(4, dtype=torch.int32), _meta(4, dtype=torch.int32)
     g, o, lse = _meta(12, 4, 8), _meta(12, 4, 8), _meta(4, 12)
-    fwd_args = (q, k, v, cum_q, cum_k, 6, 9, 0.0, False, False)
-    assert ours(aten._flash_attention_forward.default, *fwd_args) == torch_formula(aten._flash_attention_forward.default, *fwd_args)
-    bwd_args = (g, q, k, v, o, lse, cum_q, cum_k, 6, 9, 0.0, False, None, None)
-    assert ours(aten._flash_attention_backward.default, *bwd_args) == torch_formula(aten._flash_attention_backward.default, *bwd_args)
-    q4, k4, v4, g4, o4 = (t.unsqueeze(0) for t in (q, k, v, g, o))
-    eff = (q4, k4, v4, None, cum_q, cum_k, 6, 9, 0.0, 0)
-    assert ours(aten._efficient_attention_forward.default, *eff) == torch_formula(aten._efficient_attention_forward.default, *eff)
-    eff_bwd = (g4, q4, k4, v4, None, o4, cum_q, cum_k, 6, 9, lse, 0.0, None, None, 0, False)
-    assert ours(aten._efficient_attention_backward.default, *eff_bwd) == torch_formula(aten._efficient_attention_backward.default, *eff_bwd)
+
+    def check(op, make):
+        assert ours(op, *make(k, v)) == torch_formula(op, *make(k_rep, v_rep)), op
+
+    check(aten._flash_attention_forward.default, lambda k, v: (q, k, v, cum_q, cum_k, 6, 9, 0.0, False, False))
+    check(aten._flash_attention_backward.default,
+          lambda k, v: (g, q, k, v, o, lse, cum_q, cum_k, 6, 9, 0.0, False, None, None))
+    q4, g4, o4 = (t.unsqueeze(0) for t in (q, g, o))
+    check(aten._efficient_attention_forward.default,
+          lambda k, v: (q4, k.unsqueeze(0), v.unsqueeze(0), None, cum_q, cum_k, 6, 9, 0.0, 0))
+    check(aten._efficient_attention_backward.default,
+          lambda k, v: (g4, q4, k.unsqueeze(0), v.unsqueeze(0), None, o4, cum_q, cum_k, 6, 9, lse, 0.0, None, None,
+                        0, False))
 
 
 def test_matmul_variants():

@@ -5,6 +5,10 @@ with the :class:`~estimator.capture.recorder.Recorder` watching, and returns a
 :class:`Capture`.  Everything the step changes on the user's model (train/eval mode, forward
 hooks, parameters swapped for traced stand-ins, the checkpoint what-if) is entered on one
 ``ExitStack`` and undone on exit, whatever happens.
+
+Why one file of this length: the step's phases (forward, loss, backward, optimizer), the
+ExitStack that enters and leaves their context managers, and the storage bookkeeping they share
+are one sequence; the fake mode, recorder, inputs, loss and checkpointing live beside it.
 """
 
 from __future__ import annotations

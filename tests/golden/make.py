@@ -49,9 +49,18 @@ def key(name: str, device: str, precision: str) -> str:
     return f"{name}/{device}/{precision}"
 
 
+TORCH_KEY = "_torch"  # the torch release (major.minor) the file was written with
+
+
+def torch_release() -> str:
+    import torch
+
+    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
+
+
 def main() -> None:
     logging.getLogger("estimator").setLevel(logging.ERROR)
-    out = {}
+    out = {TORCH_KEY: torch_release()}
     for name in cases():
         for device, precision in VARIANTS:
             out[key(name, device, precision)] = snapshot(name, device, precision)
