@@ -9,7 +9,10 @@ cuda_torch="2.11")``) and checked for:
 * the steady-state peak within 1 % of the measured one and the first step within 2 % (cuBLAS
   workspaces included, as the counter includes them);
 * the kernels CUDA chose (attention backend, batch norm, dropout, recurrent and convolution
-  kernels, the math path's softmax), op by op in each phase, equal to the estimate's.
+  kernels, the math path's softmax), op by op in each phase, equal to the estimate's;
+* the memory held when backward starts (what backward needs: the saved activations, the model,
+  the optimizer state and the workspaces, once the forward pass's temporaries are gone) within
+  1 % of the allocated bytes before the reference's first backward op.
 """
 
 from __future__ import annotations
@@ -75,19 +78,29 @@ def _estimate(path: str):
         report = estimate(model, inputs, loss_fn=loss_fn, optimizer="adamw:lr=0.0001", device="cuda",
                           precision=precision, mode="inference" if mode == "inference" else "train",
                           gpu="H100", cuda_torch=ref["torch"].split("+")[0], solve_batch=False)
-        ours = {"peak": report.memory.peak, "first": report.memory.peak_first_step,
+        nodes = report.capture.nodes
+        first_backward = next((i for i, n in enumerate(nodes) if n.meta.get("phase") == "backward"), None)
+        # live bytes after the last op before backward (its Python frees included)
+        before_backward = [p.total for p in report.memory.timeline
+                           if first_backward is not None and p.index < first_backward]
+        ref_backward = [r for r in ref["ops"] if r["phase"] == "backward"]
+        ours = {"backward_start": before_backward[-1] if before_backward else None,
+                "peak": report.memory.peak, "first": report.memory.peak_first_step,
                 "kernels": _sequence((n.meta.get("phase"), str(n.target)) for n in report.capture.nodes)}
-        theirs = {"peak": ref["steps"][1]["peak"], "first": ref["steps"][0]["peak"],
+        theirs = {"backward_start": ref_backward[0]["before"] if ref_backward else None,
+                  "peak": ref["steps"][1]["peak"], "first": ref["steps"][0]["peak"],
                   "kernels": _sequence((r["phase"], r["op"]) for r in ref["ops"])}
         _CACHE[key] = (theirs, ours)
     return _CACHE[key]
 
 
-def _params(files):
+def _params(files, known=None):
+    """Test parameters; the cases of ``known`` (default: every KNOWN case) are strict xfails."""
     out = []
     for path in files:
         key = _case_id(path)
-        marks = [pytest.mark.xfail(strict=True, reason=KNOWN[key])] if key in KNOWN else []
+        marks = [pytest.mark.xfail(strict=True, reason=KNOWN[key])] \
+            if key in KNOWN and (known is None or key in known) else []
         out.append(pytest.param(path, id=key, marks=marks))
     return out
 
@@ -122,3 +135,10 @@ def test_kernels_match_the_h100(path):
     a, b = ours["kernels"], measured["kernels"]
     assert a == b, next(((i, x, y) for i, (x, y) in enumerate(zip(a + [None] * len(b), b + [None] * len(a)))
                          if x != y), None)
+
+
+@pytest.mark.parametrize("path", _params([p for p in FILES if "__inference" not in _case_id(p)], known=("resnet50_b64__fp16-mixed",)))
+def test_memory_when_backward_starts_matches_the_h100(path):
+    measured, ours = _estimate(path)
+    assert ours["backward_start"] == pytest.approx(measured["backward_start"], rel=0.01), \
+        (ours["backward_start"] / measured["backward_start"])
