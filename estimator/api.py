@@ -7,7 +7,8 @@ from typing import Any, Callable, Mapping
 import torch
 
 from .capture import Progress, StepOptions, capture
-from .capture.checkpoint import resolve_classes  # noqa: F401  (part of this module's API before the split)
+from .capture.checkpoint import resolve_classes
+from .compat import torch_version
 from .errors import UserError
 from .hardware import GPU, lookup
 from .memory import simulate
@@ -21,8 +22,7 @@ def _torch_version(text: str | None) -> tuple[int, int] | None:
     if text is None:
         return None
     try:
-        major, minor = str(text).split(".")[:2]
-        return int(major), int(minor)
+        return torch_version(str(text))
     except ValueError:
         raise UserError(f"cuda_torch={text!r}: give a torch release as MAJOR.MINOR, e.g. '2.11'") from None
 

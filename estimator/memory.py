@@ -351,7 +351,6 @@ def _with_allocator(best, trace, events, points=None):
     of the simulated allocator, at the op where it is reached; the blocks it hands out beyond the
     requests show as the ``allocator`` category."""
     index = trace.peak_allocated_index if trace.peak_allocated_index is not None else best[1]
-    by_index = dict(zip(trace.index, trace.allocated_max))
     after = dict(zip(trace.index, trace.allocated))
     breakdown = dict(best[2]) if index == best[1] else None
     if points is not None:

@@ -45,6 +45,7 @@ from typing import Any, Callable
 import torch
 
 from . import precision as _precision
+from .compat import torch_version
 
 aten = torch.ops.aten
 DispatchKey = torch._C.DispatchKey
@@ -53,12 +54,7 @@ DispatchKeySet = torch._C.DispatchKeySet
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
-def _version(text: str) -> tuple[int, int]:
-    major, minor = text.split("+")[0].split(".")[:2]
-    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
-
-
-INSTALLED_TORCH = _version(torch.__version__)
+INSTALLED_TORCH = torch_version()
 
 # cuDNN shipped with the default PyPI CUDA wheel of each torch release (cudnn.version() on those
 # wheels; 2.11: the reference H100 machine, torch 2.11.0+cu130, reads 91900).  Later releases

@@ -1028,6 +1028,11 @@ _FIRST_STEP_ONLY = frozenset({"zeros_like", "zeros", "full", "full_like", "ones_
                               "lift_fresh", "scalar_tensor", "new_zeros"})
 
 
+def _first_step_only(w: OpWork) -> bool:
+    """An op only the first step runs: the optimizer's state initialisation."""
+    return w.phase == "optimizer" and op_base(w.op) in _FIRST_STEP_ONLY
+
+
 def works_of(obj: Any, steady_state: bool = True) -> list[OpWork]:
     """OpWork records from a Report, a Capture, OpNodes or OpWork records (in order).
 
@@ -1044,7 +1049,7 @@ def works_of(obj: Any, steady_state: bool = True) -> list[OpWork]:
         w = item if isinstance(item, OpWork) else OpWork.from_node(item)
         if w is None:
             continue
-        if steady_state and w.phase == "optimizer" and op_base(w.op) in _FIRST_STEP_ONLY:
+        if steady_state and _first_step_only(w):
             continue
         works.append(w)
     return works
@@ -1061,7 +1066,7 @@ def node_times(nodes: Sequence[Any], gpu: GPU | str = "H100-SXM", model: TimingM
     out = []
     for node in nodes:
         w = OpWork.from_node(node)
-        if w is None or (steady_state and w.phase == "optimizer" and op_base(w.op) in _FIRST_STEP_ONLY):
+        if w is None or (steady_state and _first_step_only(w)):
             out.append((0.0, 0.0, False))
         else:
             out.append((gpu_seconds(w, model, matmul_tf32), cpu_seconds(w, model), w.sync))

@@ -496,7 +496,7 @@ def validate(
     notes = []
     if device == "cuda":
         name = torch.cuda.get_device_name()
-        gpu = match_device_name(name)
+        gpu = here
         key = {"bf16": "bf16", "fp16": "fp16", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(policy.name)
         if key is None:
             key = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"

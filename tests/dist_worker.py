@@ -68,8 +68,6 @@ class ResizeAwareTracker(TorchDispatchMode):
         self.trace: list | None = None  # (op, live bytes) samples, when debugging (DIST_WORKER_TRACE=run id)
 
     def register(self, t: torch.Tensor) -> None:
-        from torch._subclasses.fake_tensor import FakeTensor
-
         t = _local(t)
         if t.device.type == "meta" or type(t) not in (torch.Tensor, torch.nn.Parameter):
             return  # fake tensors (DTensor's sharding propagation) and wrappers (their inner tensors count)

@@ -18,7 +18,7 @@ import gc
 import logging
 import os
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import torch

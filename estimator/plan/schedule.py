@@ -45,32 +45,12 @@ import torch.utils._pytree as pytree
 from ..graph import OpNode
 from ..hardware import GPU, Link
 from ..rules.registry import MATMUL
-from ..rules.zero import VIEWS
 from ..timing import load_model, node_times
 from .traced import Collective, Step, _op_name
 from .results import StepTime
 
-_VIEW_NAMES = frozenset(VIEWS)
 _SIDE_COPIES = frozenset({"fsdp.all_gather_copy_in", "fsdp.chunk_cat"})
 _COPY_OUT = "fsdp.split_with_sizes_copy"
-
-
-def _spec_bytes(specs) -> int:
-    return sum(s.numel * s.dtype.itemsize for s in specs or () if s is not None)
-
-
-def node_bytes(node: OpNode) -> int:
-    """Bytes a node moves: its tensor inputs (each distinct input once) and outputs; views move 0."""
-    packet = getattr(node.target, "overloadpacket", None)
-    if packet is not None and packet.__name__ in _VIEW_NAMES:
-        return 0
-    seen: set[int] = set()
-    moved = 0
-    for a in pytree.tree_leaves((node.args, node.kwargs)):
-        if isinstance(a, OpNode) and id(a) not in seen:
-            seen.add(id(a))
-            moved += _spec_bytes(a.meta.get("spec"))
-    return moved + _spec_bytes(node.meta.get("spec"))
 
 
 def _model_name(gpu: GPU) -> str:
