@@ -407,13 +407,77 @@ def test_communication_from_the_traced_collectives():
 
 
 def test_exposed_communication_grows_as_the_link_slows():
-    cfg = {"vocab_size": 512, "block_size": 64, "n_layer": 4, "n_head": 4, "n_embd": 128}
-    model, inputs = _gpt(cfg, 4, 64)
+    # wide enough for the GPU, not the host's launches, to set the pace (a launch-bound step hides
+    # its collectives behind the host whatever the link)
+    cfg = {"vocab_size": 512, "block_size": 256, "n_layer": 2, "n_head": 8, "n_embd": 1024}
+    model, inputs = _gpt(cfg, 8, 256)
     fast = Planner(model, inputs, gpu="H100", interconnect="nvlink4").plan("fsdp", 8, solve=())
     slow = Planner(model, inputs, gpu="H100", interconnect="eth-100g").plan("fsdp", 8, solve=())
     assert fast.time.compute_s == pytest.approx(slow.time.compute_s)
     assert slow.time.exposed_comm_s > fast.time.exposed_comm_s
-    assert slow.time.comm_s == pytest.approx(fast.time.comm_s * 450e9 / 12.5e9, rel=1e-6)  # nvlink4 / 100 GbE
+    # the bandwidth terms scale by nvlink4 / 100 GbE = 36; both add NCCL's ring latency per collective
+    assert fast.time.comm_s < slow.time.comm_s < fast.time.comm_s * 450e9 / 12.5e9
+
+
+def test_fsdp_side_streams_are_the_engines():
+    """FSDP2 switches streams as it runs (``_fsdp_collectives.py``): the casts and the copy into the
+    all-gather buffer on the copy-in stream, the reduce-scatter's copy-in (chunk_cat) on the compute
+    stream, the cast of the reduced gradient back to fp32 on the reduce-scatter stream."""
+    cfg = {"vocab_size": 96, "dim": 32, "hidden_dim": 48, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4,
+           "max_seq_len": 16}
+    model, inputs = _llama(cfg, 2, 16)
+    planner = Planner(model, inputs, gpu="H100", precision="fsdp-bf16", device="cpu")
+    planner.plan("fsdp", 4, solve=())
+    step = next(st for st in planner._steps.values() if st.collectives)
+    names = {i: str(getattr(n.target, "overloadpacket", n.target)) for i, n in enumerate(step.cap.nodes)}
+    on = {stream: {names[i] for i, s in step.streams.items() if s == stream} for stream in set(step.streams.values())}
+    assert {"fsdp.all_gather_copy_in", "aten._foreach_copy_"} <= on["all_gather_copy_in"]
+    assert "aten._to_copy" in on["reduce_scatter"]  # reduced bf16 gradient -> the fp32 shard's dtype
+    assert all(i not in step.streams for i, name in names.items() if name == "fsdp.chunk_cat")
+    assert set(on) <= {"all_gather_copy_in", "all_gather", "reduce_scatter", "all_reduce"}
+
+
+def test_fsdp_prefetch_hides_communication_that_compute_covers():
+    """A Llama-7B-wide model on 1,024 A100s: each layer's all-gathers and reduce-scatter (~13 ms over
+    the rails) take less than its compute, so with FSDP2's one-ahead prefetch only the first
+    all-gathers and the last reduce-scatters are exposed: four more layers add compute and
+    communication but no exposed time."""
+    cfg = {"vocab_size": 32000, "dim": 4096, "hidden_dim": 11008, "n_heads": 32, "n_kv_heads": 32,
+           "max_seq_len": 4096}
+    times = []
+    for layers in (2, 6):
+        model, inputs = _llama({**cfg, "n_layers": layers}, 1, 4096)
+        p = Planner(model, inputs, gpu="A100-80GB", precision="fsdp-bf16").plan("fsdp", 1024, solve=())
+        times.append(p.time)
+    short, deep = times
+    assert deep.comm_s - short.comm_s > 0.04  # 4 layers x 3 collectives x ~4 ms or more
+    assert deep.exposed_comm_s - short.exposed_comm_s < 0.02 * (deep.comm_s - short.comm_s)
+    assert deep.exposed_comm_s < 0.1 * deep.comm_s + short.exposed_comm_s
+
+
+def test_collective_time_is_nccls_ring_over_the_nic_rails():
+    """Across nodes each rank of a node sends through its own NIC: a DGX A100's 8 x 200 Gb/s reach
+    8 x 24 GB/s = 192 GB/s of bus bandwidth, the figure NVIDIA measures (NVIDIA/nccl#812); one rank
+    per node gets one NIC; inside a node the NVLink rate.  Large messages cost bytes over the bus
+    bandwidth, small ones NCCL's ring latency (src/graph/tuning.cc)."""
+    from estimator.hardware import link
+    from estimator.plan.schedule import bus_bandwidth, collective_time, ring_latency
+    from estimator.plan.traced import Collective
+    nvlink, hdr = link("nvlink3"), link("ib-hdr")
+    big = 2**30
+    dgx = Collective("all_reduce", big, 16, nodes=2, per_node=8)
+    assert bus_bandwidth(dgx, nvlink, hdr) == pytest.approx(192e9)
+    assert bus_bandwidth(Collective("all_reduce", big, 16, nodes=16, per_node=1), nvlink, hdr) == pytest.approx(24e9)
+    assert bus_bandwidth(Collective("all_reduce", big, 8, nodes=1, per_node=8), nvlink, hdr) == 300e9
+    seconds, lk = collective_time(dgx, nvlink, hdr)
+    assert lk is hdr
+    # all-reduce over 16 ranks: each GPU sends 2 (16-1)/16 of 1 GiB at 192 GB/s, + the ring's latency
+    assert seconds == pytest.approx(2 * 15 / 16 * big / 192e9 + ring_latency(dgx, nvlink, "simple"))
+    # Simple's ring latency: 8.4 us base + 28 steps x 3.4 us (NVLink) + 2 steps x 9.6 us (network)
+    assert ring_latency(dgx, nvlink, "simple") == pytest.approx((8.4 + 28 * 3.4 + 2 * 9.6) * 1e-6)
+    tiny = Collective("all_gather", 1024, 8, nodes=1, per_node=8)  # 1 KiB: LL's latency wins
+    # LL: 3.6 us + 7 hops x 0.47 us, and 7/8 KiB at a third of 300 GB/s
+    assert collective_time(tiny, nvlink, hdr)[0] == pytest.approx((3.6 + 7 * 0.47) * 1e-6 + 7 / 8 * 1024 / 100e9)
 
 
 def test_time_to_train_and_flops_per_token():

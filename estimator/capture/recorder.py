@@ -111,6 +111,10 @@ class Recorder(TorchDispatchMode):
         self.records: list[OpNode] = []  # every call_function record, getitem included
         self.order: list[OpNode] = []  # aten ops only
         self.phase = Phase.FORWARD
+        # the stream ops are issued on: engines traced on the CPU (FSDP2) switch torch.cpu's streams
+        # as they switch CUDA streams on a GPU; an op issued on another than this one is tagged with
+        # ``meta["stream"]`` (the id of its stream object), which the planner names
+        self.default_stream = torch.cpu.current_stream()
         self.module_stack: list[str] = _ModuleStack(self)
         # autograd sequence number -> (module, forward node) of the op whose autograd kernel created
         # that node; ``next_seq`` is the first sequence number no recorded op has claimed yet
@@ -264,6 +268,9 @@ class Recorder(TorchDispatchMode):
         else:
             flat_out = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
         meta: dict[str, Any] = {"module": module, "phase": self.phase}
+        stream = torch.cpu.current_stream()
+        if stream is not self.default_stream:
+            meta["stream"] = id(stream)
         node = OpNode("call_function", f"op_{len(self.records)}", func, node_args, node_kwargs, meta)
         self.order.append(node)  # first, so that the allocations below are events of this op
         self.records.append(node)

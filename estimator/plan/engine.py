@@ -196,6 +196,17 @@ def build(model: torch.nn.Module, layout: Layout, precision: PlanPrecision, unit
     return m
 
 
+def fsdp_streams(state: Any) -> dict[int, str]:
+    """FSDP2's side streams (``_fsdp_param_group.py``, ``FSDPCommContext``) by the id of their
+    objects: the casts and copy into the all-gather buffer run on ``all_gather_copy_in``, the
+    all-gather on ``all_gather``, the reduce-scatter and the ops after it (division, cast to the
+    parameters' dtype, the new sharded gradients) on ``reduce_scatter`` (``_fsdp_collectives.py``)."""
+    ctx = getattr(state, "_comm_ctx", None)
+    names = ("all_gather_copy_in", "all_gather", "reduce_scatter", "all_reduce")
+    streams = ((getattr(ctx, f"{name}_stream", None), name) for name in names)
+    return {id(s): name for s, name in streams if s is not None}
+
+
 def _ddp_allreduce_hook(world: int):
     """DDP's default all-reduce, in Python: divide the bucket by the world size and all-reduce it in
     place (``reducer.cpp`` does both in place; the fake work has no value to return)."""
@@ -228,6 +239,7 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
 
         register()
         mesh = _mesh(layout)
+        stream_names: dict[int, str] = {}  # id of an FSDP2 stream -> its name (see fsdp_streams)
 
         def prepare(_model: torch.nn.Module, fake) -> tuple[torch.nn.Module, torch.nn.Module]:
             m = build(model, layout, precision, unit_paths, tp_plan, mesh)
@@ -239,6 +251,7 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
                     lazy_init = getattr(state, "_lazy_init", None)
                     if lazy_init is not None:  # pads the shards now rather than in the traced forward
                         lazy_init()
+                    stream_names.update(fsdp_streams(state))
                 elif layout.strategy == "ddp" and layout.dp > 1:
                     from torch.nn.parallel import DistributedDataParallel
 
@@ -257,7 +270,9 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
                                 f"the forward must run on local shards, e.g. views with -1 for the head count)") from exc
             raise
         collectives = find_collectives(cap, layout.gpus_per_node)
-    step = Step(cap, tally(cap), simulate(cap, device, target=options.cuda), storage_rows(cap), value, collectives, notes)
+    streams = {i: stream_names.get(n.meta["stream"], "side") for i, n in enumerate(cap.nodes) if "stream" in n.meta}
+    step = Step(cap, tally(cap), simulate(cap, device, target=options.cuda), storage_rows(cap), value, collectives,
+                notes, streams)
     if cap.fallback_reason:
         step.notes.append(cap.fallback_reason)
     return step

@@ -406,9 +406,8 @@ class Planner:
                 t = replace(t, offload_s=moved / host.bandwidth, step_time_s=t.step_time_s + moved / host.bandwidth)
             return t
         t = step.tally
-        spans = layout.dp > self.gpus_per_node
         scale = 0.0 if layout.offload else 1.0 / layout.dp
-        out = zero_time(step, gpu, int(layout.strategy[-1]), layout.dp, spans, intra, inter,
+        out = zero_time(step, gpu, int(layout.strategy[-1]), layout.dp, self.gpus_per_node, intra, inter,
                         float(t.parameters_bytes), float(t.gradients_bytes), scale)
         if layout.offload:  # this rank's gradient partition out, its updated parameter partition in
             moved = float(t.gradients_bytes) / layout.dp + float(t.parameters_bytes) / layout.dp

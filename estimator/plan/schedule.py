@@ -7,23 +7,29 @@ reports): each op's kernel time on the GPU and its host time (dispatch, launch),
 step is launch-bound as on a real GPU; the host issues ops in order and a kernel starts when the
 host has issued it and the stream is free.  GPUs without measured constants use the H100's scaled
 to their datasheet (``estimator.timing.load_model``; the plan's step time says so).  **Per collective**: ring algorithms, bytes each GPU sends ``2(n-1)/n S``
-(all-reduce) or ``(n-1)/n S`` (all-gather, reduce-scatter, all-to-all), ``S`` (broadcast), over
-the inter-node link when the group's ranks span nodes, else the intra-node link, at the links'
-datasheet rates.
+(all-reduce) or ``(n-1)/n S`` (all-gather, reduce-scatter, all-to-all), ``S`` (broadcast), at the
+ring's bus bandwidth, plus the ring's latency (:func:`collective_time`).  Inside a node the bus
+bandwidth is the intra-node link's datasheet rate.  Across nodes NCCL runs one ring per NIC rail:
+each of a node's ``k`` ranks of the group sends through its own NIC, so the bus bandwidth is ``k``
+NICs (at NCCL's achieved 24 GB/s per 200 Gb/s NIC), capped by the intra-node link (a DGX A100,
+8 x 200 Gb/s: 192 GB/s, as NVIDIA measures it).
 
 **Schedule** (what the engines do on GPUs, from their sources):
 
 * compute ops run one after another on the compute stream, in the traced order; an op that
   reads a collective's output waits for the collective to finish;
-* collectives run on their link, one at a time per link, each starting when the link is free
-  and what it sends has been computed (CPU runs ahead of the GPU: issue order is not a wait);
-* FSDP2 copies the shards into its all-gather buffer and the gradients into its reduce-scatter
-  buffer on the communication side (``all_gather_copy_in``, ``chunk_cat``: side streams in
-  ``_fsdp_collectives.py``), and the copy-in of an all-gather waits for the copy-out of the
-  previous one (``_fsdp_param_group.py``: ``AllGatherState``, one all-gather in flight ahead):
-  so the next unit's parameters are gathered while this unit computes, forward and backward
-  (FSDP2's implicit forward and explicit backward prefetch), and a unit's reduce-scatter runs
-  while the previous unit's backward computes;
+* collectives run on their link, one at a time per link, each starting when the link and its
+  stream are free, the host has issued it and what it sends has been written;
+* ops the engine issues on a side stream (recorded as FSDP2 switches streams:
+  ``Step.streams``) run there, one after another, when the host has issued them and their
+  inputs are written: FSDP2's casts and copy into the all-gather buffer on its copy-in stream,
+  the ops after a reduce-scatter (division, the cast back to the parameters' dtype) on the
+  reduce-scatter stream (``_fsdp_collectives.py``); the reduce-scatter's copy-in (``chunk_cat``)
+  is on the compute stream, as in torch 2.11-2.13; the copy-in of an all-gather waits for the
+  copy-out of the previous one (``_fsdp_param_group.py``: ``AllGatherState``, one all-gather in
+  flight ahead): so the next unit's parameters are gathered while this unit computes, forward
+  and backward (FSDP2's implicit forward and explicit backward prefetch), and a unit's
+  reduce-scatter runs while the previous unit's backward computes;
 * DDP all-reduces each bucket when it is full (its copies in are compute ops), the optimizer
   waits for the reduced gradients; tensor parallelism's collectives are waited for by the next op.
 
@@ -49,7 +55,6 @@ from ..timing import load_model, node_times
 from .traced import Collective, Step, _op_name
 from .results import StepTime
 
-_SIDE_COPIES = frozenset({"fsdp.all_gather_copy_in", "fsdp.chunk_cat"})
 _COPY_OUT = "fsdp.split_with_sizes_copy"
 
 
@@ -69,9 +74,51 @@ def ring_bytes(kind: str, n: int, size: float) -> float:
     return (n - 1) / n * size
 
 
+# Achieved over line rate of a NIC in NCCL's collectives: "we usually consider 24GB/s is the peak
+# performance per 200G NIC (12 GB/s for 100G NICs)" (S. Jeaugey, NCCL, NVIDIA/nccl-tests#119); a DGX
+# A100's 8 x 200 Gb/s measure 192 GB/s all-reduce bus bandwidth (NVIDIA/nccl#812, quoted in #1576).
+NIC_EFFICIENCY = 24 / 25
+
+# NCCL's ring cost model (src/graph/tuning.cc, ncclTopoTuneModel): a collective takes its latency
+# plus bytes over the algorithm bandwidth; the latency is a base plus one hop latency per ring step
+# (microseconds; steps inside a node on NVLink or PCIe, steps between nodes on the network).
+# LL trades bandwidth (1/4 of the bus across nodes or in all-reduce, 1/3 otherwise) for latency;
+# NCCL picks the faster protocol per call.
+_RING_BASE_US = {"simple": 8.4, "ll": 3.6}
+_RING_HOP_US = {"nvlink": {"simple": 3.4, "ll": 0.47}, "pci": {"simple": 5.7, "ll": 1.0},
+                "net": {"simple": 9.6, "ll": 2.7}}
+
+
+def bus_bandwidth(c: Collective, intra: Link, inter: Link) -> float:
+    """Bus bandwidth of the ring of ``c`` (bytes/s): the intra-node link inside one node; across
+    nodes the ``per_node`` NIC rails of each node, at NCCL's achieved rate, up to the intra link."""
+    if not c.spans_nodes:
+        return intra.bandwidth
+    return min(intra.bandwidth, c.per_node * inter.bandwidth * NIC_EFFICIENCY)
+
+
+def ring_latency(c: Collective, intra: Link, protocol: str) -> float:
+    """NCCL's ring latency of ``c`` in seconds: base + hops inside nodes + hops between nodes."""
+    steps = 2 * (c.group_size - 1) if c.kind == "all_reduce" else c.group_size - 1
+    inter_steps = 2 * (c.nodes - 1) if c.kind == "all_reduce" else c.nodes - 1
+    hop = _RING_HOP_US["nvlink" if intra.name.startswith(("nvlink", "xgmi")) else "pci"][protocol]
+    if c.spans_nodes and protocol == "ll":
+        hop *= 1.8  # tuning.cc: LL's intra-node latency across nodes
+    us = _RING_BASE_US[protocol] + (steps - inter_steps) * hop + inter_steps * _RING_HOP_US["net"][protocol]
+    return us * 1e-6
+
+
 def collective_time(c: Collective, intra: Link, inter: Link) -> tuple[float, Link]:
+    """Seconds ``c`` takes (the faster of NCCL's Simple and LL protocols) and the link it runs on."""
     lk = inter if c.spans_nodes else intra
-    return ring_bytes(c.kind, c.group_size, c.nbytes) / lk.bandwidth, lk
+    volume = ring_bytes(c.kind, c.group_size, c.nbytes)  # bytes each GPU sends
+    if volume == 0:
+        return 0.0, lk
+    bw = bus_bandwidth(c, intra, inter)
+    ll_bw = bw / (4 if c.spans_nodes or c.kind == "all_reduce" else 3)
+    simple = ring_latency(c, intra, "simple") + volume / bw
+    ll = ring_latency(c, intra, "ll") + volume / ll_bw
+    return min(simple, ll), lk
 
 
 def _sids_of(value) -> set[int]:
@@ -84,12 +131,11 @@ def _sids_of(value) -> set[int]:
 
 def traced_time(step: Step, gpu: GPU, intra: Link, inter: Link, optimizer_on_gpu: bool = True) -> StepTime:
     """The step time of an engine-traced step (see the module docstring)."""
-    t_compute = 0.0
+    t_compute = 0.0  # when the compute stream is free
     busy = 0.0
     link_free: dict[str, float] = defaultdict(float)
-    side_free: dict[str, float] = defaultdict(float)
-    ready: dict[int, float] = {}  # storage -> when a collective's result is there
-    written: dict[int, float] = {}  # storage -> when the compute stream last wrote it
+    stream_free: dict[str, float] = defaultdict(float)  # side streams
+    avail: dict[int, float] = {}  # storage -> when the op that last wrote it finishes (any stream)
     last_copy_out = 0.0
     by_phase: dict[str, float] = defaultdict(float)
     comm_s: dict[str, float] = defaultdict(float)
@@ -97,24 +143,29 @@ def traced_time(step: Step, gpu: GPU, intra: Link, inter: Link, optimizer_on_gpu
     links: set[str] = set()
     end = 0.0
     host = 0.0  # when the host has issued the ops so far
-    waited = 0.0  # compute-stream time spent waiting for collectives
+    waited = 0.0  # compute-stream time spent waiting for collectives and their side streams
     times = node_times(step.cap.nodes, gpu)
     for i, node in enumerate(step.cap.nodes):
         phase = node.meta.get("phase", "forward")
         inputs = _sids_of((node.args, node.kwargs))
         outputs = set(node.meta.get("storage", ()))
-        after_inputs = max((written.get(s, 0.0) for s in inputs), default=0.0)
+        deps = max((avail.get(s, 0.0) for s in inputs), default=0.0)
         coll = step.collectives.get(i)
         name = _op_name(node)
+        seconds, issue, sync = times[i]
+        if phase == "optimizer" and not optimizer_on_gpu:
+            seconds = issue = 0.0
+        host += issue
+        if sync:  # a device value read on the host: the host waits for the stream
+            host = max(host, t_compute)
+        stream = step.streams.get(i)
         if coll is not None:
             seconds, lk = collective_time(coll, intra, inter)
-            stream = "ag" if coll.kind == "all_gather" else "rs"
-            start = max(link_free[lk.name], side_free[stream], after_inputs,
-                        max((ready.get(s, 0.0) for s in inputs), default=0.0))
-            finish = start + seconds
-            link_free[lk.name] = side_free[stream] = finish
-            for s in outputs | (inputs if name.startswith("c10d.") else set()):
-                ready[s] = finish
+            stream = stream or ("all_gather" if coll.kind == "all_gather" else "reduce_scatter")
+            start = max(link_free[lk.name], stream_free[stream], deps, host)
+            finish = link_free[lk.name] = stream_free[stream] = start + seconds
+            for s in outputs | (inputs if name.startswith("c10d.") else set()):  # c10d ops work in place
+                avail[s] = finish
             key = coll.kind + (" (inter-node)" if coll.spans_nodes else "")
             comm_s[key] += seconds
             comm_bytes[key] += ring_bytes(coll.kind, coll.group_size, coll.nbytes)
@@ -122,28 +173,21 @@ def traced_time(step: Step, gpu: GPU, intra: Link, inter: Link, optimizer_on_gpu
                 links.add(lk.name)
             end = max(end, finish)
             continue
-        seconds, issue, sync = times[i]
-        if phase == "optimizer" and not optimizer_on_gpu:
-            seconds = issue = 0.0
-        host += issue
-        if sync:  # a device value read on the host: the host waits for the stream
-            host = max(host, t_compute)
-        if name in _SIDE_COPIES:  # on FSDP2's all-gather / reduce-scatter side stream
-            stream = "ag" if name == "fsdp.all_gather_copy_in" else "rs"
-            start = max(side_free[stream], after_inputs, last_copy_out if stream == "ag" else 0.0)
-            finish = side_free[stream] = start + seconds
+        if stream is not None:  # on one of the engine's side streams
+            after = last_copy_out if stream == "all_gather_copy_in" else 0.0
+            finish = stream_free[stream] = max(stream_free[stream], deps, host, after) + seconds
             for s in outputs:
-                written[s] = finish
+                avail[s] = finish
             end = max(end, finish)
             continue
         issued = max(t_compute, host)  # the stream is free and the host has issued the op
-        start = max(issued, max((ready.get(s, 0.0) for s in inputs), default=0.0))
-        waited += start - issued  # the stream waits for a collective
+        start = max(issued, deps)
+        waited += start - issued  # the stream waits for a collective (or a side stream's copy)
         t_compute = start + seconds
         busy += seconds
         by_phase[phase] += seconds
         for s in outputs:
-            written[s] = t_compute
+            avail[s] = t_compute
         if name == _COPY_OUT:
             last_copy_out = t_compute
         end = max(end, t_compute)
@@ -154,7 +198,7 @@ def traced_time(step: Step, gpu: GPU, intra: Link, inter: Link, optimizer_on_gpu
                     links=sorted(links), model=f"traced schedule, {_model_name(gpu)}")
 
 
-def zero_time(step: Step, gpu: GPU, stage: int, n: int, spans_nodes: bool, intra: Link, inter: Link,
+def zero_time(step: Step, gpu: GPU, stage: int, n: int, gpus_per_node: int, intra: Link, inter: Link,
               param_bytes: float, grad_bytes: float, optimizer_scale: float) -> StepTime:
     """The step time of a ZeRO layout over the single-device step (see the module docstring).
 
@@ -169,21 +213,22 @@ def zero_time(step: Step, gpu: GPU, stage: int, n: int, spans_nodes: bool, intra
     for phase, issue in host_by_phase.items():  # a launch-bound pass takes its host time
         by_phase[phase] = max(by_phase[phase], issue)
     by_phase["optimizer"] *= optimizer_scale
-    lk = inter if spans_nodes else intra
-    rs = ring_bytes("reduce_scatter", n, grad_bytes)
-    ag = ring_bytes("all_gather", n, param_bytes)
-    comm_bytes = {"reduce_scatter": rs, "all_gather": ag * (2 if stage == 3 else 1)}
+    nodes = -(-n // gpus_per_node)
+    rs_c = Collective("reduce_scatter", int(grad_bytes), n, nodes, min(n, gpus_per_node))
+    ag_c = Collective("all_gather", int(param_bytes), n, nodes, min(n, gpus_per_node))
+    (rs_s, lk), (ag_s, _) = collective_time(rs_c, intra, inter), collective_time(ag_c, intra, inter)
+    comm_bytes = {"reduce_scatter": ring_bytes("reduce_scatter", n, grad_bytes),
+                  "all_gather": ring_bytes("all_gather", n, param_bytes) * (2 if stage == 3 else 1)}
+    comm_s = {"reduce_scatter": rs_s, "all_gather": ag_s * (2 if stage == 3 else 1)}
     if stage == 3:
-        fwd = max(0.0, ag / lk.bandwidth - by_phase["forward"])
-        bwd = max(0.0, (ag + rs) / lk.bandwidth - by_phase["backward"])
+        fwd = max(0.0, ag_s - by_phase["forward"])
+        bwd = max(0.0, ag_s + rs_s - by_phase["backward"])
         exposed = fwd + bwd
     else:
-        exposed = (rs + ag) / lk.bandwidth
+        exposed = rs_s + ag_s
     compute = sum(by_phase.values())
-    comm = sum(comm_bytes.values()) / lk.bandwidth
-    return StepTime(step_time_s=compute + exposed, compute_s=compute, comm_s=comm, exposed_comm_s=exposed,
-                    by_phase_s=dict(by_phase),
-                    comm_by_kind_s={k: v / lk.bandwidth for k, v in comm_bytes.items()},
+    return StepTime(step_time_s=compute + exposed, compute_s=compute, comm_s=sum(comm_s.values()),
+                    exposed_comm_s=exposed, by_phase_s=dict(by_phase), comm_by_kind_s=comm_s,
                     comm_bytes_per_gpu=comm_bytes, links=[lk.name] if n > 1 else [],
                     model=f"ZeRO volumes (DeepSpeed's overlap defaults), {_model_name(gpu)}")
 

@@ -19,6 +19,7 @@ refined only for the storages memory counts as saved or temporary:
 from __future__ import annotations
 
 import operator
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -64,7 +65,13 @@ class Collective:
     kind: str  # all_gather, reduce_scatter, all_reduce, broadcast, all_to_all
     nbytes: int  # S: the full buffer (all-gather output, reduce-scatter input, all-reduce tensor)
     group_size: int
-    spans_nodes: bool  # the group's ranks sit in more than one node (inter-node link)
+    nodes: int = 1  # the nodes the group's ranks sit in
+    per_node: int = 1  # the most ranks of the group in one node (each with its own NIC rail)
+
+    @property
+    def spans_nodes(self) -> bool:
+        """The group's ranks sit in more than one node (inter-node link)."""
+        return self.nodes > 1
 
 
 _COLLECTIVE_KINDS = {
@@ -124,7 +131,8 @@ def find_collectives(cap: Capture, gpus_per_node: int) -> dict[int, Collective]:
         nbytes = _nbytes(payload)
         if kind == "all_gather" and _op_name(node).startswith("_c10d_functional"):
             nbytes *= len(ranks)  # the input is this rank's part
-        out[i] = Collective(kind, nbytes, len(ranks), len({r // gpus_per_node for r in ranks}) > 1)
+        per_node = Counter(r // gpus_per_node for r in ranks)
+        out[i] = Collective(kind, nbytes, len(ranks), len(per_node), max(per_node.values()))
     return out
 
 
@@ -226,6 +234,7 @@ class Step:
     value: int | None = None  # the batch size (or sequence length) it was traced at
     collectives: dict[int, Collective] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    streams: dict[int, str] = field(default_factory=dict)  # node index -> the side stream it runs on
     _timeline: Timeline | None = field(default=None, repr=False)
     _library: dict[str, int] = field(default_factory=dict, repr=False)
 
