@@ -161,7 +161,7 @@ def traced_time(step: Step, gpu: GPU, intra: Link, inter: Link, optimizer_on_gpu
         stream = step.streams.get(i)
         if coll is not None:
             seconds, lk = collective_time(coll, intra, inter)
-            stream = stream or ("all_gather" if coll.kind == "all_gather" else "reduce_scatter")
+            stream = stream or coll.kind  # NCCL's own stream, one per kind of collective
             start = max(link_free[lk.name], stream_free[stream], deps, host)
             finish = link_free[lk.name] = stream_free[stream] = start + seconds
             for s in outputs | (inputs if name.startswith("c10d.") else set()):  # c10d ops work in place
