@@ -22,7 +22,7 @@ class StepTime:
     by_phase_s: dict[str, float]
     comm_by_kind_s: dict[str, float]
     comm_bytes_per_gpu: dict[str, float]
-    links: list[str]
+    links: list[str]  # the links the collectives ran on, with their bus bandwidth
     model: str  # "traced schedule" or the ZeRO volume model
     offload_s: float = 0.0  # host transfers of an offloaded layout, not overlapped
 

@@ -77,6 +77,7 @@ def ring_bytes(kind: str, n: int, size: float) -> float:
 # Achieved over line rate of a NIC in NCCL's collectives: "we usually consider 24GB/s is the peak
 # performance per 200G NIC (12 GB/s for 100G NICs)" (S. Jeaugey, NCCL, NVIDIA/nccl-tests#119); a DGX
 # A100's 8 x 200 Gb/s measure 192 GB/s all-reduce bus bandwidth (NVIDIA/nccl#812, quoted in #1576).
+# The same 96 % is assumed for 400 and 800 Gb/s NICs.
 NIC_EFFICIENCY = 24 / 25
 
 # NCCL's ring cost model (src/graph/tuning.cc, ncclTopoTuneModel): a collective takes its latency
@@ -170,7 +171,7 @@ def traced_time(step: Step, gpu: GPU, intra: Link, inter: Link, optimizer_on_gpu
             comm_s[key] += seconds
             comm_bytes[key] += ring_bytes(coll.kind, coll.group_size, coll.nbytes)
             if seconds:
-                links.add(lk.name)
+                links.add(f"{lk.name} ({bus_bandwidth(coll, intra, inter) / 1e9:g} GB/s bus)")
             end = max(end, finish)
             continue
         if stream is not None:  # on one of the engine's side streams
@@ -229,7 +230,8 @@ def zero_time(step: Step, gpu: GPU, stage: int, n: int, gpus_per_node: int, intr
     compute = sum(by_phase.values())
     return StepTime(step_time_s=compute + exposed, compute_s=compute, comm_s=sum(comm_s.values()),
                     exposed_comm_s=exposed, by_phase_s=dict(by_phase), comm_by_kind_s=comm_s,
-                    comm_bytes_per_gpu=comm_bytes, links=[lk.name] if n > 1 else [],
+                    comm_bytes_per_gpu=comm_bytes,
+                    links=[f"{lk.name} ({bus_bandwidth(rs_c, intra, inter) / 1e9:g} GB/s bus)"] if n > 1 else [],
                     model=f"ZeRO volumes (DeepSpeed's overlap defaults), {_model_name(gpu)}")
 
 
