@@ -512,8 +512,8 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
                    help="link between the GPUs of a node (see estimator/hardware.py LINKS); default from the GPU, "
                         "e.g. --interconnect nvlink4")
     p.add_argument("--inter-node", metavar="LINK",
-                   help="link between nodes; default from the GPU (A100: ib-hdr, H100: ib-ndr), "
-                        "e.g. --inter-node ib-ndr")
+                   help="link between nodes, per GPU (each GPU's share of its node's NICs); default from the "
+                        "GPU (A100: ib-hdr, H100: ib-ndr), e.g. --inter-node ib-ndr")
     p.add_argument("--reshard-after-forward", type=_bool, default=True, metavar="BOOL",
                    help="FSDP: free gathered parameters after forward (true, ZeRO-3-like) or keep them for "
                         "backward (false, ZeRO-2-like) (default: true), e.g. --reshard-after-forward false")
