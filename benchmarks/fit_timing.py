@@ -32,7 +32,8 @@ What is fitted, in two stages (about 1.5 s together):
    per op name, ``cpu_tensor``): first the per-op-name table of host time inside each op from the
    same instrumented steps (``inop_table``: event time minus predicted kernel time on an idle GPU,
    less a view's event time), then four constants from the median step times through the
-   two-timeline simulation of :func:`estimator.timing.timeline` with the stage-1 kernel times.
+   two-timeline simulation of :func:`estimator.timing.timeline` with the stage-1 kernel times,
+   each case weighted by how precisely its median is measured (:func:`fit_host`).
    The simulated step is piecewise linear in the host constants (a max-plus recurrence); at given
    constants it equals ``a . c + b`` exactly (``a``: how much of each host constant lies on the
    critical path, ``b``: the kernel time on it), so the fit is Gauss-Newton: a non-negative
@@ -486,6 +487,17 @@ def _nnls(A: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return x.clamp(min=0)
 
 
+def step_noise(case: Case) -> float:
+    """Relative standard error of a case's median step from the spread of its measured steps:
+    the median absolute deviation of the log samples, scaled to a standard deviation (robust to
+    the one slow step a host hiccup makes)."""
+    samples = [s for s in (case.meta.get("step_s_all") or []) if s and s > 0]
+    if len(samples) < 3:
+        return 0.0
+    deviations = sorted(abs(math.log(s / case.step_s)) for s in samples)
+    return 1.4826 * deviations[len(deviations) // 2]
+
+
 def fit_host(cases: list[Case], kernels: T.TimingModel, table: dict[str, float], classes: dict[str, float],
              gpu_s: dict[str, list[float]] | None = None, iterations: int = 40) -> dict[str, float]:
     """Stage 2: host constants from the median step times (see the module docstring).
@@ -493,10 +505,14 @@ def fit_host(cases: list[Case], kernels: T.TimingModel, table: dict[str, float],
     Gauss-Newton on the piecewise-linear simulated step: linearise at the current constants,
     solve the non-negative least squares of the relative step errors, then take the largest
     step towards that solution (1, 1/2, 1/4 ...) that lowers the sum of squared log errors of
-    the true simulation."""
+    the true simulation.  Weighted least squares in two passes: the first weighs every case
+    alike; its root-mean-square log error is the model's own error ``e``, and the second weighs
+    each case by ``1 / (noise**2 + e**2)`` (``noise``: :func:`step_noise`), so a launch-bound
+    case whose five steps spread by 20 % pulls less than one measured to 1 %."""
     gpu_s = gpu_s or {c.key: [T.gpu_seconds(w, kernels) for w in c.works] for c in cases}
     tls = [_Timeline(c, gpu_s[c.key], table, classes) for c in cases]
     y = torch.tensor([c.step_s for c in cases], dtype=torch.float64)
+    noise = torch.tensor([step_noise(c) for c in cases], dtype=torch.float64)
 
     def linearise(c):
         ab = [tl.linearise(c) for tl in tls]
@@ -504,25 +520,30 @@ def fit_host(cases: list[Case], kernels: T.TimingModel, table: dict[str, float],
         b = torch.tensor([b for _, b in ab], dtype=torch.float64)
         return A, b
 
-    def objective(A, b, c):
-        return float(torch.sum(torch.log((A @ c + b) / y) ** 2))
+    def solve(sw, c):
+        def objective(A, b, c):
+            return float(torch.sum((sw * torch.log((A @ c + b) / y)) ** 2))
 
-    c = torch.tensor([5e-6, 5e-6, 1.0, 1e-6], dtype=torch.float64)
-    A, b = linearise(c)
-    best = objective(A, b, c)
-    for _ in range(iterations):
-        target = _nnls(A / y.unsqueeze(1), 1.0 - b / y)
-        step, improved = 1.0, False
-        while step > 1e-3:
-            trial = c + step * (target - c)
-            A_t, b_t = linearise(trial)
-            value = objective(A_t, b_t, trial)
-            if value < best - 1e-12:
-                c, A, b, best, improved = trial, A_t, b_t, value, True
+        A, b = linearise(c)
+        best = objective(A, b, c)
+        for _ in range(iterations):
+            target = _nnls(sw.unsqueeze(1) * A / y.unsqueeze(1), sw * (1.0 - b / y))
+            step, improved = 1.0, False
+            while step > 1e-3:
+                trial = c + step * (target - c)
+                A_t, b_t = linearise(trial)
+                value = objective(A_t, b_t, trial)
+                if value < best - 1e-12:
+                    c, A, b, best, improved = trial, A_t, b_t, value, True
+                    break
+                step /= 2
+            if not improved:
                 break
-            step /= 2
-        if not improved:
-            break
+        return c, A, b
+
+    c, A, b = solve(torch.ones_like(y), torch.tensor([5e-6, 5e-6, 1.0, 1e-6], dtype=torch.float64))
+    model_error2 = float(torch.mean(torch.log((A @ c + b) / y) ** 2))
+    c, _, _ = solve((1.0 / (noise ** 2 + model_error2)).sqrt(), c)
     return {k: float(v) for k, v in zip(_HOST, c)}
 
 
@@ -600,7 +621,8 @@ def provenance(cases: list[Case]) -> dict:
                            "predicted kernel time), less the median event time of a view (ops with at least "
                            f"{MIN_SAMPLES} samples; cpu_inop_class the same by class); cpu_view and cpu_tensor: "
                            "Gauss-Newton / non-negative least squares on the median step times through the "
-                           "two-timeline simulation (see the script's docstring)"},
+                           "two-timeline simulation, each case weighted by 1 / (spread of its measured steps^2 "
+                           "+ the model's RMS error^2) (see the script's docstring)"},
         "rnn": "no constant of its own: cuDNN recurrent layers are timed with the GEMM constants",
     }
 
