@@ -692,3 +692,37 @@ def test_plan_package_layout():
             assert "estimator.cli" not in deps, name
             path = os.path.join(ROOT, *name.split(".")) + (".py" if not name.endswith("plan") else "/__init__.py")
             assert sum(1 for _ in open(path)) <= 600, name
+
+
+# -- models with data-dependent control flow -------------------------------------------------------------------
+
+
+class _ValueBranch(torch.nn.Module):
+    """Reads a tensor value in forward (``if torch.isfinite(h).all()``, as models guard against bad
+    inputs): fake tensors cannot take the branch.  Finite inputs always take it, so the op sequence
+    does not change with the batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(2048, 2048)
+        self.b = torch.nn.Linear(2048, 2048)
+
+    def forward(self, x):
+        h = self.a(x)
+        if not torch.isfinite(h).all():
+            raise ValueError("non-finite activations")
+        return self.b(h)
+
+
+def test_a_model_that_reads_values_plans_zero_without_tracing_at_the_answer():
+    """The engines (DDP, FSDP2, TP) are traced on fake tensors only: the error says what to do.  A
+    ZeRO layout uses the one-device step, which falls back to real CPU tensors; its largest batch
+    is then interpolated and not confirmed by traces at the answer (which would run the model for
+    real at that size)."""
+    model, x = _ValueBranch(), torch.ones(4, 2048)
+    with pytest.raises(UserError, match="zero1/zero2/zero3"):
+        plan(model, x, gpu="H100", gpus=8, strategy="fsdp", solve=())
+    p = plan(model, x, gpu="H100", gpus=8, strategy="zero3")
+    assert p.batch.value and p.batch.value > 4 and p.batch.confirmed is False
+    assert "real CPU tensors" in p.batch.method
+    assert any("reads tensor values" in n for n in p.notes)

@@ -134,6 +134,11 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
     try:
         return _Step(model, args, kw, opts, fake=True, progress=progress).run()
     except _DataDependent as exc:
+        if opts.prepare is not None:  # an engine (DDP, FSDP2, TP) traced on a fake process group
+            raise UnsupportedModelError(f"{exc}: data-dependent control flow cannot be traced on fake tensors, and "
+                                        f"the data-parallel and tensor-parallel engines are traced on fake tensors "
+                                        f"only; make the branch depend on shapes only, or plan a zero1/zero2/zero3 "
+                                        f"layout (traced on one device)") from exc.__cause__
         if mode == "fake":
             raise UnsupportedModelError(f"{exc}: data-dependent control flow cannot be traced on fake tensors; "
                                         f"allow a trace on real CPU tensors (trace='auto')") from exc.__cause__

@@ -237,7 +237,8 @@ class Planner:
                 return self.needed(pk) <= gpu.capacity
 
         limit = position_limit(self.model) if what == "seq" else None
-        return largest_fitting(what, base, interpolated, traced, points, confirm, model_limit=limit)
+        return largest_fitting(what, base, interpolated, traced, points, confirm, model_limit=limit,
+                               real=any(s.cap.fallback_reason for s in steps))
 
     def suggestions(self, layout: Layout, checkpoint: tuple[type, ...], gpu: GPU) -> list[Suggestion]:
         """The smallest layouts that fit when ``layout`` does not: the fewest GPUs for its strategy (fsdp

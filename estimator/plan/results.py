@@ -88,6 +88,7 @@ class Solve:
     peak_at_next: int | None = None
     limited_by: str | None = None  # the model's own limit (position embeddings)
     memory_allows: int | None = None
+    reason: str | None = None  # why there is no answer (``value`` None without a search)
 
 
 @dataclass(frozen=True)

@@ -95,10 +95,18 @@ def lagrange(xs: Sequence[float], ys: Sequence[Sequence[float]], x: float) -> li
 
 def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], bool] | None,
                     traced: Callable[[int], tuple[bool, int]], points: list[int], confirm: bool,
-                    limit: int = 1 << 24, model_limit: tuple[int, str] | None = None) -> Solve:
+                    limit: int = 1 << 24, model_limit: tuple[int, str] | None = None, real: bool = False) -> Solve:
     """The largest value (>= 1) that fits: interpolated when ``fits_interpolated`` is given (the
-    traces at ``points`` share their structure), then confirmed by ``traced(v) -> (fits, peak)``."""
+    traces at ``points`` share their structure), then confirmed by ``traced(v) -> (fits, peak)``.
+    ``real``: the traces ran on real CPU tensors (data-dependent control flow), so a trace at the
+    answer would run the model for real at that size, which may not fit this machine: interpolated
+    only, never confirmed, and not searched when the traces do not interpolate."""
     method = "interpolated" if fits_interpolated is not None else "traced (the op sequence changes with the size)"
+    if real:
+        if fits_interpolated is None:
+            return Solve(what, None, "not searched", list(points),
+                         reason="the model traces on real CPU tensors only and its ops change with the size")
+        confirm, method = False, method + " (not confirmed: the model traces on real CPU tensors only)"
     fits_at = fits_interpolated or (lambda v: traced(v)[0])
     if not fits_at(1):
         best = 0
@@ -116,7 +124,7 @@ def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], boo
         return Solve(what, model_limit[0], method, list(points), limited_by=f"{model_limit[1]} = {model_limit[0]}",
                      memory_allows=best)
     if not confirm:
-        return Solve(what, best, method, list(points))
+        return Solve(what, best, method, list(points), confirmed=False if real and best else None)
     budget = 16
     ok_best, peak_best = traced(best) if best >= 1 else (True, 0)
     ok_next, peak_next = traced(best + 1)
