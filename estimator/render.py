@@ -187,6 +187,8 @@ def headline(report: "Report") -> str:
                  else f"; largest micro-batch {report.max_batch}")
     elif not report.fits and training(report):
         text += "; no micro-batch fits on one GPU (estimator plan shards it over several)"
+    elif report.max_batch_note and training(report):
+        text += f"; largest micro-batch not searched: {report.max_batch_note}"
     return text
 
 

@@ -726,3 +726,9 @@ def test_a_model_that_reads_values_plans_zero_without_tracing_at_the_answer():
     assert p.batch.value and p.batch.value > 4 and p.batch.confirmed is False
     assert "real CPU tensors" in p.batch.method
     assert any("reads tensor values" in n for n in p.notes)
+
+
+def test_estimate_says_why_it_did_not_search_the_batch_of_a_model_that_reads_values():
+    r = estimate(_ValueBranch(), torch.ones(4, 2048), gpu="H100")
+    assert r.max_batch is None and "reads tensor values" in r.max_batch_note
+    assert "largest micro-batch not searched: the model reads tensor values" in str(r)
