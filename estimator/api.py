@@ -9,7 +9,7 @@ import torch
 from .capture import Progress, StepOptions, capture
 from .capture.checkpoint import resolve_classes
 from .compat import torch_version
-from .errors import UnsupportedModelError, UserError
+from .errors import DataDependentError, UserError
 from .hardware import GPU, lookup
 from .memory import simulate
 from .precision import parse_precision
@@ -172,10 +172,8 @@ def _largest_batch(model, inputs, gpu: GPU, **kwargs: Any) -> tuple[int | None, 
     tally_log.addFilter(once)
     try:
         p = plan(model, inputs, gpu=gpu, gpus=1, strategy="ddp", **kwargs)
-    except UnsupportedModelError as exc:
-        if "reads tensor values" in str(exc):  # the search traces on fake tensors only
-            return None, "the model reads tensor values in its forward, and the search traces on fake tensors"
-        return None, str(exc)
+    except DataDependentError:  # the search traces the engine on fake tensors only
+        return None, "the model reads tensor values in its forward, and the search traces on fake tensors"
     except UserError as exc:
         return None, str(exc)
     finally:

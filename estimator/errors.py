@@ -12,3 +12,8 @@ class UserError(Exception):
 
 class UnsupportedModelError(UserError):
     """The model cannot be captured (e.g. data-dependent control flow on a model too large to run)."""
+
+
+class DataDependentError(UnsupportedModelError):
+    """The model reads tensor values in its forward and could be traced on real tensors only where
+    that was not allowed (a fake-only trace, such as the planner's engines)."""

@@ -10,7 +10,7 @@ fx nodes share the records' ``meta`` dicts.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch.fx as fx
 
@@ -41,6 +41,20 @@ class OpNode:
 
     def __repr__(self) -> str:
         return self.name
+
+
+def map_args(node: OpNode, fn: Callable[[OpNode], Any],
+             other: Callable[[Any], Any] = lambda v: v) -> tuple[tuple, dict[str, Any]]:
+    """``node``'s arguments with every OpNode in them replaced by ``fn(op_node)`` (lists as tuples)
+    and every other value by ``other(value)`` (kept by default): what rules bind by name."""
+    def one(value: Any) -> Any:
+        if isinstance(value, OpNode):
+            return fn(value)
+        if isinstance(value, (list, tuple)):
+            return tuple(one(v) for v in value)
+        return other(value)
+
+    return tuple(one(a) for a in node.args), {k: one(v) for k, v in node.kwargs.items()}
 
 
 def _collect(value: Any, found: list[OpNode]) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from . import rules as _rules  # noqa: F401  (registers the built-in rules)
 from .capture import INPUT_MODULE, Capture
-from .graph import OpNode
+from .graph import OpNode, map_args
 from .rules.registry import MATMUL, ZERO, OpCall, TensorSpec, bind, lookup
 
 log = logging.getLogger(__name__)
@@ -76,18 +76,9 @@ def _spec_of(node: OpNode) -> TensorSpec | None:
     return specs[0] if len(specs) == 1 else None
 
 
-def _to_specs(value: Any) -> Any:
-    if isinstance(value, OpNode):
-        return _spec_of(value)
-    if isinstance(value, (list, tuple)):
-        return tuple(_to_specs(v) for v in value)
-    return value
-
-
 def op_call(node: OpNode) -> OpCall:
     """The :class:`OpCall` a rule sees for ``node``: arguments bound by name, tensors as specs."""
-    args = tuple(_to_specs(a) for a in node.args)
-    kwargs = {k: _to_specs(v) for k, v in node.kwargs.items()}
+    args, kwargs = map_args(node, _spec_of)
     return OpCall(node.target, bind(node.target, args, kwargs), tuple(node.meta.get("spec") or ()))
 
 

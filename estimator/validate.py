@@ -507,10 +507,6 @@ def validate(
         name = "cpu"
         peak = peak_tflops * 1e12 if peak_tflops else None
     mfu = achieved / peak if peak else None
-    predicted = None
-    if device == "cuda" and gpu is not None:
-        from .timing import step_time as predict_step_time
-
-        predicted = predict_step_time(report, gpu)
+    predicted = report.step_time  # estimate's, for the GPU it runs on (None on CPU or an unknown GPU)
     return Validation(device, name, rows, step_time, achieved, mfu, peak, tolerance, notes,
                       predicted.total if predicted else None, predicted.calibrated if predicted else None)

@@ -40,7 +40,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 import torch
 
-from .graph import OpNode
+from .graph import OpNode, map_args
 from .hardware import multiprocessors
 from .rules.registry import OpCall, TensorSpec, bind
 from .target import CudaTarget
@@ -130,19 +130,14 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _node_strides(value: Any) -> Any:
-    if isinstance(value, OpNode):
-        strides = value.meta.get("stride") or ()
-        return tuple(strides[0]) if len(strides) == 1 else None
-    if isinstance(value, (list, tuple)):
-        return tuple(_node_strides(v) for v in value)
-    return None
+def _strides_of(node: OpNode) -> tuple[int, ...] | None:
+    strides = node.meta.get("stride") or ()
+    return tuple(strides[0]) if len(strides) == 1 else None
 
 
 def layout_of(node: OpNode) -> Layout:
     """The :class:`Layout` of a captured node: its inputs' and outputs' recorded strides."""
-    args = tuple(_node_strides(a) for a in node.args)
-    kwargs = {k: _node_strides(v) for k, v in node.kwargs.items()}
+    args, kwargs = map_args(node, _strides_of, lambda _: None)
     outputs = tuple(tuple(s) for s in node.meta.get("stride") or ())
     return Layout(bind(node.target, args, kwargs), outputs)
 

@@ -28,7 +28,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..errors import UnsupportedModelError, UserError
+from ..errors import DataDependentError, UnsupportedModelError, UserError
 from ..graph import OpNode, to_fx
 from ..optim import build_optimizer, wants_fused
 from ..precision import Precision, parse_precision
@@ -135,13 +135,13 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
         return _Step(model, args, kw, opts, fake=True, progress=progress).run()
     except _DataDependent as exc:
         if opts.prepare is not None:  # an engine (DDP, FSDP2, TP) traced on a fake process group
-            raise UnsupportedModelError(f"{exc}: data-dependent control flow cannot be traced on fake tensors, and "
-                                        f"the data-parallel and tensor-parallel engines are traced on fake tensors "
-                                        f"only; make the branch depend on shapes only, or plan a zero1/zero2/zero3 "
-                                        f"layout (traced on one device)") from exc.__cause__
+            raise DataDependentError(f"{exc}: data-dependent control flow cannot be traced on fake tensors, and "
+                                     f"the data-parallel and tensor-parallel engines are traced on fake tensors "
+                                     f"only; make the branch depend on shapes only, or plan a zero1/zero2/zero3 "
+                                     f"layout (traced on one device)") from exc.__cause__
         if mode == "fake":
-            raise UnsupportedModelError(f"{exc}: data-dependent control flow cannot be traced on fake tensors; "
-                                        f"allow a trace on real CPU tensors (trace='auto')") from exc.__cause__
+            raise DataDependentError(f"{exc}: data-dependent control flow cannot be traced on fake tensors; "
+                                     f"allow a trace on real CPU tensors (trace='auto')") from exc.__cause__
         if not _fits_in_memory(model):
             raise UnsupportedModelError(
                 f"{exc}: data-dependent control flow cannot be traced on fake tensors and the model "
