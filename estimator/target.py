@@ -418,12 +418,29 @@ def _cudnn_rnn_backward_meta(input, weight, weight_stride0, weight_buf, hx, cx, 
     return grad_input, grad_hx, grad_cx, grads
 
 
+def _embedding_bag_cuda_meta(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                             per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """``_embedding_bag`` as the CUDA kernel sizes its outputs (``_embedding_bag_cuda``): ``offset2bag``
+    one index per input index in every mode, ``bag_size`` one per offset, ``max_indices`` only for
+    max bags.  The meta kernel picks the CPU kernel's sizes when ``offsets`` is on the CPU, which
+    integer inputs are while the capture keeps their values (:mod:`estimator.capture.fake`)."""
+    num_bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    new_index = lambda *shape: weight.new_empty(shape, dtype=indices.dtype)  # noqa: E731  (fake, like weight)
+    output = weight.new_empty((num_bags, weight.shape[1]))
+    offset2bag = new_index(indices.shape[0])
+    bag_size = new_index(offsets.shape[0])
+    max_indices = new_index(num_bags, weight.shape[1]) if mode == 2 else new_index(0)  # MODE_MAX = 2
+    return output, offset2bag, bag_size, max_indices
+
+
 # Fake kernels of the CUDA ops whose meta kernel is missing (``_cudnn_rnn_backward``) or says other
-# sizes and layouts than the CUDA kernel (``_cudnn_rnn``): the capture runs these instead of the fake
+# sizes and layouts than the CUDA kernel (``_cudnn_rnn``, ``_embedding_bag``): the capture runs these instead of the fake
 # kernel (they make fake tensors of the CUDA shapes, strides and sizes).
 FAKE_KERNELS: dict[Any, Callable] = {
     aten._cudnn_rnn.default: _cudnn_rnn_meta,
     aten._cudnn_rnn_backward.default: _cudnn_rnn_backward_meta,
+    aten._embedding_bag.default: _embedding_bag_cuda_meta,
+    aten._embedding_bag_forward_only.default: _embedding_bag_cuda_meta,
 }
 
 

@@ -138,3 +138,20 @@ def test_checkpointed_regions_use_the_same_kernels_in_recomputation():
     # each region: forward, recomputation in backward, then its backward
     assert ops.count("_scaled_dot_product_efficient_attention") == 4
     assert ops.count("_scaled_dot_product_efficient_attention_backward") == 2
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_outputs_have_the_cuda_kernels_sizes(mode):
+    """``_embedding_bag`` on the CUDA target makes what PyTorch's own meta kernel says the CUDA kernel
+    makes (its non-CPU branch, taken for meta offsets): an index per input index in ``offset2bag``
+    in every mode (the CPU kernel skips it for plain sums), where the capture's integer inputs are
+    real CPU tensors and would take the CPU branch."""
+    torch.manual_seed(0)
+    bag = torch.nn.EmbeddingBag(30, 8, mode=mode)
+    ids, offsets = torch.randint(0, 30, (11,)), torch.tensor([0, 4, 7])
+    report = estimate(bag, (ids, offsets), loss_fn=lambda out: out.sum(), device="cuda")
+    node = next(n for n in report.graph.nodes if n.target is torch.ops.aten._embedding_bag.default)
+    expected = torch.ops.aten._embedding_bag(bag.weight.to("meta"), ids.to("meta"), offsets.to("meta"), False,
+                                             {"sum": 0, "mean": 1, "max": 2}[mode])
+    assert [(s.shape, s.dtype) for s in node.meta["spec"]] == [(tuple(t.shape), t.dtype) for t in expected]
+    assert node.meta["spec"][1].shape == (11,)  # offset2bag: one per index, sums included

@@ -418,6 +418,62 @@ def sliced_input(device: str = "cpu") -> Case:
         return nn.Sequential(nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 2)), big[:, 8:24], None
 
 
+class Bags(nn.Module):
+    """nn.EmbeddingBag in its three modes (mean and max bags keep an ``offset2bag`` index per input
+    index for backward; the CPU kernel sizes its storage one element longer than the tensor), one
+    with per-sample weights and a padding index, then a linear head."""
+
+    def __init__(self, rows: int = 40, d: int = 16):
+        super().__init__()
+        self.mean = nn.EmbeddingBag(rows, d, mode="mean")
+        self.max = nn.EmbeddingBag(rows, d, mode="max")
+        self.sum = nn.EmbeddingBag(rows, d, mode="sum", padding_idx=0)
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, ids, offsets, weights):
+        h = self.mean(ids, offsets) + self.max(ids, offsets)  # (bags, d)
+        h = h + self.sum(ids, offsets, per_sample_weights=weights)
+        return self.head(torch.tanh(h))  # (bags, 3)
+
+
+def bags(device: str = "cpu") -> Case:
+    torch.manual_seed(0)
+    with torch.device(device):
+        ids = torch.randint(0, 40, (21,))
+        return Bags(), (ids, torch.tensor([0, 4, 9, 15]), torch.rand(21)), None
+
+
+class TransposedGrads(nn.Module):
+    """Gradients that reach a norm or loss kernel transposed: a pooler over the tokens of a residual
+    block's final LayerNorm (Swin's), BatchNorm1d over a transposed sequence, log-softmax read
+    through a transpose (CTC's time-major log-probabilities), an MSE loss of a transposed tensor.
+    The kernels allocate their grad_input contiguous (batch norm: in the input's memory format),
+    not in the gradient's layout; the MSE loss keeps its elementwise storage."""
+
+    def __init__(self, d: int = 24, classes: int = 10):
+        super().__init__()
+        self.proj = nn.Linear(d, d)
+        self.ln1, self.fc, self.fc2 = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.ln = nn.LayerNorm(d)
+        self.bn = nn.BatchNorm1d(d)
+        self.pool = nn.AdaptiveAvgPool1d(1)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):  # x: (B, L, d)
+        h0 = self.proj(x)
+        h = self.ln(h0 + self.fc2(F.gelu(self.fc(self.ln1(h0)))))  # (B, L, d)
+        pooled = self.pool(h.transpose(1, 2)).flatten(1)  # (B, d): the gradient into ln is transposed
+        s = self.bn(self.proj(x).transpose(1, 2)).transpose(1, 2)  # (B, L, d) through (B, d, L)
+        logp = F.log_softmax(self.head(s + pooled[:, None]), -1).transpose(0, 1)  # (L, B, classes)
+        return logp.reshape(-1, logp.shape[-1]).sum(-1).mean() + F.mse_loss(h.transpose(1, 2), torch.zeros_like(h).mT)
+
+
+def transposed_grads(device: str = "cpu") -> Case:
+    torch.manual_seed(0)
+    with torch.device(device):
+        return TransposedGrads(), torch.randn(4, 16, 24), lambda out: out
+
+
 class Unused(nn.Module):
     """A trainable parameter that receives no gradient in this step (a layer used under no_grad)."""
 
@@ -477,6 +533,8 @@ ZOO: dict[str, Callable[..., Case]] = {
     "shared_inputs": shared_inputs,
     "sliced_input": sliced_input,
     "unused_param": unused_param,
+    "bags": bags,
+    "transposed_grads": transposed_grads,
 }
 HF = {name for name in ZOO if name.startswith("hf_")}
 # builders whose model and inputs can be built on the meta device

@@ -14,7 +14,8 @@ feature check with a fallback to the public behaviour:
 * ``aten._grouped_mm`` (mixture-of-experts layers): handled only where the op exists.
 
 Fake kernels that report another output size than the CPU kernel (``mkldnn_rnn_layer``'s
-oneDNN workspace) are measured once per shape here too (:func:`real_output_bytes`).
+oneDNN workspace, measured once per shape; ``_embedding_bag``'s ``offset2bag``, one element
+longer in storage) are corrected here too (:func:`real_output_bytes`).
 
 **Known values.**  Index arithmetic on the inputs (position ids, padding and causal masks,
 ``mask.all()`` checks) runs on real CPU tensors, so that code which reads those values
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from math import prod
 from typing import Any
 
 import torch
@@ -42,10 +44,13 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode as _proxy_mode
 from torch.utils._python_dispatch import _disable_current_modes, is_traceable_wrapper_subclass
 
 from ..compat import optional_op
+from ..rules.registry import bind
 from .recorder import METADATA_QUERY_IDS
 
 GROUPED_MM = optional_op("_grouped_mm")  # torch >= 2.8
 MKLDNN_RNN_LAYER = optional_op("mkldnn_rnn_layer")
+_EMBEDDING_BAG = frozenset(map(id, (torch.ops.aten._embedding_bag.default,
+                                    torch.ops.aten._embedding_bag_forward_only.default)))
 
 
 def fake_grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
@@ -59,17 +64,107 @@ def fake_grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     return _create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype or mat_a.dtype)
 
 
+def _contiguous(bound: dict) -> torch.memory_format:
+    return torch.contiguous_format
+
+
+def _suggested_by(argument: str):
+    """``input.suggest_memory_format()`` of the op's argument ``argument``: channels-last for a
+    channels-last 4-D tensor, contiguous otherwise."""
+    def layout(bound: dict) -> torch.memory_format:
+        t = bound[argument]
+        channels_last = t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+        return torch.channels_last if channels_last else torch.contiguous_format
+    return layout
+
+
+def _first_output_in(layout_of: Any):
+    """A kernel ``(func, *args, **kwargs)`` that runs the fake kernel and makes its first output (the
+    result, or the gradient of the input) anew in the memory format ``layout_of(arguments by name)``."""
+    def kernel(func, *args, **kwargs):
+        out = func(*args, **kwargs)
+        first = out if isinstance(out, torch.Tensor) else out[0]
+        if first is not None:
+            first = torch.empty_like(first, memory_format=layout_of(bind(func, args, kwargs)))
+        return first if isinstance(out, torch.Tensor) else (first, *out[1:])
+    return kernel
+
+
+# Output layouts the kernels choose where the fake kernel (a decomposition) follows another operand's
+# strides, the same on CPU and CUDA (ATen's sources): native_layer_norm_backward allocates dX
+# LEGACY_CONTIGUOUS (layer_norm_backward_cpu/_cuda); the structured _log_softmax_backward_data meta
+# sets a contiguous grad_input; mse_loss_backward is zeros_like(input, LEGACY_CONTIGUOUS); batch norm,
+# forward and backward, allocates empty_like(input, input.suggest_memory_format()) (cuDNN's after
+# making the input contiguous in that format).  The fake kernels keep the strides of grad_output or
+# of a transposed input, so a transposed tensor (a pooler over tokens, BatchNorm1d over a transposed
+# sequence, a loss over time-major log-probabilities) came out transposed: the next view of it
+# copied, or the next Linear took another kernel, where the real step does not.
+_BATCH_NORMS = (("native_batch_norm", "default"), ("_native_batch_norm_legit", "default"),
+                ("_native_batch_norm_legit", "no_stats"), ("_native_batch_norm_legit_no_training", "default"),
+                ("_native_batch_norm_legit_functional", "default"), ("cudnn_batch_norm", "default"))
+KERNEL_LAYOUTS: dict[Any, Any] = {
+    torch.ops.aten.native_layer_norm_backward.default: _first_output_in(_contiguous),
+    torch.ops.aten._log_softmax_backward_data.default: _first_output_in(_contiguous),
+    torch.ops.aten.mse_loss_backward.default: _first_output_in(_contiguous),
+    torch.ops.aten.native_batch_norm_backward.default: _first_output_in(_suggested_by("input")),
+    **{optional_op(*name): _first_output_in(_suggested_by("input")) for name in _BATCH_NORMS},
+}
+KERNEL_LAYOUTS.pop(None, None)  # an op this torch release does not have
+
+
+def layout_kernels() -> dict[int, Any]:
+    """``Recorder.substitute`` entries (id(op) -> function of the op's arguments) for :data:`KERNEL_LAYOUTS`."""
+    return {id(op): (lambda fix, op: lambda *a, **k: fix(op, *a, **k))(fix, op) for op, fix in KERNEL_LAYOUTS.items()}
+
+
 _REAL_SIZE_CACHE: dict[tuple, dict[int, int]] = {}
 
 
-def real_output_bytes(func: Any, args: tuple, kwargs: dict) -> dict[int, int] | None:
-    """Output sizes (output index -> bytes) where a fake kernel reports another size than the CPU one.
+# Losses whose reduced (0-d) output keeps the storage of the unreduced one, on CPU and CUDA alike:
+# mse_loss and smooth_l1_loss are structured kernels whose meta function allocates the output as the
+# elementwise loss (a binary op of input and target) and whose mean_out/sum_out then resizes it to
+# 0-d in place; soft_margin_loss and binary_cross_entropy compute into an input-sized output and
+# ``resize_({})`` it (ATen's Loss.cpp, BinaryCrossEntropy, Loss.cu).  ``resize_`` keeps the storage, and
+# the loss tensor lives until the training loop drops it.
+_REDUCED_IN_PLACE = {id(op): op for op in (torch.ops.aten.mse_loss.default, torch.ops.aten.smooth_l1_loss.default,
+                                           torch.ops.aten.soft_margin_loss.default,
+                                           torch.ops.aten.binary_cross_entropy.default)}
 
-    ``aten.mkldnn_rnn_layer`` (``nn.LSTM``/``nn.GRU`` on CPU) returns a oneDNN workspace that
-    backward reads; its meta kernel says 0 bytes, the real one is page-aligned parts whose size
-    depends on the shapes.  It is measured once per shape by running the CPU kernel on zeros of
-    the same shapes (the inputs and weights of one recurrent layer: small).
+
+def _reduced_loss_bytes(func: Any, args: tuple, kwargs: dict, outs: list) -> dict[int, int] | None:
+    """Storage bytes of a loss that reduces in place (:data:`_REDUCED_IN_PLACE`): the elementwise
+    loss's, the broadcast shape of input and target in the output's dtype."""
+    if id(func) not in _REDUCED_IN_PLACE or not outs or outs[0].dim() != 0:
+        return None  # reduction="none" returns the elementwise loss itself
+    bound = bind(func, args, kwargs)
+    elements = prod(torch.broadcast_shapes(bound["self"].shape, bound["target"].shape))
+    return {0: elements * outs[0].element_size()}
+
+
+def real_output_bytes(func: Any, args: tuple, kwargs: dict, outs: list, cpu: bool = True) -> dict[int, int] | None:
+    """Output sizes (output index -> bytes) where a fake kernel reports another size than the kernel.
+
+    On every target: losses that reduce in place keep their elementwise storage
+    (:func:`_reduced_loss_bytes`).  On the CPU (``cpu``):
+
+    * ``aten.mkldnn_rnn_layer`` (``nn.LSTM``/``nn.GRU`` on CPU) returns a oneDNN workspace that
+      backward reads; its meta kernel says 0 bytes, the real one is page-aligned parts whose size
+      depends on the shapes.  It is measured once per shape by running the CPU kernel on zeros of
+      the same shapes (the inputs and weights of one recurrent layer: small).
+    * ``aten._embedding_bag`` (``nn.EmbeddingBag``, saved for backward): where the CPU kernel
+      fills ``offset2bag`` (mean and max bags, sums off its fast path) it sizes it to
+      ``indices + 1`` elements, then shrinks the tensor to ``indices`` with ``resize_``, which
+      keeps the storage (ATen's EmbeddingBag.cpp, ``make_offset2bag_out``); the meta kernel's
+      storage is the tensor's size.  The CUDA kernel sizes it exactly.
     """
+    reduced = _reduced_loss_bytes(func, args, kwargs, outs)
+    if reduced is not None or not cpu:
+        return reduced
+    if id(func) in _EMBEDDING_BAG:
+        offset2bag = outs[1] if len(outs) > 1 else None  # (output, offset2bag, bag_size, max_indices)
+        if offset2bag is None or offset2bag.numel() == 0:
+            return None  # the sum fast path: no offset2bag
+        return {1: (offset2bag.numel() + 1) * offset2bag.element_size()}
     if func is not MKLDNN_RNN_LAYER or func is None:
         return None
     key = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else

@@ -133,7 +133,7 @@ class Recorder(TorchDispatchMode):
         # hooks of the fake-tensor mode (set by the capture): an op run instead of the fake
         # kernel, and the real output sizes where a fake kernel reports others
         self.substitute: dict[int, Callable] = {}  # id(op) -> function
-        self.real_sizes: Callable[[Any, tuple, dict], dict[int, int] | None] = lambda func, args, kwargs: None
+        self.real_sizes: Callable[[Any, tuple, dict, list], dict[int, int] | None] = lambda func, args, kwargs, outs: None
 
     # -- storages -------------------------------------------------------------
     def sid(self, t: torch.Tensor, nbytes: int | None = None) -> int:
@@ -276,7 +276,7 @@ class Recorder(TorchDispatchMode):
         self.records.append(node)
         meta["spec"] = tuple(tensor_spec(o) for o in flat_out)
         meta["stride"] = tuple(o.stride() for o in flat_out)
-        real_sizes = self.real_sizes(func, args, kwargs)
+        real_sizes = self.real_sizes(func, args, kwargs, flat_out)
         meta["storage"] = tuple(self.sid(o, real_sizes.get(i) if real_sizes else None) for i, o in enumerate(flat_out))
         if fwd_node is not None:
             meta["forward_node"] = fwd_node

@@ -14,6 +14,7 @@ are one sequence; the fake mode, recorder, inputs, loss and checkpointing live b
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -225,11 +226,13 @@ class _Step:
         rec.target = opts.target
         self.fake_mode = _fake.RecordingFakeMode(rec, allow_non_fake_inputs=True) if fake else None
         if fake:
+            rec.substitute.update(_fake.layout_kernels())
             if _fake.GROUPED_MM is not None:
                 rec.substitute[id(_fake.GROUPED_MM)] = _fake.fake_grouped_mm
             if opts.target == "cpu":
                 rec.real_sizes = _fake.real_output_bytes
             else:
+                rec.real_sizes = functools.partial(_fake.real_output_bytes, cpu=False)
                 rec.substitute.update({id(op): fn for op, fn in FAKE_KERNELS.items()})
         self.fake_entered: _Entered | None = None
         self.call: torch.nn.Module = model  # the module the step calls (a wrapper such as DDP: see _AsIs)
