@@ -86,10 +86,13 @@ def _estimate(path: str):
         ref_backward = [r for r in ref["ops"] if r["phase"] == "backward"]
         ours = {"backward_start": before_backward[-1] if before_backward else None,
                 "peak": report.memory.peak, "first": report.memory.peak_first_step,
-                "kernels": _sequence((n.meta.get("phase"), str(n.target)) for n in report.capture.nodes)}
+                "kernels": _sequence((n.meta.get("phase"), str(n.target)) for n in report.capture.nodes),
+                "norms": [(str(n.target), [str(s.dtype).removeprefix("torch.") for s in n.meta["spec"]])
+                          for n in nodes if "norm" in str(n.target)]}
         theirs = {"backward_start": ref_backward[0]["before"] if ref_backward else None,
                   "peak": ref["steps"][1]["peak"], "first": ref["steps"][0]["peak"],
-                  "kernels": _sequence((r["phase"], r["op"]) for r in ref["ops"])}
+                  "kernels": _sequence((r["phase"], r["op"]) for r in ref["ops"]),
+                  "norms": [(r["op"], [o[1] for o in r["out"]]) for r in ref["ops"] if "norm" in r["op"]]}
         _CACHE[key] = (theirs, ours)
     return _CACHE[key]
 
@@ -135,6 +138,15 @@ def test_kernels_match_the_h100(path):
     a, b = ours["kernels"], measured["kernels"]
     assert a == b, next(((i, x, y) for i, (x, y) in enumerate(zip(a + [None] * len(b), b + [None] * len(a)))
                          if x != y), None)
+
+
+@pytest.mark.parametrize("path", _params(FILES, known=()))
+def test_norm_outputs_have_the_h100s_dtypes(path):
+    """Every norm kernel's outputs (layer, batch and group norm, forward and backward) in the H100's
+    dtypes: under bf16 autocast ATen's batch norm keeps float32 statistics (the accumulate type)."""
+    measured, ours = _estimate(path)
+    assert ours["norms"] == measured["norms"], next(
+        ((i, x, y) for i, (x, y) in enumerate(zip(ours["norms"], measured["norms"])) if x != y), None)
 
 
 @pytest.mark.parametrize("path", _params([p for p in FILES if "__inference" not in _case_id(p)], known=("resnet50_b64__fp16-mixed",)))

@@ -137,17 +137,19 @@ def test_fp8_what_if_moves_linear_matmuls_and_halves_their_saved_inputs():
     assert f8["memory"]["peak"] <= fm["memory"]["peak"]
 
 
-class _Strides(torch.utils._python_dispatch.TorchDispatchMode):
-    """The strides of every op's tensor outputs in a real CPU step, by op (first call of each)."""
+class _Outputs(torch.utils._python_dispatch.TorchDispatchMode):
+    """The strides and dtypes of every op's tensor outputs in a real CPU step, by op (first call of each)."""
 
     def __init__(self):
         super().__init__()
         self.strides: dict[str, list] = {}
+        self.dtypes: dict[str, list] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         outs = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
         self.strides.setdefault(str(func), [tuple(o.stride()) for o in outs])
+        self.dtypes.setdefault(str(func), [o.dtype for o in outs])
         return out
 
 
@@ -158,7 +160,7 @@ def test_gradient_layouts_match_the_cpu_kernels(op):
     the CPU kernel gives it in a real step (contiguous; batch norm: the input's memory format), where
     the fake kernels follow the gradient's layout, so that a later view copies in the estimate only."""
     model, inputs, loss_fn = zoo.transposed_grads()
-    real = _Strides()
+    real = _Outputs()
     m = copy.deepcopy(model)
     with real:
         loss = m(inputs)
@@ -217,3 +219,33 @@ def test_a_reduced_loss_holds_the_storage_its_kernel_keeps(loss):
     first, steady = measure_peaks(copy.deepcopy(model), (x,), lambda p: torch.optim.AdamW(p, lr=1e-3), lambda o: o)
     mem = estimate(model, (x,), loss_fn=lambda o: o, device="cpu").to_dict()["memory"]
     assert (mem["peak"], mem["peak_first_step"]) == (steady, first)
+
+
+def test_norm_statistics_keep_float32_under_autocast():
+    """Layer, group and batch norm of a bf16 input with float32 weights (CPU autocast) save float32 means
+    and inverse deviations (ATen's mixed-type norms), which the fake kernels made bf16: the captured
+    dtypes are the real step's."""
+
+    class Norms(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3)
+            self.gn, self.bn, self.ln = torch.nn.GroupNorm(2, 8), torch.nn.BatchNorm2d(8), torch.nn.LayerNorm(8)
+
+        def forward(self, x):
+            h = self.bn(self.gn(self.conv(x)))  # the conv runs in bf16 under autocast
+            return self.ln(h.permute(0, 2, 3, 1).to(torch.bfloat16)).float().pow(2).mean()
+
+    torch.manual_seed(0)
+    model, x = Norms(), torch.randn(2, 3, 10, 10)
+    real = _Outputs()
+    with real, torch.autocast("cpu", dtype=torch.bfloat16):
+        copy.deepcopy(model)(x)
+    report = estimate(model, (x,), loss_fn=lambda o: o, device="cpu", precision="bf16-mixed")
+    checked = 0
+    for node in report.graph.nodes:
+        op = str(node.target)
+        if node.op == "call_function" and op in real.dtypes and "norm" in op and node.meta.get("phase") == "forward":
+            assert [s.dtype for s in node.meta["spec"]] == real.dtypes[op], op
+            checked += 1
+    assert checked >= 3  # group, batch and layer norm

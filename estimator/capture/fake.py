@@ -32,9 +32,11 @@ of the input ids) and are counted in memory like any other.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
+from dataclasses import dataclass
 from math import prod
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch._subclasses.fake_tensor as _fake
@@ -68,53 +70,78 @@ def _contiguous(bound: dict) -> torch.memory_format:
     return torch.contiguous_format
 
 
-def _suggested_by(argument: str):
-    """``input.suggest_memory_format()`` of the op's argument ``argument``: channels-last for a
-    channels-last 4-D tensor, contiguous otherwise."""
-    def layout(bound: dict) -> torch.memory_format:
-        t = bound[argument]
-        channels_last = t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
-        return torch.channels_last if channels_last else torch.contiguous_format
-    return layout
+def _suggested_by_input(bound: dict) -> torch.memory_format:
+    """``input.suggest_memory_format()``: channels-last for a channels-last 4-D input, contiguous otherwise."""
+    t = bound["input"]
+    channels_last = t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+    return torch.channels_last if channels_last else torch.contiguous_format
 
 
-def _first_output_in(layout_of: Any):
-    """A kernel ``(func, *args, **kwargs)`` that runs the fake kernel and makes its first output (the
-    result, or the gradient of the input) anew in the memory format ``layout_of(arguments by name)``."""
-    def kernel(func, *args, **kwargs):
+_HALF = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class KernelOutputs:
+    """What a kernel makes that its fake kernel does not (applied after the fake kernel has run).
+
+    ``layout``: the memory format of the first output (the result, or the gradient of the input),
+    a function of the op's arguments by name.  ``statistics``: the dtype of outputs 1 and 2 (a
+    norm's mean and inverse standard deviation) for a 16-bit input: float32 where the weight or
+    bias is float32 (ATen's ``param_scalar_type`` of a mixed-type norm), and, with
+    ``accumulate_on_cuda``, always on CUDA (the CUDA kernel allocates them in the accumulate type).
+    """
+
+    layout: Callable[[dict], torch.memory_format] | None = None
+    statistics: bool = False
+    accumulate_on_cuda: bool = False
+
+    def __call__(self, func: Any, cuda: bool, *args: Any, **kwargs: Any) -> Any:
         out = func(*args, **kwargs)
-        first = out if isinstance(out, torch.Tensor) else out[0]
-        if first is not None:
-            first = torch.empty_like(first, memory_format=layout_of(bind(func, args, kwargs)))
-        return first if isinstance(out, torch.Tensor) else (first, *out[1:])
-    return kernel
+        if not (self.layout or self.statistics):
+            return out
+        bound = bind(func, args, kwargs)
+        outs = [out] if isinstance(out, torch.Tensor) else list(out)
+        if self.layout is not None and outs[0] is not None:
+            outs[0] = torch.empty_like(outs[0], memory_format=self.layout(bound))
+        if self.statistics and bound["input"].dtype in _HALF:
+            mixed = any(isinstance(bound.get(n), torch.Tensor) and bound[n].dtype == torch.float32
+                        for n in ("weight", "bias"))
+            if mixed or (cuda and self.accumulate_on_cuda):
+                outs[1:3] = [t.new_empty(t.shape, dtype=torch.float32) for t in outs[1:3]]
+        return outs[0] if isinstance(out, torch.Tensor) else tuple(outs)
 
 
-# Output layouts the kernels choose where the fake kernel (a decomposition) follows another operand's
-# strides, the same on CPU and CUDA (ATen's sources): native_layer_norm_backward allocates dX
-# LEGACY_CONTIGUOUS (layer_norm_backward_cpu/_cuda); the structured _log_softmax_backward_data meta
-# sets a contiguous grad_input; mse_loss_backward is zeros_like(input, LEGACY_CONTIGUOUS); batch norm,
-# forward and backward, allocates empty_like(input, input.suggest_memory_format()) (cuDNN's after
-# making the input contiguous in that format).  The fake kernels keep the strides of grad_output or
-# of a transposed input, so a transposed tensor (a pooler over tokens, BatchNorm1d over a transposed
-# sequence, a loss over time-major log-probabilities) came out transposed: the next view of it
-# copied, or the next Linear took another kernel, where the real step does not.
-_BATCH_NORMS = (("native_batch_norm", "default"), ("_native_batch_norm_legit", "default"),
-                ("_native_batch_norm_legit", "no_stats"), ("_native_batch_norm_legit_no_training", "default"),
-                ("_native_batch_norm_legit_functional", "default"), ("cudnn_batch_norm", "default"))
-KERNEL_LAYOUTS: dict[Any, Any] = {
-    torch.ops.aten.native_layer_norm_backward.default: _first_output_in(_contiguous),
-    torch.ops.aten._log_softmax_backward_data.default: _first_output_in(_contiguous),
-    torch.ops.aten.mse_loss_backward.default: _first_output_in(_contiguous),
-    torch.ops.aten.native_batch_norm_backward.default: _first_output_in(_suggested_by("input")),
-    **{optional_op(*name): _first_output_in(_suggested_by("input")) for name in _BATCH_NORMS},
+# The kernels' own choices (ATen's sources; measured on CPU, tests/test_memory.py):
+# * layouts: native_layer_norm_backward allocates dX LEGACY_CONTIGUOUS (layer_norm_backward_cpu/_cuda);
+#   the structured _log_softmax_backward_data meta sets a contiguous grad_input; mse_loss_backward is
+#   zeros_like(input, LEGACY_CONTIGUOUS); batch norm, forward and backward, allocates
+#   empty_like(input, input.suggest_memory_format()).  The fake kernels keep the strides of
+#   grad_output or of a transposed input, so a transposed tensor (a pooler over tokens, BatchNorm1d
+#   over a transposed sequence, a loss over time-major log-probabilities) came out transposed: the
+#   next view of it copied, or the next Linear took another kernel, where the real step does not.
+# * statistics: layer, group and batch norm of a bf16/fp16 input with float32 weights (autocast) keep
+#   float32 means and inverse deviations (cuDNN's batch norm: the weight's dtype); the CUDA layer and
+#   batch norm kernels always do (``toAccumulateType``).  The fake kernels make them in the input's
+#   dtype.  The H100 reference steps show it (tests/test_cuda_reference.py).
+_BATCH_NORM = KernelOutputs(layout=_suggested_by_input, statistics=True, accumulate_on_cuda=True)
+KERNEL_OUTPUTS: dict[Any, KernelOutputs] = {
+    torch.ops.aten.native_layer_norm.default: KernelOutputs(statistics=True, accumulate_on_cuda=True),
+    torch.ops.aten.native_group_norm.default: KernelOutputs(statistics=True),
+    optional_op("cudnn_batch_norm"): KernelOutputs(statistics=True),  # the weight's dtype: float32
+    torch.ops.aten.native_layer_norm_backward.default: KernelOutputs(layout=_contiguous),
+    torch.ops.aten._log_softmax_backward_data.default: KernelOutputs(layout=_contiguous),
+    torch.ops.aten.mse_loss_backward.default: KernelOutputs(layout=_contiguous),
+    torch.ops.aten.native_batch_norm_backward.default: KernelOutputs(layout=_suggested_by_input),
+    **{optional_op(*name): _BATCH_NORM for name in (
+        ("native_batch_norm", "default"), ("_native_batch_norm_legit", "default"), ("_native_batch_norm_legit", "no_stats"),
+        ("_native_batch_norm_legit_no_training", "default"), ("_native_batch_norm_legit_functional", "default"))},
 }
-KERNEL_LAYOUTS.pop(None, None)  # an op this torch release does not have
+KERNEL_OUTPUTS.pop(None, None)  # an op this torch release does not have
 
 
-def layout_kernels() -> dict[int, Any]:
-    """``Recorder.substitute`` entries (id(op) -> function of the op's arguments) for :data:`KERNEL_LAYOUTS`."""
-    return {id(op): (lambda fix, op: lambda *a, **k: fix(op, *a, **k))(fix, op) for op, fix in KERNEL_LAYOUTS.items()}
+def output_kernels(cuda: bool) -> dict[int, Any]:
+    """``Recorder.substitute`` entries (id(op) -> function of the op's arguments) for :data:`KERNEL_OUTPUTS`."""
+    return {id(op): functools.partial(fix, op, cuda) for op, fix in KERNEL_OUTPUTS.items()}
 
 
 _REAL_SIZE_CACHE: dict[tuple, dict[int, int]] = {}

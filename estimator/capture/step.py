@@ -226,7 +226,7 @@ class _Step:
         rec.target = opts.target
         self.fake_mode = _fake.RecordingFakeMode(rec, allow_non_fake_inputs=True) if fake else None
         if fake:
-            rec.substitute.update(_fake.layout_kernels())
+            rec.substitute.update(_fake.output_kernels(cuda=opts.target != "cpu"))
             if _fake.GROUPED_MM is not None:
                 rec.substitute[id(_fake.GROUPED_MM)] = _fake.fake_grouped_mm
             if opts.target == "cpu":
