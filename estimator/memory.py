@@ -254,7 +254,10 @@ def _allocator_steps(cap: Capture, events: list[tuple[int, int, int]], raw: list
         if sid is not None and sid not in loaded:
             loaded.append(sid)
     at_start = [sid for index, sid, delta in events if index < 0 and delta > 0]
-    loaded += [sid for sid in at_start if sid not in set(loaded)]  # inputs, constants
+    # a constant the forward makes (``torch.tensor(...)`` in the model's code) and the step frees is
+    # made again by every step; inputs and the rest of what exists before the step stay
+    remade = {sid for index, sid, delta in events if index >= 0 and delta < 0} & set(at_start) - set(loaded)
+    loaded += [sid for sid in at_start if sid not in set(loaded) and sid not in remade]  # inputs, constants
     stays = set(loaded) | set(cap.sids.get("optimizer_state", ())) | persistent
     sim = Replay(Allocator(capacity))
     traces = [sim.run([(-2, sid, raw[sid]) for sid in loaded])]
@@ -264,7 +267,7 @@ def _allocator_steps(cap: Capture, events: list[tuple[int, int, int]], raw: list
     for step in (1, 2):
         stream, live = [], set()
         for index, sid, delta in events:
-            if (index < 0 and delta > 0) or not raw[sid]:
+            if (index < 0 and delta > 0 and sid not in remade) or not raw[sid]:
                 continue  # loaded above; or takes no memory on the device
             key = sid if sid in stays else (step, sid)
             if delta > 0:
