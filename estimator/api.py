@@ -149,7 +149,7 @@ def estimate(
         report.step_time = step_time(report, target_gpu)
     if target_gpu is not None and solve_batch:
         if mode != "train":
-            report.max_batch_note = "the largest batch is planned for training steps only"
+            report.max_batch_note = "not searched: the largest batch is planned for training steps only"
         else:
             progress("finding the largest micro-batch")
             report.max_batch, report.max_batch_note = _largest_batch(
@@ -160,24 +160,26 @@ def estimate(
 
 def _largest_batch(model, inputs, gpu: GPU, **kwargs: Any) -> tuple[int | None, str | None]:
     """The largest micro-batch that fits on one ``gpu`` (:func:`estimator.plan.plan`, DDP on one GPU),
-    or None and why not."""
+    searched whether or not the given batch fits; or None and why not ("not searched: ...", or
+    "over ...")."""
     import logging
 
     from .plan import plan
 
     def once(record: logging.LogRecord) -> bool:  # the estimate has said it; the planner's traces need not
-        return "get no gradient" not in record.getMessage()
+        message = record.getMessage()
+        return "get no gradient" not in message and "have no cost rule" not in message
 
     tally_log = logging.getLogger("estimator.tally")
     tally_log.addFilter(once)
     try:
-        p = plan(model, inputs, gpu=gpu, gpus=1, strategy="ddp", **kwargs)
+        p = plan(model, inputs, gpu=gpu, gpus=1, strategy="ddp", solve_unfit=True, **kwargs)
     except DataDependentError:  # the search traces the engine on fake tensors only
-        return None, "the model reads tensor values in its forward, and the search traces on fake tensors"
+        return None, "not searched: the model reads tensor values in its forward, and the search traces on fake tensors"
     except UserError as exc:
-        return None, str(exc)
+        return None, f"not searched: {exc}"
     finally:
         tally_log.removeFilter(once)
-    if p.max_batch is None:
-        return None, "the batch size cannot be varied for this model's inputs"
-    return p.max_batch, None
+    if p.batch is None:
+        return None, "not searched: the batch size cannot be varied for this model's inputs"
+    return p.batch.value, p.batch.reason

@@ -183,12 +183,10 @@ def headline(report: "Report") -> str:
     else:
         text += f": DOES NOT FIT on {gpu.name} ({capacity}, {fmt_bytes(needed - usable)} short)"
     if report.max_batch is not None:
-        text += ("; no micro-batch fits" if report.max_batch == 0
+        text += ("; no micro-batch fits on one GPU (estimator plan shards it over several)" if report.max_batch == 0
                  else f"; largest micro-batch {report.max_batch}")
-    elif not report.fits and training(report):
-        text += "; no micro-batch fits on one GPU (estimator plan shards it over several)"
     elif report.max_batch_note and training(report):
-        text += f"; largest micro-batch not searched: {report.max_batch_note}"
+        text += f"; largest micro-batch {report.max_batch_note}"  # "not searched: ..." or "over ..."
     return text
 
 

@@ -297,6 +297,30 @@ def test_op_without_rule_is_reported_not_zero():
     assert hits[0]["module"] == "" and hits[0]["count"] == 1
 
 
+def test_op_without_rule_is_warned_once_per_estimate(caplog):
+    """``estimate(gpu=...)`` traces the model again to find the largest micro-batch: the warning about
+    ops without a rule (here the FFT's) is the estimate's, once; it came once per planner trace (23
+    times for a Fourier neural operator)."""
+    import logging
+
+    from estimator import estimate
+
+    class Spectral(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 16)
+
+        def forward(self, x):  # (B, 16)
+            return torch.fft.rfft(self.lin(x)).abs().mean()
+
+    torch.manual_seed(0)
+    with caplog.at_level(logging.WARNING, logger="estimator"):
+        report = estimate(Spectral(), torch.randn(4, 16), loss_fn=lambda out: out, gpu="H100")
+    assert not (report.max_batch_note or "").startswith("not searched"), report.max_batch_note  # the search ran
+    warnings = [r.getMessage() for r in caplog.records if "have no cost rule" in r.getMessage()]
+    assert len(warnings) == 1 and "_fft_r2c" in warnings[0], warnings
+
+
 # ---------------------------------------------------------------------------
 # meta-device model == real model
 # ---------------------------------------------------------------------------

@@ -304,7 +304,9 @@ class Planner:
              checkpoint: Any = None, offload: str | None = None, tokens: float | None = None,
              samples: float | None = None, steps: int | None = None, mfu: float | None = None,
              solve: Sequence[str] | str = ("batch",), reshard_after_forward: bool = True, rank: int = 0,
-             confirm: bool = True, gpu: str | GPU | None = None) -> Plan:
+             confirm: bool = True, gpu: str | GPU | None = None, solve_unfit: bool = False) -> Plan:
+        """One plan (:func:`plan`).  ``solve_unfit``: search the largest size that fits even when the given
+        one does not (``estimate --gpu``'s question); a plan that does not fit otherwise suggests layouts."""
         target = self.gpu if gpu is None else (gpu if isinstance(gpu, GPU) else lookup(gpu))
         layout = Layout(strategy.lower(), gpus, tp, sequence_parallel, self.gpus_per_node, rank,
                         reshard_after_forward, offload)
@@ -328,9 +330,9 @@ class Planner:
         suggestions = [] if fits else self.suggestions(layout, ckpt, target)
         batch_solve = seq_solve = None
         solve = (solve,) if isinstance(solve, str) else tuple(solve or ())
-        if fits and "batch" in solve:
+        if (fits or solve_unfit) and "batch" in solve:
             batch_solve = self.solve("batch", layout, ckpt, target, confirm)
-        if fits and "seq" in solve:
+        if (fits or solve_unfit) and "seq" in solve:
             seq_solve = self.solve("seq", layout, ckpt, target, confirm)
         time = self._time(layout, step, target)
         base_step = self.traced(layout, ()) if ckpt else step
@@ -553,7 +555,7 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
          gpus_per_node: int = 8, interconnect: str | None = None, inter_node: str | None = None,
          zero_semantics: str = "deepspeed", reshard_after_forward: bool = True, device: str = "cuda", rank: int = 0,
          confirm: bool = True, model_name: str | None = None, progress: Progress | None = None,
-         trace: str = "auto") -> Plan:
+         trace: str = "auto", solve_unfit: bool = False) -> Plan:
     """Plan a training step of ``model`` on ``gpus`` GPUs called ``gpu`` with ``strategy``.
 
     ``inputs`` are one GPU's micro-batch.  ``ddp``, ``fsdp`` and ``hsdp`` (with ``tp`` tensor
@@ -561,7 +563,8 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
     ``zero1``-``zero3`` are laid out by hand (``zero_semantics``: ``"deepspeed"`` or ``"paper"``).
     Returns a :class:`~estimator.plan.results.Plan`: per-GPU memory of rank ``rank`` (rows that add up
     to the peak), fits or not (and the smallest layouts that fit when not), the largest micro-batch
-    (``solve`` may add ``"seq"``), step time from the traced schedule, time to train for the budget.
+    (``solve`` may add ``"seq"``; searched when the given size fits, or always with ``solve_unfit``),
+    step time from the traced schedule, time to train for the budget.
     ``precision`` (default ``bf16-mixed``): see :func:`~estimator.plan.layout.parse_plan_precision`.
     ``device="cpu"`` plans exact bytes without CUDA rounding (tests).  ``trace``: as
     :func:`estimator.estimate`'s (``"auto"``, ``"fake"`` or ``"real"``).  Raises
@@ -573,7 +576,8 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
                       zero_semantics=zero_semantics, model_name=model_name, progress=progress, trace=trace)
     return planner.plan(strategy, gpus, tp=tp, sequence_parallel=sequence_parallel, checkpoint=checkpoint,
                         offload=offload, tokens=tokens, samples=samples, steps=steps, mfu=mfu, solve=solve,
-                        reshard_after_forward=reshard_after_forward, rank=rank, confirm=confirm)
+                        reshard_after_forward=reshard_after_forward, rank=rank, confirm=confirm,
+                        solve_unfit=solve_unfit)
 
 
 def compare(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU | Sequence[str | GPU],

@@ -28,7 +28,7 @@ def fmt_duration(s: float | None) -> str:
 
 def _fmt_solve(solve: Solve | None) -> str:
     if solve is None or solve.value is None:
-        return "-" if solve is None else f"not searched: {solve.reason}" if solve.reason else "no limit found"
+        return "-" if solve is None else solve.reason or "no limit found"
     text = f"{solve.value}"
     if solve.limited_by:
         text += f" (the model's limit, {solve.limited_by}; memory allows {solve.memory_allows})"

@@ -88,7 +88,7 @@ class Solve:
     peak_at_next: int | None = None
     limited_by: str | None = None  # the model's own limit (position embeddings)
     memory_allows: int | None = None
-    reason: str | None = None  # why there is no answer (``value`` None without a search)
+    reason: str | None = None  # why there is no answer (``value`` None): not searched, or no limit found
 
 
 @dataclass(frozen=True)
@@ -162,11 +162,11 @@ class Plan:
 
     @property
     def max_batch(self) -> int | None:
-        return self.batch.value if (self.batch is not None and self.fits) else None
+        return self.batch.value if self.batch is not None else None  # searched when it fits (or solve_unfit)
 
     @property
     def max_seq(self) -> int | None:
-        return self.seq.value if (self.seq is not None and self.fits) else None
+        return self.seq.value if self.seq is not None else None
 
     @property
     def step_time_s(self) -> float:

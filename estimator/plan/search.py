@@ -105,7 +105,7 @@ def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], boo
     if real:
         if fits_interpolated is None:
             return Solve(what, None, "not searched", list(points),
-                         reason="the model traces on real CPU tensors only and its ops change with the size")
+                         reason="not searched: the model traces on real CPU tensors only and its ops change with the size")
         confirm, method = False, method + " (not confirmed: the model traces on real CPU tensors only)"
     fits_at = fits_interpolated or (lambda v: traced(v)[0])
     if not fits_at(1):
@@ -115,7 +115,7 @@ def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], boo
         while hi <= limit and fits_at(hi):
             lo, hi = hi, hi * 2
         if hi > limit:
-            return Solve(what, None, method, list(points))
+            return Solve(what, None, method, list(points), reason=f"over {limit:,} (the search stops there)")
         while hi - lo > 1:
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if fits_at(mid) else (lo, mid)
