@@ -321,6 +321,45 @@ def test_op_without_rule_is_warned_once_per_estimate(caplog):
     assert len(warnings) == 1 and "_fft_r2c" in warnings[0], warnings
 
 
+def test_a_torchscript_submodule_is_traced_through():
+    """A ``torch.jit.script`` submodule takes no Python hooks (the capture stopped with "register_forward_pre_hook
+    is not supported on ScriptModules"): its ops are traced all the same and count in the enclosing module.
+    The numbers equal a real step's (measured here: groundtruth.measure deep-copies, which a scripted module's
+    parameters do not survive as leaves)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from estimator import estimate
+
+    class Scripted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU()))
+            self.b = torch.nn.Linear(16, 2)
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    torch.manual_seed(0)
+    model, x = Scripted(), torch.randn(4, 8)
+    d = estimate(model, x, device="cpu").to_dict()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), FlopCounterMode(display=False) as forward:
+        loss = model(x).mean()
+    with FlopCounterMode(display=False) as backward:
+        loss.backward()
+    assert d["params"]["total"] == sum(p.numel() for p in model.parameters())
+    assert (d["flops"]["matmul_forward"], d["flops"]["matmul_backward"]) == (forward.get_total_flops(),
+                                                                            backward.get_total_flops())
+    assert d["memory"]["activations"] == sum(saved.values())
+
+
 # ---------------------------------------------------------------------------
 # meta-device model == real model
 # ---------------------------------------------------------------------------

@@ -367,6 +367,8 @@ class _Step:
         handles = []
         try:
             for mod in self.model.modules():
+                if isinstance(mod, torch.jit.ScriptModule):
+                    continue  # TorchScript takes no Python hooks: its ops count in the enclosing module
                 handles.append(mod.register_forward_pre_hook(pre_hook))
                 handles.append(mod.register_forward_hook(post_hook, always_call=True))
             yield
