@@ -732,3 +732,27 @@ def test_estimate_says_why_it_did_not_search_the_batch_of_a_model_that_reads_val
     r = estimate(_ValueBranch(), torch.ones(4, 2048), gpu="H100")
     assert r.max_batch is None and "reads tensor values" in r.max_batch_note
     assert "largest micro-batch not searched: the model reads tensor values" in str(r)
+
+
+class _Locked(torch.nn.Module):
+    """A module with an attribute copy.deepcopy cannot copy (a lock)."""
+
+    def __init__(self):
+        super().__init__()
+        import threading
+
+        self.lin, self.lock = torch.nn.Linear(8, 8), threading.Lock()
+
+    def forward(self, x):
+        with self.lock:
+            return self.lin(x)
+
+
+def test_a_model_that_cannot_be_copied_is_a_one_line_error_for_plan_and_a_note_for_estimate():
+    """The engines are traced on a meta copy of the model: a lock among its attributes made plan, and
+    estimate --gpu's largest-batch search, crash with "cannot pickle '_thread.lock' object"."""
+    with pytest.raises(UserError, match="copy.deepcopy failed .*_thread.lock.*__deepcopy__"):
+        plan(_Locked(), torch.randn(4, 8), gpu="H100", gpus=2, strategy="fsdp")
+    r = estimate(_Locked(), torch.randn(4, 8), gpu="H100")
+    assert r.fits and r.max_batch is None and r.max_batch_note.startswith("not searched: the planner traces")
+    assert "largest micro-batch not searched: the planner traces the engines on a copy" in r.headline()

@@ -133,7 +133,12 @@ def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
                 meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
                 memo[id(t)] = torch.nn.Parameter(meta, requires_grad=t.requires_grad) \
                     if isinstance(t, torch.nn.Parameter) else meta
-    return copy.deepcopy(model, memo)
+    try:
+        return copy.deepcopy(model, memo)
+    except Exception as exc:  # a lock, a file or a library handle among the module's attributes
+        raise UserError(f"the planner traces the engines on a copy of the model and copy.deepcopy failed "
+                        f"({type(exc).__name__}: {exc}); give that attribute a __deepcopy__ or keep it outside "
+                        f"the module") from exc
 
 
 def to_fake(model: torch.nn.Module) -> None:
