@@ -338,11 +338,20 @@ def _batch_norm_cuda(target: CudaTarget, input, weight, bias, running_mean, runn
 _RNN_MODES = {"rnn_relu": 0, "rnn_tanh": 1, "lstm": 2, "gru": 3}
 
 
-def _rnn_cuda(mode: str):
-    """``lstm.input`` / ``gru.input`` / ``rnn_*.input`` as ``_cudnn_impl`` runs them on CUDA."""
+def _rnn_cuda(mode: str, packed: bool = False):
+    """``lstm.input`` / ``gru.input`` / ``rnn_*.input`` as ``_cudnn_impl`` runs them on CUDA; with ``packed``
+    the ``.data`` overloads (a PackedSequence: ``data`` of all time steps' rows and ``batch_sizes``),
+    which cuDNN runs as one ``_cudnn_rnn`` over the packed rows."""
+
+    def run_packed(target: CudaTarget, data, batch_sizes, hx, params, has_biases, num_layers, dropout, train,
+                   bidirectional):
+        if batch_sizes.device.type == "meta" or type(batch_sizes).__name__ == "FakeTensor":
+            raise _NotCudnn  # the batch sizes are not known here: the composite decides
+        return run(target, data, hx, params, has_biases, num_layers, dropout, train, bidirectional, False,
+                   batch_sizes.tolist())
 
     def run(target: CudaTarget, input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
-            batch_first):
+            batch_first, batch_sizes=()):
         lstm = mode == "lstm"
         h0, c0 = (hx[0], hx[1]) if lstm else (hx, None)
         dtype = input.dtype
@@ -359,12 +368,12 @@ def _rnn_cuda(mode: str):
         proj = params[per_layer - 1].shape[0] if per_layer in (3, 5) else 0  # w_hr: (hidden, proj) weights last
         weight_buf = torch.empty(0, dtype=dtype)  # the flat buffer the parameters live in (.cuda() flattens them)
         out = aten._cudnn_rnn(input, list(params), per_layer, weight_buf, h0, c0, _RNN_MODES[mode], hidden, proj,
-                              num_layers, batch_first, dropout, train, bidirectional, [], None)
+                              num_layers, batch_first, dropout, train, bidirectional, list(batch_sizes), None)
         if lstm:
             return out[0], out[1], out[2]
         return out[0], out[1]
 
-    return run
+    return run_packed if packed else run
 
 
 class _NotCudnn(Exception):
@@ -387,16 +396,25 @@ def cudnn_rnn_reserve_bytes(mode: int, num_layers: int, directions: int, seq: in
 def _cudnn_rnn_meta(input, weight, weight_stride0, weight_buf, hx, cx, mode, hidden_size, proj_size, num_layers,
                     batch_first, dropout, train, bidirectional, batch_sizes, dropout_state):
     """``_cudnn_rnn``'s shapes as the CUDA kernel makes them: a batch-first output is a transposed view of
-    a (T, B, H) buffer, and training keeps a reserve space (:func:`cudnn_rnn_reserve_bytes`)."""
+    a (T, B, H) buffer, and training keeps a reserve space (:func:`cudnn_rnn_reserve_bytes`).  A packed
+    sequence (``batch_sizes`` given) is ``input`` (rows of all steps, features): its output has one row
+    per input row, and its reserve is sized by its rows (an extrapolation: the reserve was measured on
+    padded batches only)."""
     directions = 2 if bidirectional else 1
     out_size = proj_size or hidden_size
-    seq, batch = (input.shape[1], input.shape[0]) if batch_first else (input.shape[0], input.shape[1])
-    output = input.new_empty((seq, batch, out_size * directions))
-    if batch_first:
-        output = output.transpose(0, 1)
+    if batch_sizes:
+        batch = batch_sizes[0]  # the first step has every sequence
+        output = input.new_empty((input.shape[0], out_size * directions))
+        steps_x_batch = (input.shape[0], 1)  # rows of all steps
+    else:
+        seq, batch = (input.shape[1], input.shape[0]) if batch_first else (input.shape[0], input.shape[1])
+        output = input.new_empty((seq, batch, out_size * directions))
+        if batch_first:
+            output = output.transpose(0, 1)
+        steps_x_batch = (seq, batch)
     hy = hx.new_empty((num_layers * directions, batch, out_size))
     cy = cx.new_empty((num_layers * directions, batch, hidden_size)) if cx is not None else input.new_empty(0)
-    reserve = input.new_empty(cudnn_rnn_reserve_bytes(mode, num_layers, directions, seq, batch, hidden_size,
+    reserve = input.new_empty(cudnn_rnn_reserve_bytes(mode, num_layers, directions, *steps_x_batch, hidden_size,
                                                       input.element_size()) if train else 0, dtype=torch.uint8)
     return output, hy, cy, reserve, weight_buf
 
@@ -487,6 +505,8 @@ def _register(lib: Any) -> None:
     lib.impl("batch_norm", _composite(aten.batch_norm.default, _batch_norm_cuda), "AutogradCPU", with_keyset=True)
     for mode in _RNN_MODES:
         lib.impl(f"{mode}.input", _composite(getattr(aten, mode).input, _rnn_cuda(mode)), "AutogradCPU",
+                 with_keyset=True)
+        lib.impl(f"{mode}.data", _composite(getattr(aten, mode).data, _rnn_cuda(mode, packed=True)), "AutogradCPU",
                  with_keyset=True)
     _precision.register_cuda_autocast(lib, lambda: _current() is not None)
 

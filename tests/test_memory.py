@@ -21,7 +21,7 @@ from estimator.memory import CUDA_BLOCK, round_cuda
 
 # lstm: nn.LSTM on CPU runs oneDNN's mkldnn_rnn_layer, whose workspace (86,016 B for the zoo's
 # 10x4x24 layer) the meta kernel reports as 0 bytes; the capture measures it on the CPU kernel.
-CASES = ["cruncher", "mlp", "vgg", "gpt", "lstm", "mobilenet", "tied", "frozen", "bags", "transposed_grads", "checkpoint_reentrant",
+CASES = ["cruncher", "mlp", "vgg", "gpt", "lstm", "mobilenet", "tied", "frozen", "bags", "transposed_grads", "packed_lstm", "checkpoint_reentrant",
          "checkpoint_nonreentrant", "dict_inputs", "hf_gpt2", "hf_llama_sdpa", "hf_bert"]
 
 
@@ -272,3 +272,18 @@ def test_a_constant_made_in_forward_is_made_again_by_every_step_on_cuda():
     given = estimate(Masked(True), (x, mask, torch.tensor([0, 2])), loss_fn=lambda o: o, device="cuda",
                      gpu="H100").memory
     assert abs(made.peak - given.peak) <= CUDA_BLOCK and abs(made.peak_first_step - given.peak_first_step) <= CUDA_BLOCK
+
+
+def test_a_packed_sequence_traces_on_fake_tensors_and_runs_cudnn_on_the_cuda_target():
+    """pack_padded_sequence wrote its batch sizes through a data pointer, which a fake tensor has not: the
+    capture fell back to a real CPU trace (the model materialised, CPU kernels on the CUDA target).  Now
+    the fake trace gives the real step's numbers (test_accuracy, the peaks above), and on the CUDA target
+    the LSTM over the packed rows is one cuDNN call, as ``_cudnn_impl`` runs a PackedSequence."""
+    model, inputs, loss_fn = zoo.packed_lstm()
+    assert estimate(model, inputs, loss_fn=loss_fn, device="cpu").capture.fallback_reason is None
+    report = estimate(model, inputs, loss_fn=loss_fn, device="cuda")
+    assert report.capture.fallback_reason is None
+    assert report.to_dict()["kernels"] == {"_cudnn_rnn": 1, "_cudnn_rnn_backward": 1}
+    rnn = next(n for n in report.capture.nodes if str(n.target) == "aten._cudnn_rnn.default")
+    rows = int(inputs[1].sum())  # one output row per packed input row: 4 + 7 + 2
+    assert rnn.meta["spec"][0].shape == (rows, 2 * model.rnn.hidden_size)

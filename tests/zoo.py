@@ -474,6 +474,30 @@ def transposed_grads(device: str = "cpu") -> Case:
         return TransposedGrads(), torch.randn(4, 16, 24), lambda out: out
 
 
+class PackedLSTM(nn.Module):
+    """Variable-length sequences through nn.utils.rnn: pack_padded_sequence (unsorted lengths), a
+    2-layer bidirectional LSTM on the PackedSequence, pad_packed_sequence back."""
+
+    def __init__(self, vocab: int = 20, d: int = 8, hidden: int = 16):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.rnn = nn.LSTM(d, hidden, num_layers=2, bidirectional=True, batch_first=True)
+        self.out = nn.Linear(2 * hidden, 3)
+
+    def forward(self, ids, lengths):  # ids: (B, T), lengths: (B,)
+        packed = nn.utils.rnn.pack_padded_sequence(self.emb(ids), lengths, batch_first=True, enforce_sorted=False)
+        rows, _ = self.rnn(packed)  # rows.data: (sum(lengths), 2 * hidden)
+        padded, _ = nn.utils.rnn.pad_packed_sequence(rows, batch_first=True)  # (B, max(lengths), 2 * hidden)
+        return self.out(padded.mean(1))
+
+
+def packed_lstm(device: str = "cpu") -> Case:
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = PackedLSTM()
+    return model, (torch.randint(0, 20, (3, 7)), torch.tensor([4, 7, 2])), None  # lengths stay on the CPU
+
+
 class Unused(nn.Module):
     """A trainable parameter that receives no gradient in this step (a layer used under no_grad)."""
 
@@ -535,6 +559,7 @@ ZOO: dict[str, Callable[..., Case]] = {
     "unused_param": unused_param,
     "bags": bags,
     "transposed_grads": transposed_grads,
+    "packed_lstm": packed_lstm,
 }
 HF = {name for name in ZOO if name.startswith("hf_")}
 # builders whose model and inputs can be built on the meta device

@@ -144,6 +144,24 @@ def output_kernels(cuda: bool) -> dict[int, Any]:
     return {id(op): functools.partial(fix, op, cuda) for op, fix in KERNEL_OUTPUTS.items()}
 
 
+def fake_pack_padded_sequence(input, lengths, batch_first):
+    """``aten._pack_padded_sequence`` (``nn.utils.rnn.pack_padded_sequence``) on a fake ``input`` with
+    real ``lengths`` (integer inputs keep their values): the packed rows, and ``batch_sizes`` as the
+    kernel computes it (the number of sequences longer than each step; a real CPU int64 tensor, which
+    the recurrent kernels read).  ATen's kernel writes ``batch_sizes`` through a data pointer, which a
+    fake tensor has not: without this the capture fell back to a real trace (and, on the CUDA target,
+    to CPU kernels instead of cuDNN's).  The kernel's per-step copies before its ``cat`` are not
+    recorded (transient, at the start of the forward)."""
+    if type(lengths) is FakeTensor or lengths.is_meta:
+        return NotImplemented
+    with _disable_current_modes():
+        known = lengths.to(torch.int64).tolist()
+        steps = known[0] if known else 0  # ATen checks lengths are sorted, longest first
+        batch_sizes = torch.tensor([sum(1 for n in known if n > t) for t in range(steps)], dtype=torch.int64)
+    rows = input.new_empty((sum(known), *input.shape[2:]))  # (sum of lengths, features...)
+    return rows, batch_sizes
+
+
 _REAL_SIZE_CACHE: dict[tuple, dict[int, int]] = {}
 
 

@@ -227,6 +227,7 @@ class _Step:
         self.fake_mode = _fake.RecordingFakeMode(rec, allow_non_fake_inputs=True) if fake else None
         if fake:
             rec.substitute.update(_fake.output_kernels(cuda=opts.target != "cpu"))
+            rec.substitute[id(torch.ops.aten._pack_padded_sequence.default)] = _fake.fake_pack_padded_sequence
             if _fake.GROUPED_MM is not None:
                 rec.substitute[id(_fake.GROUPED_MM)] = _fake.fake_grouped_mm
             if opts.target == "cpu":
