@@ -641,10 +641,13 @@ def _rnn_work(name, base, phase, ins, outs, common) -> OpWork:
         per = len(weights) // max(1, ld)  # 4 with biases, 2 without
         gates = numel(weights[1][0]) // (hidden * hidden)
         layers = [(numel(weights[j * per][0]) // (gates * hidden), hidden) for j in range(ld)]
-        # input [B, T, I] (batch_first) or [T, B, I]
+        # input [B, T, I] (batch_first) or [T, B, I]; a PackedSequence's rows [sum of lengths, I]
         steps = x[1] if x[0] == batch else x[0]
     gh = gates * hidden
     rows = steps * batch
+    if len(x) == 2 and not base.startswith("mkldnn"):
+        # packed rows: the steps are at least rows / B (the longest sequence; batch_sizes is not a tensor here)
+        rows, steps = x[0], -(-x[0] // max(1, batch))
     # per step and batch row: x @ W_ih^T (2*I*G*H) and h @ W_hh^T (2*H*G*H); backward twice that
     flops = sum(2 * rows * gh * (i_l + h_l) for i_l, h_l in layers) * (2 if backward else 1)
     return OpWork(name, phase, RNN, flops=flops, batch=len(layers), m=batch, n=gh, k=hidden,

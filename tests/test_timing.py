@@ -278,3 +278,17 @@ def test_timeline_host_and_gpu_bound():
     assert total == pytest.approx(sum(gpu) + host[-1])  # host-bound: the host, then the last kernel
     total, _ = T.timeline([1e-3, 0.0, 1e-3], [1e-5, 1e-5, 1e-5], [False, True, False])
     assert total == pytest.approx(1e-5 + 1e-3 + 1e-5 + 1e-3)  # the sync waits for the first kernel
+
+
+def test_packed_sequence_rnn_work_equals_the_rules():
+    """A PackedSequence LSTM on the CUDA target is one _cudnn_rnn over rows [sum of lengths, I]: its time
+    model reads the rows (not steps x batch of a padded input), so its FLOPs equal the rules' tally."""
+    import zoo
+
+    net, inputs, loss_fn = zoo.packed_lstm()
+    report = estimate(net, inputs, loss_fn=loss_fn, device="cuda")
+    rnn = [w for w in T.works_of(report) if w.kind == T.RNN]
+    assert len(rnn) == 2  # forward and backward
+    model_flops = sum(w.flops for w in T.works_of(report) if w.kind in T.COMPUTE_KINDS and w.phase != "optimizer")
+    tally = report.tally.flops
+    assert model_flops == tally["matmul_forward"] + tally["matmul_backward"]
