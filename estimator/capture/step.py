@@ -460,6 +460,25 @@ class _Step:
                 self.opt_state[n] = {k: _AsIs.local(v) for k, v in st.items() if isinstance(v, torch.Tensor)}
 
     # -- the result -----------------------------------------------------------------------------
+    def _leaf_grads_held_by(self, loss: torch.Tensor) -> list[torch.Tensor]:
+        """The gradients of leaves made in the step (not parameters, not inputs: a view of the input on which
+        the model sets ``requires_grad``, as wav2vec2's feature encoder does) that the loss's graph keeps:
+        its AccumulateGrad nodes hold their leaf, and the leaf its ``.grad``, as long as the loss lives."""
+        if self.opts.prepare is not None or loss.grad_fn is None:
+            return []
+        known = {id(t) for t in self.params.values()} | {id(t) for t in self.flat_inputs}
+        grads, seen, stack = [], set(), [loss.grad_fn]
+        while stack:
+            fn = stack.pop()
+            if fn is None or fn in seen:
+                continue
+            seen.add(fn)
+            leaf = getattr(fn, "variable", None)  # AccumulateGrad
+            if leaf is not None and id(leaf) not in known and leaf.grad is not None:
+                grads.append(leaf.grad)
+            stack.extend(f for f, _ in fn.next_functions)
+        return grads
+
     def _result(self) -> Capture:
         rec, loss = self.rec, self.loss
         grads = {n: _AsIs.local(p.grad) for n, p in self.named_params.items() if p.grad is not None} \
@@ -471,7 +490,9 @@ class _Step:
             "gradient": {rec.sid(g) for g in grads.values()},
             "optimizer_state": {rec.sid(t) for st in self.opt_state.values() for t in st.values()},
             "saved": set(self.saved),
-            "loss": {rec.sid(loss)} if loss is not None else set(),
+            # the loss, and what its graph keeps alive with it (the loop holds the loss into the next step)
+            "loss": ({rec.sid(loss)} | {rec.sid(g) for g in self._leaf_grads_held_by(loss)}) if loss is not None
+            else set(),
             # the model's output tensors (the step holds them to its end; see estimator.memory)
             "output": {rec.sid(t) for t in pytree.tree_leaves(getattr(self, "output", None))
                        if isinstance(t, torch.Tensor)},
