@@ -152,8 +152,8 @@ def fake_pack_padded_sequence(input, lengths, batch_first):
     fake tensor has not: without this the capture fell back to a real trace (and, on the CUDA target,
     to CPU kernels instead of cuDNN's).  The kernel's per-step copies before its ``cat`` are not
     recorded (transient, at the start of the forward)."""
-    if type(lengths) is FakeTensor or lengths.is_meta:
-        return NotImplemented
+    if type(lengths) is FakeTensor or lengths.is_meta:  # lengths computed from fake values: the fake kernel
+        return torch.ops.aten._pack_padded_sequence.default(input, lengths, batch_first)  # says it reads values
     with _disable_current_modes():
         known = lengths.to(torch.int64).tolist()
         steps = known[0] if known else 0  # ATen checks lengths are sorted, longest first
