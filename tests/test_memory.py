@@ -336,3 +336,26 @@ def test_packed_lengths_computed_from_values_fall_back_to_a_real_trace():
     assert "_pack_padded_sequence" in report.capture.fallback_reason
     first, steady = measure_peaks(copy.deepcopy(model), x, lambda p: torch.optim.AdamW(p, lr=1e-3), lambda o: o)
     assert (report.memory.peak, report.memory.peak_first_step) == (steady, first)
+
+
+def test_a_tensor_saved_by_a_node_the_loss_does_not_reach_dies_with_the_forward():
+    """Probabilities computed with grad enabled for a metric (softmax saves its output) are saved by a node
+    the loss does not reach: the real step frees them when the forward returns; the capture's saved-tensor
+    hook kept a reference cycle (node -> tensor -> node) that held them to the end of the step (+ the
+    metric's size at the peak; RWKV's last recurrent state: +2.2 % first-step peak)."""
+
+    class WithMetric(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(32, 32)
+
+        def forward(self, x):
+            logits = self.lin(x)
+            confidence = logits.softmax(-1).amax(-1)  # (B, T): for a metric, not in the loss, then dropped
+            return logits.pow(2).mean() + 0 * confidence.numel()
+
+    torch.manual_seed(0)
+    model, x = WithMetric(), torch.randn(8, 16, 32)
+    first, steady = measure_peaks(copy.deepcopy(model), x, lambda p: torch.optim.AdamW(p, lr=1e-3), lambda o: o)
+    mem = estimate(model, x, loss_fn=lambda o: o, device="cpu").to_dict()["memory"]
+    assert (mem["peak"], mem["peak_first_step"]) == (steady, first)

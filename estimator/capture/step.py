@@ -27,7 +27,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensor
 from torch.nn.utils.stateless import _reparametrize_module
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ..errors import DataDependentError, UnsupportedModelError, UserError
 from ..graph import OpNode, to_fx
@@ -399,6 +399,19 @@ class _Step:
             # kept to the end of the capture: a serving loop holds the output it returns
             self.output = self._guard(lambda: self.call(*self.t_args, **self.t_kwargs))
 
+    def _unrecorded(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` with the recorder off: tensor bookkeeping of the capture itself, not the step's."""
+        fake = self.fake_mode
+        recording = fake.recording if fake is not None else None
+        if fake is not None:
+            fake.recording = False
+        try:
+            with _disable_current_modes():
+                return fn()
+        finally:
+            if fake is not None:
+                fake.recording = recording
+
     def forward_and_loss(self) -> None:
         rec, saved, param_sids = self.rec, self.saved, self.param_sids
         storage_of = _AsIs.local if self.opts.prepare is not None else (lambda t: t)  # a DTensor: its local tensor
@@ -408,7 +421,12 @@ class _Step:
                 sid = rec.sid(storage_of(t))
                 if sid not in saved and sid not in param_sids:
                     saved[sid] = (rec.storage_bytes[sid], rec.where()[0])
-            return t
+            # An alias without the autograd history (made unrecorded): a node that saves its own output
+            # (exp, tanh, softmax) would otherwise hold a tensor that holds the node, a reference cycle
+            # that keeps both alive until a garbage collection (none runs during the capture) where the
+            # real step, which saves outputs without their history, frees them as soon as nothing reaches
+            # the node (a metric computed with grad enabled, a recurrence's last state).
+            return self._unrecorded(t.detach)
 
         with self._recording(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             with self.opts.precision.autocast_context():
