@@ -345,8 +345,8 @@ def _rnn_cuda(mode: str, packed: bool = False):
 
     def run_packed(target: CudaTarget, data, batch_sizes, hx, params, has_biases, num_layers, dropout, train,
                    bidirectional):
-        if batch_sizes.device.type == "meta" or type(batch_sizes).__name__ == "FakeTensor":
-            raise _NotCudnn  # the batch sizes are not known here: the composite decides
+        # batch_sizes has values (capture.fake.fake_pack_padded_sequence makes it real); a fake one raises
+        # here as the composite would, and the capture traces on real tensors
         return run(target, data, hx, params, has_biases, num_layers, dropout, train, bidirectional, False,
                    batch_sizes.tolist())
 

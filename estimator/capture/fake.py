@@ -71,10 +71,11 @@ def _contiguous(bound: dict) -> torch.memory_format:
 
 
 def _suggested_by_input(bound: dict) -> torch.memory_format:
-    """``input.suggest_memory_format()``: channels-last for a channels-last 4-D input, contiguous otherwise."""
+    """``input.suggest_memory_format()``: channels-last for a channels-last 4-D (5-D) input, else contiguous."""
     t = bound["input"]
-    channels_last = t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
-    return torch.channels_last if channels_last else torch.contiguous_format
+    last = {4: torch.channels_last, 5: torch.channels_last_3d}.get(t.dim())
+    return last if last is not None and not t.is_contiguous() and t.is_contiguous(memory_format=last) \
+        else torch.contiguous_format
 
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -97,17 +98,18 @@ class KernelOutputs:
 
     def __call__(self, func: Any, cuda: bool, *args: Any, **kwargs: Any) -> Any:
         out = func(*args, **kwargs)
-        if not (self.layout or self.statistics):
-            return out
         bound = bind(func, args, kwargs)
         outs = [out] if isinstance(out, torch.Tensor) else list(out)
         if self.layout is not None and outs[0] is not None:
-            outs[0] = torch.empty_like(outs[0], memory_format=self.layout(bound))
+            layout = self.layout(bound)
+            if not outs[0].is_contiguous(memory_format=layout):  # the fake kernel's own is kept where it agrees
+                outs[0] = torch.empty_like(outs[0], memory_format=layout)
         if self.statistics and bound["input"].dtype in _HALF:
             mixed = any(isinstance(bound.get(n), torch.Tensor) and bound[n].dtype == torch.float32
                         for n in ("weight", "bias"))
             if mixed or (cuda and self.accumulate_on_cuda):
-                outs[1:3] = [t.new_empty(t.shape, dtype=torch.float32) for t in outs[1:3]]
+                outs[1:3] = [t if t.dtype == torch.float32 else t.new_empty(t.shape, dtype=torch.float32)
+                             for t in outs[1:3]]
         return outs[0] if isinstance(out, torch.Tensor) else tuple(outs)
 
 
@@ -171,9 +173,9 @@ _REAL_SIZE_CACHE: dict[tuple, dict[int, int]] = {}
 # 0-d in place; soft_margin_loss and binary_cross_entropy compute into an input-sized output and
 # ``resize_({})`` it (ATen's Loss.cpp, BinaryCrossEntropy, Loss.cu).  ``resize_`` keeps the storage, and
 # the loss tensor lives until the training loop drops it.
-_REDUCED_IN_PLACE = {id(op): op for op in (torch.ops.aten.mse_loss.default, torch.ops.aten.smooth_l1_loss.default,
-                                           torch.ops.aten.soft_margin_loss.default,
-                                           torch.ops.aten.binary_cross_entropy.default)}
+_REDUCED_IN_PLACE = frozenset(map(id, (torch.ops.aten.mse_loss.default, torch.ops.aten.smooth_l1_loss.default,
+                                        torch.ops.aten.soft_margin_loss.default,
+                                        torch.ops.aten.binary_cross_entropy.default)))
 
 
 def _reduced_loss_bytes(func: Any, args: tuple, kwargs: dict, outs: list) -> dict[int, int] | None:
