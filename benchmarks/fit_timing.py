@@ -307,7 +307,7 @@ def fit_kernels(cases: list[Case], gpu=None) -> dict:
     busy GPU; for the other kernel ops the event time is an upper bound of the kernel (the host's
     dispatch is added), so only r > 0 is penalised (soft-L1 of max(r, 0), half weight)."""
     gpu = gpu or lookup_gpu(GPU_NAME)
-    peaks = T._peaks(gpu)
+    peaks = T.datasheet_peaks(gpu)
     timed = _Features.of(cases, peaks, timed=True)
     bound = _Features.of(cases, peaks, timed=False)
     n_eff = len(timed.eff_keys)
@@ -574,7 +574,7 @@ def _fit(cases: list[Case], gpu=None) -> T.TimingModel:
         gpu=gpu.name, calibrated=True, source="fitted", launch_s=k["launch_s"], library_s=k["library_s"],
         bandwidth=k["bandwidth"], memory_eff=k["memory_eff"], overlap_p=k["overlap_p"], eff=eff,
         attention_backward=k["attention_backward"], conv_backward=k["conv_backward"], fill_rows=k["fill_rows"],
-        n0=k["n0"], k0=k["k0"], align_gamma=k["align_gamma"], peaks=T._peaks(gpu), cpu_view=host0, cpu_inop={},
+        n0=k["n0"], k0=k["k0"], align_gamma=k["align_gamma"], peaks=T.datasheet_peaks(gpu), cpu_view=host0, cpu_inop={},
         cpu_inop_class={}, cpu_tensor=0.0, cpu_sync=0.0)
     gpu_s = {c.key: [T.gpu_seconds(w, model) for w in c.works] for c in cases}
     table, classes = inop_table(cases, model, gpu_s)

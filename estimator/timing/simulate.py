@@ -1,0 +1,213 @@
+"""A training step on two timelines (:func:`simulate`, :func:`step_time`).
+
+The host issues op *i* at ``cpu_i = cpu_{i-1} + cpu_seconds(op_i)``; the GPU runs it from
+``max(cpu_i, gpu_{i-1})`` for ``gpu_seconds(op_i)``; an op that reads a GPU value on the host
+(``.item()`` outside the optimizer, ``nonzero``, the fp32 ``_grouped_mm`` fallback that copies
+its offsets) first waits for the GPU.  The step ends when both are done.  So small steps are
+launch-bound (Llama-small at batch 1 and 4 take the same 34 ms on an H100) and big ones are the
+sum of their kernels.
+
+MFU, as in PaLM (Chowdhery et al. 2022, appendix B): model FLOPs per second over the peak,
+``MFU = model_flops / (step_seconds * peak)``, where model FLOPs are the FLOPs of the forward
+and backward passes as counted by this project's rules (a multiply-add is 2 FLOPs, as
+``torch.utils.flop_counter``; attention included, recomputation excluded) and the peak is the
+datasheet dense peak of the dtype the matmuls run in (``hardware.GPU.peak``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ..hardware import GPU, lookup as lookup_gpu
+from .optable import COMPUTE_KINDS
+from .geometry import op_base
+from .records import OpWork
+from .constants import TimingModel, load_model
+from .kernels import gpu_seconds, precision_of
+from .host import cpu_seconds
+
+
+# -- the step: two timelines ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OpTime:
+    """One op's share of the step: its kernel time and host time."""
+
+    index: int
+    op: str
+    phase: str
+    kind: str
+    gpu_s: float
+    cpu_s: float
+    flops: int
+    bytes: int
+
+
+@dataclass
+class StepTime:
+    """Predicted time of one training step (seconds).
+
+    ``forward + backward + optimizer == total``: the phases split the simulated timeline at the
+    moment the last op of each phase is done (host and GPU).  ``gpu_busy`` is the sum of kernel
+    times, ``host`` the sum of host issue times: when ``host`` is close to ``total`` the step is
+    launch-bound.  MFU (PaLM, appendix B): ``model_flops / (total * peak)``, with model FLOPs the
+    forward and backward matmul-class FLOPs (this project's rules: multiply-add = 2 FLOPs) and
+    ``peak`` the datasheet dense peak of the precision most of those FLOPs run in.
+    """
+
+    gpu: str
+    total: float
+    forward: float
+    backward: float
+    optimizer: float
+    gpu_busy: float
+    host: float
+    model_flops: int
+    peak: float
+    calibrated: bool
+    source: str
+    ops: list[OpTime] = field(default_factory=list, repr=False)
+
+    @property
+    def achieved_flops(self) -> float:
+        """Model FLOPs per second of the step."""
+        return self.model_flops / self.total if self.total > 0 else 0.0
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation: ``model_flops / (total * peak)`` (PaLM, appendix B)."""
+        return self.achieved_flops / self.peak if self.peak > 0 else 0.0
+
+    @property
+    def bound(self) -> str:
+        """"host" when the GPU waits for the host for more than half of the step, else "gpu"."""
+        return "host" if self.gpu_busy < 0.5 * self.total else "gpu"
+
+    def top(self, n: int = 10) -> list[OpTime]:
+        """The ``n`` ops with the most GPU time."""
+        return sorted(self.ops, key=lambda o: -o.gpu_s)[:n]
+
+    def by_op(self) -> dict[str, float]:
+        """GPU seconds per aten op name, largest first."""
+        out: dict[str, float] = {}
+        for o in self.ops:
+            out[o.op] = out.get(o.op, 0.0) + o.gpu_s
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "total_s": self.total, "forward_s": self.forward, "backward_s": self.backward,
+                "optimizer_s": self.optimizer, "gpu_busy_s": self.gpu_busy, "host_s": self.host,
+                "bound": self.bound, "model_flops": self.model_flops, "achieved_flops": self.achieved_flops,
+                "mfu": self.mfu, "calibrated": self.calibrated, "source": self.source,
+                "top_ops": [{"op": o.op, "phase": o.phase, "gpu_s": o.gpu_s} for o in self.top(10)]}
+
+
+def timeline(gpu_s: Sequence[float], cpu_s: Sequence[float], sync: Sequence[bool]) -> tuple[float, list[float]]:
+    """The step's end and each op's completion on two timelines.
+
+    The host issues op i at ``cpu_i = cpu_{i-1} + cpu_s[i]``; its kernels run from
+    ``max(cpu_i, gpu_{i-1})`` for ``gpu_s[i]``; a sync op makes the host wait for the GPU work
+    issued before it (a device -> host read) and then issues its own kernels.
+    Op i is done at ``max(cpu_i, gpu_i)``.
+    """
+    cpu = gpu = 0.0
+    done = []
+    for g, c, s in zip(gpu_s, cpu_s, sync):
+        cpu += c
+        if s:
+            cpu = max(cpu, gpu)
+        if g > 0.0:
+            gpu = max(cpu, gpu) + g
+        done.append(max(cpu, gpu))
+    return max(cpu, gpu), done
+
+
+def simulate(works: Sequence[OpWork], model: TimingModel, matmul_tf32: bool = False) -> StepTime:
+    """The step time of ``works`` (one training step's ops in execution order) under ``model``."""
+    gpu_s = [gpu_seconds(w, model, matmul_tf32) for w in works]
+    cpu_s = [cpu_seconds(w, model) for w in works]
+    total, done = timeline(gpu_s, cpu_s, [w.sync for w in works])
+    ends = {}
+    for w, t in zip(works, done):
+        ends[w.phase] = t
+    fwd_end = ends.get("forward", 0.0)
+    bwd_end = max(ends.get("backward", fwd_end), fwd_end)
+    ops = [OpTime(i, w.op, w.phase, w.kind, g, c, w.flops, w.bytes)
+           for i, (w, g, c) in enumerate(zip(works, gpu_s, cpu_s))]
+    flops_by_peak: dict[str, int] = {}
+    model_flops = 0
+    for w in works:
+        if w.kind in COMPUTE_KINDS and w.phase in ("forward", "backward"):
+            model_flops += w.flops
+            key = precision_of(w, matmul_tf32)[0]
+            flops_by_peak[key] = flops_by_peak.get(key, 0) + w.flops
+    peak_key = max(flops_by_peak, key=flops_by_peak.get) if flops_by_peak else "fp32"
+    return StepTime(gpu=model.gpu, total=total, forward=fwd_end, backward=bwd_end - fwd_end,
+                    optimizer=total - bwd_end, gpu_busy=sum(gpu_s), host=sum(cpu_s), model_flops=model_flops,
+                    peak=model.peaks.get(peak_key, 0.0), calibrated=model.calibrated, source=model.source, ops=ops)
+
+
+# optimizer-state initialisation that only the first step runs (the capture records step 1)
+_FIRST_STEP_ONLY = frozenset({"zeros_like", "zeros", "full", "full_like", "ones_like", "empty_like", "empty",
+                              "lift_fresh", "scalar_tensor", "new_zeros"})
+
+
+def _first_step_only(w: OpWork) -> bool:
+    """An op only the first step runs: the optimizer's state initialisation."""
+    return w.phase == "optimizer" and op_base(w.op) in _FIRST_STEP_ONLY
+
+
+def works_of(obj: Any, steady_state: bool = True) -> list[OpWork]:
+    """OpWork records from a Report, a Capture, OpNodes or OpWork records (in order).
+
+    ``steady_state`` drops what only a first step runs: the optimizer's state initialisation
+    (``zeros_like`` per state tensor and the step counters), which a capture records because it
+    traces step 1, and which a steady-state step (the one timed) does not run.
+    """
+    if hasattr(obj, "capture"):
+        obj = obj.capture
+    if hasattr(obj, "nodes"):
+        obj = obj.nodes
+    works: list[OpWork] = []
+    for item in obj:
+        w = item if isinstance(item, OpWork) else OpWork.from_node(item)
+        if w is None:
+            continue
+        if steady_state and _first_step_only(w):
+            continue
+        works.append(w)
+    return works
+
+
+def node_times(nodes: Sequence[Any], gpu: GPU | str = "H100-SXM", model: TimingModel | None = None, *,
+               matmul_tf32: bool = False, steady_state: bool = True) -> list[tuple[float, float, bool]]:
+    """(kernel seconds, host seconds, waits for the GPU) of each of ``nodes`` (captured OpNodes, in
+    order): the per-op model of this module, for schedules that place ops themselves (the planner's
+    streams and links).  Placeholders, bookkeeping and (``steady_state``) the first step's
+    optimizer-state initialisation take (0, 0, False)."""
+    gpu = lookup_gpu(gpu) if isinstance(gpu, str) else gpu
+    model = model or load_model(gpu)
+    out = []
+    for node in nodes:
+        w = OpWork.from_node(node)
+        if w is None or (steady_state and _first_step_only(w)):
+            out.append((0.0, 0.0, False))
+        else:
+            out.append((gpu_seconds(w, model, matmul_tf32), cpu_seconds(w, model), w.sync))
+    return out
+
+
+def step_time(obj: Any, gpu: GPU | str = "H100-SXM", model: TimingModel | None = None, *,
+              matmul_tf32: bool = False, steady_state: bool = True) -> StepTime:
+    """Predicted time of one training step on ``gpu``.
+
+    ``obj``: a :class:`~estimator.report.Report` (``estimate(..., device="cuda")``), its
+    ``Capture``, the captured ``OpNode`` list, or :class:`OpWork` records.  ``model``: the
+    constants (default :func:`load_model` for ``gpu``).  ``matmul_tf32``: fp32 GEMMs on TF32
+    tensor cores (``torch.backends.cuda.matmul.allow_tf32 = True``).
+    """
+    gpu = lookup_gpu(gpu) if isinstance(gpu, str) else gpu
+    model = model or load_model(gpu)
+    return simulate(works_of(obj, steady_state), model, matmul_tf32)
