@@ -11,8 +11,6 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from typing import Iterator
 
-
-
 KEY_SHIFT = 64  # free-block sort key: size << KEY_SHIFT | address (addresses stay below 2**64)
 KEY_MASK = (1 << KEY_SHIFT) - 1
 BASE_ADDRESS = 1 << 32  # first segment address; 0 stays the null pointer

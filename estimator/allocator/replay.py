@@ -8,9 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from .stats import OutOfMemoryError, Stats
 from .caching import Allocator
-
+from .stats import OutOfMemoryError, Stats
 
 # -- replaying a capture's events -------------------------------------------------------------
 

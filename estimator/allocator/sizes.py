@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-
-
 # -- constants (c10/cuda/CUDACachingAllocator.cpp, top of the file) ---------------------------
 
 kMinBlockSize = 512  # "all sizes are rounded to at least 512 bytes"

@@ -16,8 +16,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Mapping
 
-from ..hardware import GPU, lookup as lookup_gpu
-
+from ..hardware import GPU
+from ..hardware import lookup as lookup_gpu
 
 # -- the constants ---------------------------------------------------------------------------
 

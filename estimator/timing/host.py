@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from .constants import TimingModel
 from .optable import HOST, SYNC, VIEW
 from .records import OpWork
-from .constants import TimingModel
 
 
 def host_class(w: OpWork) -> str:

@@ -34,11 +34,10 @@ equal (``tests/test_timing.py`` checks them against each other).
 
 from __future__ import annotations
 
-from .optable import ATTENTION, CONV, MATMUL, MEMORY, NO_KERNEL, RNN, TENSOR_CORE_BYTES
-from .geometry import causal_fraction
-from .records import OpWork
 from .constants import TimingModel
-
+from .geometry import causal_fraction
+from .optable import ATTENTION, CONV, MATMUL, MEMORY, NO_KERNEL, RNN, TENSOR_CORE_BYTES
+from .records import OpWork
 
 # -- per-op times ------------------------------------------------------------------------------
 

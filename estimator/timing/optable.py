@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from ..rules.zero import VIEWS
 
-
 # -- kinds of work ---------------------------------------------------------------------
 
 MATMUL = "matmul"  # cuBLAS GEMMs: mm, addmm, bmm, baddbmm, _grouped_mm

@@ -19,14 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..hardware import GPU, lookup as lookup_gpu
-from .optable import COMPUTE_KINDS
-from .geometry import op_base
-from .records import OpWork
+from ..hardware import GPU
+from ..hardware import lookup as lookup_gpu
 from .constants import TimingModel, load_model
-from .kernels import gpu_seconds, precision_of
+from .geometry import op_base
 from .host import cpu_seconds
-
+from .kernels import gpu_seconds, precision_of
+from .optable import COMPUTE_KINDS
+from .records import OpWork
 
 # -- the step: two timelines ------------------------------------------------------------------
 
