@@ -91,13 +91,7 @@ core.
 from .caching import Allocator
 from .replay import OOM, Replay, Trace, replay
 from .sizes import (
-    get_allocation_size,
-    kLargeBuffer,
-    kMinBlockSize,
-    kMinLargeAlloc,
-    kRoundLarge,
-    kSmallBuffer,
-    kSmallSize,
+    get_allocation_size, kLargeBuffer, kMinBlockSize, kMinLargeAlloc, kRoundLarge, kSmallBuffer, kSmallSize,
     round_size,
 )
 from .stats import BlockInfo, OutOfMemoryError, SegmentInfo, Stats

@@ -42,24 +42,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .blocks import (
-    BASE_ADDRESS,
-    DEFAULT_ADDRESS_SPACE,
-    KEY_MASK,
-    KEY_SHIFT,
-    Block,
-    BlockPool,
-    ExpandableSegment,
-)
+from .blocks import BASE_ADDRESS, DEFAULT_ADDRESS_SPACE, KEY_MASK, KEY_SHIFT, Block, BlockPool, ExpandableSegment
 from .sizes import (
-    get_allocation_size,
-    kLargeBuffer,
-    kMinBlockSize,
-    kRoundLarge,
-    kRoundUpPowerOfTwoIntervals,
-    kSmallBuffer,
-    kSmallSize,
-    round_size,
+    get_allocation_size, kLargeBuffer, kMinBlockSize, kRoundLarge, kRoundUpPowerOfTwoIntervals, kSmallBuffer,
+    kSmallSize, round_size,
 )
 from .stats import BlockInfo, OutOfMemoryError, SegmentInfo, Stats
 

@@ -28,7 +28,8 @@ One concept per module:
 
 from .layout import DEFAULT_PRECISION, OFFLOADS, PRECISIONS, STRATEGIES, ZERO_SEMANTICS, Layout, PlanPrecision
 from .planner import Planner, compare, default_wrap, plan
-from .results import Comparison, Config, Flops, PerGpu, Plan, Solve, StepTime, Suggestion, Training, Verdict
+from .report import Comparison, Plan
+from .results import Config, Flops, PerGpu, Solve, StepTime, Suggestion, Training, Verdict
 from .traced import ROWS
 
 __all__ = ["plan", "compare", "Planner", "Plan", "Comparison", "PerGpu", "StepTime", "Verdict", "Solve",

@@ -26,7 +26,8 @@ from ..tally import tally
 from ..target import CudaTarget
 from .engine import one_sequence_per_sample, trace_engine
 from .layout import STRATEGIES, Layout, check_layout, parse_plan_precision
-from .results import Comparison, Config, Flops, PerGpu, Plan, Solve, StepTime, Suggestion, Training, Verdict
+from .report import Comparison, Plan
+from .results import Config, Flops, PerGpu, Solve, StepTime, Suggestion, Training, Verdict
 from .schedule import matmul_flops, traced_time, zero_time
 from .search import (
     check_budget,

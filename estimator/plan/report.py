@@ -1,17 +1,17 @@
 """Plans as text: the headline (fits or not, memory needed), the memory rows (adding up to the
-peak), the verdict, the searches, time; comparisons as one table with the recommended row."""
+peak), the verdict, the searches, time; comparisons as one table with the recommended row.
+
+:class:`Plan` and :class:`Comparison`, what :func:`estimator.plan.plan` and
+:func:`~estimator.plan.compare` return, are the numbers (:mod:`.results`) with these views as
+methods."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
 from ..render import fmt_bytes, fmt_flops
+from .results import ComparisonData, PlanData, Solve
 from .traced import ROW_TITLES, ROWS
-
-if TYPE_CHECKING:  # results call these renderers
-    from .results import Comparison, Plan, Solve
 
 
 def fmt_duration(s: float | None) -> str:
@@ -37,7 +37,7 @@ def _fmt_solve(solve: Solve | None) -> str:
     return text
 
 
-def headline(p: Plan) -> str:
+def headline(p: PlanData) -> str:
     v = p.verdict
     c = p.config
     needs = f"needs {fmt_bytes(v.needed)} per GPU (peak {fmt_bytes(p.per_gpu.peak)} + reserve)"
@@ -49,7 +49,7 @@ def headline(p: Plan) -> str:
     return over
 
 
-def render_plan(p: Plan, tablefmt: str = "simple") -> str:
+def render_plan(p: PlanData, tablefmt: str = "simple") -> str:
     c, g, t = p.config, p.per_gpu, p.time
     tp_text = f" x tp {c.tp}" + (" (sequence parallel)" if c.sequence_parallel else "") if c.tp > 1 else ""
     ck = ", checkpoint " + ", ".join(c.checkpoint) if c.checkpoint else ""
@@ -106,7 +106,7 @@ def render_plan(p: Plan, tablefmt: str = "simple") -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def render_comparison(cmp: Comparison, tablefmt: str = "simple") -> str:
+def render_comparison(cmp: ComparisonData, tablefmt: str = "simple") -> str:
     best = cmp.recommended
     body = []
     for p in cmp.plans:
@@ -130,3 +130,24 @@ def render_comparison(cmp: Comparison, tablefmt: str = "simple") -> str:
     if cmp.skipped:
         parts.append("Not applicable:\n" + "\n".join(f"  - {s}" for s in cmp.skipped))
     return "\n\n".join(parts) + "\n"
+
+
+class Plan(PlanData):
+    """The plan of one layout: per-GPU memory, verdict, largest batch, time; ``print(plan)`` shows it."""
+
+    def render(self, tablefmt: str = "simple") -> str:
+        return render_plan(self, tablefmt)
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+class Comparison(ComparisonData):
+    """Plans side by side (strategies x checkpointing, GPU types, GPU counts); the recommended one
+    is the fastest that fits (shortest time to train with a budget, else most samples per second)."""
+
+    def render(self, tablefmt: str = "simple") -> str:
+        return render_comparison(self, tablefmt)
+
+    def __str__(self) -> str:
+        return self.render()

@@ -1,6 +1,9 @@
 """Typed results of a plan: memory per GPU, the verdict, the searches, time; their JSON form.
 
-Rendering (tables) is :mod:`estimator.plan.report`; nothing here is read back by string key.
+Their text is :mod:`estimator.plan.report`, which imports these (not the reverse):
+:class:`~estimator.plan.report.Plan` and :class:`~estimator.plan.report.Comparison` are
+:class:`PlanData` and :class:`ComparisonData` with the views as methods.  Nothing here is read
+back by string key.
 """
 
 from __future__ import annotations
@@ -138,8 +141,9 @@ class Config:
 
 
 @dataclass
-class Plan:
-    """The plan of one layout: per-GPU memory, verdict, largest batch, time."""
+class PlanData:
+    """The plan of one layout: per-GPU memory, verdict, largest batch, time (the numbers of
+    :class:`~estimator.plan.report.Plan`)."""
 
     config: Config
     per_gpu: PerGpu
@@ -189,25 +193,17 @@ class Plan:
             "flops": asdict(self.flops), "checkpoint_size": dict(self.checkpoint_size), "notes": list(self.notes),
         }
 
-    def render(self, tablefmt: str = "simple") -> str:
-        from .report import render_plan
-
-        return render_plan(self, tablefmt)
-
-    def __str__(self) -> str:
-        return self.render()
-
 
 @dataclass
-class Comparison:
+class ComparisonData:
     """Plans side by side (strategies x checkpointing, GPU types, GPU counts); the recommended one
     is the fastest that fits (shortest time to train with a budget, else most samples per second)."""
 
-    plans: list[Plan]
+    plans: list[PlanData]
     skipped: list[str] = field(default_factory=list)
 
     @property
-    def recommended(self) -> Plan | None:
+    def recommended(self) -> PlanData | None:
         fitting = [p for p in self.plans if p.fits]
         if not fitting:
             return None
@@ -227,11 +223,3 @@ class Comparison:
                          "time_to_train_s": p.time_to_train_s, "recommended": p is best})
         return {"rows": rows, "recommended": self.plans.index(best) if best is not None else None,
                 "skipped": list(self.skipped), "plans": [p.to_dict() for p in self.plans]}
-
-    def render(self, tablefmt: str = "simple") -> str:
-        from .report import render_comparison
-
-        return render_comparison(self, tablefmt)
-
-    def __str__(self) -> str:
-        return self.render()

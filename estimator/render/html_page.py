@@ -13,14 +13,7 @@ from ..results import ReportData
 from .json_dict import to_dict
 from .svg import timeline_data, timeline_svg
 from .text import summary_rows
-from .units import (
-    CATEGORY_COLORS,
-    CATEGORY_LABEL,
-    SCHEMA_VERSION,
-    fmt_bytes,
-    fmt_count,
-    fmt_flops,
-)
+from .units import CATEGORY_COLORS, CATEGORY_LABEL, SCHEMA_VERSION, fmt_bytes, fmt_count, fmt_flops
 from .words import headline, inputs_words, place, title, training
 
 # -- html -----------------------------------------------------------------

@@ -39,56 +39,19 @@ only the H100-SXM is calibrated.
 
 from .constants import EFF_KEYS, TimingModel, datasheet_peaks, load_model
 from .geometry import (
-    alignment_bytes,
-    causal_fraction,
-    conv_gemm_dims,
-    footprint,
-    foreach_launches,
-    gemm_dims,
-    grouped_gemm_dims,
-    is_inplace,
-    itemsize,
-    numel,
-    op_base,
-    soft_max,
+    alignment_bytes, causal_fraction, conv_gemm_dims, footprint, foreach_launches, gemm_dims, grouped_gemm_dims,
+    is_inplace, itemsize, numel, op_base, soft_max,
 )
 from .host import cpu_seconds, host_class, inop_seconds
 from .kernels import (
-    align_factor,
-    compute_seconds,
-    efficiency_key,
-    gemm_seconds,
-    gpu_seconds,
-    precision_of,
-    rnn_seconds,
-    size_factor,
+    align_factor, compute_seconds, efficiency_key, gemm_seconds, gpu_seconds, precision_of, rnn_seconds, size_factor,
     soft_max_p,
 )
 from .optable import (
-    ATTENTION,
-    COMPUTE_KINDS,
-    CONV,
-    HOST,
-    KINDS,
-    MATMUL,
-    MEMORY,
-    MEMORY_CLASSES,
-    NO_KERNEL,
-    PHASES,
-    RNN,
-    SYNC,
-    VIEW,
+    ATTENTION, COMPUTE_KINDS, CONV, HOST, KINDS, MATMUL, MEMORY, MEMORY_CLASSES, NO_KERNEL, PHASES, RNN, SYNC, VIEW,
 )
 from .records import OpWork
-from .simulate import (
-    OpTime,
-    StepTime,
-    node_times,
-    simulate,
-    step_time,
-    timeline,
-    works_of,
-)
+from .simulate import OpTime, StepTime, node_times, simulate, step_time, timeline, works_of
 
 __all__ = [
     "EFF_KEYS", "TimingModel", "datasheet_peaks", "load_model", "alignment_bytes", "causal_fraction",

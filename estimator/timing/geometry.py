@@ -9,13 +9,7 @@ import math
 from math import prod
 from typing import Iterable, Sequence
 
-from .optable import (
-    FOREACH_BLOCKS,
-    FOREACH_CHUNK,
-    FOREACH_TENSORS,
-    ITEMSIZE,
-    TENSOR_CORE_BYTES,
-)
+from .optable import FOREACH_BLOCKS, FOREACH_CHUNK, FOREACH_TENSORS, ITEMSIZE, TENSOR_CORE_BYTES
 
 # -- math helpers (pure functions of shapes) -------------------------------------------------
 

@@ -17,38 +17,12 @@ from ..rules.attention import sdpa_backward_flops, sdpa_flops
 from ..rules.conv import conv_flops
 from ..rules.matmul import grouped_mm_flops
 from .geometry import (
-    alignment_bytes,
-    conv_gemm_dims,
-    footprint,
-    foreach_launches,
-    gemm_dims,
-    grouped_gemm_dims,
-    is_inplace,
-    itemsize,
-    numel,
-    op_base,
+    alignment_bytes, conv_gemm_dims, footprint, foreach_launches, gemm_dims, grouped_gemm_dims, is_inplace, itemsize,
+    numel, op_base,
 )
 from .optable import (
-    ATTENTION,
-    ATTENTION_OPS,
-    CONV,
-    CONV_BACKWARD_OPS,
-    CONV_OPS,
-    FOREACH_DEPTH,
-    GATHER_OPS,
-    HOST,
-    LAUNCHES,
-    LIBRARY_OPS,
-    MATMUL,
-    MATMUL_OPS,
-    MEMORY,
-    MEMORY_CLASS,
-    RNN,
-    RNN_OPS,
-    SYNC,
-    SYNC_OPS,
-    TENSOR_CORE_BYTES,
-    VIEW,
+    ATTENTION, ATTENTION_OPS, CONV, CONV_BACKWARD_OPS, CONV_OPS, FOREACH_DEPTH, GATHER_OPS, HOST, LAUNCHES,
+    LIBRARY_OPS, MATMUL, MATMUL_OPS, MEMORY, MEMORY_CLASS, RNN, RNN_OPS, SYNC, SYNC_OPS, TENSOR_CORE_BYTES, VIEW,
     VIEW_OPS,
 )
 
