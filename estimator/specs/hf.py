@@ -1,0 +1,267 @@
+"""``hf:MODEL_TYPE``, ``hf:path/to/config.json`` (or a folder holding one) and ``hf:org/name`` (the
+local Hugging Face cache only): a transformers model built without weights from that
+configuration, ``--set key=value`` overriding configuration fields (dotted for
+sub-configurations).
+
+The model class is the config's ``architectures`` entry when it names one, else the seq2seq LM
+for encoder-decoder types (t5), the image-text-to-text class for configurations with a vision
+tower, the masked LM for encoder types (bert), the causal LM for decoder types, the image
+classifier for vision types (vit), the CTC head for speech encoders, else the base model.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from typing import Any
+
+import torch
+
+from ..build import empty_weights
+from ..errors import UserError
+from .options import Loaded, SpecOptions, first_line, short_message, close_matches
+from .hf_inputs import inputs_for
+
+
+# -- hf: --------------------------------------------------------------------------------------
+
+
+def import_transformers():
+    try:
+        import transformers
+    except ImportError as exc:
+        raise UserError("hf: specs need transformers: pip install 'estimator[hf]'") from exc
+    except Exception as exc:
+        raise UserError(f"importing transformers failed: {type(exc).__name__}: {first_line(exc)}") from exc
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def _hf_config_fields(cfg: Any) -> set[str]:
+    """Names a configuration knows: its stored fields, attribute aliases and constructor arguments."""
+    names = set(cfg.to_dict())
+    names |= set(getattr(type(cfg), "attribute_map", {}) or {})
+    try:
+        names |= {n for n, p in inspect.signature(type(cfg).__init__).parameters.items()
+                  if n != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    except (TypeError, ValueError):  # pragma: no cover
+        pass
+    import dataclasses
+
+    if dataclasses.is_dataclass(cfg):
+        names |= {f.name for f in dataclasses.fields(cfg)}
+    return {n for n in names if not n.startswith("_")}
+
+
+SPECIAL_HF_KEYS = ("attn_implementation",)
+
+
+def _split_overrides(cfg: Any, overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]],
+                                                                  dict[str, Any]]:
+    """Check every ``--set`` key against the configuration; return (top-level, per sub-config, special)."""
+    top: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    special: dict[str, Any] = {}
+    fields = _hf_config_fields(cfg)
+    cname = type(cfg).__name__
+    for key, value in overrides.items():
+        if key in SPECIAL_HF_KEYS:
+            special[key] = value
+            continue
+        head, dot, tail = key.partition(".")
+        if dot:
+            sub = getattr(cfg, head, None)
+            if sub is None or not hasattr(sub, "to_dict"):
+                subs = [n for n in fields if hasattr(getattr(cfg, n, None), "to_dict")]
+                raise UserError(f"{cname} has no sub-configuration {head!r} (--set {key}=...)"
+                                f"{close_matches(head, subs)}")
+            sub_fields = _hf_config_fields(sub)
+            if tail not in sub_fields or "." in tail:
+                raise UserError(f"{type(sub).__name__} ({cname}.{head}) has no field {tail!r} (--set {key}=...)"
+                                f"{close_matches(tail, sub_fields)}")
+            nested.setdefault(head, {})[tail] = value
+        elif key not in fields:
+            raise UserError(f"{cname} has no field {key!r} (--set {key}=...){close_matches(key, fields)}")
+        else:
+            top[key] = value
+    return top, nested, special
+
+
+def _hf_model_types(transformers) -> list[str]:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return list(CONFIG_MAPPING_NAMES)
+
+
+def _hf_config(transformers, target: str, overrides: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The configuration a ``hf:`` target names, with the ``--set`` overrides applied."""
+    from transformers import AutoConfig
+
+    path = os.path.expanduser(target)
+    is_path = os.path.exists(path) or target.endswith(".json") or target.startswith((".", "/", "~"))
+    if is_path:
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        if not os.path.isfile(path):
+            raise UserError(f"no such file: {path} (hf:path/to/config.json or a folder holding config.json)")
+        try:
+            with open(path) as fh:
+                data = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"cannot read {path}: {type(exc).__name__}: {first_line(exc)}") from exc
+        if not isinstance(data, dict) or "model_type" not in data:
+            raise UserError(f"{path} has no \"model_type\": it is not a transformers config.json")
+        model_type = data["model_type"]
+        config_class = _config_class(transformers, model_type, f"{path}: model_type")
+        base = config_class.from_dict(dict(data))
+        top, nested, special = _split_overrides(base, overrides)
+        merged = dict(data)
+        merged.update(top)
+        for head, sub in nested.items():
+            merged[head] = _merge_sub(data.get(head) or getattr(base, head).to_dict(), sub)
+        try:
+            cfg = config_class.from_dict(merged)
+        except Exception as exc:
+            raise UserError(f"{config_class.__name__}: {short_message(exc)}") from exc
+        return cfg, special
+    if "/" in target:  # a hub id: only a copy already in the local cache, never the network
+        try:
+            base = AutoConfig.from_pretrained(target, local_files_only=True)
+        except Exception as exc:
+            raise UserError(f"hf:{target} is neither a local file nor in the Hugging Face cache (no downloads): "
+                            f"save its config.json and pass hf:path/to/config.json") from exc
+        top, nested, special = _split_overrides(base, overrides)
+        try:
+            cfg = AutoConfig.from_pretrained(target, local_files_only=True, **top)
+        except Exception as exc:
+            raise UserError(f"{type(base).__name__}: {short_message(exc)}") from exc
+        _apply_nested(cfg, nested)
+        return cfg, special
+    model_type = _model_type(transformers, target)
+    config_class = _config_class(transformers, model_type, "hf")
+    try:
+        base = config_class()
+    except Exception as exc:
+        raise UserError(f"hf:{target}: {config_class.__name__}() has no default: {short_message(exc)}; "
+                        f"pass hf:path/to/config.json") from exc
+    top, nested, special = _split_overrides(base, overrides)
+    kwargs = dict(top)
+    for head, sub in nested.items():
+        kwargs[head] = _merge_sub(getattr(base, head).to_dict(), sub)
+    try:
+        cfg = AutoConfig.for_model(model_type, **kwargs)
+    except Exception as exc:
+        raise UserError(f"{config_class.__name__}: {short_message(exc)}") from exc
+    return cfg, special
+
+
+# Fields a configuration derives from another when it is built: a sub-configuration given as a dict
+# keeps them, so they are dropped when the field they derive from is overridden.
+DERIVED_FIELDS = {"num_hidden_layers": ("layer_types",)}
+
+
+def _merge_sub(base: dict[str, Any], sub: dict[str, Any]) -> dict[str, Any]:
+    """A sub-configuration's dict with ``--set`` values over it (derived fields re-derived)."""
+    merged = dict(base)
+    for key in sub:
+        for derived in DERIVED_FIELDS.get(key, ()):
+            if derived not in sub:
+                merged.pop(derived, None)
+    merged.update(sub)
+    return merged
+
+
+def _apply_nested(cfg: Any, nested: dict[str, dict[str, Any]]) -> None:
+    for head, sub in nested.items():
+        for k, v in sub.items():
+            setattr(getattr(cfg, head), k, v)
+
+
+def _model_type(transformers, name: str) -> str:
+    types = _hf_model_types(transformers)
+    if name in types:
+        return name
+    for variant in (name.lower(), name.lower().replace("-", "_"), name.lower().replace("_", "-")):
+        if variant in types:
+            return variant
+    raise UserError(f"unknown Hugging Face model type {name!r}{close_matches(name.lower(), types)} "
+                    f"(hf:MODEL_TYPE takes a transformers model_type, e.g. hf:gpt2, hf:llama, hf:bert, hf:t5)")
+
+
+def _config_class(transformers, model_type: str, where: str):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        return CONFIG_MAPPING[model_type]
+    except KeyError:
+        raise UserError(f"{where} {model_type!r} is not a model type this transformers "
+                        f"({transformers.__version__}) knows{close_matches(model_type, _hf_model_types(transformers))}")
+    except Exception as exc:  # a model whose extra dependencies are missing
+        raise UserError(f"{where} {model_type!r}: {type(exc).__name__}: {first_line(exc)}") from exc
+
+
+def _hf_model_class(transformers, cfg: Any) -> tuple[Any, str]:
+    """(the model class to build, its task) for a configuration; see the module doc."""
+    from transformers.models.auto import modeling_auto as ma
+
+    for arch in getattr(cfg, "architectures", None) or []:
+        cls = getattr(transformers, arch, None)
+        if cls is not None:
+            return cls, "architectures"
+    mt = cfg.model_type
+    order = []
+    if getattr(cfg, "is_encoder_decoder", False):
+        order.append(("AutoModelForSeq2SeqLM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"))
+        order.append(("AutoModelForSpeechSeq2Seq", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"))
+    if getattr(cfg, "vision_config", None) is not None:
+        # vision-language models: the class with the vision tower, the projector and the LM head
+        order.append(("AutoModelForImageTextToText", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES"))
+    order += [
+        ("AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+        ("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+        ("AutoModelForImageClassification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+        ("AutoModelForCTC", "MODEL_FOR_CTC_MAPPING_NAMES"),  # speech encoders (wav2vec2, HuBERT): the CTC head
+        ("AutoModel", "MODEL_MAPPING_NAMES"),
+    ]
+    for auto_name, mapping_name in order:
+        mapping = getattr(ma, mapping_name, {})
+        if mt in mapping and hasattr(transformers, auto_name):
+            return getattr(transformers, auto_name), auto_name
+    raise UserError(f"hf:{mt}: transformers has no model class for this configuration type")
+
+
+def _set_image_size(cfg: Any, size: int) -> None:
+    """``--image-size``: the configuration's image size (a vision-language model's vision tower's)."""
+    vision = getattr(cfg, "vision_config", None)
+    if hasattr(cfg, "image_size"):
+        cfg.image_size = size
+    elif vision is not None and hasattr(vision, "image_size"):
+        vision.image_size = size
+    elif vision is None:
+        raise UserError(f"--image-size: {type(cfg).__name__} has no image_size (a token model: use --seq)")
+    # else: a vision tower that takes any size (Qwen2-VL): the inputs follow --image-size
+
+
+def load_hf(target: str, opts: SpecOptions) -> Loaded:
+    transformers = import_transformers()
+    cfg, special = _hf_config(transformers, target, opts.overrides)
+    if opts.image_size is not None:
+        _set_image_size(cfg, opts.image_size)
+    cls, how = _hf_model_class(transformers, cfg)
+    kwargs: dict[str, Any] = {}
+    major = int(transformers.__version__.split(".")[0])
+    kwargs["dtype" if major >= 5 else "torch_dtype"] = torch.float32  # --precision decides casts
+    if "attn_implementation" in special:
+        kwargs["attn_implementation"] = special["attn_implementation"]
+    build = cls.from_config if how.startswith("Auto") else cls._from_config
+    try:
+        with empty_weights():
+            model = build(cfg, **kwargs)
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(f"building {getattr(cls, '__name__', cls)} from {type(cfg).__name__} failed: "
+                        f"{type(exc).__name__}: {first_line(exc)}") from exc
+    inputs, desc = inputs_for(model, cfg, opts)
+    return Loaded(model, inputs, name=f"hf:{target}", description=f"{type(model).__name__}; {desc}", config=cfg)

@@ -1,0 +1,262 @@
+"""The training batch of a ``hf:`` model, by what its ``forward`` takes: token ids with labels (the
+model computes its own loss; encoder-decoder models get decoder ids too), images with class
+labels, Whisper's log-mel features, raw audio with CTC labels for speech encoders, and a
+vision-language model's images with their image tokens in the text.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from typing import Any
+
+import torch
+
+from ..errors import UserError
+from .options import DEFAULT_IMAGE_SIZE, DEFAULT_SEQ, FALLBACK_SEQ, SpecOptions, first_line
+
+log = logging.getLogger(__name__)
+
+
+def max_positions(cfg: Any) -> int | None:
+    for c in (cfg, getattr(cfg, "text_config", None)):
+        for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+            value = getattr(c, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
+
+
+def inputs_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any, str]:
+    main = getattr(model, "main_input_name", "input_ids")
+    batch = opts.batch or 1
+    meta = dict(device="meta")
+    if _takes(model, "pixel_values") and getattr(cfg, "vision_config", None) is not None \
+            and _image_token_id(cfg) is not None:
+        return _vlm_inputs(model, cfg, opts)
+    if main == "input_values":
+        return _ctc_inputs(model, cfg, opts)
+    if main == "input_ids":
+        if opts.image_size is not None:
+            raise UserError(f"--image-size: {type(model).__name__} takes token ids; use --seq")
+        limit = max_positions(cfg)
+        seq = opts.seq or (min(limit, DEFAULT_SEQ) if limit else FALLBACK_SEQ)
+        if limit and seq > limit:
+            log.warning("--seq %d is longer than the model's %d positions: a real run may fail", seq, limit)
+        ids = torch.zeros(batch, seq, dtype=torch.int64, **meta)
+        inputs = {"input_ids": ids, "labels": ids}
+        desc = f"input_ids {batch}x{seq}, labels"
+        if getattr(cfg, "is_encoder_decoder", False):
+            inputs["decoder_input_ids"] = ids
+            desc = f"input_ids {batch}x{seq}, decoder_input_ids {batch}x{seq}, labels"
+        return inputs, desc
+    if main == "input_features" and getattr(cfg, "is_encoder_decoder", False):
+        # speech seq2seq (Whisper): log-mel features of 2 x max_source_positions frames (the
+        # encoder's two stride-2 convolutions halve them), decoder tokens and labels
+        if opts.image_size is not None:
+            raise UserError(f"--image-size: {type(model).__name__} takes audio features; use --seq for the decoder")
+        mels = int(getattr(cfg, "num_mel_bins", 80))
+        frames = 2 * int(getattr(cfg, "max_source_positions", 1500))
+        limit = getattr(cfg, "max_target_positions", None)
+        seq = opts.seq or (min(limit, DEFAULT_SEQ) if limit else FALLBACK_SEQ)
+        ids = torch.zeros(batch, seq, dtype=torch.int64, **meta)
+        inputs = {"input_features": torch.zeros(batch, mels, frames, dtype=torch.float32, **meta),
+                  "decoder_input_ids": ids, "labels": ids}
+        return inputs, f"input_features {batch}x{mels}x{frames}, decoder_input_ids {batch}x{seq}, labels"
+    if main == "pixel_values":
+        if opts.seq is not None:
+            raise UserError(f"--seq: {type(model).__name__} takes images; use --image-size")
+        size = opts.image_size or getattr(cfg, "image_size", None) or DEFAULT_IMAGE_SIZE
+        if isinstance(size, (list, tuple)):
+            h, w = int(size[0]), int(size[-1])
+        else:
+            h = w = int(size)
+        channels = int(getattr(cfg, "num_channels", 3) or 3)
+        pixels = torch.zeros(batch, channels, h, w, dtype=torch.float32, **meta)
+        inputs = {"pixel_values": pixels}
+        desc = f"pixel_values {batch}x{channels}x{h}x{w}"
+        if type(model).__name__.endswith("ForImageClassification"):
+            inputs["labels"] = torch.zeros(batch, dtype=torch.int64, **meta)
+            desc += ", labels"
+        return inputs, desc
+    raise UserError(f"hf: makes token or image inputs; {type(model).__name__} takes {main!r}: "
+                    f"write a SPEC file that returns (model, inputs)")
+
+
+def _takes(model: torch.nn.Module, name: str) -> bool:
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # pragma: no cover
+        return False
+
+
+def _image_token_id(cfg: Any) -> int | None:
+    for key in ("image_token_id", "image_token_index"):
+        value = getattr(cfg, key, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _seq_for(cfg: Any, opts: SpecOptions, at_least: int, what: str) -> int:
+    limit = max_positions(cfg)
+    seq = opts.seq or max(min(limit, DEFAULT_SEQ) if limit else FALLBACK_SEQ, at_least + 1)
+    if seq <= at_least:
+        raise UserError(f"--seq {seq} leaves no text after the {at_least} {what}: use --seq {at_least + 1} or more "
+                        f"(or a smaller --image-size)")
+    if limit and seq > limit:
+        log.warning("--seq %d is longer than the model's %d positions: a real run may fail", seq, limit)
+    return seq
+
+
+def _vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any, str]:
+    """A vision-language model's training batch: one image of ``--image-size`` per sample, its image
+    tokens at the start of ``input_ids``, text after them, labels on the text.
+
+    LLaVA-style models (a fixed number of image tokens per image: LLaVA, PaliGemma, Gemma 3, InternVL)
+    take ``pixel_values`` of batch x 3 x size x size; Qwen2-VL-style models (patches merged 2 x 2, any
+    size) take the flattened patches, ``image_grid_thw`` and ``mm_token_type_ids``.  The tensors are
+    real CPU tensors (a few MiB): the model reads the token ids and the grid, so a capture that falls
+    back to real tensors needs their values."""
+    vision = cfg.vision_config
+    batch = opts.batch or 1
+    name = type(model).__name__
+    image_token = _image_token_id(cfg)
+    if hasattr(vision, "spatial_merge_size") and hasattr(vision, "temporal_patch_size") and _takes(model, "image_grid_thw"):
+        patch, merge, temporal = int(vision.patch_size), int(vision.spatial_merge_size), int(vision.temporal_patch_size)
+        size = opts.image_size or QWEN_VL_IMAGE_SIZE
+        if size % (patch * merge):
+            raise UserError(f"--image-size {size}: {name} takes images in multiples of {patch * merge} pixels "
+                            f"(patch {patch} x merge {merge}), e.g. --image-size {max(1, size // (patch * merge)) * patch * merge}")
+        side = size // patch
+        channels = int(getattr(vision, "in_channels", 3) or 3)
+        n_tokens = side * side // (merge * merge)
+        seq = _seq_for(cfg, opts, n_tokens, "image tokens")
+        ids, labels = _image_text_ids(batch, seq, n_tokens, image_token)
+        inputs = {"input_ids": ids,
+                  "pixel_values": torch.zeros(batch * side * side, channels * temporal * patch * patch),
+                  "image_grid_thw": torch.tensor([[1, side, side]] * batch),
+                  "labels": labels}
+        if _takes(model, "mm_token_type_ids"):
+            inputs["mm_token_type_ids"] = (ids == image_token).to(torch.int32)
+        desc = (f"input_ids {batch}x{seq} ({n_tokens} image tokens each), pixel_values of {batch} image(s) "
+                f"{size}x{size} ({batch * side * side} patches), image_grid_thw, labels")
+        return _without_checks_on_fake(model, inputs), desc
+    size = opts.image_size or getattr(vision, "image_size", None) or DEFAULT_IMAGE_SIZE
+    h, w = (int(size[0]), int(size[-1])) if isinstance(size, (list, tuple)) else (int(size), int(size))
+    channels = int(getattr(vision, "num_channels", 3) or 3)
+    pixels = torch.zeros(batch, channels, h, w)
+    n_tokens = _image_tokens(model, cfg, pixels[:1])
+    seq = _seq_for(cfg, opts, n_tokens, "image tokens")
+    ids, labels = _image_text_ids(batch, seq, n_tokens, image_token)
+    inputs = {"input_ids": ids, "pixel_values": pixels, "labels": labels}
+    if _takes(model, "token_type_ids"):  # PaliGemma, Gemma 3: image positions marked 1
+        inputs["token_type_ids"] = (ids == image_token).to(torch.int64)
+    desc = f"input_ids {batch}x{seq} ({n_tokens} image tokens each), pixel_values {batch}x{channels}x{h}x{w}, labels"
+    return _without_checks_on_fake(model, inputs), desc
+
+
+QWEN_VL_IMAGE_SIZE = 448  # Qwen2-VL takes any multiple of 28 pixels; 448 x 448 = 256 image tokens
+
+
+def _image_text_ids(batch: int, seq: int, n_image: int, image_token: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids (image tokens first, then text token 1) and labels (-100 on the image tokens)."""
+    ids = torch.ones(batch, seq, dtype=torch.int64)
+    ids[:, :n_image] = image_token
+    labels = ids.clone()
+    labels[:, :n_image] = -100
+    return ids, labels
+
+
+def _image_tokens(model: torch.nn.Module, cfg: Any, pixels: torch.Tensor) -> int:
+    """How many tokens one image becomes: the vision tower and projector run on the meta device (the
+    weights are not needed for shapes), else the count the configuration states."""
+    name = type(model).__name__
+    get = getattr(model, "get_image_features", None)
+    failure: Exception | None = None
+    if get is not None:
+        try:
+            sig = inspect.signature(get).parameters
+            extra = {"image_sizes": torch.tensor([list(pixels.shape[-2:])])} if "image_sizes" in sig else {}
+            with torch.no_grad():
+                out = get(pixel_values=pixels.to("meta"), **extra)
+            features = getattr(out, "pooler_output", out)
+            if isinstance(features, (list, tuple)):
+                features = features[0]
+            if isinstance(features, torch.Tensor) and features.ndim >= 2:
+                return features.numel() // features.shape[-1]
+        except Exception as exc:  # noqa: BLE001 - a tower that does not run on meta: the configuration's count
+            failure = exc
+    for key in ("mm_tokens_per_image", "image_seq_length", "num_image_tokens"):
+        value = getattr(cfg, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    why = f" ({type(failure).__name__}: {first_line(failure)})" if failure is not None else ""
+    raise UserError(f"{name}: cannot tell how many tokens an image of {pixels.shape[-2]}x{pixels.shape[-1]} "
+                    f"becomes{why}; this model needs more than pixel_values (tiles, image sizes): write a SPEC "
+                    f"file that returns (model, inputs)")
+
+
+class _ChecksOffOnFake:
+    """Forward hooks that set ``TRANSFORMERS_DISABLE_TORCH_CHECK=1`` while the model runs on fake tensors.
+
+    Vision-language models check that the image tokens match the image features by reading tensor
+    values (``torch_compilable_check``), which fake tensors do not have; transformers skips these
+    checks when that variable is set.  It is set only for a forward on fake tensors and restored
+    after it: real runs (``estimator validate``) keep the checks."""
+
+    VAR = "TRANSFORMERS_DISABLE_TORCH_CHECK"
+
+    def __init__(self):
+        self.saved: list[str | None] = []
+
+    def pre(self, _module, args, kwargs):
+        fake = any(isinstance(t, torch._subclasses.FakeTensor) for t in list(args) + list(kwargs.values()))
+        self.saved.append(os.environ.get(self.VAR) if fake else _UNCHANGED)
+        if fake:
+            os.environ[self.VAR] = "1"
+
+    def post(self, _module, _args, _kwargs, _output):
+        previous = self.saved.pop() if self.saved else _UNCHANGED
+        if previous is _UNCHANGED:
+            return
+        if previous is None:
+            os.environ.pop(self.VAR, None)
+        else:
+            os.environ[self.VAR] = previous
+
+
+_UNCHANGED = "\0unchanged"
+
+
+def _without_checks_on_fake(model: torch.nn.Module, inputs: dict) -> dict:
+    hooks = _ChecksOffOnFake()
+    model.register_forward_pre_hook(hooks.pre, with_kwargs=True)
+    model.register_forward_hook(hooks.post, with_kwargs=True, always_call=True)
+    return inputs
+
+
+CTC_SAMPLES = 16000 * 10  # speech encoders: 10 s of 16 kHz audio by default
+
+
+def _ctc_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any, str]:
+    """Speech encoders with a CTC head (wav2vec2, HuBERT, WavLM): raw audio of ``--seq`` samples and
+    labels a quarter as long as the encoder's output frames (real CPU tensors: the CTC loss reads
+    the label lengths)."""
+    name = type(model).__name__
+    if opts.image_size is not None:
+        raise UserError(f"--image-size: {name} takes audio; use --seq for the number of audio samples")
+    if not _takes(model, "labels"):
+        raise UserError(f"hf: {name} takes audio (input_values) and has no loss of its own: write a SPEC file "
+                        f"that returns (model, inputs) and a loss")
+    batch = opts.batch or 1
+    samples = opts.seq or CTC_SAMPLES
+    frames = samples
+    for kernel, stride in zip(getattr(cfg, "conv_kernel", ()), getattr(cfg, "conv_stride", ())):
+        frames = (frames - kernel) // stride + 1
+    if frames < 2:
+        raise UserError(f"--seq {samples}: too few audio samples for {name}'s feature encoder; use --seq 16000 or more")
+    n_labels = max(1, frames // 4)
+    inputs = {"input_values": torch.zeros(batch, samples), "labels": torch.ones(batch, n_labels, dtype=torch.int64)}
+    return inputs, f"input_values {batch}x{samples} (audio samples), labels {batch}x{n_labels}"
