@@ -23,6 +23,7 @@ import torch
 
 import reference_ops as R
 from estimator import workspace as W
+from estimator.workspace import reductions
 from estimator.hardware import MULTIPROCESSORS, multiprocessors
 from estimator.rules.registry import OpCall, TensorSpec
 from estimator.target import CudaTarget
@@ -43,7 +44,7 @@ CONV = ["aten.convolution.default", "aten.convolution_backward.default"]
 
 def _predict(rec: dict, target: CudaTarget = H100) -> int:
     call, layout = R.op_call(rec)
-    rule = W._TRANSIENT[call.op.overloadpacket]
+    rule = W.TRANSIENT[call.op.overloadpacket]
     return int(rule(call, target, layout))
 
 
@@ -123,10 +124,10 @@ def test_depthwise_and_pointwise_image_convolutions_take_nothing(outcomes):
 
 def test_reduction_iterator_reorders_and_coalesces():
     # the LSTM head's bias gradient: [16, 128, 8000] summed over (0, 1): one reduced dim of 2,048 rows
-    sizes, out, inp = W._reduction_iterator((16, 128, 8000), (1024000, 8000, 1), {0, 1}, 4)
+    sizes, out, inp = reductions._reduction_iterator((16, 128, 8000), (1024000, 8000, 1), {0, 1}, 4)
     assert sizes == [2048, 8000] and out == [0, 4] and inp == [32000, 4]
     # a last-dim reduction keeps the reduced dim first and the rows after it
-    sizes, out, inp = W._reduction_iterator((4, 1024, 1024), (1048576, 1024, 1), {2}, 4)
+    sizes, out, inp = reductions._reduction_iterator((4, 1024, 1024), (1048576, 1024, 1), {2}, 4)
     assert sizes == [1024, 4096] and out == [0, 4] and inp == [4, 4096]
 
 
@@ -137,8 +138,8 @@ def test_reduction_buffer_follows_the_device():
     call = OpCall(torch.ops.aten.sum.dim_IntList, {"self": x, "dim": [0], "keepdim": True, "dtype": None},
                   (TensorSpec((1, 2304), torch.float32),))
     layout = W.Layout({"self": (2304, 1)})
-    h100 = W._sum(call, H100, layout)
-    a100 = W._sum(call, CudaTarget(arch=(8, 0), name="A100-80GB"), layout)
+    h100 = reductions._sum(call, H100, layout)
+    a100 = reductions._sum(call, CudaTarget(arch=(8, 0), name="A100-80GB"), layout)
     assert h100 == 4 * 2304 * 118 * 128 + 512  # ctas = ceil(2112 / 18) = 118
     assert a100 == 4 * 2304 * 96 * 128 + 512  # ctas = ceil(108 * 16 / 18) = 96
     assert multiprocessors("H100").count == 132 and multiprocessors("unknown").count == 132

@@ -19,7 +19,7 @@ import torch
 
 from ..build import empty_weights
 from ..errors import UserError
-from .options import Loaded, SpecOptions, first_line, close_matches
+from .options import Loaded, SpecOptions, close_matches, first_line
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ import torch
 
 from ..build import empty_weights
 from ..errors import UserError
-from .options import Loaded, SpecOptions, first_line, short_message, close_matches
 from .hf_inputs import inputs_for
+from .options import Loaded, SpecOptions, close_matches, first_line, short_message
 
 
 # -- hf: --------------------------------------------------------------------------------------

@@ -8,9 +8,9 @@ from typing import Any, Mapping
 import torch
 
 from ..errors import UserError
-from .options import Loaded, SpecOptions, parse_overrides, parse_shape, prefix_of
 from .callables import load_factory
 from .hf import load_hf
+from .options import Loaded, SpecOptions, parse_overrides, parse_shape, prefix_of
 from .vision import load_timm, load_torchvision
 
 

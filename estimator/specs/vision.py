@@ -14,7 +14,7 @@ import torch
 
 from ..build import empty_weights
 from ..errors import UserError
-from .options import DEFAULT_IMAGE_SIZE, Loaded, SpecOptions, first_line, close_matches
+from .options import DEFAULT_IMAGE_SIZE, Loaded, SpecOptions, close_matches, first_line
 
 
 # -- image classifiers: torchvision: and timm: ------------------------------------------------
