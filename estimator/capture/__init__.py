@@ -23,8 +23,10 @@ is then captured again on small real CPU tensors when the model fits in memory, 
 
 Where each part lives:
 
-* :mod:`.step`: :func:`capture`, the step itself (one method per phase on an ``ExitStack``),
-  :class:`Capture` and :class:`StepOptions`;
+* :mod:`.run`: :func:`capture`, the entry point, and the fallback to real CPU tensors;
+* :mod:`.step`: the step itself (one method per phase on an ``ExitStack``);
+* :mod:`.options`: :class:`StepOptions` (how the step runs) and :class:`Capture` (what it gives);
+* :mod:`.as_is`: a model traced as its engine left it (DDP, FSDP2, tensor parallelism);
 * :mod:`.recorder`: the recorder (records, storage lifetimes, module attribution), :class:`Phase`;
 * :mod:`.fake`: the recording ``FakeTensorMode`` and every private ``FakeTensorMode`` API used;
 * :mod:`.inputs`: traced stand-ins for inputs, parameters and buffers;
@@ -42,7 +44,8 @@ from .recorder import (
     Phase,
     tensor_spec,
 )
-from .step import Capture, Progress, StepOptions, capture
+from .options import Capture, Progress, StepOptions
+from .run import capture
 
 __all__ = ["capture", "Capture", "StepOptions", "Progress", "Phase", "FORWARD_PHASES", "LOSS_MODULE",
            "INPUT_MODULE", "OPTIMIZER_MODULE", "select_loss", "default_loss", "split_inputs", "tensor_spec"]

@@ -1,14 +1,15 @@
-"""One training step on traced tensors: forward, loss, backward, optimizer step, one function each.
+"""One training step on traced tensors: forward, loss, backward, optimizer step, one method each.
 
-:func:`capture` runs the step on fake tensors (or, as a fallback, on small real CPU tensors)
-with the :class:`~estimator.capture.recorder.Recorder` watching, and returns a
-:class:`Capture`.  Everything the step changes on the user's model (train/eval mode, forward
-hooks, parameters swapped for traced stand-ins, the checkpoint what-if) is entered on one
+:class:`Step` runs the step on fake tensors (or, as a fallback, on small real CPU tensors) with
+the :class:`~estimator.capture.recorder.Recorder` watching, and returns a
+:class:`~.options.Capture`.  Everything the step changes on the user's model (train/eval mode,
+forward hooks, parameters swapped for traced stand-ins, the checkpoint what-if) is entered on one
 ``ExitStack`` and undone on exit, whatever happens.
 
-Why one file of this length: the step's phases (forward, loss, backward, optimizer), the
+Why one class of this length: the step's phases (forward, loss, backward, optimizer), the
 ExitStack that enters and leaves their context managers, and the storage bookkeeping they share
-are one sequence; the fake mode, recorder, inputs, loss and checkpointing live beside it.
+are one sequence; the fake mode, recorder, inputs, loss, checkpointing and engines (:mod:`.as_is`)
+live beside it.
 """
 
 from __future__ import annotations
@@ -17,175 +18,26 @@ import contextlib
 import functools
 import gc
 import logging
-import os
-import weakref
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import torch
-import torch.fx as fx
 import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensor
 from torch.nn.utils.stateless import _reparametrize_module
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes
 
-from ..errors import DataDependentError, UnsupportedModelError, UserError
-from ..graph import OpNode, to_fx
+from ..errors import UnsupportedModelError, UserError
 from ..optim import build_optimizer, wants_fused
-from ..precision import Precision, parse_precision
 from ..target import FAKE_KERNELS, CudaTarget, installed
-from . import fake as _fake
+from .as_is import AsIs, AsIsRecorder
 from .checkpoint import wrap_checkpointed
-from .inputs import convert_inputs, is_real, keeps_values, materialize, meta_twin, real_param_copy, split_inputs
+from .fake import (
+    GROUPED_MM, RecordingFakeMode, clear_shared_cache, fake_grouped_mm, fake_pack_padded_sequence, output_kernels,
+    real_output_bytes,
+)
+from .inputs import convert_inputs, is_real, keeps_values, materialize, meta_twin, real_param_copy
 from .loss import select_loss
+from .options import DATA_DEPENDENT, Capture, Progress, ReadsValues, StepFailed, StepOptions
 from .recorder import FORWARD_PHASES, INPUT_MODULE, Phase, Recorder
-
-log = logging.getLogger(__name__)
-
-_DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
-
-Progress = Callable[..., None]  # progress(stage: str, detail: str = "")
-
-
-@dataclass(frozen=True)
-class StepOptions:
-    """How the step is run: loss, optimizer, precision, training or inference, checkpointing."""
-
-    loss_fn: Callable[[Any], torch.Tensor] | None = None
-    optimizer: Any = "adamw"
-    optimizer_kwargs: Mapping[str, Any] | None = None
-    foreach: bool | None = None  # optimizer implementation (None: PyTorch's default for the traced device)
-    precision: Precision = parse_precision("fp32")
-    train: bool = True  # False: forward only, under torch.no_grad() and model.eval()
-    checkpoint: tuple[type, ...] = ()  # module classes run under torch.utils.checkpoint (non-reentrant)
-    target: str = "cpu"  # "cuda": the kernels CUDA runs where they differ (see estimator.target)
-    cuda: CudaTarget | None = None  # the CUDA target's GPU and versions (None: an H100 with this torch)
-    # Trace a model as it is, parameters and engine included (see _AsIs below): ``prepare(model, fake)``
-    # returns (the model to trace, the module to call), its parameters made inside ``fake``.
-    prepare: Callable[[torch.nn.Module, Any], tuple[torch.nn.Module, torch.nn.Module]] | None = None
-
-
-@dataclass
-class Capture:
-    """A captured training step: the fx graph plus what the tallies and the memory simulation need.
-
-    Storages are named by *storage ids* (``sid``), small integers given in order of
-    first sight; ``storage_bytes[sid]`` is the size.  ``events`` is the memory
-    timeline: ``(node_index, sid, +bytes)`` when a storage is first produced by the
-    op recorded as ``nodes[node_index]`` and ``(node_index, sid, -bytes)`` when it is
-    freed after that op (index -1: before the first op).  The traced tensors kept
-    here (parameters, buffers, inputs, gradients, optimizer state) are the ones
-    alive at the end of the step.
-    """
-
-    records: list[OpNode]  # placeholders, then every recorded op (getitem included) in order
-    nodes: list[OpNode]  # the aten ops in execution order (events index into it)
-    outputs: tuple[OpNode, ...]
-    mode: str  # "fake" or "real"
-    loss_source: str
-    module_types: dict[str, str]  # module path -> class name
-    module_outputs: dict[str, list[tuple[int, ...]]]  # module path -> output shapes (first call)
-    params: dict[str, torch.Tensor]  # name -> the traced parameter, deduplicated (tied weights once)
-    param_owner: dict[str, str]  # param/buffer name -> owning module path
-    buffers: dict[str, torch.Tensor]
-    inputs: list[torch.Tensor]  # flat list of traced input tensors
-    saved: dict[int, tuple[int, str]]  # sid -> (nbytes, module) held by autograd at the end of forward
-    grads: dict[str, torch.Tensor]  # param name -> traced gradient
-    optimizer_state: dict[str, dict[str, torch.Tensor]]  # param name -> state tensors
-    optimizer_name: str | None
-    storage_bytes: list[int]
-    storage_dtype: list[torch.dtype]
-    events: list[tuple[int, int, int]]
-    sids: dict[str, set[int]]  # category -> sids: parameter, buffer, input, gradient, optimizer_state, saved, loss
-    fallback_reason: str | None = None
-    _fx: fx.Graph | None = None
-
-    @property
-    def graph(self) -> fx.Graph:
-        """The step as a ``torch.fx.Graph`` (built on first access; nodes share the records' meta)."""
-        if self._fx is None:
-            self._fx = to_fx(self.records, self.outputs)
-        return self._fx
-
-
-# -- the public entry point and its fallbacks -----------------------------------------------
-
-
-def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = None, *, mode: str = "auto",
-            progress: Progress | None = None, **kwargs: Any) -> Capture:
-    """Capture one training step of ``model`` on ``inputs``.
-
-    ``options`` (or the same fields as keyword arguments) say how the step runs.
-    ``mode``: ``"fake"`` (never allocate), ``"real"`` (small real CPU tensors),
-    or ``"auto"`` (fake, falling back to real only when the model fits in memory and
-    the fake trace meets data-dependent control flow; the report then says so).
-    ``progress(stage, detail)`` is called as the step advances (each module entered in forward,
-    then each phase).
-    """
-    if not isinstance(model, torch.nn.Module):
-        raise UserError(f"model must be a torch.nn.Module, not {type(model).__name__}")
-    opts = options or StepOptions(**kwargs)
-    args, kw = split_inputs(inputs)
-    if mode not in ("auto", "fake", "real"):
-        raise ValueError(f"mode must be 'auto', 'fake' or 'real', not {mode!r}")
-    if opts.prepare is not None:
-        mode = "fake"  # a model traced as it is has no real weights to fall back on
-    if mode == "real":
-        return _Step(model, args, kw, opts, fake=False, progress=progress).run()
-    try:
-        return _Step(model, args, kw, opts, fake=True, progress=progress).run()
-    except _DataDependent as exc:
-        if opts.prepare is not None:  # an engine (DDP, FSDP2, TP) traced on a fake process group
-            raise DataDependentError(f"{exc}: data-dependent control flow cannot be traced on fake tensors, and "
-                                     f"the data-parallel and tensor-parallel engines are traced on fake tensors "
-                                     f"only; make the branch depend on shapes only, or plan a zero1/zero2/zero3 "
-                                     f"layout (traced on one device)") from exc.__cause__
-        if mode == "fake":
-            raise DataDependentError(f"{exc}: data-dependent control flow cannot be traced on fake tensors; "
-                                     f"allow a trace on real CPU tensors (trace='auto')") from exc.__cause__
-        if not _fits_in_memory(model):
-            raise UnsupportedModelError(
-                f"{exc}: data-dependent control flow cannot be traced on fake tensors and the model "
-                f"is too large to trace on real ones; make the branch shape-only or pass smaller shapes"
-            ) from exc.__cause__
-        reason = str(exc)
-    # A fake trace that fails otherwise (_StepFailed) is a user error (bad shapes or dtypes: a real trace
-    # would fail the same way) or an op whose fake kernel rejects these arguments: either way the error
-    # names the op.  Never a silent trace on real tensors, which would allocate the model for real.
-    log.info("%s; capturing again on real CPU tensors", reason)
-    cap = _Step(model, args, kw, opts, fake=False, progress=progress).run()
-    cap.fallback_reason = reason
-    return cap
-
-
-def _fits_in_memory(model: torch.nn.Module) -> bool:
-    """Whether a real CPU trace (a copy of the weights plus the step's tensors) fits in free RAM."""
-    return 3 * _model_bytes(model) <= _available_ram() // 2
-
-
-def _model_bytes(model: torch.nn.Module) -> int:
-    seen: set[int] = set()
-    total = 0
-    for t in list(model.parameters()) + list(model.buffers()):
-        if id(t) not in seen:
-            seen.add(id(t))
-            total += t.numel() * t.element_size()
-    return total
-
-
-def _available_ram() -> int:
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
-        return 4 << 30
-
-
-class _DataDependent(Exception):
-    """Raised internally when the step reads tensor values on fake tensors."""
-
-
-class _StepFailed(UserError):
-    """The step raised: a user error (bad shapes), or a kernel whose fake version differs from the real one."""
 
 
 # -- the step ---------------------------------------------------------------------------------
@@ -213,7 +65,7 @@ class _Entered:
         self.exit()
 
 
-class _Step:
+class Step:
     """One capture: set-up (traced stand-ins, placeholders, hooks), then one method per phase."""
 
     def __init__(self, model: torch.nn.Module, args: tuple, kwargs: dict, opts: StepOptions, *, fake: bool,
@@ -221,25 +73,25 @@ class _Step:
         self.model, self.opts, self.fake = model, opts, fake
         self.progress = progress or (lambda stage, detail="": None)
         if fake:
-            _fake.clear_shared_cache()
-        rec = self.rec = (_AsIsRecorder if opts.prepare is not None else Recorder)(fake)
+            clear_shared_cache()
+        rec = self.rec = (AsIsRecorder if opts.prepare is not None else Recorder)(fake)
         rec.target = opts.target
-        self.fake_mode = _fake.RecordingFakeMode(rec, allow_non_fake_inputs=True) if fake else None
+        self.fake_mode = RecordingFakeMode(rec, allow_non_fake_inputs=True) if fake else None
         if fake:
-            rec.substitute.update(_fake.output_kernels(cuda=opts.target != "cpu"))
-            rec.substitute[id(torch.ops.aten._pack_padded_sequence.default)] = _fake.fake_pack_padded_sequence
-            if _fake.GROUPED_MM is not None:
-                rec.substitute[id(_fake.GROUPED_MM)] = _fake.fake_grouped_mm
+            rec.substitute.update(output_kernels(cuda=opts.target != "cpu"))
+            rec.substitute[id(torch.ops.aten._pack_padded_sequence.default)] = fake_pack_padded_sequence
+            if GROUPED_MM is not None:
+                rec.substitute[id(GROUPED_MM)] = fake_grouped_mm
             if opts.target == "cpu":
-                rec.real_sizes = _fake.real_output_bytes
+                rec.real_sizes = real_output_bytes
             else:
-                rec.real_sizes = functools.partial(_fake.real_output_bytes, cpu=False)
+                rec.real_sizes = functools.partial(real_output_bytes, cpu=False)
                 rec.substitute.update({id(op): fn for op, fn in FAKE_KERNELS.items()})
         self.fake_entered: _Entered | None = None
-        self.call: torch.nn.Module = model  # the module the step calls (a wrapper such as DDP: see _AsIs)
+        self.call: torch.nn.Module = model  # the module the step calls (a wrapper such as DDP: see AsIs)
         engine_state: list[torch.Tensor] = []
         if opts.prepare is not None:
-            model, self.call, engine_state = _AsIs.prepare(model, opts.prepare, self.fake_mode)
+            model, self.call, engine_state = AsIs.prepare(model, opts.prepare, self.fake_mode)
             self.model = model
 
         self.module_paths: dict[int, str] = {}
@@ -252,7 +104,7 @@ class _Step:
         named_buffers = dict(model.named_buffers())
         self.param_owner = {n: n.rpartition(".")[0] for n in list(self.named_params) + list(named_buffers)}
         if opts.prepare is not None:
-            self.params, self.buffers, self.t_args, self.t_kwargs, self.flat_inputs = _AsIs.traced(
+            self.params, self.buffers, self.t_args, self.t_kwargs, self.flat_inputs = AsIs.traced(
                 self.named_params, named_buffers, args, kwargs, self.fake_mode)
         else:
             self._make_traced(args, kwargs, named_buffers)
@@ -339,7 +191,7 @@ class _Step:
         # The traced tensors stand in for the model's own for the whole step (backward recomputation of
         # checkpointed regions included), as torch.func.functional_call does for a single call.
         swap = _reparametrize_module(model, {**self.params, **self.buffers}, tie_weights=True, strict=False) \
-            if opts.prepare is None else _AsIs.engine_hooks(self.rec)
+            if opts.prepare is None else AsIs.engine_hooks(self.rec)
         if opts.target == "cuda" and self.fake:  # CUDA kernels exist as meta implementations only
             stack.enter_context(installed(opts.cuda or CudaTarget()))
         if self.fake:
@@ -414,7 +266,7 @@ class _Step:
 
     def forward_and_loss(self) -> None:
         rec, saved, param_sids = self.rec, self.saved, self.param_sids
-        storage_of = _AsIs.local if self.opts.prepare is not None else (lambda t: t)  # a DTensor: its local tensor
+        storage_of = AsIs.local if self.opts.prepare is not None else (lambda t: t)  # a DTensor: its local tensor
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             if rec.phase in FORWARD_PHASES:
@@ -475,7 +327,7 @@ class _Step:
         for n, p in opt_params.items():
             st = opt.state.get(p)
             if st:
-                self.opt_state[n] = {k: _AsIs.local(v) for k, v in st.items() if isinstance(v, torch.Tensor)}
+                self.opt_state[n] = {k: AsIs.local(v) for k, v in st.items() if isinstance(v, torch.Tensor)}
 
     # -- the result -----------------------------------------------------------------------------
     def _leaf_grads_held_by(self, loss: torch.Tensor) -> list[torch.Tensor]:
@@ -499,7 +351,7 @@ class _Step:
 
     def _result(self) -> Capture:
         rec, loss = self.rec, self.loss
-        grads = {n: _AsIs.local(p.grad) for n, p in self.named_params.items() if p.grad is not None} \
+        grads = {n: AsIs.local(p.grad) for n, p in self.named_params.items() if p.grad is not None} \
             if self.opts.prepare is not None else {n: p.grad for n, p in self.params.items() if p.grad is not None}
         sids = {
             "parameter": self.param_sids,
@@ -542,7 +394,7 @@ class _Step:
 
     # -- errors ---------------------------------------------------------------------------------
     def _guard(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn``; turn data-dependent failures into :class:`_DataDependent`, others into one-line user errors."""
+        """Run ``fn``; turn data-dependent failures into :class:`ReadsValues`, others into one-line user errors."""
         rec = self.rec
         try:
             return fn()
@@ -550,8 +402,8 @@ class _Step:
             raise
         except Exception as exc:
             where = rec.current_module
-            if _caused_by(exc, _DATA_DEPENDENT):
-                raise _DataDependent(f"module {where or '(root)'!r} reads tensor values in "
+            if _caused_by(exc, DATA_DEPENDENT):
+                raise ReadsValues(f"module {where or '(root)'!r} reads tensor values in "
                                      f"{rec.current_op} ({rec.phase})") from exc
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             if "HigherOrderOperator" in first:
@@ -564,7 +416,7 @@ class _Step:
                     f"operator {hop} (torch.{hop}), which the capture cannot run; use plain Python control "
                     f"flow there") from exc
             op = f" in {rec.current_op}" if rec.current_op is not None else ""
-            raise _StepFailed(
+            raise StepFailed(
                 f"the {rec.phase} pass failed{f' in module {where!r}' if where else ''}{op}: "
                 f"{type(exc).__name__}: {first}; check the input shapes and dtypes"
             ) from exc
@@ -579,226 +431,3 @@ def _caused_by(exc: BaseException | None, types: tuple[type, ...]) -> bool:
         exc = exc.__cause__ or exc.__context__
         seen += 1
     return False
-
-
-# -- a model traced as it is (StepOptions.prepare) ---------------------------------------------
-
-
-class _AsIs:
-    """Tracing a model as it is, for engines that manage the parameters themselves.
-
-    FSDP2's ``fully_shard``, ``DistributedDataParallel`` and tensor parallelism's
-    ``parallelize_module`` own their parameters (DTensors, gradient buckets, unsharded copies
-    freed and re-allocated in place), so no stand-ins can be swapped in.  With
-    ``StepOptions.prepare`` the step traces the model as the engine left it:
-
-    * ``prepare(model, fake)`` returns ``(model to trace, module to call)``; what it runs inside
-      the context manager ``fake`` makes fake tensors of this capture's fake mode (e.g.
-      ``model.to_empty(device="cpu")`` on a model built on meta), and the storages it allocates
-      there that are still alive when the step starts (DDP's gradient buckets) are live from the
-      start: placeholders of kind ``"engine"``.  It runs once per capture attempt, so it should
-      build afresh each time;
-    * parameters, buffers, gradients, optimizer state and saved tensors that are DTensors are traced
-      by their local tensor (this rank's shard): ``Capture.params`` etc. hold local tensors;
-    * an op on a tensor subclass (DTensor) is not recorded: the subclass runs it as ops on its
-      local tensors, which are;
-    * DTensor's sharding propagation (``_sharding_prop.py``: it runs each new op once on fake
-      tensors of the global shapes, in the active fake mode, to learn the output's metadata) is
-      bookkeeping, not part of the step: nothing it runs is recorded;
-    * a functional collective's ``wait_tensor`` returns the tensor it waited for, as its real kernel
-      does (the fake kernel makes a new one);
-    * a storage resized in place (FSDP2 frees and re-allocates each unsharded parameter with
-      ``untyped_storage().resize_()``: ``_fsdp_param.py``, ``free_storage`` / ``alloc_storage``)
-      is recorded as a free and, for a new size above 0, a new allocation of a new storage id;
-      those ids and the engine placeholders' are ``Capture.sids["engine"]``;
-    * the trace is on fake tensors only (there are no real weights to fall back on).
-    """
-
-    @staticmethod
-    def local(t: torch.Tensor) -> torch.Tensor:
-        """The local tensor of a DTensor (this rank's shard); any other tensor as it is."""
-        inner = getattr(t, "_local_tensor", None)
-        return inner if isinstance(inner, torch.Tensor) else t
-
-    @staticmethod
-    def prepare(model: torch.nn.Module, prepare: Callable, fake_mode: Any):
-        """Run ``prepare``; return (model to trace, module to call, tensors it left allocated in ``fake``)."""
-        made = _Allocations(fake_mode)
-        traced, call = prepare(model, made)
-        return traced, call if call is not None else traced, made.alive()
-
-    @staticmethod
-    def traced(named_params: dict, named_buffers: dict, args: tuple, kwargs: dict, fake_mode: Any):
-        """(params, buffers, args, kwargs, flat inputs) of the model as it is; inputs made fake."""
-        params = {n: _AsIs.local(p) for n, p in named_params.items()}
-        buffers = {n: _AsIs.local(b) for n, b in named_buffers.items()}
-        for n, t in {**params, **buffers}.items():
-            if not isinstance(t, FakeTensor) or t.fake_mode is not fake_mode:
-                raise ValueError(f"StepOptions.prepare left {n} on {t.device} ({type(t).__name__}): "
-                                 f"make the parameters and buffers inside the fake context it is given")
-
-        def fake_base(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-            with fake_mode:
-                return torch.empty(shape, dtype=dtype, device="cpu")
-
-        t_args, t_kwargs = convert_inputs((args, kwargs), fake_base, lambda dtype: dtype)
-        flat = [t for t in pytree.tree_leaves((t_args, t_kwargs)) if isinstance(t, torch.Tensor)]
-        return params, buffers, t_args, t_kwargs, flat
-
-    @staticmethod
-    @contextlib.contextmanager
-    def engine_hooks(rec: "_AsIsRecorder"):
-        """While the step runs: record in-place storage resizes (``UntypedStorage.resize_``) and pause
-        the recorder during DTensor's sharding propagation (when this torch has it)."""
-        patches: list[tuple[Any, str, Any]] = []  # (owner, attribute, what it held: None if inherited)
-
-        def patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
-            patches.append((owner, name, owner.__dict__.get(name)))
-            setattr(owner, name, make(getattr(owner, name)))
-
-        def resizing(original):
-            def resize_(storage, size):
-                before = storage.nbytes()
-                out = original(storage, size)
-                if storage.nbytes() != before:
-                    rec.resized(storage)
-                return out
-            return resize_
-
-        def paused(original):
-            def run(*args, **kwargs):
-                previous, rec.paused = rec.paused, True
-                try:
-                    return original(*args, **kwargs)
-                finally:
-                    rec.paused = previous
-            return run
-
-        patch(torch.UntypedStorage, "resize_", resizing)
-        propagator = _sharding_propagator()
-        if propagator is not None and hasattr(propagator, "_propagate_tensor_meta_non_cached"):
-            patch(propagator, "_propagate_tensor_meta_non_cached", paused)
-        try:
-            yield
-        finally:
-            for owner, name, held in reversed(patches):
-                if held is None:
-                    delattr(owner, name)
-                else:
-                    setattr(owner, name, held)
-
-
-class _Allocations(TorchDispatchMode):
-    """A context manager (re-entrant) that enters the capture's fake mode and keeps (weakly) the
-    fake tensors made inside: what ``prepare`` allocated."""
-
-    def __init__(self, fake_mode: Any):
-        super().__init__()
-        self.fake_mode = fake_mode
-        self.made: list[weakref.ref] = []
-        self._stacks: list[contextlib.ExitStack] = []
-
-    def __enter__(self):
-        stack = contextlib.ExitStack()
-        stack.enter_context(self.fake_mode)
-        super().__enter__()
-        stack.callback(super().__exit__, None, None, None)
-        self._stacks.append(stack)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stacks.pop().close()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in pytree.tree_leaves(out):
-            if isinstance(t, FakeTensor):
-                self.made.append(weakref.ref(t))
-        return out
-
-    def alive(self) -> list[torch.Tensor]:
-        tensors, seen = [], set()
-        for ref in self.made:
-            t = ref()
-            if t is not None and t.untyped_storage()._cdata not in seen:
-                seen.add(t.untyped_storage()._cdata)
-                tensors.append(t)
-        return tensors
-
-
-class _AsIsRecorder(Recorder):
-    """The recorder of a model traced as it is (see :class:`_AsIs`)."""
-
-    def __init__(self, fake: bool):
-        super().__init__(fake)
-        self.engine_sids: set[int] = set()
-        self._resized_away: set[int] = set()  # freed by a resize: their storage object lives on
-        self.paused = False  # in the engine's bookkeeping (DTensor's sharding propagation)
-        # A functional collective's wait returns the tensor it waited for (the real kernel aliases it);
-        # the fake kernel returns a new tensor, which would count the collective's output twice.
-        wait = getattr(getattr(torch.ops, "_c10d_functional", None), "wait_tensor", None)
-        if wait is not None:
-            self.substitute[id(wait.default)] = lambda tensor: tensor
-
-    def record(self, func, args, kwargs, run):
-        if self.paused or _on_subclass(args) or (kwargs and _on_subclass(kwargs.values())):
-            return run(*args, **kwargs)  # NotImplemented: the subclass runs it on its local tensors
-        return super().record(func, args, kwargs, run)
-
-    def placeholder(self, name: str, t: torch.Tensor, kind: str, module: str = "") -> OpNode | None:
-        if kind == "engine" and t.untyped_storage()._cdata in self.sid_of:
-            return None  # a parameter's, buffer's or input's storage: registered already
-        node = super().placeholder(name, t, kind, module)
-        if kind == "engine":
-            self.engine_sids.add(node.meta["storage"][0])
-        return node
-
-    def resized(self, storage: Any) -> None:
-        """``storage`` was resized in place: free its storage id; a new size > 0 is a new allocation."""
-        if self.closed:
-            return
-        cdata = storage._cdata
-        entry = self.sid_of.get(cdata)
-        dtype = torch.uint8
-        if entry is not None and entry[1]() is storage:
-            sid = entry[0]
-            del self.sid_of[cdata]
-            self._resized_away.add(sid)
-            self.events.append((len(self.order) - 1, sid, -self.storage_bytes[sid]))
-            dtype = self.storage_dtype[sid]
-        nbytes = storage.nbytes()
-        if nbytes > 0:
-            sid = len(self.storage_bytes)
-            self.sid_of[cdata] = (sid, weakref.ref(storage))
-            self.storage_bytes.append(nbytes)
-            self.storage_dtype.append(dtype)
-            self.events.append((len(self.order) - 1, sid, nbytes))
-            self.engine_sids.add(sid)
-            fin = weakref.finalize(storage, self._freed, cdata, sid)
-            fin.atexit = False
-
-    def _freed(self, cdata: int, sid: int) -> None:
-        if sid not in self._resized_away:
-            super()._freed(cdata, sid)
-
-
-def _on_subclass(values: Any) -> bool:
-    """Whether ``values`` (or a list among them) holds a tensor subclass other than FakeTensor (a DTensor)."""
-    for v in values:
-        if isinstance(v, (list, tuple)):
-            if v and _on_subclass(v):
-                return True
-        elif isinstance(v, torch.Tensor) and type(v) not in _PLAIN_TENSOR_TYPES:
-            return True
-    return False
-
-
-_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter, FakeTensor)
-
-
-def _sharding_propagator() -> type | None:
-    """DTensor's ShardingPropagator class, if this torch has it (only looked up, never imported here)."""
-    import sys
-
-    module = sys.modules.get("torch.distributed.tensor._sharding_prop")
-    return getattr(module, "ShardingPropagator", None)

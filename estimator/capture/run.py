@@ -1,0 +1,93 @@
+""":func:`capture`, the entry point: the step on fake tensors, and the fallback to small real CPU
+tensors when the fake trace meets data-dependent control flow and the model fits in memory
+(the report then says so).  A fake trace that fails otherwise is a user error (bad shapes or
+dtypes) or an op whose fake kernel rejects these arguments: either way the error names the op;
+never a silent trace on real tensors, which would allocate the model for real.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+from ..errors import DataDependentError, UnsupportedModelError, UserError
+from .inputs import split_inputs
+from .options import Capture, Progress, ReadsValues, StepOptions
+from .step import Step
+
+log = logging.getLogger(__name__)
+
+
+# -- the public entry point and its fallbacks -----------------------------------------------
+
+
+def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = None, *, mode: str = "auto",
+            progress: Progress | None = None, **kwargs: Any) -> Capture:
+    """Capture one training step of ``model`` on ``inputs``.
+
+    ``options`` (or the same fields as keyword arguments) say how the step runs.
+    ``mode``: ``"fake"`` (never allocate), ``"real"`` (small real CPU tensors),
+    or ``"auto"`` (fake, falling back to real only when the model fits in memory and
+    the fake trace meets data-dependent control flow; the report then says so).
+    ``progress(stage, detail)`` is called as the step advances (each module entered in forward,
+    then each phase).
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise UserError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    opts = options or StepOptions(**kwargs)
+    args, kw = split_inputs(inputs)
+    if mode not in ("auto", "fake", "real"):
+        raise ValueError(f"mode must be 'auto', 'fake' or 'real', not {mode!r}")
+    if opts.prepare is not None:
+        mode = "fake"  # a model traced as it is has no real weights to fall back on
+    if mode == "real":
+        return Step(model, args, kw, opts, fake=False, progress=progress).run()
+    try:
+        return Step(model, args, kw, opts, fake=True, progress=progress).run()
+    except ReadsValues as exc:
+        if opts.prepare is not None:  # an engine (DDP, FSDP2, TP) traced on a fake process group
+            raise DataDependentError(f"{exc}: data-dependent control flow cannot be traced on fake tensors, and "
+                                     f"the data-parallel and tensor-parallel engines are traced on fake tensors "
+                                     f"only; make the branch depend on shapes only, or plan a zero1/zero2/zero3 "
+                                     f"layout (traced on one device)") from exc.__cause__
+        if mode == "fake":
+            raise DataDependentError(f"{exc}: data-dependent control flow cannot be traced on fake tensors; "
+                                     f"allow a trace on real CPU tensors (trace='auto')") from exc.__cause__
+        if not _fits_in_memory(model):
+            raise UnsupportedModelError(
+                f"{exc}: data-dependent control flow cannot be traced on fake tensors and the model "
+                f"is too large to trace on real ones; make the branch shape-only or pass smaller shapes"
+            ) from exc.__cause__
+        reason = str(exc)
+    # A fake trace that fails otherwise (StepFailed) is a user error (bad shapes or dtypes: a real trace
+    # would fail the same way) or an op whose fake kernel rejects these arguments: either way the error
+    # names the op.  Never a silent trace on real tensors, which would allocate the model for real.
+    log.info("%s; capturing again on real CPU tensors", reason)
+    cap = Step(model, args, kw, opts, fake=False, progress=progress).run()
+    cap.fallback_reason = reason
+    return cap
+
+
+def _fits_in_memory(model: torch.nn.Module) -> bool:
+    """Whether a real CPU trace (a copy of the weights plus the step's tensors) fits in free RAM."""
+    return 3 * _model_bytes(model) <= _available_ram() // 2
+
+
+def _model_bytes(model: torch.nn.Module) -> int:
+    seen: set[int] = set()
+    total = 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _available_ram() -> int:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 4 << 30
