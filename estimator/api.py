@@ -48,6 +48,29 @@ def _analyse(cap, options: StepOptions, device: str, progress: Progress):
     return t, simulate(cap, device, resize, target=options.cuda)
 
 
+def _checkpoint_what_if(model, inputs, options: StepOptions, classes: tuple[type, ...], trace: str, device: str,
+                        t: Any, profile: Any, progress: Progress) -> CheckpointWhatIf:
+    """The same step with every instance of ``classes`` under activation checkpointing, beside the step's own
+    tallies ``t`` and memory ``profile``."""
+    from dataclasses import replace
+
+    def what_if(stage: str, detail: str = "") -> None:
+        progress(f"{stage} (checkpoint what-if)", detail)
+
+    cap_ckpt = capture(model, inputs, replace(options, checkpoint=classes), mode=trace, progress=what_if)
+    t_ckpt, prof_ckpt = _analyse(cap_ckpt, options, device, what_if)
+    return CheckpointWhatIf(
+        classes=[c.__name__ for c in classes],
+        peak=prof_ckpt.peak,
+        peak_saved=profile.peak - prof_ckpt.peak,
+        flops_backward=t_ckpt.flops["backward"],
+        flops_added=t_ckpt.flops["backward"] - t.flops["backward"],
+        # the bytes after each op, and at the peak (reached inside an op) the peak itself
+        timeline=[(str(p.phase), prof_ckpt.peak if p.index == prof_ckpt.peak_at.index else p.total)
+                  for p in prof_ckpt.timeline],
+    )
+
+
 def estimate(
     model: torch.nn.Module,
     inputs: Any,
@@ -125,23 +148,7 @@ def estimate(
     report = Report(cap, t, model_name=model_name or type(model).__name__, depth=depth, memory=profile,
                     device=device, precision=options.precision.name, mode=mode, gpu=target_gpu)
     if classes:
-        from dataclasses import replace
-
-        def what_if(stage: str, detail: str = "") -> None:
-            progress(f"{stage} (checkpoint what-if)", detail)
-
-        cap_ckpt = capture(model, inputs, replace(options, checkpoint=classes), mode=trace, progress=what_if)
-        t_ckpt, prof_ckpt = _analyse(cap_ckpt, options, device, what_if)
-        report.checkpoint = CheckpointWhatIf(
-            classes=[c.__name__ for c in classes],
-            peak=prof_ckpt.peak,
-            peak_saved=profile.peak - prof_ckpt.peak,
-            flops_backward=t_ckpt.flops["backward"],
-            flops_added=t_ckpt.flops["backward"] - t.flops["backward"],
-            # the bytes after each op, and at the peak (reached inside an op) the peak itself
-            timeline=[(str(p.phase), prof_ckpt.peak if p.index == prof_ckpt.peak_at.index else p.total)
-                      for p in prof_ckpt.timeline],
-        )
+        report.checkpoint = _checkpoint_what_if(model, inputs, options, classes, trace, device, t, profile, progress)
     if target_gpu is not None and device == "cuda":
         from .timing import step_time
 

@@ -15,10 +15,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import rules as _rules  # noqa: F401  (registers the built-in rules)
 from .capture import INPUT_MODULE, Capture
 from .graph import OpNode, map_args
-from .rules.registry import MATMUL, ZERO, OpCall, TensorSpec, bind, lookup
+from .rules import MATMUL, ZERO, OpCall, TensorSpec, bind, lookup  # the package: every built-in rule registered
 
 log = logging.getLogger(__name__)
 
@@ -164,93 +163,107 @@ def _op_name(target: Any) -> str:
     return str(packet if packet is not None else target)
 
 
-def tally(cap: Capture, train: bool = True) -> Tally:
-    """The costs of a captured step; ``train``: it is a training step (else trainable parameters
-    without a gradient are expected and not reported)."""
-    modules: dict[str, ModuleTally] = {}
+def _op_row(name: str, kind: str) -> dict[str, Any]:
+    return {"op": name, "count": 0, "flops_forward": 0, "flops_backward": 0, "flops_optimizer": 0,
+            "saved_bytes": 0, "kind": kind}
 
-    def mod(path: str) -> ModuleTally:
-        m = modules.get(path)
+
+class _Tallier:
+    """The running totals of :func:`tally`: per module, per op, per phase and dtype."""
+
+    def __init__(self, cap: Capture):
+        self.cap = cap
+        self.modules: dict[str, ModuleTally] = {}
+        self.flops: Counter[str] = Counter()
+        self.by_dtype: Counter[str] = Counter()
+        self.unsupported: Counter[tuple[str, str]] = Counter()
+        self.ops: dict[str, dict[str, Any]] = {}
+        self.op_of_sid: dict[int, str] = {}  # storage id -> the op that produced it (for saved bytes per op)
+        for path in cap.module_types:
+            self.mod(path)
+
+    def mod(self, path: str) -> ModuleTally:
+        m = self.modules.get(path)
         if m is None:
-            m = modules[path] = ModuleTally(path, cap.module_types.get(path, path))
+            m = self.modules[path] = ModuleTally(path, self.cap.module_types.get(path, path))
         return m
 
-    for path in cap.module_types:
-        mod(path)
+    def add_params(self) -> None:
+        """Each distinct parameter once, to the module that owns it (first name of a tied weight)."""
+        cap = self.cap
+        for name, p in cap.params.items():
+            m = self.mod(cap.param_owner[name])
+            m.params += p.numel()
+            m.param_bytes += p.numel() * p.element_size()
+            if p.requires_grad:
+                m.trainable += p.numel()
 
-    # Parameters: each distinct tensor once, to the module that owns it (first name of a tied weight).
-    for name, p in cap.params.items():
-        m = mod(cap.param_owner[name])
-        m.params += p.numel()
-        m.param_bytes += p.numel() * p.element_size()
-        if p.requires_grad:
-            m.trainable += p.numel()
-
-    flops = Counter()
-    by_dtype: Counter[str] = Counter()
-    unsupported: Counter[tuple[str, str]] = Counter()
-    ops: dict[str, dict[str, Any]] = {}
-    op_of_sid: dict[int, str] = {}  # storage id -> the op that produced it (for saved bytes per op)
-    for node in cap.records:
+    def add_node(self, node: Any) -> None:
+        """One recorded op's cost, to its op row, its module and its phase (``node.meta["cost"]``)."""
         cost = node_cost(node)
         if cost is None:
-            continue
+            return
         node.meta["cost"] = cost
         phase = node.meta["phase"]
         module = node.meta["module"]
         name = _op_name(node.target)
-        row = ops.get(name)
+        row = self.ops.get(name)
         if row is None:
-            row = ops[name] = {"op": name, "count": 0, "flops_forward": 0, "flops_backward": 0, "flops_optimizer": 0,
-                               "saved_bytes": 0, "kind": cost.kind}
+            row = self.ops[name] = _op_row(name, cost.kind)
         row["count"] += 1
         if phase in FORWARD_PHASES:
             for sid in node.meta.get("storage", ()):
-                op_of_sid.setdefault(sid, name)
+                self.op_of_sid.setdefault(sid, name)
         if cost.kind == "unsupported":
-            unsupported[(name, module)] += 1
-            continue
+            self.unsupported[(name, module)] += 1
+            return
         if not cost.flops:
-            continue
+            return
+        flops = self.flops
         row["flops_" + ("forward" if phase in FORWARD_PHASES else phase)] += cost.flops
         if phase in FORWARD_PHASES:
             flops["forward"] += cost.flops
-            mod(module).flops_forward += cost.flops
+            self.mod(module).flops_forward += cost.flops
             if cost.kind == MATMUL:
                 flops["matmul_forward"] += cost.flops
-                mod(module).matmul_forward += cost.flops
+                self.mod(module).matmul_forward += cost.flops
         elif phase == "backward":
             flops["backward"] += cost.flops
-            mod(module).flops_backward += cost.flops
+            self.mod(module).flops_backward += cost.flops
             if cost.kind == MATMUL:
                 flops["matmul_backward"] += cost.flops
-                mod(module).matmul_backward += cost.flops
+                self.mod(module).matmul_backward += cost.flops
         else:
             flops[phase] += cost.flops
-            continue
+            return
         if cost.dtype is not None:
-            by_dtype[cost.dtype] += cost.flops
+            self.by_dtype[cost.dtype] += cost.flops
 
-    for sid, (nbytes, module) in cap.saved.items():
-        mod(INPUT_MODULE if sid in cap.sids["input"] else module).saved_bytes += nbytes
-        producer = op_of_sid.get(sid)
-        if producer is not None:
-            ops[producer]["saved_bytes"] += nbytes
-        else:  # an input, a buffer or a constant that autograd keeps
-            row = ops.setdefault("(input)", {"op": "(input)", "count": 0, "flops_forward": 0, "flops_backward": 0,
-                                             "flops_optimizer": 0, "saved_bytes": 0, "kind": "input"})
-            row["saved_bytes"] += nbytes
-    by_operator = sorted(ops.values(), key=lambda r: (-(r["flops_forward"] + r["flops_backward"]),
-                                                      -r["flops_optimizer"], -r["saved_bytes"], r["op"]))
+    def add_saved(self) -> None:
+        """Bytes autograd saves, to the module and the op that made them."""
+        cap = self.cap
+        for sid, (nbytes, module) in cap.saved.items():
+            self.mod(INPUT_MODULE if sid in cap.sids["input"] else module).saved_bytes += nbytes
+            producer = self.op_of_sid.get(sid)
+            if producer is not None:
+                self.ops[producer]["saved_bytes"] += nbytes
+            else:  # an input, a buffer or a constant that autograd keeps
+                self.ops.setdefault("(input)", _op_row("(input)", "input"))["saved_bytes"] += nbytes
 
-    unsupported_rows = [
-        {"op": op, "count": n, "module": module} for (op, module), n in sorted(unsupported.items())
-    ]
-    if unsupported_rows:
-        names = sorted({r["op"] for r in unsupported_rows})
-        log.warning("%d op(s) have no cost rule and are listed as unsupported: %s", len(names), ", ".join(names))
+    def by_operator(self) -> list[dict[str, Any]]:
+        return sorted(self.ops.values(), key=lambda r: (-(r["flops_forward"] + r["flops_backward"]),
+                                                        -r["flops_optimizer"], -r["saved_bytes"], r["op"]))
 
-    no_gradient = _no_gradient(cap) if train else []
+    def unsupported_rows(self) -> list[dict[str, Any]]:
+        """Ops without a rule, by name and module, with a warning naming them."""
+        rows = [{"op": op, "count": n, "module": module} for (op, module), n in sorted(self.unsupported.items())]
+        if rows:
+            names = sorted({r["op"] for r in rows})
+            log.warning("%d op(s) have no cost rule and are listed as unsupported: %s", len(names), ", ".join(names))
+        return rows
+
+
+def _warn_no_gradient(no_gradient: list[dict[str, Any]]) -> None:
     if no_gradient:
         count = sum(r["count"] for r in no_gradient)
         where = ", ".join(f"{r['module'] or '(root)'} ({r['count']:,})" for r in no_gradient[:4])
@@ -258,6 +271,18 @@ def tally(cap: Capture, train: bool = True) -> Tally:
                     "part of the model, or freeze what is not trained (requires_grad=False)", f"{count:,}", where,
                     ", ..." if len(no_gradient) > 4 else "")
 
+
+def tally(cap: Capture, train: bool = True) -> Tally:
+    """The costs of a captured step; ``train``: it is a training step (else trainable parameters
+    without a gradient are expected and not reported)."""
+    t = _Tallier(cap)
+    t.add_params()
+    for node in cap.records:
+        t.add_node(node)
+    t.add_saved()
+    unsupported_rows = t.unsupported_rows()
+    no_gradient = _no_gradient(cap) if train else []
+    _warn_no_gradient(no_gradient)
     params = list(cap.params.values())
     trainable = [p for p in params if p.requires_grad]
     return Tally(
@@ -269,11 +294,11 @@ def tally(cap: Capture, train: bool = True) -> Tally:
         optimizer_state_bytes=_sid_bytes(cap, "optimizer_state"),
         activations_bytes=sum(nbytes for nbytes, _ in cap.saved.values()),
         inputs_bytes=_sid_bytes(cap, "input"),
-        flops={k: flops.get(k, 0) for k in ("forward", "backward", "optimizer", "matmul_forward", "matmul_backward")},
-        flops_by_dtype=dict(by_dtype),
-        modules=modules,
+        flops={k: t.flops.get(k, 0) for k in ("forward", "backward", "optimizer", "matmul_forward", "matmul_backward")},
+        flops_by_dtype=dict(t.by_dtype),
+        modules=t.modules,
         memory_by_dtype=_bytes_by_dtype(cap),
         unsupported=unsupported_rows,
         no_gradient=no_gradient,
-        by_operator=by_operator,
+        by_operator=t.by_operator(),
     )

@@ -44,8 +44,8 @@ from typing import Any, Callable
 
 import torch
 
-from . import precision as _precision
 from .compat import torch_version
+from .precision import register_cuda_autocast
 
 aten = torch.ops.aten
 DispatchKey = torch._C.DispatchKey
@@ -508,7 +508,7 @@ def _register(lib: Any) -> None:
                  with_keyset=True)
         lib.impl(f"{mode}.data", _composite(getattr(aten, mode).data, _rnn_cuda(mode, packed=True)), "AutogradCPU",
                  with_keyset=True)
-    _precision.register_cuda_autocast(lib, lambda: _current() is not None)
+    register_cuda_autocast(lib, lambda: _current() is not None)
 
 
 @contextlib.contextmanager

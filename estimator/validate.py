@@ -350,6 +350,146 @@ def _materialize_inputs(inputs: Any, device: torch.device, dtype: torch.dtype | 
     return pytree.tree_map_only(torch.Tensor, real, inputs)
 
 
+class _LiveRun:
+    """The real training loop on a private copy of the model: ``step()`` is one iteration as the
+    estimate models it (the output held to the end, the loss returned: the caller keeps it into the
+    next iteration, as a loop that logs it)."""
+
+    def __init__(self, model: torch.nn.Module, inputs: Any, optimizer: Any, loss_fn: Callable | None,
+                 device: str, policy: Any):
+        self.device, self.dev = device, torch.device(device)
+        self.m = _materialize_model(model, self.dev, policy.cast)
+        self.args, self.kwargs = split_inputs(_materialize_inputs(inputs, self.dev, policy.cast))
+        self.opt, _ = build_optimizer(optimizer, dict(self.m.named_parameters()), dict(model.named_parameters()),
+                                      None, None)
+        self.scaler = torch.amp.GradScaler(device) if policy.grad_scaler else None
+        self.amp = ((lambda: torch.autocast(device, dtype=policy.autocast)) if policy.autocast
+                    else contextlib.nullcontext)
+        self.sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        self.loss_fn = loss_fn
+        self.m.train()
+
+    def step(self, pack_hook=None, counters=None) -> torch.Tensor:
+        hooks = (torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda t: t) if pack_hook
+                 else contextlib.nullcontext())
+        fwd_counter, bwd_counter = counters or (contextlib.nullcontext(), contextlib.nullcontext())
+        opt, scaler = self.opt, self.scaler
+        with hooks, fwd_counter, self.amp():
+            out = self.m(*self.args, **self.kwargs)
+            loss, _ = select_loss(out, self.loss_fn)
+        with bwd_counter:
+            (scaler.scale(loss) if scaler else loss).backward()
+        if opt is not None:
+            if scaler is not None:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+        del out
+        return loss
+
+    def zero_grad(self) -> None:
+        if self.opt is not None:
+            self.opt.zero_grad(set_to_none=True)
+
+    def first_step(self) -> tuple[dict[str, int], torch.Tensor]:
+        """Iteration 1: saved activations and FLOPs; then the model states from the real tensors."""
+        m, opt = self.m, self.opt
+        param_storages = {p.untyped_storage().data_ptr() for p in m.parameters()}
+        saved: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in param_storages:
+                saved.setdefault(ptr, t.untyped_storage().nbytes())
+            return t
+
+        fwd_counter, bwd_counter = flop_counter(), flop_counter()
+        keep = self.step(pack, (fwd_counter, bwd_counter))
+        nbytes = lambda ts: sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in ts}.values())  # noqa: E731
+        params = list(m.parameters())
+        measured = {
+            "parameters": nbytes(params),
+            "buffers": nbytes(list(m.buffers())),
+            "gradients": nbytes([p.grad for p in params if p.grad is not None]),
+            "optimizer_state": nbytes([v for st in (opt.state.values() if opt else []) for v in st.values()
+                                       if isinstance(v, torch.Tensor) and v.device.type == self.dev.type]),
+            "activations": sum(saved.values()),
+            "flops_forward": fwd_counter.get_total_flops(),
+            "flops_backward": bwd_counter.get_total_flops(),
+        }
+        self.zero_grad()
+        return measured, keep
+
+    def steady_peak(self, keep: torch.Tensor, base_allocated: int) -> tuple[int, torch.Tensor]:
+        """Iteration 2: the steady-state peak (``max_memory_allocated`` on a GPU, the live tracker on CPU)."""
+        if self.device == "cuda":
+            self.sync()
+            torch.cuda.reset_peak_memory_stats()
+            keep = self.step()
+            self.sync()
+            peak = torch.cuda.max_memory_allocated() - base_allocated
+        else:
+            opt = self.opt
+            tracker = LiveTracker()
+            for t in list(self.m.parameters()) + list(self.m.buffers()) + [
+                    t for st in (opt.state.values() if opt else []) for t in st.values() if isinstance(t, torch.Tensor)]:
+                tracker.register(t)
+            for t in pytree.tree_leaves((self.args, self.kwargs)):
+                if isinstance(t, torch.Tensor):
+                    tracker.register(t)
+            tracker.register(keep)  # the previous iteration's loss, still referenced
+            with tracker:
+                tracker.reset_peak()
+                keep = self.step()
+            peak = tracker.peak
+        self.zero_grad()
+        return peak, keep
+
+    def median_step_time(self, steps: int) -> float:
+        """The median of ``steps`` synchronised iterations."""
+        times = []
+        for _ in range(steps):
+            self.sync()
+            t0 = time.perf_counter()
+            keep = self.step()
+            self.zero_grad()
+            self.sync()
+            times.append(time.perf_counter() - t0)
+        del keep
+        return statistics.median(times)
+
+
+def _check_room(device: str, est: dict[str, Any], force: bool) -> None:
+    """Refuse a run that would not fit (unless ``force``)."""
+    if device == "cuda":
+        free, _total = torch.cuda.mem_get_info()
+        need = est["memory"]["peak"] + sum(est["memory"].get("reserve", {}).values())
+    else:
+        import os
+
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        need = 2 * est["memory"]["peak"]  # the model copy plus the step
+    if need > free and not force:
+        raise UserError(f"the run needs about {need / 2**30:.2f} GiB but {free / 2**30:.2f} GiB is free on {device}; "
+                        f"use smaller inputs or --force")
+
+
+def _device_peak(device: str, policy: Any, gpu: Any, peak_tflops: float | None) -> tuple[str, float | None, list[str]]:
+    """(device name, dense peak FLOP/s for the step's matmul dtype or None, notes)."""
+    notes = []
+    if device != "cuda":
+        return "cpu", (peak_tflops * 1e12 if peak_tflops else None), notes
+    name = torch.cuda.get_device_name()
+    key = {"bf16": "bf16", "fp16": "fp16", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(policy.name)
+    if key is None:
+        key = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+    peak = peak_tflops * 1e12 if peak_tflops else (gpu.peak_flops(key) if gpu else None)
+    if gpu is None and not peak_tflops:
+        notes.append(f"unknown GPU {name!r}: MFU needs --peak-tflops")
+    return name, peak, notes
+
+
 def validate(
     model: torch.nn.Module,
     inputs: Any,
@@ -375,114 +515,14 @@ def validate(
     report = estimate(model, inputs, optimizer=optimizer, loss_fn=loss_fn, device=device, precision=precision,
                       gpu=here, solve_batch=False)
     est = report.to_dict()
-    dev = torch.device(device)
-
-    # Safety: refuse a run that would not fit.
-    if device == "cuda":
-        free, _total = torch.cuda.mem_get_info()
-        need = est["memory"]["peak"] + sum(est["memory"].get("reserve", {}).values())
-    else:
-        import os
-
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        need = 2 * est["memory"]["peak"]  # the model copy plus the step
-    if need > free and not force:
-        raise UserError(f"the run needs about {need / 2**30:.2f} GiB but {free / 2**30:.2f} GiB is free on {device}; "
-                        f"use smaller inputs or --force")
+    _check_room(device, est, force)
 
     base_allocated = torch.cuda.memory_allocated() if device == "cuda" else 0
-    m = _materialize_model(model, dev, policy.cast)
-    real_inputs = _materialize_inputs(inputs, dev, policy.cast)
-    args, kwargs = split_inputs(real_inputs)
-    user_params = dict(model.named_parameters())
-    opt, _ = build_optimizer(optimizer, dict(m.named_parameters()), user_params, None, None)
-    scaler = torch.amp.GradScaler(device) if policy.grad_scaler else None
-    amp = (lambda: torch.autocast(device, dtype=policy.autocast)) if policy.autocast else contextlib.nullcontext
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    m.train()
-
-    def step(pack_hook=None, counters=None):
-        """One iteration as the estimate models it: the output held to the end, the loss returned (the
-        caller keeps it into the next iteration, as a loop that logs it)."""
-        hooks = (torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda t: t) if pack_hook
-                 else contextlib.nullcontext())
-        fwd_counter, bwd_counter = counters or (contextlib.nullcontext(), contextlib.nullcontext())
-        with hooks, fwd_counter, amp():
-            out = m(*args, **kwargs)
-            loss, _ = select_loss(out, loss_fn)
-        with bwd_counter:
-            (scaler.scale(loss) if scaler else loss).backward()
-        if opt is not None:
-            if scaler is not None:
-                scaler.step(opt)
-                scaler.update()
-            else:
-                opt.step()
-        del out
-        return loss
-
-    # Iteration 1: saved activations and FLOPs; then the model states from the real tensors.
-    param_storages = {p.untyped_storage().data_ptr() for p in m.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in param_storages:
-            saved.setdefault(ptr, t.untyped_storage().nbytes())
-        return t
-
-    fwd_counter, bwd_counter = flop_counter(), flop_counter()
-    keep = step(pack, (fwd_counter, bwd_counter))
-    nbytes = lambda ts: sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in ts}.values())  # noqa: E731
-    params = list(m.parameters())
-    measured = {
-        "parameters": nbytes(params),
-        "buffers": nbytes(list(m.buffers())),
-        "gradients": nbytes([p.grad for p in params if p.grad is not None]),
-        "optimizer_state": nbytes([v for st in (opt.state.values() if opt else []) for v in st.values()
-                                   if isinstance(v, torch.Tensor) and v.device.type == dev.type]),
-        "activations": sum(saved.values()),
-        "flops_forward": fwd_counter.get_total_flops(),
-        "flops_backward": bwd_counter.get_total_flops(),
-    }
-    if opt is not None:
-        opt.zero_grad(set_to_none=True)
-
-    # Iteration 2: steady-state peak.
-    if device == "cuda":
-        sync()
-        torch.cuda.reset_peak_memory_stats()
-        keep = step()
-        sync()
-        measured["peak"] = torch.cuda.max_memory_allocated() - base_allocated
-    else:
-        tracker = LiveTracker()
-        for t in list(m.parameters()) + list(m.buffers()) + [t for st in (opt.state.values() if opt else [])
-                                                             for t in st.values() if isinstance(t, torch.Tensor)]:
-            tracker.register(t)
-        for t in pytree.tree_leaves((args, kwargs)):
-            if isinstance(t, torch.Tensor):
-                tracker.register(t)
-        tracker.register(keep)  # the previous iteration's loss, still referenced
-        with tracker:
-            tracker.reset_peak()
-            keep = step()
-        measured["peak"] = tracker.peak
-    if opt is not None:
-        opt.zero_grad(set_to_none=True)
-
-    # Timing.
-    times = []
-    for _ in range(steps):
-        sync()
-        t0 = time.perf_counter()
-        keep = step()
-        if opt is not None:
-            opt.zero_grad(set_to_none=True)
-        sync()
-        times.append(time.perf_counter() - t0)
-    step_time = statistics.median(times)
+    run = _LiveRun(model, inputs, optimizer, loss_fn, device, policy)
+    measured, keep = run.first_step()
+    measured["peak"], keep = run.steady_peak(keep, base_allocated)
     del keep
+    step_time = run.median_step_time(steps)
 
     estimated = {
         "parameters": est["memory"]["parameters"], "buffers": est["memory"]["buffers"],
@@ -493,19 +533,7 @@ def validate(
     rows = {k: {"estimated": estimated[k], "measured": measured[k], "error": _error(estimated[k], measured[k])}
             for k in ROWS}
     achieved = (measured["flops_forward"] + measured["flops_backward"]) / step_time
-    notes = []
-    if device == "cuda":
-        name = torch.cuda.get_device_name()
-        gpu = here
-        key = {"bf16": "bf16", "fp16": "fp16", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(policy.name)
-        if key is None:
-            key = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
-        peak = peak_tflops * 1e12 if peak_tflops else (gpu.peak_flops(key) if gpu else None)
-        if gpu is None and not peak_tflops:
-            notes.append(f"unknown GPU {name!r}: MFU needs --peak-tflops")
-    else:
-        name = "cpu"
-        peak = peak_tflops * 1e12 if peak_tflops else None
+    name, peak, notes = _device_peak(device, policy, here, peak_tflops)
     mfu = achieved / peak if peak else None
     predicted = report.step_time  # estimate's, for the GPU it runs on (None on CPU or an unknown GPU)
     return Validation(device, name, rows, step_time, achieved, mfu, peak, tolerance, notes,

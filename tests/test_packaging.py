@@ -24,6 +24,6 @@ def test_every_package_is_listed_in_pyproject():
     # the [tool.setuptools] lines read as text: tomllib is Python 3.11+, the project supports 3.10
     with open(os.path.join(ROOT, "pyproject.toml")) as fh:
         text = fh.read()
-    listed = re.search(r"^packages = \[(.*)\]$", text, re.M).group(1)
+    listed = re.search(r"^packages = \[(.*?)\]$", text, re.M | re.S).group(1)
     assert set(re.findall(r'"([^"]+)"', listed)) == _packages_on_disk()
     assert re.search(r'^"estimator.rules" = "rules"$', text, re.M)

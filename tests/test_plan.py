@@ -13,7 +13,6 @@ plans are traced.
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import io
 import json
@@ -622,76 +621,6 @@ def test_impossible_inputs_are_one_line_errors(tmp_path, argv, needle):
     assert rc == 2 and not out
     lines = [line for line in err.strip().splitlines() if not line.startswith("usage:") and line.strip()]
     assert needle in lines[-1], err
-
-
-# -- the package -------------------------------------------------------------------------------------------------------
-
-
-def _imports() -> dict[str, set[str]]:
-    """estimator's modules -> the estimator modules they import (anywhere in the file)."""
-    pkg = os.path.join(ROOT, "estimator")
-    modules = {}
-    for dirpath, _, files in os.walk(pkg):
-        for f in files:
-            if f.endswith(".py"):
-                path = os.path.join(dirpath, f)
-                rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
-                modules[rel.removesuffix(".__init__")] = path
-    graph: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
-        found = set()
-        tree = ast.parse(open(path).read())
-        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                       and getattr(block.test, "id", getattr(block.test, "attr", None)) == "TYPE_CHECKING"
-                       for stmt in block.body for n in ast.walk(stmt)}  # annotations only: not run
-        for node in ast.walk(tree):
-            if id(node) in typing_only:
-                continue
-            if isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")
-                    base = base[:len(base) - node.level + 1]
-                    target = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    target = node.module or ""
-                # ``from . import render`` imports the submodule (its package is already initialising)
-                candidates = ([] if node.module is None else [target]) + [f"{target}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                candidates = [a.name for a in node.names]
-            else:
-                continue
-            for c in candidates:
-                if c in modules and c != name:
-                    found.add(c)
-        graph[name] = found
-    return graph
-
-
-def test_no_import_cycles_in_the_package():
-    """No module reaches itself through imports (module-level or inside functions), a package's
-    ``__init__`` excepted from its own submodules' parent link."""
-    graph = _imports()
-    for start in graph:
-        stack, seen = [(start, (start,))], set()
-        while stack:
-            node, path = stack.pop()
-            for nxt in graph.get(node, ()):
-                if nxt == start and not start.startswith(node + ".") and not node.startswith(start + "."):
-                    pytest.fail("import cycle: " + " -> ".join(path + (nxt,)))
-                if nxt not in seen and not (nxt == start):
-                    seen.add(nxt)
-                    stack.append((nxt, path + (nxt,)))
-
-
-def test_plan_package_layout():
-    """One concept per file, none over ~600 lines; cli imports the planner, never the reverse."""
-    graph = _imports()
-    for name, deps in graph.items():
-        if name.startswith("estimator.plan"):
-            assert "estimator.cli" not in deps, name
-            path = os.path.join(ROOT, *name.split(".")) + (".py" if not name.endswith("plan") else "/__init__.py")
-            assert sum(1 for _ in open(path)) <= 600, name
 
 
 # -- models with data-dependent control flow -------------------------------------------------------------------

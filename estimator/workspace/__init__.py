@@ -33,6 +33,7 @@ cumsum); :mod:`.layout` holds the strides rules read and the ``@transient`` regi
 :mod:`.library` applies every rule to a step.
 """
 
+from . import attention, cudnn  # noqa: F401  (register their rules with @transient; cub and reductions below)
 from .cub import cub_num_bits, cub_radix_sort_pairs_bytes, cub_scan_bytes
 from .cublas import cublas_workspace_bytes, cublaslt_workspace_bytes
 from .layout import TRANSIENT, Layout, TransientRule, contiguous_strides, layout_of, transient

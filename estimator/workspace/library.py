@@ -13,7 +13,6 @@ import torch
 
 from ..graph import OpNode
 from ..target import CudaTarget
-from . import attention, cub, cudnn, reductions  # noqa: F401  (each registers its rules with @transient)
 from .cublas import GEMMS, cublas_workspace_bytes, cublaslt_workspace_bytes, thread_of, uses_cublaslt
 from .layout import TRANSIENT, layout_of
 
