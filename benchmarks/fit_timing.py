@@ -1,4 +1,4 @@
-"""Fit the step-time model (``estimator/timing.py``) on measured H100 training steps.
+"""Fit the step-time model (``estimator/timing/``) on measured H100 training steps.
 
     python benchmarks/fit_timing.py                 # fit, write estimator/data/timing_h100.json
     python benchmarks/fit_timing.py --lomo          # leave-one-model-out table (markdown), no write

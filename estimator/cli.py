@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
                          epilog=EPILOG_ESTIMATE, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(est)
     est.add_argument("--format", choices=FORMATS,
-                     help="output format: table, json (schema in the README), markdown, csv (one row per module) "
+                     help="output format: table, json (schema in docs/json.md), markdown, csv (one row per module) "
                           "or html (a self-contained page: headline, memory timeline, module tree, summary) "
                           "(default: from the --output suffix, else table), e.g. --format csv")
     est.add_argument("--depth", type=int, default=2, metavar="N",

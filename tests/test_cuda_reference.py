@@ -46,7 +46,7 @@ KNOWN: dict[str, str] = {
         "than a run whose steps are taken"),
     "resnet50_b64__fp32__inference": (
         "cuDNN's forward engine for the float32 strided 1x1 downsample (layer2.0.downsample.0, 56x56 -> "
-        "28x28) transforms the input and weight, not the output; the family rule in estimator/workspace.py "
+        "28x28) transforms the input and weight, not the output; the family rule in estimator/workspace/cudnn.py "
         "counts the output (+49 MiB), and without activations kept that workspace sets the peak (1.061x)"),
     "example_vgg__fp32": (
         "the caching allocator hands several 4-24 MiB requests a block 1 MiB larger than the simulation "

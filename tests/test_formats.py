@@ -1,4 +1,4 @@
-"""Output formats: csv (per-module rows), the self-contained HTML report, JSON schema vs README."""
+"""Output formats: csv (per-module rows), the self-contained HTML report, JSON schema vs docs/json.md."""
 
 from __future__ import annotations
 
@@ -143,20 +143,20 @@ def test_long_timelines_are_downsampled_keeping_the_peak():
     assert min(tops) == pytest.approx(cy, abs=0.11)
 
 
-def _readme_schema() -> str:
-    text = open(os.path.join(ROOT, "README.md")).read()
+def _documented_schema() -> str:
+    text = open(os.path.join(ROOT, "docs", "json.md")).read()
     start = text.index(f"## JSON (schema version {SCHEMA_VERSION})")
     block = text[start:]
     return block[block.index("```") + 3:block.index("```", block.index("```") + 3)]
 
 
-def test_readme_documents_every_json_key(report):
-    schema = _readme_schema()
+def test_docs_document_every_json_key(report):
+    schema = _documented_schema()
     d = report.to_dict()
 
     def documented(keys, where):
         missing = [k for k in keys if not re.search(rf'"{re.escape(k)}"', where)]
-        assert missing == [], f"keys missing from the README schema: {missing}"
+        assert missing == [], f"keys missing from the schema in docs/json.md: {missing}"
 
     documented(d, schema)
     documented(d["params"], schema)
@@ -164,7 +164,7 @@ def test_readme_documents_every_json_key(report):
     documented(d["flops"], schema)
     documented(d["modules"][0], schema)
     top_level = re.findall(r'^[{ ]"(\w+)":', schema, flags=re.M)
-    assert set(top_level) <= set(d), f"README documents keys the JSON does not have: {set(top_level) - set(d)}"
+    assert set(top_level) <= set(d), f"docs/json.md documents keys the JSON does not have: {set(top_level) - set(d)}"
 
 
 def _cli(capsys, *args: str) -> tuple[int, str, str]:

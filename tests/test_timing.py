@@ -1,4 +1,4 @@
-"""The step-time model (estimator/timing.py) against measured H100 training steps.
+"""The step-time model (estimator/timing/) against measured H100 training steps.
 
 Ground truth: tests/data/cuda_reference (real H100 measurements, see its README): median step
 times and per-op CUDA-event times.  No expected time here is typed by hand: predictions are

@@ -5,7 +5,7 @@ in decimal gigabytes; the labels and colours of the memory categories, optimizer
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1  # of Report.to_dict(); see the README
+SCHEMA_VERSION = 1  # of Report.to_dict(); see docs/json.md
 
 
 def fmt_bytes(n: float) -> str:
