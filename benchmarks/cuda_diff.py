@@ -78,7 +78,8 @@ def main() -> None:
     if a.mode == "inference" and isinstance(inputs, dict):
         inputs = {k: v for k, v in inputs.items() if k != "labels"}
     report = estimate(model, inputs, loss_fn=loss_fn, optimizer="adamw:lr=0.0001", device="cuda", precision=a.precision,
-                      mode="inference" if a.mode == "inference" else "train", gpu="H100", cuda_torch=ref["torch"])
+                      mode="inference" if a.mode == "inference" else "train", gpu="H100", cuda_torch=ref["torch"],
+                      keep_output=True)  # the recorder's loop holds ``out = model(...)`` through backward
     cap = report.capture
     alloc, freed = defaultdict(int), defaultdict(int)
     for index, sid, delta in cap.events:

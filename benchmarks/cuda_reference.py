@@ -52,7 +52,8 @@ def compare(path, case, precision, mode):
     t0 = time.perf_counter()
     report = estimate(model, inputs, loss_fn=loss_fn, optimizer="adamw:lr=0.0001", device="cuda",
                       precision=precision, mode="inference" if mode == "inference" else "train",
-                      gpu="H100", cuda_torch=ref["torch"], solve_batch=False)
+                      gpu="H100", cuda_torch=ref["torch"], solve_batch=False,
+                      keep_output=True)  # the recorder's loop holds ``out = model(...)`` through backward
     seconds = time.perf_counter() - t0
     mem = report.to_dict()["memory"]
     return {"case": case, "precision": precision, "mode": mode,

@@ -767,7 +767,7 @@ def capture_rows(cases: list[Case], model: T.TimingModel | None = None, held_out
         else:
             model = model or T.load_model(GPU_NAME)
         net, inputs, loss_fn = build_case(c.name)
-        report = estimate(net, inputs, loss_fn=loss_fn, device="cuda", precision=c.precision)
+        report = estimate(net, inputs, loss_fn=loss_fn, device="cuda", precision=c.precision, keep_output=True)
         works = T.works_of(report)
         st = T.simulate(works, model)
         ref = predict(c, model)

@@ -7,7 +7,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from .capture import Progress, StepOptions, capture
-from .capture.checkpoint import resolve_classes
+from .capture.checkpoint import parse_policy, policy_name, resolve_classes
 from .compat import torch_version
 from .errors import DataDependentError, UserError
 from .hardware import GPU, lookup
@@ -48,8 +48,8 @@ def _analyse(cap, options: StepOptions, device: str, progress: Progress):
     return t, simulate(cap, device, resize, target=options.cuda)
 
 
-def _checkpoint_what_if(model, inputs, options: StepOptions, classes: tuple[type, ...], trace: str, device: str,
-                        t: Any, profile: Any, progress: Progress) -> CheckpointWhatIf:
+def _checkpoint_what_if(model, inputs, options: StepOptions, classes: tuple[type, ...], policy: Any, trace: str,
+                        device: str, t: Any, profile: Any, progress: Progress) -> CheckpointWhatIf:
     """The same step with every instance of ``classes`` under activation checkpointing, beside the step's own
     tallies ``t`` and memory ``profile``."""
     from dataclasses import replace
@@ -57,14 +57,17 @@ def _checkpoint_what_if(model, inputs, options: StepOptions, classes: tuple[type
     def what_if(stage: str, detail: str = "") -> None:
         progress(f"{stage} (checkpoint what-if)", detail)
 
-    cap_ckpt = capture(model, inputs, replace(options, checkpoint=classes), mode=trace, progress=what_if)
+    cap_ckpt = capture(model, inputs, replace(options, checkpoint=classes, checkpoint_policy=policy), mode=trace,
+                       progress=what_if)
     t_ckpt, prof_ckpt = _analyse(cap_ckpt, options, device, what_if)
     return CheckpointWhatIf(
         classes=[c.__name__ for c in classes],
+        policy=policy_name(policy),
         peak=prof_ckpt.peak,
         peak_saved=profile.peak - prof_ckpt.peak,
         flops_backward=t_ckpt.flops["backward"],
         flops_added=t_ckpt.flops["backward"] - t.flops["backward"],
+        matmul_backward=t_ckpt.flops["matmul_backward"],
         # the bytes after each op, and at the peak (reached inside an op) the peak itself
         timeline=[(str(p.phase), prof_ckpt.peak if p.index == prof_ckpt.peak_at.index else p.total)
                   for p in prof_ckpt.timeline],
@@ -83,6 +86,9 @@ def estimate(
     precision: str = "fp32",
     mode: str = "train",
     checkpoint: Any = None,
+    checkpoint_policy: Any = "full",
+    keep_output: bool = False,
+    grad_accum: int = 1,
     depth: int = 2,
     trace: str = "auto",
     model_name: str | None = None,
@@ -113,6 +119,14 @@ def estimate(
         mode: ``"train"`` (one training step) or ``"inference"`` (forward under ``no_grad``).
         checkpoint: module classes (or class names) to run under activation checkpointing,
             as a what-if: the report shows the memory saved and the FLOPs added.
+        checkpoint_policy: which instances and ops the what-if recomputes: ``"full"`` (every instance,
+            everything), ``"layer:N"`` (every N-th instance), ``"op"`` (torchtitan's per-op selective
+            policy), or your own ``context_fn`` (see :mod:`estimator.capture.checkpoint`).
+        keep_output: the training loop holds the model's output through backward and the optimizer step
+            (``out = model(x); loss = out.loss; loss.backward(); opt.step()``); by default it is dropped
+            once the loss is computed (``loss = model(x).loss``, as HF Trainer, Lightning and torchtitan do).
+        grad_accum: micro-batches per optimizer step (gradient accumulation: ``inputs`` is one micro-batch,
+            its loss divided by ``grad_accum``, gradients accumulating across micro-steps).
         depth: module depth of the per-module table.
         trace: ``"auto"``, ``"fake"`` or ``"real"`` (see :func:`estimator.capture.capture`).
         cuda_torch: the torch release that will run the step on the GPU (e.g. ``"2.11"``), when it is
@@ -131,6 +145,11 @@ def estimate(
         target_gpu = gpu if isinstance(gpu, GPU) else lookup(gpu)
     if mode not in ("train", "inference"):
         raise UserError(f"mode must be 'train' or 'inference', not {mode!r}")
+    if not isinstance(grad_accum, int) or isinstance(grad_accum, bool) or grad_accum < 1:
+        raise UserError(f"grad_accum must be an integer >= 1, not {grad_accum!r}")
+    if mode != "train" and grad_accum > 1:
+        raise UserError("grad_accum applies to training steps; drop it for mode='inference'")
+    policy = parse_policy(checkpoint_policy)
     options = StepOptions(
         loss_fn=loss_fn,
         optimizer=optimizer if mode == "train" else None,
@@ -138,6 +157,8 @@ def estimate(
         foreach=True if device == "cuda" else None,
         precision=parse_precision(precision),
         train=mode == "train",
+        keep_output=bool(keep_output),
+        grad_accum=grad_accum,
         target=device,
         cuda=CudaTarget.for_gpu(target_gpu, _torch_version(cuda_torch)) if device == "cuda" else None,
     )
@@ -148,7 +169,8 @@ def estimate(
     report = Report(cap, t, model_name=model_name or type(model).__name__, depth=depth, memory=profile,
                     device=device, precision=options.precision.name, mode=mode, gpu=target_gpu)
     if classes:
-        report.checkpoint = _checkpoint_what_if(model, inputs, options, classes, trace, device, t, profile, progress)
+        report.checkpoint = _checkpoint_what_if(model, inputs, options, classes, policy, trace, device, t, profile,
+                                                progress)
     if target_gpu is not None and device == "cuda":
         from .timing import step_time
 
@@ -161,7 +183,7 @@ def estimate(
             progress("finding the largest micro-batch")
             report.max_batch, report.max_batch_note = _largest_batch(
                 model, inputs, target_gpu, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs, loss_fn=loss_fn,
-                precision=options.precision.name, trace=trace)
+                precision=options.precision.name, trace=trace, keep_output=options.keep_output, grad_accum=grad_accum)
     return report
 
 

@@ -47,13 +47,15 @@ _KERNEL_KEYS = ("attention", "_safe_softmax", "batch_norm", "dropout", "_cudnn_r
 
 @dataclass
 class CheckpointWhatIf:
-    """The same step with activation checkpointing on every instance of ``classes``."""
+    """The same step with activation checkpointing of the instances of ``classes`` its ``policy`` picks."""
 
     classes: list[str]
     peak: int
     peak_saved: int
     flops_backward: int
     flops_added: int
+    policy: str = "full"  # full, op, layer:N or custom (see estimator.capture.checkpoint)
+    matmul_backward: int = 0  # matmul-class FLOPs of its backward, recomputation included
     # the what-if's live bytes over its step, as (phase, total bytes) per op (drawn beside the step's own)
     timeline: list[tuple[str, int]] = field(default_factory=list, repr=False)
 

@@ -204,6 +204,8 @@ class _Tallier:
         if cost is None:
             return
         node.meta["cost"] = cost
+        if node.meta.get("micro_step"):
+            return  # a later micro-step of an accumulation: the tallies are one micro-batch's (and the optimizer's)
         phase = node.meta["phase"]
         module = node.meta["module"]
         name = _op_name(node.target)

@@ -352,11 +352,13 @@ def _materialize_inputs(inputs: Any, device: torch.device, dtype: torch.dtype | 
 
 class _LiveRun:
     """The real training loop on a private copy of the model: ``step()`` is one iteration as the
-    estimate models it (the output held to the end, the loss returned: the caller keeps it into the
-    next iteration, as a loop that logs it)."""
+    estimate models it: ``grad_accum`` micro-steps (each loss divided by it), the output dropped once the
+    loss is computed or (``keep_output``) held until the next micro-step or the end of the step, one
+    optimizer step; the loss returned (the caller keeps it into the next iteration, as a loop that logs it)."""
 
     def __init__(self, model: torch.nn.Module, inputs: Any, optimizer: Any, loss_fn: Callable | None,
-                 device: str, policy: Any):
+                 device: str, policy: Any, keep_output: bool = False, grad_accum: int = 1):
+        self.keep_output, self.grad_accum = keep_output, grad_accum
         self.device, self.dev = device, torch.device(device)
         self.m = _materialize_model(model, self.dev, policy.cast)
         self.args, self.kwargs = split_inputs(_materialize_inputs(inputs, self.dev, policy.cast))
@@ -370,15 +372,23 @@ class _LiveRun:
         self.m.train()
 
     def step(self, pack_hook=None, counters=None) -> torch.Tensor:
-        hooks = (torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda t: t) if pack_hook
-                 else contextlib.nullcontext())
-        fwd_counter, bwd_counter = counters or (contextlib.nullcontext(), contextlib.nullcontext())
+        """One optimizer step; ``pack_hook`` and ``counters`` (forward, backward) watch its first micro-step."""
         opt, scaler = self.opt, self.scaler
-        with hooks, fwd_counter, self.amp():
-            out = self.m(*self.args, **self.kwargs)
-            loss, _ = select_loss(out, self.loss_fn)
-        with bwd_counter:
-            (scaler.scale(loss) if scaler else loss).backward()
+        out = None
+        for micro in range(self.grad_accum):
+            watch = micro == 0
+            hooks = (torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda t: t) if pack_hook and watch
+                     else contextlib.nullcontext())
+            fwd_counter, bwd_counter = counters if counters and watch else (contextlib.nullcontext(),) * 2
+            with hooks, fwd_counter, self.amp():
+                out = self.m(*self.args, **self.kwargs)
+                loss, _ = select_loss(out, self.loss_fn)
+            if self.grad_accum > 1:
+                loss = loss / self.grad_accum
+            if not self.keep_output:
+                out = None
+            with bwd_counter:
+                (scaler.scale(loss) if scaler else loss).backward()
         if opt is not None:
             if scaler is not None:
                 scaler.step(opt)
@@ -502,6 +512,8 @@ def validate(
     tolerance: float = 5.0,
     force: bool = False,
     peak_tflops: float | None = None,
+    keep_output: bool = False,
+    grad_accum: int = 1,
 ) -> Validation:
     """Estimate, then run real training iterations and compare (see the module docstring)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -513,12 +525,12 @@ def validate(
     # on a GPU the estimate is for that GPU (its architecture decides kernels and workspaces)
     here = match_device_name(torch.cuda.get_device_name()) if device == "cuda" else None
     report = estimate(model, inputs, optimizer=optimizer, loss_fn=loss_fn, device=device, precision=precision,
-                      gpu=here, solve_batch=False)
+                      gpu=here, solve_batch=False, keep_output=keep_output, grad_accum=grad_accum)
     est = report.to_dict()
     _check_room(device, est, force)
 
     base_allocated = torch.cuda.memory_allocated() if device == "cuda" else 0
-    run = _LiveRun(model, inputs, optimizer, loss_fn, device, policy)
+    run = _LiveRun(model, inputs, optimizer, loss_fn, device, policy, keep_output, grad_accum)
     measured, keep = run.first_step()
     measured["peak"], keep = run.steady_peak(keep, base_allocated)
     del keep
@@ -532,7 +544,8 @@ def validate(
     }
     rows = {k: {"estimated": estimated[k], "measured": measured[k], "error": _error(estimated[k], measured[k])}
             for k in ROWS}
-    achieved = (measured["flops_forward"] + measured["flops_backward"]) / step_time
+    # every micro-batch's matmul FLOPs over the step (the measured ones are one micro-batch's)
+    achieved = grad_accum * (measured["flops_forward"] + measured["flops_backward"]) / step_time
     name, peak, notes = _device_peak(device, policy, here, peak_tflops)
     mfu = achieved / peak if peak else None
     predicted = report.step_time  # estimate's, for the GPU it runs on (None on CPU or an unknown GPU)

@@ -3,7 +3,7 @@
 Run as ``python tests/dist_worker.py RANK WORLD_SIZE INIT_FILE OUT_JSON CONFIG_JSON``; the test
 starts one process per rank.  ``CONFIG_JSON``: ``{"cases": [{"name", "model": "gpt" | "llama",
 "config": {...}, "batch", "seq", "runs": [{"id", "strategy": "ddp" | "fsdp", "precision": "fp32" |
-"bf16-mixed" | "fsdp-bf16", "checkpoint": bool, "tp": int, "sp": bool, "reshard": bool}]}]}``.
+"bf16-mixed" | "fsdp-bf16", "checkpoint": bool, "tp": int, "sp": bool, "reshard": bool, "accum": int}]}]}``.
 Independent of estimator's code: nothing from ``estimator`` is imported here; the tensor-parallel
 plan is written out by hand (Megatron's pairs for a Llama block, torchtitan's sequence parallelism).
 
@@ -17,7 +17,10 @@ For each run the rank
    reduce-scatter that does not copy its input (see :func:`in_place_reduce_scatter`), or
    ``DistributedDataParallel`` with its defaults; ``checkpoint``: every block runs
    ``torch.utils.checkpoint`` (non-reentrant) from its forward; ``precision="bf16-mixed"``: the forward
-   and the loss under ``torch.autocast("cpu", torch.bfloat16)``;
+   and the loss under ``torch.autocast("cpu", torch.bfloat16)``; ``accum`` > 1: gradient accumulation
+   over that many micro-steps (each loss divided by it), the gradient sync on the last only, as a
+   training script writes it: DDP's ``no_sync()`` around the others' forward and backward, FSDP2's
+   ``set_requires_gradient_sync(False)`` before them and ``(True)`` before the last;
 3. builds ``torch.optim.AdamW``, runs iterations (forward + loss, ``backward()``, ``step()``,
    ``zero_grad(set_to_none=True)``) and records the peak of live bytes over the last one (steady
    state: optimizer state allocated, gradients ``None`` at the start): the second, the third for
@@ -37,6 +40,7 @@ NCCL's buffers are likewise outside ``torch.cuda.max_memory_allocated()``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -256,12 +260,20 @@ def run_one(case: dict, run: dict, world: int) -> dict:
                 tracker.reset_peak()
                 if os.environ.get("DIST_WORKER_TRACE") == run["id"]:
                     tracker.trace = []
-            if autocast:
-                with torch.autocast("cpu", dtype=torch.bfloat16):
-                    loss = loss_of(wrapped(*args, **kwargs))
-            else:
-                loss = loss_of(wrapped(*args, **kwargs))
-            loss.backward()
+            accum = run.get("accum", 1)
+            for micro in range(accum):
+                last_micro = micro == accum - 1
+                sync = contextlib.nullcontext()
+                if accum > 1 and run["strategy"] == "ddp" and not last_micro:
+                    sync = wrapped.no_sync()
+                elif accum > 1 and run["strategy"] != "ddp":
+                    model.set_requires_gradient_sync(last_micro)
+                with sync:
+                    with torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
+                        loss = loss_of(wrapped(*args, **kwargs))
+                    if accum > 1:
+                        loss = loss / accum
+                    loss.backward()
             opt.step()
             if it == last:
                 out["peak"] = tracker.peak

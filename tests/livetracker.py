@@ -14,14 +14,23 @@ import torch.utils._pytree as pytree
 from instruments import LiveTracker
 
 
-def measure_peaks(model, inputs, optimizer_factory, loss_of, *, autocast_dtype=None, train=True, steps=2):
+def measure_peaks(model, inputs, optimizer_factory, loss_of, *, autocast_dtype=None, train=True, steps=2,
+                  keep_output=False, grad_accum=1):
     """Live-byte peaks of ``steps`` real CPU iterations: [first, second, ...].
 
-    Each iteration: ``out = model(...)`` (under CPU autocast when ``autocast_dtype``), ``loss``,
-    backward, ``optimizer.step()``, ``zero_grad(set_to_none=True)``, with ``out`` and ``loss``
-    held to the end of the iteration and the loss kept into the next one (``keep = loss``, as a
-    loop that logs it).  ``train=False``: ``out = model(...)`` under ``no_grad`` in eval mode, the
-    previous output held until the new one replaces it.
+    Each iteration, the loop as written (``keep_output``, ``grad_accum``)::
+
+        for micro in range(grad_accum):
+            out = model(...)                      # under CPU autocast when autocast_dtype
+            loss = loss_of(out) / grad_accum      # (no division when grad_accum == 1)
+            if not keep_output: del out           # loss = loss_fn(model(x)): only the loss is held
+            loss.backward()
+        optimizer.step(); optimizer.zero_grad(set_to_none=True)
+        keep = loss                               # kept into the next iteration, as a loop that logs it
+
+    ``keep_output``: ``out`` lives until the next micro-step replaces it (``out = model(x)``) or the
+    iteration ends.  ``train=False``: ``out = model(...)`` under ``no_grad`` in eval mode, the previous
+    output held until the new one replaces it.
     """
     import contextlib
 
@@ -42,10 +51,16 @@ def measure_peaks(model, inputs, optimizer_factory, loss_of, *, autocast_dtype=N
         for _ in range(steps):
             tracker.reset_peak()
             if train:
-                with amp():
-                    out = model(*args, **kwargs)
-                    loss = loss_of(out)
-                loss.backward()
+                out = None
+                for _micro in range(grad_accum):
+                    with amp():
+                        out = model(*args, **kwargs)
+                        loss = loss_of(out)
+                    if grad_accum > 1:
+                        loss = loss / grad_accum
+                    if not keep_output:
+                        out = None
+                    loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 keep = loss

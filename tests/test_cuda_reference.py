@@ -77,7 +77,8 @@ def _estimate(path: str):
             inputs = {k: v for k, v in inputs.items() if k != "labels"}
         report = estimate(model, inputs, loss_fn=loss_fn, optimizer="adamw:lr=0.0001", device="cuda",
                           precision=precision, mode="inference" if mode == "inference" else "train",
-                          gpu="H100", cuda_torch=ref["torch"].split("+")[0], solve_batch=False)
+                          gpu="H100", cuda_torch=ref["torch"].split("+")[0], solve_batch=False,
+                          keep_output=True)  # the recorder's loop: ``out = model(...)`` held through backward
         nodes = report.capture.nodes
         first_backward = next((i for i, n in enumerate(nodes) if n.meta.get("phase") == "backward"), None)
         # live bytes after the last op before backward (its Python frees included)

@@ -69,7 +69,9 @@ def _runs(*specs):
         strategy, precision, ck, *rest = spec
         extra = dict(rest[0]) if rest else {}
         tag = "-".join([strategy + ("-tp" if extra.get("tp") else "") + ("-sp" if extra.get("sp") else "")
-                        + ("-keep" if extra.get("reshard") is False else ""), precision, "ckpt" if ck else "nockpt"])
+                        + ("-keep" if extra.get("reshard") is False else "")
+                        + (f"-accum{extra['accum']}" if extra.get("accum") else ""), precision,
+                        "ckpt" if ck else "nockpt"])
         out.append({"id": tag, "strategy": strategy, "precision": precision, "checkpoint": ck, **extra})
     return out
 
@@ -81,7 +83,10 @@ GPT_CASE = {"name": "gpt", "model": "gpt", "world": 2, "ranks": [0, 1], "checkpo
                 # each engine in fp32, autocast and (FSDP2) MixedPrecisionPolicy, with and without checkpointing
                 ("ddp", "fp32", False), ("ddp", "bf16-mixed", True),
                 ("fsdp", "fp32", False), ("fsdp", "fsdp-bf16", False), ("fsdp", "fsdp-bf16", True),
-                ("fsdp", "bf16-mixed", True), ("fsdp", "fp32", False, {"reshard": False}))}
+                ("fsdp", "bf16-mixed", True), ("fsdp", "fp32", False, {"reshard": False}),
+                # gradient accumulation over 3 micro-steps, the sync on the last (DDP no_sync, FSDP2
+                # set_requires_gradient_sync)
+                ("ddp", "fp32", False, {"accum": 3}), ("fsdp", "fp32", False, {"accum": 3}))}
 LLAMA_CASE = {"name": "llama", "model": "llama", "world": 4, "ranks": [0, 3], "checkpoint": "Block",
               "config": {"vocab_size": 250, "dim": 64, "hidden_dim": 96, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
                          "max_seq_len": 64},
@@ -126,10 +131,11 @@ def engines(tmp_path_factory):
             model, inputs = build(case["config"], case["batch"], case["seq"])
             planners = {}
             for run in case["runs"]:
-                planner = planners.get(run["precision"])
+                key = (run["precision"], run.get("accum", 1))
+                planner = planners.get(key)
                 if planner is None:
-                    planner = planners[run["precision"]] = Planner(model, inputs, gpu="H100", device="cpu",
-                                                                   precision=run["precision"])
+                    planner = planners[key] = Planner(model, inputs, gpu="H100", device="cpu",
+                                                      precision=run["precision"], grad_accum=key[1])
                 for rank in case["ranks"]:
                     plans[(case["name"], run["id"], rank)] = planner.plan(
                         run["strategy"], case["world"], tp=run.get("tp", 1), sequence_parallel=run.get("sp", False),
@@ -685,3 +691,28 @@ def test_a_model_that_cannot_be_copied_is_a_one_line_error_for_plan_and_a_note_f
     r = estimate(_Locked(), torch.randn(4, 8), gpu="H100")
     assert r.fits and r.max_batch is None and r.max_batch_note.startswith("not searched: the planner traces")
     assert "largest micro-batch not searched: the planner traces the engines on a copy" in r.headline()
+
+
+# -- gradient accumulation ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_gradient_accumulation_syncs_once_per_step_and_multiplies_the_global_batch(strategy):
+    """``grad_accum`` micro-steps under the engine: the global batch is micro-batch x ranks x N, the gradient
+    collectives run once per optimizer step (DDP's no_sync, FSDP2's set_requires_gradient_sync), and the
+    compute is N micro-steps' (forward + backward each) and one optimizer step's."""
+    model, inputs = _gpt({"vocab_size": 96, "block_size": 32, "n_layer": 2, "n_head": 4, "n_embd": 32}, 2, 16)
+    one = plan(model, inputs, gpu="H100", gpus=4, strategy=strategy, solve=())
+    four = plan(model, inputs, gpu="H100", gpus=4, strategy=strategy, solve=(), grad_accum=4)
+    assert four.config.global_batch == 4 * one.config.global_batch == 4 * 2 * 4
+    assert four.training is None or four.training.samples_per_step == 4 * one.training.samples_per_step
+    reduce = "all_reduce" if strategy == "ddp" else "reduce_scatter"
+    # the gradients' collective: the same bytes once per step (FSDP2 all-gathers its parameters every micro-step)
+    assert four.time.comm_bytes_per_gpu[reduce] == one.time.comm_bytes_per_gpu[reduce]
+    if strategy == "fsdp":
+        assert four.time.comm_bytes_per_gpu["all_gather"] == pytest.approx(4 * one.time.comm_bytes_per_gpu["all_gather"])
+    fb_one = one.time.by_phase_s["forward"] + one.time.by_phase_s["backward"]
+    fb_four = four.time.by_phase_s["forward"] + four.time.by_phase_s["backward"]
+    # four micro-steps: the three without sync skip the engine's reduction bookkeeping on the compute stream
+    # (FSDP2's chunk_cat and casts, DDP's bucket copies), the later ones add into the gradients
+    assert 3 * fb_one < fb_four < 4.5 * fb_one

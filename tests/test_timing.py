@@ -107,7 +107,7 @@ def test_flops_from_records_equal_capture_and_rules(cases, key):
     those from this project's capture of the same model, and those equal the rules' tally."""
     case = next(c for c in cases if c.key == key)
     net, inputs, loss_fn = F.build_case(case.name)
-    report = estimate(net, inputs, loss_fn=loss_fn, device="cuda", precision=case.precision)
+    report = estimate(net, inputs, loss_fn=loss_fn, device="cuda", precision=case.precision, keep_output=True)
 
     def by_kind(works):
         out: dict[tuple[str, str], int] = {}

@@ -1,49 +1,143 @@
-"""The activation-checkpointing what-if: run every instance of some module classes under
-activation checkpointing for one capture, as the model's framework runs it, then put the model
-back as it was.
+"""Activation checkpointing as the model's framework runs it: every instance of some module classes
+(or every N-th, or with a per-op policy) under ``torch.utils.checkpoint`` for one capture, then the
+model put back as it was.
 
 * A Hugging Face ``transformers`` model whose checkpointable layers (``GradientCheckpointingLayer``
-  subclasses) are exactly the classes asked for is checkpointed by transformers itself
-  (``activation_checkpointing_enable``, or ``gradient_checkpointing_enable`` in releases before
-  it): its layers then run with the KV cache off (``use_cache=False``, no ``past_key_values``),
-  as transformers does in training, and with transformers' default ``use_reentrant``.
-* Any other module is run under non-reentrant ``torch.utils.checkpoint``, as a model that calls
-  ``checkpoint(block, x, use_reentrant=False)`` itself (PyTorch's recommended mode).
+  subclasses) are exactly the classes asked for, with the ``full`` policy, is checkpointed by
+  transformers itself (``activation_checkpointing_enable``, or ``gradient_checkpointing_enable`` in
+  releases before it): its layers then run with the KV cache off (``use_cache=False``, no
+  ``past_key_values``), as transformers does in training, and with transformers' default
+  ``use_reentrant``.
+* Any other module, or another policy, runs under non-reentrant ``torch.utils.checkpoint``, as a
+  model that calls ``checkpoint(block, x, use_reentrant=False)`` itself (PyTorch's recommended mode),
+  or as torchtitan's ``checkpoint_wrapper`` does.
+
+Policies (:func:`parse_policy`), torchtitan's ``activation_checkpoint`` options:
+
+* ``full``: every instance recomputes its whole forward in backward;
+* ``layer:N``: every N-th instance (1-based, in module order: the N-th, 2N-th, ...), the others not
+  checkpointed (torchtitan's ``selective_ac_option=N``, ``_apply_layer_sac``);
+* ``op``: every instance, with a selective-checkpoint policy that saves the outputs of the
+  compute-heavy ops and recomputes the rest (``torch.utils.checkpoint.create_selective_checkpoint_contexts``):
+  torchtitan's per-op policy (``selective_ac_option="op"``, ``_get_custom_policy``): the outputs of
+  the attention kernels, the ``reduce_scatter_tensor`` collectives and ``max`` (float8's amax) are
+  saved, and of the ``mm`` outputs every other one, counting the forward's and the recomputation's
+  matmuls apart;
+* a callable: your own ``context_fn`` for ``torch.utils.checkpoint.checkpoint`` (called once per
+  checkpointed forward; returns the forward and recompute context managers).
 """
 
 from __future__ import annotations
 
 import sys
 import warnings
+from collections import defaultdict
 from typing import Any, Callable
 
 import torch
 
 from ..errors import UserError
 
+POLICIES = ("full", "op", "layer:N")
 
-def wrap_checkpointed(model: torch.nn.Module, classes: tuple[type, ...]) -> Callable[[], None]:
-    """Run every instance of ``classes`` under activation checkpointing; return an undo.
+
+def parse_policy(policy: Any) -> Any:
+    """``"full"``, ``"op"``, ``("layer", N)`` for ``"layer:N"``, or a callable ``context_fn``; a one-line
+    error for anything else."""
+    if policy is None or policy == "full":
+        return "full"
+    if callable(policy):
+        return policy
+    if isinstance(policy, tuple) and len(policy) == 2 and policy[0] == "layer" and isinstance(policy[1], int) \
+            and policy[1] >= 1:
+        return policy  # parsed already
+    if isinstance(policy, str):
+        text = policy.strip().lower()
+        if text == "op":
+            return "op"
+        head, sep, tail = text.partition(":")
+        if head == "layer" and sep:
+            try:
+                every = int(tail)
+            except ValueError:
+                every = 0
+            if every >= 1:
+                return ("layer", every)
+    raise UserError(f"--checkpoint-policy {policy!r}: use full, op or layer:N (N >= 1: every N-th instance)")
+
+
+def policy_name(policy: Any) -> str:
+    """How a parsed policy reads in a report: ``full``, ``op``, ``layer:2``, ``custom``."""
+    policy = parse_policy(policy)
+    if isinstance(policy, tuple):
+        return f"layer:{policy[1]}"
+    return policy if isinstance(policy, str) else "custom"
+
+
+def _op_save_list() -> frozenset:
+    """The ops whose outputs torchtitan's per-op policy saves (torchtitan ``_save_list``), those this
+    torch has."""
+    aten = torch.ops.aten
+    names = [(aten, "mm"), (aten, "_scaled_dot_product_efficient_attention"),
+             (aten, "_scaled_dot_product_flash_attention"), (aten, "_scaled_dot_product_cudnn_attention"),
+             (aten, "_scaled_dot_product_attention_math"), (aten, "_scaled_dot_product_fused_attention_overrideable"),
+             (aten, "max")]
+    ops = [getattr(getattr(ns, name), "default") for ns, name in names if hasattr(ns, name)]
+    c10d = getattr(torch.ops, "_c10d_functional", None)
+    if c10d is not None and hasattr(c10d, "reduce_scatter_tensor"):
+        ops.append(c10d.reduce_scatter_tensor.default)
+    return frozenset(ops)
+
+
+def op_policy_context_fn() -> Any:
+    """A ``context_fn`` with torchtitan's per-op policy; one counter of matmuls per checkpointed call."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    save = _op_save_list()
+    mm = torch.ops.aten.mm.default
+    counts: dict[str, int] = defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        key = "recompute_mm_count" if ctx.is_recompute else "forward_mm_count"
+        if func == mm:
+            counts[key] += 1
+        # every compute-heavy op's output saved, but every second matmul's
+        to_save = func in save and not (func == mm and counts[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if to_save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def wrap_checkpointed(model: torch.nn.Module, classes: tuple[type, ...], policy: Any = "full") -> Callable[[], None]:
+    """Run the instances of ``classes`` the ``policy`` picks under activation checkpointing; return an undo.
 
     The undo restores each module exactly: a ``forward`` the user set on the instance comes
     back, and a module without one falls back to its class's ``forward`` again; transformers'
     checkpointing attributes get back the values (or the absence) they had."""
     if not classes:
         return lambda: None
-    hf = _hf_checkpointing(model, classes)
+    policy = parse_policy(policy)
+    hf = _hf_checkpointing(model, classes) if policy == "full" else None
     if hf is not None:
         return hf
     from torch.utils.checkpoint import checkpoint
 
+    context_fn = op_policy_context_fn if policy == "op" else (policy if callable(policy) else None)
+    every = policy[1] if isinstance(policy, tuple) else 1
     _absent = object()
     wrapped: list[tuple[torch.nn.Module, Any]] = []
+    count = 0
     for mod in model.modules():
         if isinstance(mod, classes) and mod is not model:
+            count += 1
+            if count % every:
+                continue  # layer:N checkpoints the N-th, 2N-th, ... instance
             own = mod.__dict__.get("forward", _absent)  # an instance-level forward, if the user set one
             original = mod.forward
+            extra = {"context_fn": context_fn} if context_fn is not None else {}
 
-            def forward(*a, __f=original, **k):
-                return checkpoint(__f, *a, use_reentrant=False, **k)
+            def forward(*a, __f=original, __extra=extra, **k):
+                return checkpoint(__f, *a, use_reentrant=False, **__extra, **k)
 
             mod.forward = forward
             wrapped.append((mod, own))

@@ -35,6 +35,17 @@ class StepOptions:
     precision: Precision = parse_precision("fp32")
     train: bool = True  # False: forward only, under torch.no_grad() and model.eval()
     checkpoint: tuple[type, ...] = ()  # module classes run under torch.utils.checkpoint (non-reentrant)
+    # which instances of ``checkpoint`` and which of their ops are recomputed: "full", "layer:N", "op", or a
+    # ``context_fn`` (see estimator.capture.checkpoint.parse_policy)
+    checkpoint_policy: Any = "full"
+    # The training loop (see estimator.capture.step.Step.run):
+    keep_output: bool = False  # the model's output held through backward and the optimizer step (else dropped
+    #                            once the loss is computed, as HF Trainer, Lightning and torchtitan do)
+    grad_accum: int = 1  # micro-batches per optimizer step, gradients accumulating (no zero_grad between)
+    # ``accumulate(module, micro_step, last)``: a context manager around one micro-step's forward and
+    # backward (an engine's gradient sync off but on the last: DDP's no_sync, FSDP2's
+    # set_requires_gradient_sync); None: nothing
+    accumulate: Callable[[Any, int, bool], Any] | None = None
     target: str = "cpu"  # "cuda": the kernels CUDA runs where they differ (see estimator.target)
     cuda: CudaTarget | None = None  # the CUDA target's GPU and versions (None: an H100 with this torch)
     # Trace a model as it is, parameters and engine included (see AsIs below): ``prepare(model, fake)``
@@ -75,7 +86,29 @@ class Capture:
     events: list[tuple[int, int, int]]
     sids: dict[str, set[int]]  # category -> sids: parameter, buffer, input, gradient, optimizer_state, saved, loss
     fallback_reason: str | None = None
+    # the loop traced: the output held through backward or dropped after the loss; with ``grad_accum`` > 1
+    # two micro-steps are traced (the second's nodes have meta["micro_step"] == 1: it stands for micro-steps
+    # 2..N, which accumulate into existing gradients) before the optimizer step
+    keep_output: bool = False
+    grad_accum: int = 1
     _fx: fx.Graph | None = None
+
+    def node_order(self, middle: str = "accumulate") -> list[int]:
+        """Indices into :attr:`nodes` of one whole optimizer step of :attr:`grad_accum` micro-steps, in the
+        order they run.  Two micro-steps are traced (:attr:`grad_accum` > 1): the first makes the gradients,
+        the second accumulates into them (and, under DDP or FSDP2, is the one that syncs them).  ``middle``
+        says which stands for micro-steps 2..N-1: ``"accumulate"`` (the second: on one device every later
+        micro-step is it) or ``"first"`` (the first, without the sync the engines skip until the last)."""
+        n = len(self.nodes)
+        if self.grad_accum <= 2:
+            return list(range(n))
+        first = [i for i, node in enumerate(self.nodes) if node.meta.get("phase") != "optimizer"
+                 and not node.meta.get("micro_step")]
+        second = [i for i, node in enumerate(self.nodes) if node.meta.get("micro_step")]
+        rest = [i for i, node in enumerate(self.nodes) if node.meta.get("phase") == "optimizer"]
+        if middle == "first":
+            return first * (self.grad_accum - 1) + second + rest
+        return first + second * (self.grad_accum - 1) + rest
 
     @property
     def graph(self) -> fx.Graph:

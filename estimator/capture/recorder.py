@@ -111,6 +111,7 @@ class Recorder(TorchDispatchMode):
         self.records: list[OpNode] = []  # every call_function record, getitem included
         self.order: list[OpNode] = []  # aten ops only
         self.phase = Phase.FORWARD
+        self.micro_step = 0  # gradient accumulation: the micro-step being traced (meta["micro_step"] when > 0)
         # the stream ops are issued on: engines traced on the CPU (FSDP2) switch torch.cpu's streams
         # as they switch CUDA streams on a GPU; an op issued on another than this one is tagged with
         # ``meta["stream"]`` (the id of its stream object), which the planner names
@@ -268,6 +269,8 @@ class Recorder(TorchDispatchMode):
         else:
             flat_out = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
         meta: dict[str, Any] = {"module": module, "phase": self.phase}
+        if self.micro_step:
+            meta["micro_step"] = self.micro_step
         stream = torch.cpu.current_stream()
         if stream is not self.default_stream:
             meta["stream"] = id(stream)
@@ -287,7 +290,8 @@ class Recorder(TorchDispatchMode):
             for i, o in enumerate(flat_out):
                 item = OpNode("call_function", f"op_{len(self.records)}", operator.getitem, (node, i), None,
                               dict(spec=(meta["spec"][i],), stride=(meta["stride"][i],), storage=(meta["storage"][i],),
-                                   module=module, phase=self.phase))
+                                   module=module, phase=self.phase, **({"micro_step": self.micro_step}
+                                                                      if self.micro_step else {})))
                 self.records.append(item)
                 o._estimator_node = item
         return out

@@ -128,12 +128,15 @@ class Step:
 
         rec.accumulate_owner = accumulate_owner
         self.module_outputs: dict[str, list[tuple[int, ...]]] = {}
-        self.saved: dict[int, tuple[int, str]] = {}
+        self.saved: dict[int, tuple[int, str]] = {}  # the first micro-step's (the activations of one micro-batch)
+        self.saved_all: set[int] = set()  # every micro-step's (their category in the timeline)
         self.param_sids = {rec.sid(p) for p in self.params.values()}
         self.opt_state: dict[str, dict[str, torch.Tensor]] = {}
         self.optimizer_name: str | None = None
         self.loss: torch.Tensor | None = None
         self.output: Any = None
+        self.output_sids: set[int] = set()
+        self.scaler: Any = None
         self.loss_source = "none (inference)"
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -187,7 +190,7 @@ class Step:
         if gc.isenabled():
             gc.disable()
             stack.callback(gc.enable)
-        stack.callback(wrap_checkpointed(model, opts.checkpoint))
+        stack.callback(wrap_checkpointed(model, opts.checkpoint, opts.checkpoint_policy))
         # The traced tensors stand in for the model's own for the whole step (backward recomputation of
         # checkpointed regions included), as torch.func.functional_call does for a single call.
         swap = _reparametrize_module(model, {**self.params, **self.buffers}, tie_weights=True, strict=False) \
@@ -236,13 +239,26 @@ class Step:
 
     # -- the phases -----------------------------------------------------------------------------
     def run(self) -> Capture:
+        """The step as the loop runs it: ``for micro in range(N): loss = loss_fn(model(x)) / N; loss.backward()``,
+        then ``opt.step()``.  With gradient accumulation (N > 1) two micro-steps are traced: the first
+        makes the gradients, the second (standing for micro-steps 2..N, identical in memory and time)
+        accumulates into them; the previous micro-step's loss (and output, when the loop keeps it) lives
+        until the next one replaces it."""
+        opts = self.opts
         with contextlib.ExitStack() as stack:
             self._enter(stack)
-            if not self.opts.train:
+            if not opts.train:
                 self.inference_forward()
             else:
-                self.forward_and_loss()
-                self.backward()
+                traced = min(opts.grad_accum, 2)
+                for micro in range(traced):
+                    self.rec.micro_step = micro
+                    around = (opts.accumulate(self.call, micro, micro == traced - 1) if opts.accumulate is not None
+                              else contextlib.nullcontext())
+                    with around:
+                        self.forward_and_loss()
+                        self.backward()
+                self.rec.micro_step = 0
                 self.optimizer_step()
         return self._result()
 
@@ -268,11 +284,16 @@ class Step:
         rec, saved, param_sids = self.rec, self.saved, self.param_sids
         storage_of = AsIs.local if self.opts.prepare is not None else (lambda t: t)  # a DTensor: its local tensor
 
+        first_micro_step = rec.micro_step == 0
+        saved_all = self.saved_all
+
         def pack(t: torch.Tensor) -> torch.Tensor:
             if rec.phase in FORWARD_PHASES:
                 sid = rec.sid(storage_of(t))
-                if sid not in saved and sid not in param_sids:
-                    saved[sid] = (rec.storage_bytes[sid], rec.where()[0])
+                if sid not in param_sids:
+                    saved_all.add(sid)
+                    if first_micro_step and sid not in saved:
+                        saved[sid] = (rec.storage_bytes[sid], rec.where()[0])
             # An alias without the autograd history (made unrecorded): a node that saves its own output
             # (exp, tanh, softmax) would otherwise hold a tensor that holds the node, a reference cycle
             # that keeps both alive until a garbage collection (none runs during the capture) where the
@@ -282,8 +303,9 @@ class Step:
 
         with self._recording(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             with self.opts.precision.autocast_context():
-                # the output stays referenced until the step ends, as in ``out = model(x); loss = ...;
-                # loss.backward(); opt.step()``: freed only when the next step replaces it
+                rec.phase = Phase.FORWARD
+                # ``out = model(x)``: the previous micro-step's output (a loop that keeps it) is replaced only
+                # once the new one is assigned
                 self.output = self._guard(lambda: self.call(*self.t_args, **self.t_kwargs))
                 rec.phase = Phase.LOSS
                 self.progress("tracing the loss")
@@ -293,13 +315,21 @@ class Step:
             if not loss.requires_grad:
                 raise UserError("the loss does not require grad: no parameter is trainable or the "
                                 "output is detached; check requires_grad and loss_fn")
+            if self.opts.grad_accum > 1:
+                loss = self._guard(lambda: loss / self.opts.grad_accum)  # each micro-batch's share of the mean
+        self.output_sids |= {rec.sid(t) for t in pytree.tree_leaves(self.output) if isinstance(t, torch.Tensor)}
+        if not self.opts.keep_output:
+            # ``loss = model(x).loss``: nothing but the loss is held once it is computed (HF Trainer, Lightning,
+            # torchtitan's ``del pred``); what autograd saved stays with the graph
+            self.output = None
         self.loss = loss
 
     def backward(self) -> None:
         with self._recording():
             self.rec.phase = Phase.BACKWARD
             self.progress("tracing backward")
-            self.scaler = torch.amp.GradScaler("cpu") if self.opts.precision.grad_scaler else None
+            if self.scaler is None and self.opts.precision.grad_scaler:
+                self.scaler = torch.amp.GradScaler("cpu")
             loss = self.loss
             self._guard((self.scaler.scale(loss) if self.scaler else loss).backward)
 
@@ -359,13 +389,13 @@ class Step:
             "input": {rec.sid(t) for t in self.flat_inputs},
             "gradient": {rec.sid(g) for g in grads.values()},
             "optimizer_state": {rec.sid(t) for st in self.opt_state.values() for t in st.values()},
-            "saved": set(self.saved),
+            "saved": set(self.saved) | self.saved_all,
             # the loss, and what its graph keeps alive with it (the loop holds the loss into the next step)
             "loss": ({rec.sid(loss)} | {rec.sid(g) for g in self._leaf_grads_held_by(loss)}) if loss is not None
             else set(),
-            # the model's output tensors (the step holds them to its end; see estimator.memory)
-            "output": {rec.sid(t) for t in pytree.tree_leaves(getattr(self, "output", None))
-                       if isinstance(t, torch.Tensor)},
+            # the model's output tensors (held to the end of the step when the loop keeps them; see estimator.memory)
+            "output": self.output_sids | {rec.sid(t) for t in pytree.tree_leaves(self.output)
+                                          if isinstance(t, torch.Tensor)},
         }
         if self.opts.prepare is not None:
             sids["engine"] = rec.engine_sids
@@ -390,6 +420,8 @@ class Step:
             storage_dtype=rec.storage_dtype,
             events=rec.events,
             sids=sids,
+            keep_output=self.opts.keep_output,
+            grad_accum=self.opts.grad_accum if self.opts.train else 1,
         )
 
     # -- errors ---------------------------------------------------------------------------------

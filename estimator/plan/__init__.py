@@ -23,11 +23,12 @@ One concept per module:
 * :mod:`.schedule`: step time from the traced schedule (per-op time, collectives on links, overlap);
 * :mod:`.search`: largest micro-batch / sequence, fewest GPUs;
 * :mod:`.results`: typed results; :mod:`.report`: their text;
-* :mod:`.planner`: :class:`Planner`, :func:`plan`, :func:`compare`.
+* :mod:`.planner`: :class:`Planner`; :mod:`.api`: :func:`plan`, :func:`compare`.
 """
 
 from .layout import DEFAULT_PRECISION, OFFLOADS, PRECISIONS, STRATEGIES, ZERO_SEMANTICS, Layout, PlanPrecision
-from .planner import Planner, compare, default_wrap, plan
+from .api import compare, plan
+from .planner import Planner, default_wrap
 from .report import Comparison, Plan
 from .results import Config, Flops, PerGpu, Solve, StepTime, Suggestion, Training, Verdict
 from .traced import ROWS

@@ -228,6 +228,21 @@ def _ddp_allreduce_hook(world: int):
     return hook
 
 
+def accumulate_gradients(module: torch.nn.Module, micro_step: int, last: bool) -> Any:
+    """Around one micro-step of gradient accumulation: the engine's gradient sync only on the last, as a
+    training script writes it: DDP's ``no_sync()`` context (``torch/nn/parallel/distributed.py``) on the
+    others; FSDP2's ``set_requires_gradient_sync(last)`` (``_fully_shard.py``: without sync the unsharded
+    gradients accumulate on each rank and nothing is reduce-scattered until the last micro-step)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(module, DistributedDataParallel):
+        return contextlib.nullcontext() if last else module.no_sync()
+    setter = getattr(module, "set_requires_gradient_sync", None)
+    if setter is not None:
+        setter(last)
+    return contextlib.nullcontext()
+
+
 def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision: PlanPrecision,
                  options: StepOptions, unit_paths: list[str], tp_plan: TPPlan | None, device: str,
                  value: int | None = None, progress=None) -> Step:
@@ -268,7 +283,9 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
 
         try:
             with one_sequence_per_sample():
-                cap = capture(model, inputs, replace(options, prepare=prepare), progress=progress)
+                accumulate = accumulate_gradients if options.grad_accum > 1 else None
+                cap = capture(model, inputs, replace(options, prepare=prepare, accumulate=accumulate),
+                              progress=progress)
         except UserError as exc:
             if layout.tp > 1:
                 raise UserError(f"{exc} (under tensor parallelism{' with sequence parallelism' if layout.sequence_parallel else ''}: "

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from ..capture import StepOptions, capture
-from ..capture.checkpoint import resolve_classes
+from ..capture.checkpoint import parse_policy, resolve_classes
 from ..errors import UserError
 from ..hardware import GPU, gpu_links, link, lookup
 from ..memory import CUDA_RESERVE, FRAGMENTATION, simulate
@@ -80,7 +80,8 @@ class Planner:
                  optimizer_kwargs: Mapping[str, Any] | None = None, loss_fn=None, precision: str = "bf16-mixed",
                  reduce_dtype: str | None = None, wrap: Any = None, device: str = "cuda", gpus_per_node: int = 8,
                  interconnect: str | None = None, inter_node: str | None = None, zero_semantics: str = "deepspeed",
-                 model_name: str | None = None, progress: Progress | None = None, trace: str = "auto"):
+                 model_name: str | None = None, progress: Progress | None = None, trace: str = "auto",
+                 keep_output: bool = False, grad_accum: int = 1, checkpoint_policy: Any = "full"):
         if not isinstance(model, torch.nn.Module):
             raise UserError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         if device not in ("cuda", "cpu"):
@@ -98,9 +99,12 @@ class Planner:
         self.zero_semantics = zero_semantics
         self.progress = progress or (lambda stage, detail="": None)
         self.trace_mode = trace
+        if not isinstance(grad_accum, int) or isinstance(grad_accum, bool) or grad_accum < 1:
+            raise UserError(f"--grad-accum must be an integer >= 1, not {grad_accum!r}")
         self.options = StepOptions(loss_fn=loss_fn, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs,
                                    foreach=True if device == "cuda" else None, precision=self.precision.step,
-                                   train=True, target=device,
+                                   train=True, target=device, keep_output=bool(keep_output), grad_accum=grad_accum,
+                                   checkpoint_policy=parse_policy(checkpoint_policy),
                                    cuda=CudaTarget.for_gpu(self.gpu) if device == "cuda" else None)
         if wrap:
             self.wrap = resolve_classes(model, wrap, "--wrap")
@@ -353,7 +357,7 @@ class Planner:
             sequence_parallel=sequence_parallel, dp=layout.dp, shard_group=layout.shard, rank=rank,
             precision=self.precision.name, optimizer=step.cap.optimizer_name, checkpoint=[c.__name__ for c in ckpt],
             offload=offload, wrap=[c.__name__ for c in self.wrap], micro_batch=self.batch,
-            global_batch=self.batch * layout.dp if self.batch else None, seq=self.seq,
+            global_batch=self.batch * layout.dp * self.options.grad_accum if self.batch else None, seq=self.seq,
             engine=self._engine_text(layout), device=self.device)
         notes += self._notes(layout, mem)
         return Plan(config, per_gpu, Verdict(fits, target.capacity, reserve, needed, target.capacity - needed,
@@ -421,7 +425,7 @@ class Planner:
     def _training(self, layout: Layout, time: StepTime, model_flops: float, peak: float, tokens, samples, steps,
                   mfu) -> Training:
         tps = tokens_per_sample(self.inputs)
-        samples_per_step = (self.batch or 0) * layout.dp
+        samples_per_step = (self.batch or 0) * layout.dp * self.options.grad_accum  # micro-batches accumulated
         tokens_per_step = samples_per_step * tps if tps else None
         n_steps = None
         if steps is not None:
@@ -543,56 +547,3 @@ def attention_term(step: Step) -> int | None:
         found = True
         total += 12 * q.shape[-3] * q.shape[-1] * k.shape[-2]
     return total if found else None
-
-
-# -- the functions others call ----------------------------------------------------------------------------------
-
-
-def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, strategy: str = "ddp", tp: int = 1,
-         sequence_parallel: bool = False, optimizer: Any = "adamw", optimizer_kwargs: Mapping[str, Any] | None = None,
-         loss_fn=None, precision: str = "bf16-mixed", reduce_dtype: str | None = None, checkpoint: Any = None,
-         offload: str | None = None, wrap: Any = None, tokens: float | None = None, samples: float | None = None,
-         steps: int | None = None, mfu: float | None = None, solve: Sequence[str] | str = ("batch",),
-         gpus_per_node: int = 8, interconnect: str | None = None, inter_node: str | None = None,
-         zero_semantics: str = "deepspeed", reshard_after_forward: bool = True, device: str = "cuda", rank: int = 0,
-         confirm: bool = True, model_name: str | None = None, progress: Progress | None = None,
-         trace: str = "auto", solve_unfit: bool = False) -> Plan:
-    """Plan a training step of ``model`` on ``gpus`` GPUs called ``gpu`` with ``strategy``.
-
-    ``inputs`` are one GPU's micro-batch.  ``ddp``, ``fsdp`` and ``hsdp`` (with ``tp`` tensor
-    parallelism) are traced on PyTorch's own engines over a fake process group; ZeRO stages
-    ``zero1``-``zero3`` are laid out by hand (``zero_semantics``: ``"deepspeed"`` or ``"paper"``).
-    Returns a :class:`~estimator.plan.results.Plan`: per-GPU memory of rank ``rank`` (rows that add up
-    to the peak), fits or not (and the smallest layouts that fit when not), the largest micro-batch
-    (``solve`` may add ``"seq"``; searched when the given size fits, or always with ``solve_unfit``),
-    step time from the traced schedule, time to train for the budget.
-    ``precision`` (default ``bf16-mixed``): see :func:`~estimator.plan.layout.parse_plan_precision`.
-    ``device="cpu"`` plans exact bytes without CUDA rounding (tests).  ``trace``: as
-    :func:`estimator.estimate`'s (``"auto"``, ``"fake"`` or ``"real"``).  Raises
-    :class:`~estimator.errors.UserError` for impossible combinations.
-    """
-    planner = Planner(model, inputs, gpu=gpu, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs,
-                      loss_fn=loss_fn, precision=precision, reduce_dtype=reduce_dtype, wrap=wrap, device=device,
-                      gpus_per_node=gpus_per_node, interconnect=interconnect, inter_node=inter_node,
-                      zero_semantics=zero_semantics, model_name=model_name, progress=progress, trace=trace)
-    return planner.plan(strategy, gpus, tp=tp, sequence_parallel=sequence_parallel, checkpoint=checkpoint,
-                        offload=offload, tokens=tokens, samples=samples, steps=steps, mfu=mfu, solve=solve,
-                        reshard_after_forward=reshard_after_forward, rank=rank, confirm=confirm,
-                        solve_unfit=solve_unfit)
-
-
-def compare(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU | Sequence[str | GPU],
-            gpus: int | Sequence[int], strategies: Sequence[str] | None = None, tp: int = 1,
-            optimizer: Any = "adamw", loss_fn=None, precision: str = "bf16-mixed", checkpoint: Any = None,
-            offload: str | None = None, wrap: Any = None, tokens=None, samples=None, steps=None, mfu=None,
-            gpus_per_node: int = 8, interconnect: str | None = None, inter_node: str | None = None,
-            zero_semantics: str = "deepspeed", device: str = "cuda", confirm: bool = False,
-            model_name: str | None = None, progress: Progress | None = None) -> Comparison:
-    """Plans side by side: strategies x (no checkpointing, checkpointing) for each GPU type and count,
-    with the recommended row (the fastest that fits)."""
-    gpu_list = [gpu] if isinstance(gpu, (str, GPU)) else list(gpu)
-    planner = Planner(model, inputs, gpu=gpu_list[0], optimizer=optimizer, loss_fn=loss_fn, precision=precision,
-                      wrap=wrap, device=device, gpus_per_node=gpus_per_node, interconnect=interconnect,
-                      inter_node=inter_node, zero_semantics=zero_semantics, model_name=model_name, progress=progress)
-    return planner.compare(gpus, strategies=strategies, tp=tp, checkpoint=checkpoint, offload=offload, tokens=tokens,
-                           samples=samples, steps=steps, mfu=mfu, confirm=confirm, gpu=gpu_list)

@@ -146,7 +146,8 @@ def traced_time(step: Step, gpu: GPU, intra: Link, inter: Link, optimizer_on_gpu
     host = 0.0  # when the host has issued the ops so far
     waited = 0.0  # compute-stream time spent waiting for collectives and their side streams
     times = node_times(step.cap.nodes, gpu)
-    for i, node in enumerate(step.cap.nodes):
+    for i in step.cap.node_order("first"):  # every micro-step of an accumulation; the gradient sync once
+        node = step.cap.nodes[i]
         phase = node.meta.get("phase", "forward")
         inputs = _sids_of((node.args, node.kwargs))
         outputs = set(node.meta.get("storage", ()))
@@ -207,7 +208,9 @@ def zero_time(step: Step, gpu: GPU, stage: int, n: int, gpus_per_node: int, intr
     ``optimizer_scale``: the optimizer's share of the traced optimizer work on this rank."""
     by_phase: dict[str, float] = defaultdict(float)
     host_by_phase: dict[str, float] = defaultdict(float)
-    for node, (seconds, issue, _) in zip(step.cap.nodes, node_times(step.cap.nodes, gpu)):
+    times = node_times(step.cap.nodes, gpu)
+    for i in step.cap.node_order():  # every micro-step of an accumulation
+        node, (seconds, issue, _) = step.cap.nodes[i], times[i]
         phase = node.meta.get("phase", "forward")
         by_phase["forward" if phase == "loss" else phase] += seconds
         host_by_phase["forward" if phase == "loss" else phase] += issue

@@ -44,7 +44,12 @@ def to_dict(report: ReportData, depth: int | None = None) -> dict[str, Any]:
             "matmul_backward": t.flops["matmul_backward"],
             "optimizer": t.flops["optimizer"],
             "by_dtype": dict(t.flops_by_dtype),
+            # every micro-batch of a gradient accumulation, and the optimizer step once
+            "total_per_optimizer_step": report.capture.grad_accum * (t.flops["forward"] + t.flops["backward"])
+            + t.flops["optimizer"],
         },
+        "loop": ({"keep_output": report.capture.keep_output, "grad_accum": report.capture.grad_accum}
+                 if report.mode == "train" else None),
         "checkpoint": report.checkpoint.to_dict() if report.checkpoint else None,
         "modules": [r.to_dict() for r in report.module_rows(depth)],
         "unsupported_ops": list(t.unsupported),

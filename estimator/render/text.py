@@ -11,27 +11,14 @@ from tabulate import tabulate
 
 from ..results import ReportData
 from .units import CATEGORY_LABEL, dtype_note, fmt_bytes, fmt_count, fmt_flops
-from .words import headline, inputs_words, optimizer_words, place, title, training
+from .words import headline, inputs_words, loop_words, optimizer_words, place, title, training
 
 # -- text -----------------------------------------------------------------
 
 
-def summary_rows(report: ReportData) -> list[tuple[str, str]]:
-    t = report.tally
-    train = training(report)
-    fwd, bwd = t.flops["forward"], t.flops["backward"]
-    mm = t.flops["matmul_forward"] + t.flops["matmul_backward"]
-    params = f"{fmt_count(t.params_total)} ({fmt_count(t.params_trainable)} trainable)" if train \
-        else fmt_count(t.params_total)
-    missing = sum(r["count"] for r in t.no_gradient)
-    if missing:
-        params += f"; {fmt_count(missing)} trainable get NO gradient (listed below)"
-    rows = [("Parameters", params)]
-    shape = inputs_words(report)
-    rows.append(("Inputs", shape or "-"))
-    if train:
-        rows += [("Loss", report.capture.loss_source), ("Optimizer", optimizer_words(report) or "none")]
-    rows.append(("Target", f"{report.device}, {report.precision}, {'training' if train else 'inference'}"))
+def _memory_rows(report: ReportData, train: bool) -> list[tuple[str, str]]:
+    """The peak, where it is and what is live there, the step time, the kernels and the CUDA reserve."""
+    rows: list[tuple[str, str]] = []
     m = report.memory
     if m is not None:
         at = m.peak_at
@@ -60,16 +47,15 @@ def summary_rows(report: ReportData) -> list[tuple[str, str]]:
         if m.reserve:
             rows.append(("Memory: CUDA reserve", f"{fmt_bytes(sum(m.reserve.values()))}: " + ", ".join(
                 f"{_RESERVE_LABEL.get(k, k.replace('_', ' '))} {fmt_bytes(v)}" for k, v in m.reserve.items())))
-    rows += [("Memory: parameters", fmt_bytes(t.parameters_bytes) + dtype_note(t.memory_by_dtype.get("parameter", {})))]
-    if t.buffers_bytes:
-        rows.append(("Memory: buffers", fmt_bytes(t.buffers_bytes)))
-    if train:
-        rows += [
-            ("Memory: gradients", fmt_bytes(t.gradients_bytes)),
-            ("Memory: optimizer state", fmt_bytes(t.optimizer_state_bytes)),
-            ("Memory: activations saved for backward", fmt_bytes(t.activations_bytes)
-             + dtype_note(t.memory_by_dtype.get("saved", {}))),
-        ]
+    return rows
+
+
+def _flops_rows(report: ReportData, train: bool) -> list[tuple[str, str]]:
+    """FLOPs by phase and dtype, the optimizer's, and per optimizer step of an accumulation."""
+    t = report.tally
+    fwd, bwd = t.flops["forward"], t.flops["backward"]
+    mm = t.flops["matmul_forward"] + t.flops["matmul_backward"]
+    rows: list[tuple[str, str]] = []
     rows.append(("FLOPs: forward", fmt_flops(fwd)))
     if train:
         rows.append(("FLOPs: backward", fmt_flops(bwd)))
@@ -81,9 +67,44 @@ def summary_rows(report: ReportData) -> list[tuple[str, str]]:
         rows.append((f"FLOPs in {dtype}", fmt_flops(n)))
     if train and t.flops["optimizer"]:
         rows.append(("FLOPs: optimizer step", fmt_flops(t.flops["optimizer"])))
+    if train and report.capture.grad_accum > 1:
+        n = report.capture.grad_accum
+        rows.append(("FLOPs per optimizer step", f"{fmt_flops(n * (fwd + bwd) + t.flops['optimizer'])} "
+                                                 f"({n} micro-batches, one optimizer step)"))
+    return rows
+
+
+def summary_rows(report: ReportData) -> list[tuple[str, str]]:
+    t = report.tally
+    train = training(report)
+    params = f"{fmt_count(t.params_total)} ({fmt_count(t.params_trainable)} trainable)" if train \
+        else fmt_count(t.params_total)
+    missing = sum(r["count"] for r in t.no_gradient)
+    if missing:
+        params += f"; {fmt_count(missing)} trainable get NO gradient (listed below)"
+    rows = [("Parameters", params)]
+    shape = inputs_words(report)
+    rows.append(("Inputs", shape or "-"))
+    if train:
+        rows += [("Loss", report.capture.loss_source), ("Optimizer", optimizer_words(report) or "none"),
+                 ("Training loop", loop_words(report.capture))]
+    rows.append(("Target", f"{report.device}, {report.precision}, {'training' if train else 'inference'}"))
+    rows += _memory_rows(report, train)
+    rows += [("Memory: parameters", fmt_bytes(t.parameters_bytes) + dtype_note(t.memory_by_dtype.get("parameter", {})))]
+    if t.buffers_bytes:
+        rows.append(("Memory: buffers", fmt_bytes(t.buffers_bytes)))
+    if train:
+        rows += [
+            ("Memory: gradients", fmt_bytes(t.gradients_bytes)),
+            ("Memory: optimizer state", fmt_bytes(t.optimizer_state_bytes)),
+            ("Memory: activations saved for backward", fmt_bytes(t.activations_bytes)
+             + dtype_note(t.memory_by_dtype.get("saved", {}))),
+        ]
+    rows += _flops_rows(report, train)
     if report.checkpoint:
         c = report.checkpoint
-        rows.append((f"What-if: checkpoint {', '.join(c.classes)}",
+        policy = "" if c.policy == "full" else f" ({c.policy} policy)"
+        rows.append((f"What-if: checkpoint {', '.join(c.classes)}{policy}",
                      f"peak {fmt_bytes(c.peak)} (saves {fmt_bytes(c.peak_saved)}), "
                      f"backward +{fmt_flops(c.flops_added)}"))
     for q in report.quantized:

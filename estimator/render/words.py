@@ -81,6 +81,16 @@ def inputs_words(report: ReportData) -> str:
 # -- the headline -----------------------------------------------------------
 
 
+def loop_words(cap: Any) -> str:
+    """The training loop estimated, in words: 'output dropped once the loss is computed (loss = model(x).loss;
+    --keep-output holds it through backward)', and the micro-batches of a gradient accumulation."""
+    text = ("output held through backward and the optimizer step (out = model(x); --keep-output)" if cap.keep_output
+            else "output dropped once the loss is computed (loss = model(x).loss; --keep-output holds it)")
+    if cap.grad_accum > 1:
+        text += f"; {cap.grad_accum} micro-batches per optimizer step, gradients accumulated (--grad-accum)"
+    return text
+
+
 def headline(report: ReportData) -> str:
     """The first line of every report: memory needed and, with a GPU, fits or not and the largest micro-batch.
 

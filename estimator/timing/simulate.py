@@ -124,16 +124,33 @@ def timeline(gpu_s: Sequence[float], cpu_s: Sequence[float], sync: Sequence[bool
     return max(cpu, gpu), done
 
 
+def _phase_seconds(works: Sequence[OpWork], done: Sequence[float], total: float) -> tuple[float, float, float]:
+    """(forward, backward, optimizer) seconds that add up to ``total``: the timeline split where each phase's
+    last op is done; with gradient accumulation (the phases alternate: forward, backward, forward, ...) each
+    op's share of the timeline (its completion less the previous op's) goes to its phase."""
+    runs = [w.phase for i, w in enumerate(works) if i == 0 or w.phase != works[i - 1].phase]
+    if len(runs) == len(set(runs)):  # each phase one run of ops
+        ends = {}
+        for w, t in zip(works, done):
+            ends[w.phase] = t
+        fwd_end = ends.get("forward", 0.0)
+        bwd_end = max(ends.get("backward", fwd_end), fwd_end)
+        return fwd_end, bwd_end - fwd_end, total - bwd_end
+    share = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+    last = 0.0
+    for w, t in zip(works, done):
+        share[w.phase] = share.get(w.phase, 0.0) + t - last
+        last = t
+    share["optimizer"] += total - last
+    return share["forward"], share["backward"], share["optimizer"]
+
+
 def simulate(works: Sequence[OpWork], model: TimingModel, matmul_tf32: bool = False) -> StepTime:
     """The step time of ``works`` (one training step's ops in execution order) under ``model``."""
     gpu_s = [gpu_seconds(w, model, matmul_tf32) for w in works]
     cpu_s = [cpu_seconds(w, model) for w in works]
     total, done = timeline(gpu_s, cpu_s, [w.sync for w in works])
-    ends = {}
-    for w, t in zip(works, done):
-        ends[w.phase] = t
-    fwd_end = ends.get("forward", 0.0)
-    bwd_end = max(ends.get("backward", fwd_end), fwd_end)
+    forward, backward, optimizer = _phase_seconds(works, done, total)
     ops = [OpTime(i, w.op, w.phase, w.kind, g, c, w.flops, w.bytes)
            for i, (w, g, c) in enumerate(zip(works, gpu_s, cpu_s))]
     flops_by_peak: dict[str, int] = {}
@@ -144,8 +161,8 @@ def simulate(works: Sequence[OpWork], model: TimingModel, matmul_tf32: bool = Fa
             key = precision_of(w, matmul_tf32)[0]
             flops_by_peak[key] = flops_by_peak.get(key, 0) + w.flops
     peak_key = max(flops_by_peak, key=flops_by_peak.get) if flops_by_peak else "fp32"
-    return StepTime(gpu=model.gpu, total=total, forward=fwd_end, backward=bwd_end - fwd_end,
-                    optimizer=total - bwd_end, gpu_busy=sum(gpu_s), host=sum(cpu_s), model_flops=model_flops,
+    return StepTime(gpu=model.gpu, total=total, forward=forward, backward=backward,
+                    optimizer=optimizer, gpu_busy=sum(gpu_s), host=sum(cpu_s), model_flops=model_flops,
                     peak=model.peaks.get(peak_key, 0.0), calibrated=model.calibrated, source=model.source, ops=ops)
 
 
@@ -160,7 +177,8 @@ def _first_step_only(w: OpWork) -> bool:
 
 
 def works_of(obj: Any, steady_state: bool = True) -> list[OpWork]:
-    """OpWork records from a Report, a Capture, OpNodes or OpWork records (in order).
+    """OpWork records from a Report, a Capture, OpNodes or OpWork records (in order); a Capture of
+    ``grad_accum`` micro-steps gives all of them (:meth:`~estimator.capture.Capture.node_order`).
 
     ``steady_state`` drops what only a first step runs: the optimizer's state initialisation
     (``zeros_like`` per state tensor and the step counters), which a capture records because it
@@ -168,7 +186,9 @@ def works_of(obj: Any, steady_state: bool = True) -> list[OpWork]:
     """
     if hasattr(obj, "capture"):
         obj = obj.capture
-    if hasattr(obj, "nodes"):
+    if hasattr(obj, "node_order"):  # a Capture: its whole optimizer step (every micro-step of an accumulation)
+        obj = [obj.nodes[i] for i in obj.node_order()]
+    elif hasattr(obj, "nodes"):
         obj = obj.nodes
     works: list[OpWork] = []
     for item in obj:

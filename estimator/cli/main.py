@@ -1,0 +1,106 @@
+"""Command line: ``estimator estimate SPEC ...``, ``validate``, ``plan``, ``hardware``.
+
+User errors (a bad spec, shape, optimizer; a forward that fails on the given shapes; an
+untraceable model) print one line saying what to fix and exit 2, with no traceback unless
+``--debug``; nothing is written unless the whole command succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Sequence
+
+from ..errors import UserError
+from .estimate import EPILOG_ESTIMATE, run_estimate, run_hardware, run_validate
+from .options import add_common
+from .output import FORMATS
+from .plan import add_plan_parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="estimator",
+        description="Estimate what one training step of a PyTorch model costs before you train: "
+                    "parameters, gradients, optimizer state, saved activations, FLOPs, peak memory.",
+        epilog="run 'estimator estimate --help' for the options, e.g. "
+               "'estimator estimate examples/cruncher.py:build'",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    est = sub.add_parser("estimate", help="estimate one training step (e.g. estimator estimate examples/gpt.py:build)",
+                         description="Capture one training step (forward, loss, backward, optimizer step) on fake "
+                                     "tensors and report its costs.",
+                         epilog=EPILOG_ESTIMATE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common(est)
+    est.add_argument("--format", choices=FORMATS,
+                     help="output format: table, json (schema in docs/json.md), markdown, csv (one row per module) "
+                          "or html (a self-contained page: headline, memory timeline, module tree, summary) "
+                          "(default: from the --output suffix, else table), e.g. --format csv")
+    est.add_argument("--depth", type=int, default=2, metavar="N",
+                     help="module depth of the per-module table (default: 2), e.g. --depth 1")
+    est.add_argument("--output", metavar="FILE",
+                     help="write the report to FILE instead of stdout; the suffix picks the format when --format is "
+                          "not given: .txt (table), .json, .md, .csv, .html or .htm (others are refused), "
+                          "e.g. --output report.html")
+    est.add_argument("--operators", action="store_true",
+                     help="add the per-operator table (FLOPs and bytes saved for backward per aten op) to table, "
+                          "markdown and html; with csv, write one row per operator instead of per module")
+    est.add_argument("--gpu", metavar="NAME",
+                     help="size the step for this GPU (a name or alias from 'estimator hardware', e.g. --gpu H100): "
+                          "the report says whether the step fits in its memory")
+    est.add_argument("--plot", metavar="FILE",
+                     help="draw the live-memory timeline with the peak marked (needs matplotlib); the suffix picks "
+                          "the image type: .png, .svg or .pdf, e.g. --plot mem.png")
+    est.set_defaults(run=run_estimate)
+
+    val = sub.add_parser("validate", help="check an estimate against a live run (e.g. estimator validate "
+                                          "examples/mlp.py:build --device cpu)",
+                         description="Estimate, then run real training iterations on the device and compare: "
+                                     "model states, saved activations, peak memory, FLOPs, step time, MFU. "
+                                     "Exit 0 when every line is within the tolerance, 1 otherwise.",
+                         epilog="examples:\n  estimator validate examples/mlp.py:build --device cpu\n"
+                                "  estimator validate examples/gpt.py:build --precision bf16-mixed --steps 20 "
+                                "--format json",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common(val)
+    val.set_defaults(device=None)
+    val.add_argument("--steps", type=int, default=5, metavar="N",
+                     help="timed iterations after the warm-up (default: 5), e.g. --steps 20")
+    val.add_argument("--tolerance", type=float, default=5.0, metavar="PCT",
+                     help="largest relative error accepted, in percent (default: 5), e.g. --tolerance 1")
+    val.add_argument("--peak-tflops", type=float, metavar="TFLOPS",
+                     help="the device's peak for MFU when it is not in the hardware table, e.g. --peak-tflops 312")
+    val.add_argument("--force", action="store_true", help="run even if the estimated peak exceeds free memory")
+    val.add_argument("--format", default="table", choices=("table", "json"), help="output format, e.g. --format json")
+    val.set_defaults(run=run_validate)
+
+    hw = sub.add_parser("hardware", help="list the GPUs known to the tool (e.g. estimator hardware --format json)",
+                        description="GPUs with memory, bandwidth and dense peak TFLOP/s per dtype "
+                                    "(sources in estimator/hardware.py).")
+    hw.add_argument("--format", default="table", choices=("table", "json", "markdown"),
+                    help="output format, e.g. --format markdown")
+    hw.add_argument("--debug", action="store_true", help="show the full traceback of errors")
+    hw.set_defaults(run=run_hardware)
+
+    add_plan_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                        format="estimator: %(levelname)s: %(message)s", stream=sys.stderr)
+    try:
+        return args.run(args)
+    except UserError as exc:
+        if args.debug:
+            raise
+        print(f"estimator: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("estimator: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,85 @@
+"""Writing what a command made: atomically, only when the whole command succeeded; the format from
+``--format`` or the ``--output`` suffix.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+from ..errors import UserError
+
+
+def write_atomic(path: str, write, suffix: str = ".tmp") -> None:
+    """Call ``write(tmp)`` on a temp file beside ``path``, then rename it into place: never half-written."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise UserError(f"cannot write {path}: directory {directory} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".estimator-", suffix=suffix)
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        os.chmod(tmp, 0o666 & ~umask)  # like any file the user writes, not mkstemp's 0600
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_text(text: str, output: str | None) -> None:
+    """Print, or write FILE atomically."""
+    text = text if text.endswith("\n") else text + "\n"
+    if not output:
+        sys.stdout.write(text)
+        return
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            f.write(text)
+
+    write_atomic(output, write)
+
+
+FORMATS = ("table", "json", "markdown", "csv", "html")
+_SUFFIX_FORMATS = {".txt": "table", ".json": "json", ".md": "markdown", ".markdown": "markdown", ".csv": "csv",
+                   ".html": "html", ".htm": "html"}
+
+
+def pick_format(fmt: str | None, output: str | None) -> str:
+    """--format, else the --output suffix (an unknown suffix is refused), else table."""
+    if fmt:
+        return fmt
+    if output:
+        suffix = os.path.splitext(output)[1].lower()
+        if suffix not in _SUFFIX_FORMATS:
+            raise UserError(f"--output {output}: unknown suffix {suffix or '(none)'!r}; use one of "
+                            f"{', '.join(_SUFFIX_FORMATS)} or give --format")
+        return _SUFFIX_FORMATS[suffix]
+    return "table"
+
+
+def plot_format(path: str) -> str:
+    """The image type ``--plot`` writes, from the suffix; refused (one line) unless matplotlib can write it."""
+    from ..render import PLOT_SUFFIXES, plot_formats
+
+    suffix = os.path.splitext(path)[1].lower()
+    available = plot_formats()
+    if not available:
+        raise UserError("--plot needs matplotlib: pip install 'estimator[plot]'")
+    if suffix not in available:
+        raise UserError(f"--plot {path}: unknown image suffix {suffix or '(none)'!r}; use one of "
+                        f"{', '.join(s for s in PLOT_SUFFIXES if s in available)}")
+    return suffix[1:]
+
+
+def text_width(output: str | None) -> int:
+    """Columns for the text report: the terminal's (COLUMNS first) on stdout, 120 in a file or a pipe."""
+    import shutil
+
+    if output:
+        return 120
+    return max(60, shutil.get_terminal_size((120, 24)).columns)

@@ -1,0 +1,186 @@
+"""``estimator plan``: its options (layouts, budget, links, searches) and what it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from ..errors import UserError
+from .options import add_common, load_model
+from .output import write_text
+from .progress import Progress
+
+
+# -- estimator plan -------------------------------------------------------------------------------------------
+
+EPILOG_PLAN = """examples:
+  estimator plan examples/gpt.py:build --gpu H100 --gpus 8 --strategy fsdp
+  estimator plan hf:llama --set num_hidden_layers=4 --seq 4096 --gpu A100-80GB --gpus 64 --strategy fsdp --tokens 20B
+  estimator plan examples/llama.py:build --gpu H100 --gpus 16 --tp 2 --sequence-parallel --strategy fsdp --steps 10000
+  estimator plan examples/gpt.py:build --gpu H100 --gpus 8 --strategy fsdp --precision fsdp-bf16 --reduce-dtype fp32
+  estimator plan examples/gpt.py:build --gpu L4,H100 --gpus 4,8 --compare --checkpoint Block --format json
+  estimator plan examples/gpt.py:build --gpu A100-40GB --gpus 64 --strategy zero3 --zero-semantics paper
+  estimator plan examples/gpt.py:build --gpu RTX4090 --gpus 2 --strategy zero2 --offload optimizer --solve seq
+"""
+PLAN_PRECISIONS = ("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed", "fsdp-bf16", "fsdp-fp16")
+PLAN_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp")
+_COUNT_SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
+
+
+def parse_count(text: str) -> float:
+    """``300B``, ``1.5T``, ``2e12``, ``10M``, ``500k`` -> a number."""
+    s = str(text).strip().lower().replace("_", "").replace(",", "")
+    mult = 1.0
+    if s and s[-1] in _COUNT_SUFFIX:
+        mult, s = _COUNT_SUFFIX[s[-1]], s[:-1]
+    try:
+        value = float(s) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count; write e.g. 300B, 1.5T, 2e12 or 10000") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
+def _bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("true", "1", "yes"):
+        return True
+    if low in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number or a comma-separated list, e.g. 8 or 8,16") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"{text!r} names no number")
+    return values
+
+
+def add_plan_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``estimator plan`` on ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
+    p = subparsers.add_parser(
+        "plan", help="plan a run on N GPUs: memory per GPU, fits or not, largest batch, time "
+                     "(e.g. estimator plan examples/gpt.py:build --gpu H100 --gpus 8 --strategy fsdp)",
+        description="Plan one training step on a cluster: per-GPU memory under a data-parallel strategy "
+                    "(DDP, FSDP2 and HSDP traced on PyTorch's own engines over a fake process group; ZeRO 1-3 "
+                    "laid out by hand) and tensor parallelism, fits or not, the largest micro-batch that fits, "
+                    "step time and time to train. The SPEC's inputs are ONE GPU's micro-batch.",
+        epilog=EPILOG_PLAN, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common(p, precisions=PLAN_PRECISIONS, default_precision="bf16-mixed", mode=False, precision_help=(
+        "bf16-mixed/fp16-mixed (torch.autocast, fp32 master weights; the default: bf16-mixed, what most "
+        "training runs use); fp32; bf16/fp16 (model cast); fsdp-bf16/fsdp-fp16 (FSDP2's MixedPrecisionPolicy: "
+        "parameters gathered and activations computed in that dtype); with zero1-3 a *-mixed precision is "
+        "DeepSpeed's bf16/fp16 mode (model cast, fp32 master weights), e.g. --precision fsdp-bf16"))
+    p.add_argument("--gpu", required=True, metavar="NAME[,NAME]",
+                   help="the GPU (see 'estimator hardware'); several, comma-separated, plan each in one table, "
+                        "e.g. --gpu H100 or --gpu A100-80GB,H100")
+    p.add_argument("--gpus", type=_ints, default=[1], metavar="N[,N]",
+                   help="number of GPUs (default: 1); several, comma-separated, plan each in one table, "
+                        "e.g. --gpus 64 or --gpus 8,16,32")
+    p.add_argument("--strategy", default="ddp", choices=PLAN_STRATEGIES,
+                   help="data parallelism: ddp, fsdp (FSDP2 fully_shard), hsdp (sharded in a node, replicated "
+                        "across nodes): traced on PyTorch's engines; zero1, zero2, zero3: laid out by hand "
+                        "(default: ddp), e.g. --strategy fsdp")
+    p.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="tensor-parallel degree inside a node (parallelize_module, Megatron's colwise/rowwise "
+                        "pairs) (default: 1), e.g. --tp 2")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="with --tp: sequence parallelism (norms and the residual stream on sequence shards), "
+                        "e.g. --tp 4 --sequence-parallel")
+    p.add_argument("--reduce-dtype", choices=("fp32", "bf16", "fp16"),
+                   help="with --precision fsdp-*: MixedPrecisionPolicy's reduce_dtype (default: the param dtype), "
+                        "e.g. --reduce-dtype fp32")
+    p.add_argument("--wrap", action="append", metavar="CLASS", default=[],
+                   help="FSDP unit class (fully_shard on each instance and on the root); default: the class "
+                        "of the largest list of repeated blocks, e.g. --wrap Block")
+    p.add_argument("--offload", choices=("optimizer", "params"),
+                   help="host memory: zero*: DeepSpeed's ZeRO-Offload (optimizer) or also the parameters "
+                        "(params, zero3); fsdp/hsdp: FSDP2's CPUOffloadPolicy, e.g. --offload optimizer")
+    p.add_argument("--zero-semantics", default="deepspeed", choices=("deepspeed", "paper"),
+                   help="ZeRO accounting: deepspeed (its estimators: fp32 gradient partition, reduce bucket, "
+                        "largest-layer buffer) or paper (Rajbhandari et al. 2020) (default: deepspeed), "
+                        "e.g. --zero-semantics paper")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--tokens", type=parse_count, metavar="N",
+                        help="training budget in tokens (suffixes K M B T), e.g. --tokens 300B")
+    budget.add_argument("--samples", type=parse_count, metavar="N",
+                        help="training budget in samples, e.g. --samples 1.2M")
+    budget.add_argument("--steps", type=parse_count, metavar="N", help="training budget in steps, e.g. --steps 10000")
+    p.add_argument("--mfu", type=float, metavar="F",
+                   help="model FLOPs utilisation to assume for the time to train instead of the traced "
+                        "schedule's step time, e.g. --mfu 0.4")
+    p.add_argument("--solve", action="append", choices=("batch", "seq"), default=[],
+                   help="also solve the longest sequence (seq) that fits; the largest micro-batch (batch) is "
+                        "always solved, e.g. --solve seq")
+    p.add_argument("--compare", action="store_true",
+                   help="one row per strategy, without and with activation checkpointing (of --checkpoint or "
+                        "the wrap class), with the recommended row (the fastest that fits), e.g. --compare")
+    p.add_argument("--gpus-per-node", type=int, default=8, metavar="N",
+                   help="GPUs per node: groups larger than this use the inter-node link (default: 8), "
+                        "e.g. --gpus-per-node 4")
+    p.add_argument("--interconnect", metavar="LINK",
+                   help="link between the GPUs of a node (see estimator/hardware.py LINKS); default from the GPU, "
+                        "e.g. --interconnect nvlink4")
+    p.add_argument("--inter-node", metavar="LINK",
+                   help="link between nodes, per GPU (each GPU's share of its node's NICs); default from the "
+                        "GPU (A100: ib-hdr, H100: ib-ndr), e.g. --inter-node ib-ndr")
+    p.add_argument("--reshard-after-forward", type=_bool, default=True, metavar="BOOL",
+                   help="FSDP: free gathered parameters after forward (true, ZeRO-3-like) or keep them for "
+                        "backward (false, ZeRO-2-like) (default: true), e.g. --reshard-after-forward false")
+    p.add_argument("--rank", type=int, default=0, metavar="R",
+                   help="the rank whose memory is planned (default: 0, which holds the most rows of unevenly "
+                        "split tensors), e.g. --rank 7")
+    p.add_argument("--format", default="table", choices=("table", "json", "markdown"),
+                   help="output format, e.g. --format json")
+    p.add_argument("--output", metavar="FILE", help="write to FILE instead of stdout, e.g. --output plan.json")
+    p.set_defaults(run=run_plan)
+    return p
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """The ``plan`` subcommand: a plan (or a table of plans) whatever the verdict, exit 0; user errors
+    raise :class:`UserError` (one line, exit 2)."""
+    from ..plan import Planner
+
+    if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
+        raise UserError(f"cannot write {args.output}: directory {os.path.dirname(os.path.abspath(args.output))} "
+                        f"does not exist")
+    gpus_names = [g.strip() for g in args.gpu.split(",") if g.strip()]
+    if not gpus_names:
+        raise UserError("--gpu names no GPU, e.g. --gpu H100")
+    steps = int(args.steps) if args.steps is not None else None
+    with Progress() as progress:
+        progress.set("building the model")
+        loaded = load_model(args)
+        planner = Planner(loaded.model, loaded.inputs, gpu=gpus_names[0], optimizer=args.optimizer,
+                          loss_fn=loaded.loss_fn, precision=args.precision, reduce_dtype=args.reduce_dtype,
+                          wrap=args.wrap or None, device=args.device, gpus_per_node=args.gpus_per_node,
+                          interconnect=args.interconnect, inter_node=args.inter_node,
+                          zero_semantics=args.zero_semantics, model_name=loaded.title, progress=progress,
+                          keep_output=args.keep_output, grad_accum=args.grad_accum,
+                          checkpoint_policy=args.checkpoint_policy)
+        budget = dict(tokens=args.tokens, samples=args.samples, steps=steps, mfu=args.mfu)
+        if args.compare or len(gpus_names) > 1 or len(args.gpus) > 1:
+            result = planner.compare(args.gpus, strategies=None if args.compare else [args.strategy], tp=args.tp,
+                                     sequence_parallel=args.sequence_parallel, checkpoint=args.checkpoint or None,
+                                     offload=args.offload, gpu=gpus_names, with_checkpointing=args.compare,
+                                     **budget)
+        else:
+            result = planner.plan(args.strategy, args.gpus[0], tp=args.tp, sequence_parallel=args.sequence_parallel,
+                                  checkpoint=args.checkpoint or None, offload=args.offload,
+                                  solve=("batch", *args.solve), reshard_after_forward=args.reshard_after_forward,
+                                  rank=args.rank, **budget)
+        progress.set("writing the plan")
+        if args.format == "json":
+            text = json.dumps(result.to_dict(), indent=2)
+        else:
+            text = result.render("github" if args.format == "markdown" else "simple")
+    write_text(text, args.output)
+    return 0

@@ -1,0 +1,71 @@
+"""The functions others call: :func:`plan` (one layout) and :func:`compare` (layouts side by side),
+each a :class:`~estimator.plan.planner.Planner` for one question."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from ..capture import Progress
+from ..hardware import GPU
+from .planner import Planner
+from .report import Comparison, Plan
+
+
+def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, strategy: str = "ddp", tp: int = 1,
+         sequence_parallel: bool = False, optimizer: Any = "adamw", optimizer_kwargs: Mapping[str, Any] | None = None,
+         loss_fn=None, precision: str = "bf16-mixed", reduce_dtype: str | None = None, checkpoint: Any = None,
+         offload: str | None = None, wrap: Any = None, tokens: float | None = None, samples: float | None = None,
+         steps: int | None = None, mfu: float | None = None, solve: Sequence[str] | str = ("batch",),
+         gpus_per_node: int = 8, interconnect: str | None = None, inter_node: str | None = None,
+         zero_semantics: str = "deepspeed", reshard_after_forward: bool = True, device: str = "cuda", rank: int = 0,
+         confirm: bool = True, model_name: str | None = None, progress: Progress | None = None,
+         trace: str = "auto", solve_unfit: bool = False, keep_output: bool = False, grad_accum: int = 1,
+         checkpoint_policy: Any = "full") -> Plan:
+    """Plan a training step of ``model`` on ``gpus`` GPUs called ``gpu`` with ``strategy``.
+
+    ``inputs`` are one GPU's micro-batch.  ``ddp``, ``fsdp`` and ``hsdp`` (with ``tp`` tensor
+    parallelism) are traced on PyTorch's own engines over a fake process group; ZeRO stages
+    ``zero1``-``zero3`` are laid out by hand (``zero_semantics``: ``"deepspeed"`` or ``"paper"``).
+    Returns a :class:`~estimator.plan.results.Plan`: per-GPU memory of rank ``rank`` (rows that add up
+    to the peak), fits or not (and the smallest layouts that fit when not), the largest micro-batch
+    (``solve`` may add ``"seq"``; searched when the given size fits, or always with ``solve_unfit``),
+    step time from the traced schedule, time to train for the budget.
+    ``precision`` (default ``bf16-mixed``): see :func:`~estimator.plan.layout.parse_plan_precision`.
+    ``device="cpu"`` plans exact bytes without CUDA rounding (tests).  ``trace``: as
+    :func:`estimator.estimate`'s (``"auto"``, ``"fake"`` or ``"real"``).  The training loop as
+    :func:`estimator.estimate` takes it: ``keep_output``, ``grad_accum`` (micro-batches per optimizer step:
+    the gradient sync on the last only, as DDP's ``no_sync`` and FSDP2's ``set_requires_gradient_sync``
+    run it; the global batch is micro-batch x data-parallel ranks x ``grad_accum``) and
+    ``checkpoint_policy`` for the ``checkpoint`` classes.  Raises
+    :class:`~estimator.errors.UserError` for impossible combinations.
+    """
+    planner = Planner(model, inputs, gpu=gpu, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs,
+                      loss_fn=loss_fn, precision=precision, reduce_dtype=reduce_dtype, wrap=wrap, device=device,
+                      gpus_per_node=gpus_per_node, interconnect=interconnect, inter_node=inter_node,
+                      zero_semantics=zero_semantics, model_name=model_name, progress=progress, trace=trace,
+                      keep_output=keep_output, grad_accum=grad_accum, checkpoint_policy=checkpoint_policy)
+    return planner.plan(strategy, gpus, tp=tp, sequence_parallel=sequence_parallel, checkpoint=checkpoint,
+                        offload=offload, tokens=tokens, samples=samples, steps=steps, mfu=mfu, solve=solve,
+                        reshard_after_forward=reshard_after_forward, rank=rank, confirm=confirm,
+                        solve_unfit=solve_unfit)
+
+
+def compare(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU | Sequence[str | GPU],
+            gpus: int | Sequence[int], strategies: Sequence[str] | None = None, tp: int = 1,
+            optimizer: Any = "adamw", loss_fn=None, precision: str = "bf16-mixed", checkpoint: Any = None,
+            offload: str | None = None, wrap: Any = None, tokens=None, samples=None, steps=None, mfu=None,
+            gpus_per_node: int = 8, interconnect: str | None = None, inter_node: str | None = None,
+            zero_semantics: str = "deepspeed", device: str = "cuda", confirm: bool = False,
+            model_name: str | None = None, progress: Progress | None = None, keep_output: bool = False,
+            grad_accum: int = 1, checkpoint_policy: Any = "full") -> Comparison:
+    """Plans side by side: strategies x (no checkpointing, checkpointing) for each GPU type and count,
+    with the recommended row (the fastest that fits)."""
+    gpu_list = [gpu] if isinstance(gpu, (str, GPU)) else list(gpu)
+    planner = Planner(model, inputs, gpu=gpu_list[0], optimizer=optimizer, loss_fn=loss_fn, precision=precision,
+                      wrap=wrap, device=device, gpus_per_node=gpus_per_node, interconnect=interconnect,
+                      inter_node=inter_node, zero_semantics=zero_semantics, model_name=model_name, progress=progress,
+                      keep_output=keep_output, grad_accum=grad_accum, checkpoint_policy=checkpoint_policy)
+    return planner.compare(gpus, strategies=strategies, tp=tp, checkpoint=checkpoint, offload=offload, tokens=tokens,
+                           samples=samples, steps=steps, mfu=mfu, confirm=confirm, gpu=gpu_list)
