@@ -181,16 +181,16 @@ def estimate(
             report.max_batch_note = "not searched: the largest batch is planned for training steps only"
         else:
             progress("finding the largest micro-batch")
-            report.max_batch, report.max_batch_note = _largest_batch(
+            report.max_batch, report.max_batch_note, report.max_batch_margin = _largest_batch(
                 model, inputs, target_gpu, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs, loss_fn=loss_fn,
                 precision=options.precision.name, trace=trace, keep_output=options.keep_output, grad_accum=grad_accum)
     return report
 
 
-def _largest_batch(model, inputs, gpu: GPU, **kwargs: Any) -> tuple[int | None, str | None]:
+def _largest_batch(model, inputs, gpu: GPU, **kwargs: Any) -> tuple[int | None, str | None, int | None]:
     """The largest micro-batch that fits on one ``gpu`` (:func:`estimator.plan.plan`, DDP on one GPU),
-    searched whether or not the given batch fits; or None and why not ("not searched: ...", or
-    "over ...")."""
+    searched whether or not the given batch fits, with the bytes to spare at it when it was traced there;
+    or None and why not ("not searched: ...", or "over ...")."""
     import logging
 
     from .plan import plan
@@ -204,11 +204,15 @@ def _largest_batch(model, inputs, gpu: GPU, **kwargs: Any) -> tuple[int | None, 
     try:
         p = plan(model, inputs, gpu=gpu, gpus=1, strategy="ddp", solve_unfit=True, **kwargs)
     except DataDependentError:  # the search traces the engine on fake tensors only
-        return None, "not searched: the model reads tensor values in its forward, and the search traces on fake tensors"
+        return None, "not searched: the model reads tensor values in its forward, and the search traces on fake tensors", None
     except UserError as exc:
-        return None, f"not searched: {exc}"
+        return None, f"not searched: {exc}", None
     finally:
         tally_log.removeFilter(once)
     if p.batch is None:
-        return None, "not searched: the batch size cannot be varied for this model's inputs"
-    return p.batch.value, p.batch.reason
+        return None, "not searched: the batch size cannot be varied for this model's inputs", None
+    from .memory import needed_for_peak
+
+    at = p.batch.peak_at_answer
+    margin = gpu.capacity - needed_for_peak(at) if at and p.batch.value else None
+    return p.batch.value, p.batch.reason, margin

@@ -122,6 +122,7 @@ class ReportData:
     # the largest micro-batch that fits on ``gpu`` (estimator.plan, one GPU, DDP), or None with the reason
     max_batch: int | None = None
     max_batch_note: str | None = None
+    max_batch_margin: int | None = None  # bytes to spare on ``gpu`` at ``max_batch`` (traced there)
     # predicted step time on ``gpu`` (estimator.timing; CUDA targets sized for a GPU), else None
     step_time: Any = None
 
@@ -207,7 +208,7 @@ class ReportData:
             return None
         return {"gpu": self.gpu.name, "capacity": self.gpu.capacity, "needed": self.needed, "fits": self.fits,
                 "margin": self.gpu.capacity - self.needed, "max_batch": self.max_batch,
-                "max_batch_note": self.max_batch_note}
+                "max_batch_note": self.max_batch_note, "max_batch_margin": self.max_batch_margin}
 
     @property
     def quantized(self) -> list[QuantizedWhatIf]:

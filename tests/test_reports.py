@@ -46,14 +46,23 @@ def test_headline_says_what_the_gpu_needs_whether_it_fits_and_the_largest_batch(
 
     model, inputs, loss_fn = zoo.gpt()
     # (the estimate's precision, fp32: the planner's own default is bf16-mixed)
-    expected_batch = plan(model, inputs, gpu="L4", gpus=1, strategy="ddp", loss_fn=loss_fn, precision="fp32").max_batch
+    p = plan(model, inputs, gpu="L4", gpus=1, strategy="ddp", loss_fn=loss_fn, precision="fp32")
+    expected_batch = p.max_batch
     assert r.max_batch == expected_batch and expected_batch > 2  # the model is tiny: many fit on an L4
     line = r.headline()
     assert fmt_bytes(needed) in line and fmt_bytes(r.memory.peak) in line and "L4" in line
     assert f"largest micro-batch {expected_batch}" in line and (" fits on " in line) == r.fits
     fit = r.to_dict()["fit"]
+    margin = fit.pop("max_batch_margin")
     assert fit == {"gpu": "L4", "capacity": lookup("L4").capacity, "needed": needed, "fits": r.fits,
                    "margin": lookup("L4").capacity - needed, "max_batch": expected_batch, "max_batch_note": None}
+    # the bytes to spare at the largest batch: some, and fewer than one more sample would need (the plan's
+    # traces at the answer and the next size: peak + 500 MiB context + 2.5 % fragmentation each)
+    from estimator.memory import needed_for_peak
+
+    assert margin == lookup("L4").capacity - needed_for_peak(p.batch.peak_at_answer) >= 0
+    assert needed_for_peak(p.batch.peak_at_next) - needed_for_peak(p.batch.peak_at_answer) > margin
+    assert f"largest micro-batch {expected_batch} ({fmt_bytes(margin)} to spare at that size)" in line
     # first line of every format
     assert r.render().splitlines()[2] == line
     assert r.to_markdown().splitlines()[2] == f"**{line}**"

@@ -20,7 +20,7 @@ from ..capture import StepOptions, capture
 from ..capture.checkpoint import parse_policy, resolve_classes
 from ..errors import UserError
 from ..hardware import GPU, gpu_links, link, lookup
-from ..memory import CUDA_RESERVE, FRAGMENTATION, simulate
+from ..memory import CUDA_RESERVE, FRAGMENTATION, needed_for_peak, simulate
 from ..rules.registry import MATMUL
 from ..tally import tally
 from ..target import CudaTarget
@@ -217,7 +217,8 @@ class Planner:
         return out
 
     def needed(self, peak: int) -> int:
-        return peak + sum(self.reserve(peak).values())
+        """The card's bytes a step of this allocator ``peak`` needs (:func:`estimator.memory.needed_for_peak`)."""
+        return needed_for_peak(peak)
 
     # -- searches -----------------------------------------------------------------------------------------
     def solve(self, what: str, layout: Layout, checkpoint: tuple[type, ...], gpu: GPU, confirm: bool = True) -> Solve:

@@ -119,6 +119,8 @@ def headline(report: ReportData) -> str:
     if report.max_batch is not None:
         text += ("; no micro-batch fits on one GPU (estimator plan shards it over several)" if report.max_batch == 0
                  else f"; largest micro-batch {report.max_batch}")
+        if report.max_batch and report.max_batch_margin is not None:
+            text += f" ({fmt_bytes(report.max_batch_margin)} to spare at that size)"
     elif report.max_batch_note and training(report):
         text += f"; largest micro-batch {report.max_batch_note}"  # "not searched: ..." or "over ..."
     return text
