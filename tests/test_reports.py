@@ -61,7 +61,8 @@ def test_headline_says_what_the_gpu_needs_whether_it_fits_and_the_largest_batch(
     from estimator.memory import needed_for_peak
 
     assert margin == lookup("L4").capacity - needed_for_peak(p.batch.peak_at_answer) >= 0
-    assert needed_for_peak(p.batch.peak_at_next) - needed_for_peak(p.batch.peak_at_answer) > margin
+    if p.batch.confirmed:  # traced at the answer (fits) and the next size (does not)
+        assert needed_for_peak(p.batch.peak_at_next) - needed_for_peak(p.batch.peak_at_answer) > margin
     assert f"largest micro-batch {expected_batch} ({fmt_bytes(margin)} to spare at that size)" in line
     # first line of every format
     assert r.render().splitlines()[2] == line
