@@ -1,0 +1,92 @@
+"""Repeated blocks: the stack of identical layers most models are made of (a transformer's decoder
+layers, a ResNet stage's bottlenecks), found so that the capture traces a few of them and replicates
+the rest (:mod:`.replicate`).
+
+A stack qualifies when it is an ``nn.ModuleList`` or ``nn.Sequential`` of at least
+:data:`MIN_BLOCKS` distinct modules of one class with the same submodule tree, the same parameter and
+buffer names, shapes, dtypes and ``requires_grad``.  That the blocks also *run* alike (no
+behaviour depending on the layer index, such as alternating sliding-window layers) is not assumed
+here: the replication checks it on the traced records and falls back to a full trace when it does
+not hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator
+
+from torch import nn
+
+MIN_BLOCKS = 6  # fewer: a full trace costs little more than the traced head plus four blocks
+TRACED_BLOCKS = 4  # the first, two in the middle (one to copy, one to check it against), the last
+
+
+@dataclass(frozen=True)
+class Repeats:
+    """A stack of ``count`` identical blocks at ``path`` (``"model.layers"``)."""
+
+    path: str
+    count: int
+
+    def block_of(self, name: str) -> tuple[int, str] | None:
+        """(block index, the rest of the name) of a module path or parameter name inside the stack:
+        ``"model.layers.3.mlp.up_proj.weight"`` -> ``(3, "mlp.up_proj.weight")``; None outside it."""
+        prefix = self.path + "." if self.path else ""
+        if not name.startswith(prefix):
+            return None
+        head, _, rest = name[len(prefix):].partition(".")
+        return (int(head), rest) if head.isdigit() else None
+
+    def renamed(self, name: str, index: int) -> str:
+        """``name`` moved to block ``index`` (a name inside the stack; others unchanged)."""
+        hit = self.block_of(name)
+        if hit is None:
+            return name
+        prefix = self.path + "." if self.path else ""
+        return f"{prefix}{index}" + (f".{hit[1]}" if hit[1] else "")
+
+
+def _signature(block: nn.Module) -> tuple:
+    return (type(block),
+            tuple((n, type(m)) for n, m in block.named_modules()),
+            tuple((n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in block.named_parameters()),
+            tuple((n, tuple(b.shape), b.dtype) for n, b in block.named_buffers()))
+
+
+def find_repeats(model: nn.Module, minimum: int = MIN_BLOCKS) -> Repeats | None:
+    """The stack of identical blocks holding the most parameters, or None."""
+    best: tuple[int, Repeats] | None = None
+    for path, mod in model.named_modules():
+        if not isinstance(mod, (nn.ModuleList, nn.Sequential)) or len(mod) < minimum:
+            continue
+        if list(mod._modules) != [str(i) for i in range(len(mod))]:
+            continue
+        kids = list(mod._modules.values())
+        if len({id(k) for k in kids}) != len(kids) or any(k is None for k in kids):
+            continue  # one module called several times (shared weights): nothing to replicate
+        first = _signature(kids[0])
+        if any(_signature(k) != first for k in kids[1:]):
+            continue
+        size = sum(p.numel() for p in mod.parameters())
+        if best is None or size > best[0]:
+            best = (size, Repeats(path, len(kids)))
+    return best[1] if best is not None else None
+
+
+@contextlib.contextmanager
+def truncated(model: nn.Module, repeats: Repeats, keep: int = TRACED_BLOCKS) -> Iterator[None]:
+    """The model with only the first ``keep`` blocks of the stack (the same module objects), put back
+    on exit."""
+    parent_path, _, attr = repeats.path.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    original = parent._modules[attr]
+    kids = list(original._modules.values())[:keep]
+    short = nn.Sequential(*kids) if isinstance(original, nn.Sequential) else nn.ModuleList(kids)
+    short.__class__ = type(original)  # a subclass of ModuleList / Sequential keeps its own forward
+    short.__dict__.update({k: v for k, v in original.__dict__.items() if k not in short.__dict__})
+    parent._modules[attr] = short
+    try:
+        yield
+    finally:
+        parent._modules[attr] = original

@@ -1,0 +1,684 @@
+"""A step of ``L`` identical blocks from a trace of four of them: the records of a middle block
+copied ``L - 4`` times, as a trace of the whole model would have recorded them.
+
+A model's step runs its stack of identical blocks (:mod:`.blocks`) as the same op sequence, block
+after block in forward and in reverse in backward; everything a block makes or reads is either
+its own (its parameters, what its ops produce), a neighbour's at a fixed distance (the residual
+stream it takes from the block before, the gradient it takes from the block after, an engine's
+prefetch of the next block's parameters) or shared by all (position embeddings, the attention
+mask).  So the capture traces the first four blocks and builds the step of all ``L``:
+
+* each record, storage and event of a block's segments (its forward ops, with the gap before them:
+  an engine's all-gather; its backward ops, likewise) is described relative to the block: "the
+  k-th storage made in my forward", "my parameter ``mlp.up.weight``", "the j-th record of the
+  previous block's forward", or an absolute reference to something shared;
+* the two middle blocks (1 and 2) must have the same descriptions, op for op and event for event,
+  else nothing is replicated (a full trace is taken instead): that is the proof that a block's
+  step does not depend on its index;
+* block 2's segments are copied ``L - 4`` times between block 2 and block 3, each reference
+  resolved against the copy's own neighbours; the last block now reads from the last copy; the
+  optimizer's per-parameter ops of block 2 are copied likewise, and its multi-tensor (foreach)
+  ops get the copies' tensors in their lists;
+* storage ids are renumbered in order of allocation and records renamed in order, as a full trace
+  numbers them.
+
+The result is a :class:`~.options.Capture` indistinguishable from the full trace's for everything
+downstream (tallies, memory, the caching allocator, timing, the planner's schedule); the tests
+compare every number of both on models small enough to trace in full.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+
+from ..graph import OpNode
+from .blocks import Repeats
+from .options import Capture
+
+_PARAM_KINDS = ("param_", "buffer_")
+
+
+class NotReplicable(Exception):
+    """The traced blocks do not run alike (or the trace has a shape the replication does not handle)."""
+
+
+class _Layout:
+    """Which block each record, storage and event of a capture of ``n`` blocks belongs to."""
+
+    def __init__(self, cap: Capture, repeats: Repeats, n: int):
+        self.cap, self.repeats, self.n = cap, repeats, n
+        self.index = {id(node): i for i, node in enumerate(cap.nodes)}
+        self.segment_of_node: list[tuple | None] = [None] * len(cap.nodes)
+        self._segments()
+        self.segment_of_record: dict[int, tuple | None] = {}
+        self.records_of: dict[tuple, list[OpNode]] = {}
+        for r in cap.records:
+            if r.op == "placeholder":
+                continue
+            src = r.args[0] if r.target is operator.getitem and r.args and isinstance(r.args[0], OpNode) else r
+            seg = self.segment_of_node[self.index[id(src)]] if id(src) in self.index else None
+            self.segment_of_record[id(r)] = seg
+            if seg is not None:
+                self.records_of.setdefault(seg, []).append(r)
+        self._owners()
+        if self._optimizer_runs():  # per-block runs of optimizer ops: their records and storages too
+            self._owners()
+
+    # -- segments ---------------------------------------------------------------------------------
+    def _block(self, node: OpNode) -> int | None:
+        hit = self.repeats.block_of(node.meta.get("module", ""))
+        return hit[0] if hit is not None else None
+
+    def _segments(self) -> None:
+        """Forward: block k's segment runs from after block k-1's last op to its own last op; backward
+        likewise in reverse block order; optimizer: runs of ops on one block's tensors."""
+        cap, n = self.cap, self.n
+        fwd: dict[int, list[int]] = {}
+        bwd: dict[int, list[int]] = {}
+        for i, node in enumerate(cap.nodes):
+            if node.meta.get("micro_step"):
+                raise NotReplicable("gradient accumulation")
+            b = self._block(node)
+            if b is None:
+                continue
+            phase = node.meta.get("phase")
+            (bwd if phase == "backward" else fwd if phase in ("forward", "loss") else {}).setdefault(b, []).append(i)
+        if sorted(fwd) != list(range(n)):
+            raise NotReplicable("a block runs no forward op")
+        self.training = bool(bwd)
+        if self.training and sorted(bwd) != list(range(n)):
+            raise NotReplicable("a block runs no backward op")
+        for k in range(n):
+            start = fwd[k][0] if k == 0 else fwd[k - 1][-1] + 1
+            if k and fwd[k][0] <= fwd[k - 1][-1]:
+                raise NotReplicable("blocks interleave in forward")
+            for i in range(start, fwd[k][-1] + 1):
+                self.segment_of_node[i] = ("fwd", k)
+        for k in reversed(range(n)) if self.training else ():
+            start = bwd[k][0] if k == n - 1 else bwd[k + 1][-1] + 1
+            if k < n - 1 and bwd[k][0] <= bwd[k + 1][-1]:
+                raise NotReplicable("blocks interleave in backward")
+            for i in range(start, bwd[k][-1] + 1):
+                if self.segment_of_node[i] is not None:
+                    raise NotReplicable("forward and backward segments overlap")
+                self.segment_of_node[i] = ("bwd", k)
+
+    def _blocks_read(self, node: OpNode) -> set[int]:
+        found: set[int] = set()
+
+        def visit(v: Any) -> None:
+            if isinstance(v, OpNode):
+                owner = self.rec_owner.get(id(v))
+                if owner is not None:
+                    found.add(owner[0])
+            elif isinstance(v, (list, tuple)):
+                for x in v:
+                    visit(x)
+            elif isinstance(v, dict):
+                for x in v.values():
+                    visit(x)
+
+        visit(node.args)
+        visit(node.kwargs)
+        return found
+
+    def _optimizer_runs(self) -> bool:
+        """Optimizer ops on one block's tensors (a parameter's state made, a per-parameter update) as the
+        segment ("opt", block): from after block b-1's last such op to block b's last (so a state made
+        from no tensor, ``torch.tensor(0.)`` for a step count, goes with the parameter after it).  Ops on
+        several blocks' tensors (foreach) stay shared; their lists are extended."""
+        single: dict[int, list[int]] = {}
+        owner_of: dict[int, int | None] = {}
+        for i, node in enumerate(self.cap.nodes):
+            if node.meta.get("phase") != "optimizer" or self.segment_of_node[i] is not None:
+                continue
+            blocks = self._blocks_read(node)
+            owner_of[i] = blocks.pop() if len(blocks) == 1 else (-1 if blocks else None)
+            if owner_of[i] is not None and owner_of[i] >= 0:
+                single.setdefault(owner_of[i], []).append(i)
+        if not single:
+            return False
+        if sorted(single) != list(range(self.n)):
+            raise NotReplicable("the optimizer runs no op on some block's tensors")
+        for b in range(self.n):
+            start = single[b][0] if b == 0 else single[b - 1][-1] + 1
+            span = range(start, single[b][-1] + 1)
+            if any(owner_of.get(i, b) not in (b, None) for i in span):
+                raise NotReplicable(f"the optimizer's ops on block {b} are not one run")
+            for i in span:
+                self.segment_of_node[i] = ("opt", b)
+        for r in self.cap.records:
+            if r.op != "placeholder" and self.segment_of_record.get(id(r)) is None:
+                src = r.args[0] if r.target is operator.getitem and r.args and isinstance(r.args[0], OpNode) else r
+                seg = self.segment_of_node[self.index[id(src)]] if id(src) in self.index else None
+                if seg is not None:
+                    self.segment_of_record[id(r)] = seg
+                    self.records_of.setdefault(seg, []).append(r)
+        return True
+
+    def nodes_of(self, kind: str, block: int) -> list[int]:
+        return [i for i, seg in enumerate(self.segment_of_node) if seg == (kind, block)]
+
+    # -- owners -----------------------------------------------------------------------------------
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(k for k in ("fwd", "bwd", "opt") if any(seg is not None and seg[0] == k
+                                                             for seg in self.segment_of_node))
+
+    def _owners(self) -> None:
+        """``rec_owner`` (id of a record -> (block, role)) and ``sid_owner`` (storage id -> (block, role))."""
+        cap = self.cap
+        self.rec_owner: dict[int, tuple[int, tuple]] = {}
+        self.sid_owner: dict[int, tuple[int, tuple]] = {}
+        first_event: dict[int, int] = {}
+        for index, sid, delta in cap.events:
+            if delta > 0 and sid not in first_event:
+                first_event[sid] = index
+        for r in cap.records:
+            if r.op != "placeholder":
+                continue
+            name = str(r.target)
+            kind = next((k for k in _PARAM_KINDS if name.startswith(k)), None)
+            hit = self.repeats.block_of(name[len(kind):]) if kind else None
+            if hit is not None:
+                role = (kind, hit[1])
+                self.rec_owner[id(r)] = (hit[0], role)
+                self.sid_owner[r.meta["storage"][0]] = (hit[0], role)
+        made: dict[tuple, int] = {}
+        for index, sid, delta in cap.events:  # storages made in a segment, in order of allocation
+            if delta > 0 and first_event.get(sid) == index and sid not in self.sid_owner and index >= 0:
+                seg = self.segment_of_node[index]
+                if seg is not None:
+                    k = made.get(seg, 0)
+                    made[seg] = k + 1
+                    self.sid_owner[sid] = (seg[1], (seg[0], "sid", k))
+        for seg, records in self.records_of.items():
+            for k, r in enumerate(records):
+                self.rec_owner[id(r)] = (seg[1], (seg[0], "rec", k))
+        self._shared_constants()
+        self.first_event = first_event
+
+    def _shared_constants(self) -> None:
+        """Constants: tensors the model holds outside its parameters and buffers (a rotary table), or that
+        an op meets without having made them (the alias autograd hands back of a saved one), recorded as
+        placeholders when an op first reads them.  Such a record belongs to the block whose op first read
+        it (so each copy gets its own, as a full trace would make one per block), unless several blocks read
+        the same record (then it is shared); its storage is shared when several blocks read it."""
+        readers: dict[int, set[int]] = {}  # constant record -> blocks reading it
+        first: dict[int, tuple] = {}  # constant record -> the segment of its first reader
+        storage_readers: dict[int, set[int]] = {}
+
+        def visit(v: Any, seg: tuple) -> None:
+            if isinstance(v, OpNode):
+                if v.op == "placeholder" and v.meta.get("kind") == "constant":
+                    readers.setdefault(id(v), set()).add(seg[1])
+                    first.setdefault(id(v), seg)
+                    storage_readers.setdefault(v.meta["storage"][0], set()).add(seg[1])
+            elif isinstance(v, (list, tuple)):
+                for x in v:
+                    visit(x, seg)
+            elif isinstance(v, dict):
+                for x in v.values():
+                    visit(x, seg)
+
+        for r in self.cap.records:
+            seg = self.segment_of_record.get(id(r))
+            if seg is not None:
+                visit(r.args, seg)
+                visit(r.kwargs, seg)
+        counts: dict[tuple, int] = {}
+        for r in self.cap.records:
+            if r.op != "placeholder" or r.meta.get("kind") != "constant" or id(r) not in first:
+                continue
+            if len(readers[id(r)]) == 1:
+                seg = first[id(r)]
+                k = counts.get(seg, 0)
+                counts[seg] = k + 1
+                self.rec_owner[id(r)] = (seg[1], (seg[0], "const", k))
+            sid = r.meta["storage"][0]
+            if len(storage_readers.get(sid, ())) > 1:
+                self.sid_owner.pop(sid, None)
+
+
+
+def _describe(value: Any, block: int | None, layout: _Layout) -> Any:
+    """A value of a record's arguments with every record replaced by its description relative to
+    ``block`` (None: absolute)."""
+    if isinstance(value, OpNode):
+        owner = layout.rec_owner.get(id(value))
+        if owner is None or block is None:
+            if value.op == "placeholder" and value.meta.get("kind") == "constant":
+                return ("const", _sid_description(value.meta["storage"][0], block, layout))
+            return ("abs", id(value))
+        return ("rel", owner[0] - block, owner[1])
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_describe(v, block, layout) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((k, _describe(v, block, layout)) for k, v in value.items()))
+    return ("value", repr(value))
+
+
+def _sid_description(sid: int, block: int | None, layout: _Layout) -> tuple:
+    owner = layout.sid_owner.get(sid)
+    if owner is None or block is None:
+        return ("abs", sid)
+    return ("rel", owner[0] - block, owner[1])
+
+
+def _record_description(r: OpNode, block: int, layout: _Layout) -> tuple:
+    meta = r.meta
+    module = meta.get("module", "")
+    hit = layout.repeats.block_of(module)
+    rel_module = ("block", hit[0] - block, hit[1]) if hit is not None else ("abs", module)
+    fwd = meta.get("forward_node")
+    return (r.op, str(r.target), _describe(r.args, block, layout), _describe(r.kwargs, block, layout), rel_module,
+            str(meta.get("phase")), meta.get("spec"), meta.get("stride"), "stream" in meta,
+            tuple(_sid_description(s, block, layout) for s in meta.get("storage", ())),
+            _describe(fwd, block, layout) if fwd is not None else None)
+
+
+def check_alike(layout: _Layout, a: int, b: int) -> None:
+    """Blocks ``a`` and ``b`` run alike: their segments' records, storages and events have the same
+    descriptions relative to each block; and what happens to their storages outside the block
+    segments happens at the same places.  Raises :class:`NotReplicable` otherwise."""
+    cap = layout.cap
+    for kind in layout.kinds():
+        ra, rb = layout.records_of.get((kind, a), []), layout.records_of.get((kind, b), [])
+        if len(ra) != len(rb):
+            raise NotReplicable(f"{kind} segments of blocks {a} and {b} differ in length")
+        for x, y in zip(ra, rb):
+            if _record_description(x, a, layout) != _record_description(y, b, layout):
+                raise NotReplicable(f"{kind} ops of blocks {a} and {b} differ: {x.format_node()}")
+    events: dict[int, list] = {}
+    for index, sid, delta in cap.events:
+        events.setdefault(index, []).append((sid, delta))
+    for kind in layout.kinds():
+        for i, j in zip(layout.nodes_of(kind, a), layout.nodes_of(kind, b)):
+            ea = [(_sid_description(s, a, layout), d) for s, d in events.get(i, ())]
+            eb = [(_sid_description(s, b, layout), d) for s, d in events.get(j, ())]
+            if ea != eb:
+                raise NotReplicable(f"events of blocks {a} and {b} differ at {cap.nodes[i].format_node()}")
+    outside: dict[int, list] = {a: [], b: []}
+    for index, sid, delta in cap.events:
+        owner = layout.sid_owner.get(sid)
+        if owner is None or owner[0] not in outside:
+            continue
+        if index < 0 or layout.segment_of_node[index] is None:
+            outside[owner[0]].append((index, owner[1], delta))
+    if sorted(outside[a], key=repr) != sorted(outside[b], key=repr):
+        raise NotReplicable(f"storages of blocks {a} and {b} live differently outside the blocks")
+
+
+class _Expansion:
+    """The capture of ``count`` blocks built from a capture of ``n`` (see the module docstring): block
+    ``t = n - 2`` is copied ``m = count - n`` times between itself and block ``t + 1``."""
+
+    def __init__(self, layout: _Layout, count: int):
+        cap, n = layout.cap, layout.n
+        self.layout, self.cap = layout, cap
+        self.t, self.m = n - 2, count - n
+        self.repeats = layout.repeats
+        self.orig_rec: dict[tuple, OpNode] = {}
+        for r in cap.records:
+            owner = layout.rec_owner.get(id(r))
+            if owner is not None:
+                self.orig_rec[owner] = r
+        self.orig_sid = {owner: sid for sid, owner in layout.sid_owner.items()}
+        self.copy_rec: dict[tuple, OpNode] = {}
+        self.copy_sid: dict[tuple, int] = {}
+        self.sizes = list(cap.storage_bytes)
+        self.dtypes = list(cap.storage_dtype)
+
+    # -- block numbers ----------------------------------------------------------------------------------
+    def expanded(self, b: int) -> int:
+        return b if b <= self.t else b + self.m
+
+    def _copy(self, e: int) -> bool:
+        return self.t < e <= self.t + self.m
+
+    def _original(self, e: int) -> int:
+        return e if e <= self.t else e - self.m
+
+    # -- resolving descriptions ------------------------------------------------------------------------
+    def sid(self, e: int, role: tuple) -> int:
+        if not self._copy(e):
+            return self.orig_sid[(self._original(e), role)]
+        key = (e, role)
+        if key not in self.copy_sid:
+            template = self.orig_sid[(self.t, role)]
+            self.copy_sid[key] = len(self.sizes)
+            self.sizes.append(self.sizes[template])
+            self.dtypes.append(self.dtypes[template])
+        return self.copy_sid[key]
+
+    def record(self, e: int, role: tuple) -> OpNode:
+        if not self._copy(e):
+            return self.orig_rec[(self._original(e), role)]
+        key = (e, role)
+        if key not in self.copy_rec:
+            if role[0] in _PARAM_KINDS or role[1] == "const":
+                self.copy_rec[key] = self._placeholder(e, role)
+            else:
+                raise NotReplicable(f"a record of block {e} is read before it is made")
+        return self.copy_rec[key]
+
+    def _placeholder(self, e: int, role: tuple) -> OpNode:
+        template = self.orig_rec[(self.t, role)]
+        meta = dict(template.meta)
+        meta["module"] = self.repeats.renamed(meta.get("module", ""), e)
+        sid = template.meta["storage"][0]
+        owner = self.layout.sid_owner.get(sid)
+        meta["storage"] = (self.sid(e, owner[1]) if owner is not None else sid,)
+        name = str(template.target)
+        kind = next((k for k in _PARAM_KINDS if name.startswith(k)), None)
+        target = kind + self.repeats.renamed(name[len(kind):], e) if kind else f"{name}_copy{e}"
+        return OpNode("placeholder", "".join(c if c.isalnum() else "_" for c in target), target, meta=meta)
+
+    def map_value(self, value: Any, ctx: int | None, e: int | None) -> Any:
+        """``value`` with its records resolved: described relative to original block ``ctx`` and resolved
+        for expanded block ``e`` (None: shared, left as it is)."""
+        if isinstance(value, OpNode):
+            owner = self.layout.rec_owner.get(id(value)) if ctx is not None else None
+            return value if owner is None else self.record(e + owner[0] - ctx, owner[1])
+        if isinstance(value, list):
+            return [self.map_value(v, ctx, e) for v in value]
+        if isinstance(value, tuple):
+            return tuple(self.map_value(v, ctx, e) for v in value)
+        if isinstance(value, dict):
+            return {k: self.map_value(v, ctx, e) for k, v in value.items()}
+        return value
+
+    def map_sid(self, sid: int, ctx: int | None, e: int | None) -> int:
+        owner = self.layout.sid_owner.get(sid) if ctx is not None else None
+        return sid if owner is None else self.sid(e + owner[0] - ctx, owner[1])
+
+    def map_meta(self, meta: dict, ctx: int | None, e: int | None) -> dict:
+        out = {k: v for k, v in meta.items() if k != "cost"}
+        if ctx is None:
+            return out
+        hit = self.repeats.block_of(meta.get("module", ""))
+        if hit is not None:
+            out["module"] = self.repeats.renamed(meta["module"], e + hit[0] - ctx)
+        out["storage"] = tuple(self.map_sid(s, ctx, e) for s in meta.get("storage", ()))
+        if meta.get("forward_node") is not None:
+            out["forward_node"] = self.map_value(meta["forward_node"], ctx, e)
+        return out
+
+    # -- shared ops over every block's tensors (the optimizer's foreach lists) -------------------------
+    def _runs(self, items: list, owner_of) -> list[tuple[int, int]]:
+        """(start, end) of the runs of consecutive ``items`` that block t owns."""
+        runs, start = [], None
+        for i, item in enumerate(items + [None]):
+            owned = item is not None and (owner_of(item) or (None,))[0] == self.t
+            if owned and start is None:
+                start = i
+            elif not owned and start is not None:
+                runs.append((start, i))
+                start = None
+        return runs
+
+    def _extend(self, items: list, owner_of, resolve) -> list:
+        """``items`` with, after each run that block t owns, the same run for every copy."""
+        out, last = [], 0
+        for start, end in self._runs(items, owner_of):
+            out += items[last:end]
+            for e in range(self.t + 1, self.t + self.m + 1):
+                out += [resolve(e, owner_of(x)[1]) for x in items[start:end]]
+            last = end
+        return out + items[last:]
+
+    def shared_args(self, value: Any) -> Any:
+        """A shared op's arguments with every list that holds block t's records extended by the copies'."""
+        if isinstance(value, (list, tuple)):
+            items = [self.shared_args(v) for v in value]
+            if any(isinstance(v, OpNode) for v in items):
+                items = self._extend(items, lambda x: self.layout.rec_owner.get(id(x)) if isinstance(x, OpNode)
+                                     else None, self.record)
+            return type(value)(items)
+        if isinstance(value, dict):
+            return {k: self.shared_args(v) for k, v in value.items()}
+        return value
+
+    def shared_outputs(self, node: OpNode, getitems: list[OpNode]) -> list[OpNode]:
+        """A shared op with one output per element of its first tensor list (``_foreach_sqrt``): the
+        outputs of block t's elements get the copies' outputs after them (records, storages and
+        positions in the op's metadata); the outputs become block-owned for the events that follow."""
+        lists = [a for a in node.args if isinstance(a, (list, tuple)) and a and isinstance(a[0], OpNode)]
+        if not getitems or not lists or len(lists[0]) != len(getitems):
+            return getitems
+        elements = lists[0]
+
+        def owner_of(g: OpNode):
+            return self.layout.rec_owner.get(id(elements[g.args[1]]))
+
+        if not self._runs(list(getitems), owner_of):
+            return getitems
+        for g in getitems:  # the outputs of block t's elements: owned by it from here on
+            owner = owner_of(g)
+            if owner is not None and owner[0] == self.t:
+                role = ("shared_out", id(node), owner[1])
+                self.layout.sid_owner[g.meta["storage"][0]] = (self.t, role)
+                self.orig_sid[(self.t, role)] = g.meta["storage"][0]
+                self.layout.rec_owner[id(g)] = (self.t, role)
+                self.orig_rec[(self.t, role)] = g
+
+        def copy_output(e: int, role: tuple) -> OpNode:
+            template = self.orig_rec[(self.t, role)]
+            g = OpNode("call_function", template.name, operator.getitem, (node, -1),
+                       meta={**template.meta, "storage": (self.sid(e, role),)})
+            self.copy_rec[(e, role)] = g
+            return g
+
+        new_getitems = self._extend(list(getitems), lambda g: self.layout.rec_owner.get(id(g)), copy_output)
+        spec = []
+        for k, g in enumerate(new_getitems):
+            g.args = (node, k)
+            spec.append((g.meta["spec"][0], g.meta["stride"][0], g.meta["storage"][0]))
+        node.meta["spec"] = tuple(s for s, _, _ in spec)
+        node.meta["stride"] = tuple(s for _, s, _ in spec)
+        node.meta["storage"] = tuple(s for _, _, s in spec)
+        return new_getitems
+
+    # -- the expanded step ------------------------------------------------------------------------------
+    def _units(self) -> list[tuple[OpNode, list[OpNode]]]:
+        """Each recorded op with the ``getitem`` records that follow it."""
+        units: list[tuple[OpNode, list[OpNode]]] = []
+        for r in self.cap.records:
+            if r.op == "placeholder":
+                continue
+            if r.target is operator.getitem and units and r.args and r.args[0] is units[-1][0]:
+                units[-1][1].append(r)
+            else:
+                units.append((r, []))
+        return units
+
+    def _copy_unit(self, node: OpNode, getitems: list[OpNode], e: int) -> tuple[OpNode, list[OpNode]]:
+        t = self.t
+        new = OpNode(node.op, node.name, node.target, self.map_value(node.args, t, e), self.map_value(node.kwargs, t, e),
+                     self.map_meta(node.meta, t, e))
+        self.copy_rec[(e, self.layout.rec_owner[id(node)][1])] = new
+        outs = []
+        for g in getitems:
+            copy = OpNode(g.op, g.name, g.target, (new, g.args[1]), None, self.map_meta(g.meta, t, e))
+            self.copy_rec[(e, self.layout.rec_owner[id(g)][1])] = copy
+            outs.append(copy)
+        return new, outs
+
+    def build(self) -> Capture:
+        layout, cap, t, m = self.layout, self.cap, self.t, self.m
+        seg = layout.segment_of_node
+        index = layout.index
+        events: dict[int, list[tuple[int, int]]] = {}
+        for i, sid, delta in cap.events:
+            events.setdefault(i, []).append((sid, delta))
+        units = self._units()
+        template = {kind: [u for u in units if layout.segment_of_record.get(id(u[0])) == (kind, t)]
+                    for kind in layout.kinds()}
+        last = {kind: max(layout.nodes_of(kind, t)) for kind in layout.kinds()}
+        first_bwd = min(layout.nodes_of("bwd", t)) if "bwd" in template else None
+        for p in (r for r in cap.records if r.op == "placeholder"):  # every copy has all of block t's parameters
+            owner = layout.rec_owner.get(id(p))
+            if owner is not None and owner[0] == t and owner[1][0] in _PARAM_KINDS:
+                for e in range(t + 1, t + m + 1):
+                    self.record(e, owner[1])
+        records: list[OpNode] = []
+        nodes: list[OpNode] = []
+        new_events: list[tuple[int, int, int]] = []
+
+        def emit(node: OpNode, getitems: list[OpNode], node_events: list[tuple[int, int]]) -> None:
+            nodes.append(node)
+            records.append(node)
+            records.extend(getitems)
+            new_events.extend((len(nodes) - 1, sid, delta) for sid, delta in node_events)
+
+        def emit_copies(kind: str, order) -> None:
+            for e in order:
+                for node, getitems in template[kind]:
+                    new, outs = self._copy_unit(node, getitems, e)
+                    emit(new, outs, [(self.map_sid(s, t, e), d) for s, d in events.get(index[id(node)], ())])
+
+        new_events.extend((-1, s, d) for s, d in self._shared_events(events.get(-1, [])))
+        for node, getitems in units:
+            i = index[id(node)]
+            where = seg[i]
+            if i == first_bwd:
+                emit_copies("bwd", range(t + m, t, -1))
+            if where is not None:
+                ctx, e = where[1], self.expanded(where[1])
+                node_events = [(self.map_sid(s, ctx, e), d) for s, d in events.get(i, ())]
+                node.args, node.kwargs = self.map_value(node.args, ctx, e), self.map_value(node.kwargs, ctx, e)
+                node.meta = self.map_meta(node.meta, ctx, e)
+                for g in getitems:
+                    g.meta = self.map_meta(g.meta, ctx, e)
+                emit(node, getitems, node_events)
+            else:
+                getitems = self.shared_outputs(node, getitems)
+                node.args, node.kwargs = self.shared_args(node.args), self.shared_args(node.kwargs)
+                emit(node, getitems, self._shared_events(events.get(i, [])))
+            for kind in ("fwd", "opt"):
+                if kind in last and i == last[kind]:
+                    emit_copies(kind, range(t + 1, t + m + 1))
+        return self._assemble(records, nodes, new_events)
+
+    def _shared_events(self, node_events: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """A shared op's events with, after each run of events on block t's storages, the copies'."""
+        def owner_of(ev):
+            return self.layout.sid_owner.get(ev[0])
+
+        out, last = [], 0
+        for start, end in self._runs(list(node_events), owner_of):
+            out += node_events[last:end]
+            for e in range(self.t + 1, self.t + self.m + 1):
+                out += [(self.sid(e, owner_of(ev)[1]), ev[1]) for ev in node_events[start:end]]
+            last = end
+        return out + node_events[last:]
+
+    def _assemble(self, records: list[OpNode], nodes: list[OpNode], events: list[tuple[int, int, int]]) -> Capture:
+        """The Capture: placeholders with the copies' (after block t's), storage ids renumbered in order of
+        allocation and records renamed in order, as a trace of the whole model numbers them; the
+        parameters, gradients, optimizer state and module tables of every block."""
+        cap, t, m, rep = self.cap, self.t, self.m, self.repeats
+        orig = [r for r in cap.records if r.op == "placeholder"]
+        # the copies' parameters, buffers and constants after block t's (each copy's in turn)
+        placeholders = self._extend(orig, lambda p: self.layout.rec_owner.get(id(p)), self.record)
+        for p in orig:
+            name = str(p.target)
+            kind = next((k for k in _PARAM_KINDS if name.startswith(k)), None)
+            hit = rep.block_of(name[len(kind):]) if kind else None
+            if hit is not None and hit[0] > t:  # a later block's parameter: renamed
+                p.target = kind + rep.renamed(name[len(kind):], self.expanded(hit[0]))
+                p.name = "".join(c if c.isalnum() else "_" for c in p.target)
+                p.meta["module"] = rep.renamed(p.meta.get("module", ""), self.expanded(hit[0]))
+        renumber: dict[int, int] = {}
+        for _, sid, delta in events:
+            if delta > 0 and sid not in renumber:
+                renumber[sid] = len(renumber)
+        for sid in range(len(self.sizes)):  # never allocated (a zero-byte view's base): after the rest
+            renumber.setdefault(sid, len(renumber))
+        sizes, dtypes = [0] * len(renumber), [None] * len(renumber)
+        for old, new in renumber.items():
+            sizes[new], dtypes[new] = self.sizes[old], self.dtypes[old]
+        for r in placeholders + records:
+            if "storage" in r.meta:
+                r.meta["storage"] = tuple(renumber[s] for s in r.meta["storage"])
+        for k, r in enumerate(records):
+            r.name = f"op_{k}"
+
+        def copies_of(sid: int) -> list[int]:
+            owner = self.layout.sid_owner.get(sid)
+            if owner is None or owner[0] != t:
+                return []
+            return [self.copy_sid[(e, owner[1])] for e in range(t + 1, t + m + 1) if (e, owner[1]) in self.copy_sid]
+
+        sids = {k: {renumber[s] for old in v for s in [old, *copies_of(old)] if s in renumber}
+                for k, v in cap.sids.items()}
+        saved: dict[int, tuple[int, str]] = {}
+        for sid, (nbytes, module) in cap.saved.items():
+            hit = rep.block_of(module)
+            saved[renumber[sid]] = (nbytes, rep.renamed(module, self.expanded(hit[0])) if hit else module)
+            for e, copy in zip(range(t + 1, t + m + 1), copies_of(sid)):
+                saved[renumber[copy]] = (nbytes, rep.renamed(module, e))
+        return Capture(
+            records=placeholders + records, nodes=nodes, outputs=cap.outputs, mode=cap.mode,
+            loss_source=cap.loss_source, module_types=self._named(cap.module_types, like=False),
+            module_outputs=self._named(cap.module_outputs, like=False), params=self._named(cap.params),
+            param_owner=self._owners_renamed(cap.param_owner), buffers=self._named(cap.buffers),
+            inputs=cap.inputs, saved=saved, grads=self._named(cap.grads),
+            optimizer_state=self._named(cap.optimizer_state), optimizer_name=cap.optimizer_name,
+            storage_bytes=sizes, storage_dtype=dtypes, events=[(i, renumber[s], d) for i, s, d in events],
+            sids=sids, fallback_reason=cap.fallback_reason, keep_output=cap.keep_output, grad_accum=cap.grad_accum)
+
+    def _owners_renamed(self, table: dict[str, str]) -> dict[str, str]:
+        """Parameter name -> owning module path, for every block."""
+        rep = self.repeats
+        return {name: (rep.renamed(owner, rep.block_of(name)[0]) if rep.block_of(name) else owner)
+                for name, owner in self._named(table, like=False).items()}
+
+    def _named(self, table: dict, like: bool = True) -> dict:
+        """``table`` (keyed by module path or parameter name) for every block: later blocks renamed, block t's
+        entries followed by each copy's (tensors as meta tensors of the same shape: ``like``)."""
+        rep, t = self.repeats, self.t
+        out: dict = {}
+        pending: list[tuple[str, Any]] = []
+
+        def flush() -> None:
+            for e in range(t + 1, t + self.m + 1):
+                for key, value in pending:
+                    out[rep.renamed(key, e)] = _like(value) if like else value
+            pending.clear()
+
+        for key, value in table.items():
+            hit = rep.block_of(key)
+            if pending and (hit is None or hit[0] != t):
+                flush()
+            if hit is None:
+                out[key] = value
+            elif hit[0] == t:
+                out[key] = value
+                pending.append((key, value))
+            else:
+                out[rep.renamed(key, self.expanded(hit[0]))] = value
+        flush()
+        return out
+
+
+def _like(value: Any) -> Any:
+    """A stand-in of the same shape and dtype (a meta tensor) for a copy's tensor; other values as they are."""
+    if isinstance(value, torch.Tensor):
+        out = torch.empty(tuple(value.shape), dtype=value.dtype, device="meta")
+        return out.requires_grad_(value.requires_grad) if value.is_floating_point() else out
+    if isinstance(value, dict):
+        return {k: _like(v) for k, v in value.items()}
+    return value
+
+
+def expand(cap: Capture, repeats: Repeats, n: int) -> Capture:
+    """The capture of ``repeats.count`` blocks from ``cap``, a capture of the first ``n`` of them (raises
+    :class:`NotReplicable` where the blocks do not run alike)."""
+    if repeats.count == n:
+        return cap
+    layout = _Layout(cap, repeats, n)
+    check_alike(layout, n - 3, n - 2)
+    return _Expansion(layout, repeats.count).build()
