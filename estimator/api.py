@@ -95,6 +95,7 @@ def estimate(
     progress: Progress | None = None,
     cuda_torch: str | None = None,
     solve_batch: bool = True,
+    replicate: bool = True,
 ) -> Report:
     """Estimate one training step (forward, loss, backward, optimizer step) of ``model``.
 
@@ -133,6 +134,9 @@ def estimate(
             not the one installed here: kernel choices (attention backends) depend on it.
         solve_batch: with ``gpu``, also find the largest micro-batch that fits on it (the report's
             ``max_batch``: a few more traces, see :mod:`estimator.plan`); False skips that search.
+        replicate: a stack of identical blocks (a transformer's layers) is traced for five of its blocks and
+            the rest replicated (:mod:`estimator.capture.replicate`): the same capture, faster; False traces
+            every block.
         progress: ``progress(stage, detail="")``, called as the estimate advances (the module being
             traced in forward, then each phase, counting, memory); the command line draws it.
     """
@@ -159,6 +163,7 @@ def estimate(
         train=mode == "train",
         keep_output=bool(keep_output),
         grad_accum=grad_accum,
+        replicate=replicate,
         target=device,
         cuda=CudaTarget.for_gpu(target_gpu, _torch_version(cuda_torch)) if device == "cuda" else None,
     )
@@ -183,7 +188,8 @@ def estimate(
             progress("finding the largest micro-batch")
             report.max_batch, report.max_batch_note, report.max_batch_margin = _largest_batch(
                 model, inputs, target_gpu, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs, loss_fn=loss_fn,
-                precision=options.precision.name, trace=trace, keep_output=options.keep_output, grad_accum=grad_accum)
+                precision=options.precision.name, trace=trace, keep_output=options.keep_output, grad_accum=grad_accum,
+                replicate=replicate)
     return report
 
 

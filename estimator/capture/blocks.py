@@ -13,13 +13,17 @@ not hold.
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass
 from typing import Iterator
 
 from torch import nn
 
-MIN_BLOCKS = 6  # fewer: a full trace costs little more than the traced head plus four blocks
-TRACED_BLOCKS = 4  # the first, two in the middle (one to copy, one to check it against), the last
+MIN_BLOCKS = 7  # fewer: a full trace costs little more than the traced head plus five blocks
+# traced: the first, two in the middle (one to copy, the one before to check it against) and the last two (in
+# backward an engine's block waits for the collective of the block before it: the first block in backward
+# has none, so the copied block needs two after it)
+TRACED_BLOCKS = 5
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,18 @@ class Repeats:
             return None
         head, _, rest = name[len(prefix):].partition(".")
         return (int(head), rest) if head.isdigit() else None
+
+    def relative_text(self, text: str, block: int) -> str:
+        """``text`` with each mention of a block of the stack (``"layers.3"``) written relative to ``block``
+        (``"layers.<+1>"``)."""
+        return self._mentions().sub(lambda m: f"{m.group(1)}<{int(m.group(2)) - block:+d}>", text)
+
+    def moved_text(self, text: str, block: int, index: int) -> str:
+        """``text`` as the block ``index`` has it where block ``block`` has ``text``."""
+        return self._mentions().sub(lambda m: f"{m.group(1)}{int(m.group(2)) - block + index}", text)
+
+    def _mentions(self):
+        return re.compile(r"(?<![\w.])(" + re.escape(self.path + ".") + r")(\d+)(?![\w])")
 
     def renamed(self, name: str, index: int) -> str:
         """``name`` moved to block ``index`` (a name inside the stack; others unchanged)."""
@@ -58,8 +74,8 @@ def find_repeats(model: nn.Module, minimum: int = MIN_BLOCKS) -> Repeats | None:
     """The stack of identical blocks holding the most parameters, or None."""
     best: tuple[int, Repeats] | None = None
     for path, mod in model.named_modules():
-        if not isinstance(mod, (nn.ModuleList, nn.Sequential)) or len(mod) < minimum:
-            continue
+        if not path or not isinstance(mod, (nn.ModuleList, nn.Sequential)) or len(mod) < minimum:
+            continue  # (the model itself cannot be swapped for a shorter one)
         if list(mod._modules) != [str(i) for i in range(len(mod))]:
             continue
         kids = list(mod._modules.values())

@@ -35,290 +35,19 @@ from typing import Any
 import torch
 
 from ..graph import OpNode
+from .block_layout import PARAM_KINDS, Layout, NotReplicable, check_alike
 from .blocks import Repeats
 from .options import Capture
-
-_PARAM_KINDS = ("param_", "buffer_")
-
-
-class NotReplicable(Exception):
-    """The traced blocks do not run alike (or the trace has a shape the replication does not handle)."""
-
-
-class _Layout:
-    """Which block each record, storage and event of a capture of ``n`` blocks belongs to."""
-
-    def __init__(self, cap: Capture, repeats: Repeats, n: int):
-        self.cap, self.repeats, self.n = cap, repeats, n
-        self.index = {id(node): i for i, node in enumerate(cap.nodes)}
-        self.segment_of_node: list[tuple | None] = [None] * len(cap.nodes)
-        self._segments()
-        self.segment_of_record: dict[int, tuple | None] = {}
-        self.records_of: dict[tuple, list[OpNode]] = {}
-        for r in cap.records:
-            if r.op == "placeholder":
-                continue
-            src = r.args[0] if r.target is operator.getitem and r.args and isinstance(r.args[0], OpNode) else r
-            seg = self.segment_of_node[self.index[id(src)]] if id(src) in self.index else None
-            self.segment_of_record[id(r)] = seg
-            if seg is not None:
-                self.records_of.setdefault(seg, []).append(r)
-        self._owners()
-        if self._optimizer_runs():  # per-block runs of optimizer ops: their records and storages too
-            self._owners()
-
-    # -- segments ---------------------------------------------------------------------------------
-    def _block(self, node: OpNode) -> int | None:
-        hit = self.repeats.block_of(node.meta.get("module", ""))
-        return hit[0] if hit is not None else None
-
-    def _segments(self) -> None:
-        """Forward: block k's segment runs from after block k-1's last op to its own last op; backward
-        likewise in reverse block order; optimizer: runs of ops on one block's tensors."""
-        cap, n = self.cap, self.n
-        fwd: dict[int, list[int]] = {}
-        bwd: dict[int, list[int]] = {}
-        for i, node in enumerate(cap.nodes):
-            if node.meta.get("micro_step"):
-                raise NotReplicable("gradient accumulation")
-            b = self._block(node)
-            if b is None:
-                continue
-            phase = node.meta.get("phase")
-            (bwd if phase == "backward" else fwd if phase in ("forward", "loss") else {}).setdefault(b, []).append(i)
-        if sorted(fwd) != list(range(n)):
-            raise NotReplicable("a block runs no forward op")
-        self.training = bool(bwd)
-        if self.training and sorted(bwd) != list(range(n)):
-            raise NotReplicable("a block runs no backward op")
-        for k in range(n):
-            start = fwd[k][0] if k == 0 else fwd[k - 1][-1] + 1
-            if k and fwd[k][0] <= fwd[k - 1][-1]:
-                raise NotReplicable("blocks interleave in forward")
-            for i in range(start, fwd[k][-1] + 1):
-                self.segment_of_node[i] = ("fwd", k)
-        for k in reversed(range(n)) if self.training else ():
-            start = bwd[k][0] if k == n - 1 else bwd[k + 1][-1] + 1
-            if k < n - 1 and bwd[k][0] <= bwd[k + 1][-1]:
-                raise NotReplicable("blocks interleave in backward")
-            for i in range(start, bwd[k][-1] + 1):
-                if self.segment_of_node[i] is not None:
-                    raise NotReplicable("forward and backward segments overlap")
-                self.segment_of_node[i] = ("bwd", k)
-
-    def _blocks_read(self, node: OpNode) -> set[int]:
-        found: set[int] = set()
-
-        def visit(v: Any) -> None:
-            if isinstance(v, OpNode):
-                owner = self.rec_owner.get(id(v))
-                if owner is not None:
-                    found.add(owner[0])
-            elif isinstance(v, (list, tuple)):
-                for x in v:
-                    visit(x)
-            elif isinstance(v, dict):
-                for x in v.values():
-                    visit(x)
-
-        visit(node.args)
-        visit(node.kwargs)
-        return found
-
-    def _optimizer_runs(self) -> bool:
-        """Optimizer ops on one block's tensors (a parameter's state made, a per-parameter update) as the
-        segment ("opt", block): from after block b-1's last such op to block b's last (so a state made
-        from no tensor, ``torch.tensor(0.)`` for a step count, goes with the parameter after it).  Ops on
-        several blocks' tensors (foreach) stay shared; their lists are extended."""
-        single: dict[int, list[int]] = {}
-        owner_of: dict[int, int | None] = {}
-        for i, node in enumerate(self.cap.nodes):
-            if node.meta.get("phase") != "optimizer" or self.segment_of_node[i] is not None:
-                continue
-            blocks = self._blocks_read(node)
-            owner_of[i] = blocks.pop() if len(blocks) == 1 else (-1 if blocks else None)
-            if owner_of[i] is not None and owner_of[i] >= 0:
-                single.setdefault(owner_of[i], []).append(i)
-        if not single:
-            return False
-        if sorted(single) != list(range(self.n)):
-            raise NotReplicable("the optimizer runs no op on some block's tensors")
-        for b in range(self.n):
-            start = single[b][0] if b == 0 else single[b - 1][-1] + 1
-            span = range(start, single[b][-1] + 1)
-            if any(owner_of.get(i, b) not in (b, None) for i in span):
-                raise NotReplicable(f"the optimizer's ops on block {b} are not one run")
-            for i in span:
-                self.segment_of_node[i] = ("opt", b)
-        for r in self.cap.records:
-            if r.op != "placeholder" and self.segment_of_record.get(id(r)) is None:
-                src = r.args[0] if r.target is operator.getitem and r.args and isinstance(r.args[0], OpNode) else r
-                seg = self.segment_of_node[self.index[id(src)]] if id(src) in self.index else None
-                if seg is not None:
-                    self.segment_of_record[id(r)] = seg
-                    self.records_of.setdefault(seg, []).append(r)
-        return True
-
-    def nodes_of(self, kind: str, block: int) -> list[int]:
-        return [i for i, seg in enumerate(self.segment_of_node) if seg == (kind, block)]
-
-    # -- owners -----------------------------------------------------------------------------------
-    def kinds(self) -> tuple[str, ...]:
-        return tuple(k for k in ("fwd", "bwd", "opt") if any(seg is not None and seg[0] == k
-                                                             for seg in self.segment_of_node))
-
-    def _owners(self) -> None:
-        """``rec_owner`` (id of a record -> (block, role)) and ``sid_owner`` (storage id -> (block, role))."""
-        cap = self.cap
-        self.rec_owner: dict[int, tuple[int, tuple]] = {}
-        self.sid_owner: dict[int, tuple[int, tuple]] = {}
-        first_event: dict[int, int] = {}
-        for index, sid, delta in cap.events:
-            if delta > 0 and sid not in first_event:
-                first_event[sid] = index
-        for r in cap.records:
-            if r.op != "placeholder":
-                continue
-            name = str(r.target)
-            kind = next((k for k in _PARAM_KINDS if name.startswith(k)), None)
-            hit = self.repeats.block_of(name[len(kind):]) if kind else None
-            if hit is not None:
-                role = (kind, hit[1])
-                self.rec_owner[id(r)] = (hit[0], role)
-                self.sid_owner[r.meta["storage"][0]] = (hit[0], role)
-        made: dict[tuple, int] = {}
-        for index, sid, delta in cap.events:  # storages made in a segment, in order of allocation
-            if delta > 0 and first_event.get(sid) == index and sid not in self.sid_owner and index >= 0:
-                seg = self.segment_of_node[index]
-                if seg is not None:
-                    k = made.get(seg, 0)
-                    made[seg] = k + 1
-                    self.sid_owner[sid] = (seg[1], (seg[0], "sid", k))
-        for seg, records in self.records_of.items():
-            for k, r in enumerate(records):
-                self.rec_owner[id(r)] = (seg[1], (seg[0], "rec", k))
-        self._shared_constants()
-        self.first_event = first_event
-
-    def _shared_constants(self) -> None:
-        """Constants: tensors the model holds outside its parameters and buffers (a rotary table), or that
-        an op meets without having made them (the alias autograd hands back of a saved one), recorded as
-        placeholders when an op first reads them.  Such a record belongs to the block whose op first read
-        it (so each copy gets its own, as a full trace would make one per block), unless several blocks read
-        the same record (then it is shared); its storage is shared when several blocks read it."""
-        readers: dict[int, set[int]] = {}  # constant record -> blocks reading it
-        first: dict[int, tuple] = {}  # constant record -> the segment of its first reader
-        storage_readers: dict[int, set[int]] = {}
-
-        def visit(v: Any, seg: tuple) -> None:
-            if isinstance(v, OpNode):
-                if v.op == "placeholder" and v.meta.get("kind") == "constant":
-                    readers.setdefault(id(v), set()).add(seg[1])
-                    first.setdefault(id(v), seg)
-                    storage_readers.setdefault(v.meta["storage"][0], set()).add(seg[1])
-            elif isinstance(v, (list, tuple)):
-                for x in v:
-                    visit(x, seg)
-            elif isinstance(v, dict):
-                for x in v.values():
-                    visit(x, seg)
-
-        for r in self.cap.records:
-            seg = self.segment_of_record.get(id(r))
-            if seg is not None:
-                visit(r.args, seg)
-                visit(r.kwargs, seg)
-        counts: dict[tuple, int] = {}
-        for r in self.cap.records:
-            if r.op != "placeholder" or r.meta.get("kind") != "constant" or id(r) not in first:
-                continue
-            if len(readers[id(r)]) == 1:
-                seg = first[id(r)]
-                k = counts.get(seg, 0)
-                counts[seg] = k + 1
-                self.rec_owner[id(r)] = (seg[1], (seg[0], "const", k))
-            sid = r.meta["storage"][0]
-            if len(storage_readers.get(sid, ())) > 1:
-                self.sid_owner.pop(sid, None)
-
-
-
-def _describe(value: Any, block: int | None, layout: _Layout) -> Any:
-    """A value of a record's arguments with every record replaced by its description relative to
-    ``block`` (None: absolute)."""
-    if isinstance(value, OpNode):
-        owner = layout.rec_owner.get(id(value))
-        if owner is None or block is None:
-            if value.op == "placeholder" and value.meta.get("kind") == "constant":
-                return ("const", _sid_description(value.meta["storage"][0], block, layout))
-            return ("abs", id(value))
-        return ("rel", owner[0] - block, owner[1])
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(_describe(v, block, layout) for v in value))
-    if isinstance(value, dict):
-        return ("dict", tuple((k, _describe(v, block, layout)) for k, v in value.items()))
-    return ("value", repr(value))
-
-
-def _sid_description(sid: int, block: int | None, layout: _Layout) -> tuple:
-    owner = layout.sid_owner.get(sid)
-    if owner is None or block is None:
-        return ("abs", sid)
-    return ("rel", owner[0] - block, owner[1])
-
-
-def _record_description(r: OpNode, block: int, layout: _Layout) -> tuple:
-    meta = r.meta
-    module = meta.get("module", "")
-    hit = layout.repeats.block_of(module)
-    rel_module = ("block", hit[0] - block, hit[1]) if hit is not None else ("abs", module)
-    fwd = meta.get("forward_node")
-    return (r.op, str(r.target), _describe(r.args, block, layout), _describe(r.kwargs, block, layout), rel_module,
-            str(meta.get("phase")), meta.get("spec"), meta.get("stride"), "stream" in meta,
-            tuple(_sid_description(s, block, layout) for s in meta.get("storage", ())),
-            _describe(fwd, block, layout) if fwd is not None else None)
-
-
-def check_alike(layout: _Layout, a: int, b: int) -> None:
-    """Blocks ``a`` and ``b`` run alike: their segments' records, storages and events have the same
-    descriptions relative to each block; and what happens to their storages outside the block
-    segments happens at the same places.  Raises :class:`NotReplicable` otherwise."""
-    cap = layout.cap
-    for kind in layout.kinds():
-        ra, rb = layout.records_of.get((kind, a), []), layout.records_of.get((kind, b), [])
-        if len(ra) != len(rb):
-            raise NotReplicable(f"{kind} segments of blocks {a} and {b} differ in length")
-        for x, y in zip(ra, rb):
-            if _record_description(x, a, layout) != _record_description(y, b, layout):
-                raise NotReplicable(f"{kind} ops of blocks {a} and {b} differ: {x.format_node()}")
-    events: dict[int, list] = {}
-    for index, sid, delta in cap.events:
-        events.setdefault(index, []).append((sid, delta))
-    for kind in layout.kinds():
-        for i, j in zip(layout.nodes_of(kind, a), layout.nodes_of(kind, b)):
-            ea = [(_sid_description(s, a, layout), d) for s, d in events.get(i, ())]
-            eb = [(_sid_description(s, b, layout), d) for s, d in events.get(j, ())]
-            if ea != eb:
-                raise NotReplicable(f"events of blocks {a} and {b} differ at {cap.nodes[i].format_node()}")
-    outside: dict[int, list] = {a: [], b: []}
-    for index, sid, delta in cap.events:
-        owner = layout.sid_owner.get(sid)
-        if owner is None or owner[0] not in outside:
-            continue
-        if index < 0 or layout.segment_of_node[index] is None:
-            outside[owner[0]].append((index, owner[1], delta))
-    if sorted(outside[a], key=repr) != sorted(outside[b], key=repr):
-        raise NotReplicable(f"storages of blocks {a} and {b} live differently outside the blocks")
 
 
 class _Expansion:
     """The capture of ``count`` blocks built from a capture of ``n`` (see the module docstring): block
-    ``t = n - 2`` is copied ``m = count - n`` times between itself and block ``t + 1``."""
+    ``t = n - 3`` is copied ``m = count - n`` times between itself and block ``t + 1``."""
 
-    def __init__(self, layout: _Layout, count: int):
+    def __init__(self, layout: Layout, count: int):
         cap, n = layout.cap, layout.n
         self.layout, self.cap = layout, cap
-        self.t, self.m = n - 2, count - n
+        self.t, self.m = n - 3, count - n
         self.repeats = layout.repeats
         self.orig_rec: dict[tuple, OpNode] = {}
         for r in cap.records:
@@ -358,7 +87,7 @@ class _Expansion:
             return self.orig_rec[(self._original(e), role)]
         key = (e, role)
         if key not in self.copy_rec:
-            if role[0] in _PARAM_KINDS or role[1] == "const":
+            if role[0] in PARAM_KINDS or role[1] == "const" or role[0] == "alias":
                 self.copy_rec[key] = self._placeholder(e, role)
             else:
                 raise NotReplicable(f"a record of block {e} is read before it is made")
@@ -372,7 +101,7 @@ class _Expansion:
         owner = self.layout.sid_owner.get(sid)
         meta["storage"] = (self.sid(e, owner[1]) if owner is not None else sid,)
         name = str(template.target)
-        kind = next((k for k in _PARAM_KINDS if name.startswith(k)), None)
+        kind = next((k for k in PARAM_KINDS if name.startswith(k)), None)
         target = kind + self.repeats.renamed(name[len(kind):], e) if kind else f"{name}_copy{e}"
         return OpNode("placeholder", "".join(c if c.isalnum() else "_" for c in target), target, meta=meta)
 
@@ -388,6 +117,8 @@ class _Expansion:
             return tuple(self.map_value(v, ctx, e) for v in value)
         if isinstance(value, dict):
             return {k: self.map_value(v, ctx, e) for k, v in value.items()}
+        if isinstance(value, str) and ctx is not None:
+            return self.repeats.moved_text(value, ctx, e)
         return value
 
     def map_sid(self, sid: int, ctx: int | None, e: int | None) -> int:
@@ -520,7 +251,7 @@ class _Expansion:
         first_bwd = min(layout.nodes_of("bwd", t)) if "bwd" in template else None
         for p in (r for r in cap.records if r.op == "placeholder"):  # every copy has all of block t's parameters
             owner = layout.rec_owner.get(id(p))
-            if owner is not None and owner[0] == t and owner[1][0] in _PARAM_KINDS:
+            if owner is not None and owner[0] == t and owner[1][0] in PARAM_KINDS:
                 for e in range(t + 1, t + m + 1):
                     self.record(e, owner[1])
         records: list[OpNode] = []
@@ -557,8 +288,8 @@ class _Expansion:
                 getitems = self.shared_outputs(node, getitems)
                 node.args, node.kwargs = self.shared_args(node.args), self.shared_args(node.kwargs)
                 emit(node, getitems, self._shared_events(events.get(i, [])))
-            for kind in ("fwd", "opt"):
-                if kind in last and i == last[kind]:
+            for kind, end in last.items():
+                if kind != "bwd" and i == end:
                     emit_copies(kind, range(t + 1, t + m + 1))
         return self._assemble(records, nodes, new_events)
 
@@ -585,15 +316,15 @@ class _Expansion:
         placeholders = self._extend(orig, lambda p: self.layout.rec_owner.get(id(p)), self.record)
         for p in orig:
             name = str(p.target)
-            kind = next((k for k in _PARAM_KINDS if name.startswith(k)), None)
+            kind = next((k for k in PARAM_KINDS if name.startswith(k)), None)
             hit = rep.block_of(name[len(kind):]) if kind else None
             if hit is not None and hit[0] > t:  # a later block's parameter: renamed
                 p.target = kind + rep.renamed(name[len(kind):], self.expanded(hit[0]))
                 p.name = "".join(c if c.isalnum() else "_" for c in p.target)
                 p.meta["module"] = rep.renamed(p.meta.get("module", ""), self.expanded(hit[0]))
         renumber: dict[int, int] = {}
-        for _, sid, delta in events:
-            if delta > 0 and sid not in renumber:
+        for _, sid, _ in events:  # in order of allocation (a storage's first event), as the recorder numbers them
+            if sid not in renumber:
                 renumber[sid] = len(renumber)
         for sid in range(len(self.sizes)):  # never allocated (a zero-byte view's base): after the rest
             renumber.setdefault(sid, len(renumber))
@@ -679,6 +410,6 @@ def expand(cap: Capture, repeats: Repeats, n: int) -> Capture:
     :class:`NotReplicable` where the blocks do not run alike)."""
     if repeats.count == n:
         return cap
-    layout = _Layout(cap, repeats, n)
-    check_alike(layout, n - 3, n - 2)
+    layout = Layout(cap, repeats, n)
+    check_alike(layout, n - 4, n - 3)
     return _Expansion(layout, repeats.count).build()

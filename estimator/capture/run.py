@@ -15,7 +15,9 @@ import torch
 
 from ..errors import DataDependentError, UnsupportedModelError, UserError
 from .inputs import split_inputs
-from .options import Capture, Progress, ReadsValues, StepOptions
+from .blocks import TRACED_BLOCKS, find_repeats, truncated
+from .options import Capture, Progress, ReadsValues, StepFailed, StepOptions
+from .replicate import NotReplicable, expand
 from .step import Step
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,9 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
     if mode == "real":
         return Step(model, args, kw, opts, fake=False, progress=progress).run()
     try:
+        replicated = _replicated(model, args, kw, opts, progress)
+        if replicated is not None:
+            return replicated
         return Step(model, args, kw, opts, fake=True, progress=progress).run()
     except ReadsValues as exc:
         if opts.prepare is not None:  # an engine (DDP, FSDP2, TP) traced on a fake process group
@@ -69,6 +74,26 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
     cap = Step(model, args, kw, opts, fake=False, progress=progress).run()
     cap.fallback_reason = reason
     return cap
+
+
+def _replicated(model: torch.nn.Module, args: tuple, kw: dict, opts: StepOptions,
+                progress: Progress | None) -> Capture | None:
+    """The step traced with four blocks of the model's stack of identical blocks and the rest replicated
+    (:mod:`.replicate`); None where there is no such stack, or the blocks do not run alike (a full
+    trace follows)."""
+    repeats = find_repeats(model) if opts.replicate and opts.grad_accum == 1 else None
+    if repeats is None or repeats.count <= TRACED_BLOCKS:
+        return None
+    try:
+        with truncated(model, repeats):
+            short = Step(model, args, kw, opts, fake=True, progress=progress).run()
+        return expand(short, repeats, TRACED_BLOCKS)
+    except NotReplicable as exc:
+        log.info("the blocks of %s are not replicated (%s): tracing all %d", repeats.path, exc, repeats.count)
+    except (StepFailed, ReadsValues, UserError) as exc:  # the model needs all its blocks: trace them all
+        log.info("tracing %d of the %d blocks of %s failed (%s): tracing all", TRACED_BLOCKS, repeats.count,
+                 repeats.path, exc)
+    return None
 
 
 def _fits_in_memory(model: torch.nn.Module) -> bool:

@@ -22,7 +22,7 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
          zero_semantics: str = "deepspeed", reshard_after_forward: bool = True, device: str = "cuda", rank: int = 0,
          confirm: bool = True, model_name: str | None = None, progress: Progress | None = None,
          trace: str = "auto", solve_unfit: bool = False, keep_output: bool = False, grad_accum: int = 1,
-         checkpoint_policy: Any = "full") -> Plan:
+         checkpoint_policy: Any = "full", replicate: bool = True) -> Plan:
     """Plan a training step of ``model`` on ``gpus`` GPUs called ``gpu`` with ``strategy``.
 
     ``inputs`` are one GPU's micro-batch.  ``ddp``, ``fsdp`` and ``hsdp`` (with ``tp`` tensor
@@ -45,7 +45,8 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
                       loss_fn=loss_fn, precision=precision, reduce_dtype=reduce_dtype, wrap=wrap, device=device,
                       gpus_per_node=gpus_per_node, interconnect=interconnect, inter_node=inter_node,
                       zero_semantics=zero_semantics, model_name=model_name, progress=progress, trace=trace,
-                      keep_output=keep_output, grad_accum=grad_accum, checkpoint_policy=checkpoint_policy)
+                      keep_output=keep_output, grad_accum=grad_accum, checkpoint_policy=checkpoint_policy,
+                      replicate=replicate)
     return planner.plan(strategy, gpus, tp=tp, sequence_parallel=sequence_parallel, checkpoint=checkpoint,
                         offload=offload, tokens=tokens, samples=samples, steps=steps, mfu=mfu, solve=solve,
                         reshard_after_forward=reshard_after_forward, rank=rank, confirm=confirm,

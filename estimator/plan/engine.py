@@ -196,7 +196,8 @@ def build(model: torch.nn.Module, layout: Layout, precision: PlanPrecision, unit
         modules = dict(m.named_modules())
         keep = {} if layout.reshard_after_forward else {"reshard_after_forward": False}
         for path in unit_paths:  # inner units first would not matter: FSDP2 groups each call's own params
-            fully_shard(modules[path], mesh=dp_mesh, mp_policy=policy, **keep)
+            if path in modules:  # (a model traced with fewer of its repeated blocks has fewer units)
+                fully_shard(modules[path], mesh=dp_mesh, mp_policy=policy, **keep)
         fully_shard(m, mesh=dp_mesh, mp_policy=policy, **keep)  # the root: not resharded after forward by default
     return m
 
@@ -284,8 +285,11 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
         try:
             with one_sequence_per_sample():
                 accumulate = accumulate_gradients if options.grad_accum > 1 else None
-                cap = capture(model, inputs, replace(options, prepare=prepare, accumulate=accumulate),
-                              progress=progress)
+                # DDP buckets every gradient of the model (25 MiB each) once, at construction: its buffers and
+                # all-reduces depend on how many blocks there are, so its blocks are all traced
+                replicate = options.replicate and not (layout.strategy == "ddp" and layout.dp > 1)
+                cap = capture(model, inputs, replace(options, prepare=prepare, accumulate=accumulate,
+                                                     replicate=replicate), progress=progress)
         except UserError as exc:
             if layout.tp > 1:
                 raise UserError(f"{exc} (under tensor parallelism{' with sequence parallelism' if layout.sequence_parallel else ''}: "

@@ -81,7 +81,8 @@ class Planner:
                  reduce_dtype: str | None = None, wrap: Any = None, device: str = "cuda", gpus_per_node: int = 8,
                  interconnect: str | None = None, inter_node: str | None = None, zero_semantics: str = "deepspeed",
                  model_name: str | None = None, progress: Progress | None = None, trace: str = "auto",
-                 keep_output: bool = False, grad_accum: int = 1, checkpoint_policy: Any = "full"):
+                 keep_output: bool = False, grad_accum: int = 1, checkpoint_policy: Any = "full",
+                 replicate: bool = True):
         if not isinstance(model, torch.nn.Module):
             raise UserError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         if device not in ("cuda", "cpu"):
@@ -104,7 +105,7 @@ class Planner:
         self.options = StepOptions(loss_fn=loss_fn, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs,
                                    foreach=True if device == "cuda" else None, precision=self.precision.step,
                                    train=True, target=device, keep_output=bool(keep_output), grad_accum=grad_accum,
-                                   checkpoint_policy=parse_policy(checkpoint_policy),
+                                   checkpoint_policy=parse_policy(checkpoint_policy), replicate=replicate,
                                    cuda=CudaTarget.for_gpu(self.gpu) if device == "cuda" else None)
         if wrap:
             self.wrap = resolve_classes(model, wrap, "--wrap")

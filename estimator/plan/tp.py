@@ -179,7 +179,8 @@ def apply_tp(model: torch.nn.Module, plan: TPPlan, mesh, sequence_parallel: bool
     if sequence_parallel:
         for p in plan.norms:
             styles[p] = SequenceParallel()
-    parallelize_module(model, mesh, styles)
+    present = dict(model.named_modules())  # a model traced with fewer of its repeated blocks has fewer layers
+    parallelize_module(model, mesh, {p: style for p, style in styles.items() if p in present})
     if sequence_parallel:
         modules = dict(model.named_modules())
 
@@ -193,7 +194,7 @@ def apply_tp(model: torch.nn.Module, plan: TPPlan, mesh, sequence_parallel: bool
             return tuple(gather(a) for a in args), {k: gather(v) for k, v in kwargs.items()}
 
         for p in plan.gather_at:
-            if p not in gathers_itself:
+            if p not in gathers_itself and p in modules:
                 modules[p].register_forward_pre_hook(gather_sequence, with_kwargs=True)
 
 
