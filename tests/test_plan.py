@@ -559,7 +559,7 @@ def test_cli_json_has_the_schema(tmp_path):
     assert {"parameters", "gradients", "optimizer_state", "rows", "peak"} <= set(d["per_gpu"])
     assert sum(d["per_gpu"]["rows"].values()) == d["per_gpu"]["peak"]
     assert d["gpu"] == "L4" and d["gpus"] == 4 and d["strategy"] == "zero2" and d["precision"] == "bf16-mixed"
-    assert d["capacity"] == lookup("L4").memory and isinstance(d["fits"], bool)
+    assert d["capacity"] == lookup("L4").capacity and isinstance(d["fits"], bool)
     assert isinstance(d["max_batch"], int) and d["step_time_s"] > 0 and d["time_to_train_s"] > 0
 
 

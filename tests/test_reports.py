@@ -41,7 +41,7 @@ def gpt_report():
 def test_headline_says_what_the_gpu_needs_whether_it_fits_and_the_largest_batch(gpt_report):
     r = gpt_report
     needed = r.memory.peak + sum(r.memory.reserve.values())
-    assert r.needed == needed and r.fits == (needed <= lookup("L4").memory)
+    assert r.needed == needed and r.fits == (needed <= lookup("L4").capacity)
     from estimator.plan import plan
 
     model, inputs, loss_fn = zoo.gpt()
