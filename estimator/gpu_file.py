@@ -39,6 +39,7 @@ FIELDS: dict[str, tuple[tuple[type, ...], bool, str]] = {
     "clock_mhz": (_NUMBER, True, "the boost clock in MHz, e.g. 1800"),
     "tdp_w": (_NUMBER, True, "the board power limit in W, e.g. 300"),
     "l2_mb": (_NUMBER, True, "the L2 cache in MB, e.g. 6"),
+    "process_nm": (_NUMBER, True, "the chip's process node in nm, e.g. 8 (default: from arch)"),
     "aliases": ((list,), False, "other names, e.g. [\"my gpu\"]"),
     "total_memory_source": ((str,), False, "where total_memory_bytes comes from"),
 }

@@ -101,6 +101,7 @@ class GPU:
     tdp_w: float | None = None  # board power limit
     l2_mb: float | None = None
     max_threads_per_sm: int | None = None
+    process_nm: float | None = None  # the chip's process node (see PROCESS_NM)
     total_memory_source: str = ""
     source: str = "estimator/hardware.py"  # where the entry comes from (a user's file: its path)
 
@@ -119,7 +120,8 @@ class GPU:
                 "bandwidth_gbs": round(self.bandwidth / GB, 3),
                 "peak_tflops": {k: tf(self.peak.get(k)) for k in PEAK_KEYS},
                 "arch": None if self.arch is None else f"{self.arch[0]}.{self.arch[1]}", "sms": self.sms,
-                "clock_mhz": self.clock_mhz, "tdp_w": self.tdp_w, "l2_mb": self.l2_mb, "aliases": list(self.aliases),
+                "clock_mhz": self.clock_mhz, "tdp_w": self.tdp_w, "l2_mb": self.l2_mb, "process_nm": self.process_nm,
+                "aliases": list(self.aliases),
                 "total_memory_source": self.total_memory_source or "not measured: the datasheet's figure"}
 
 
@@ -132,6 +134,13 @@ H100_MEASURED_MIB = 81079
 H100_RATIO = H100_MEASURED_MIB * MiB / (80 * GB)
 
 
+# Process node by architecture (NVIDIA's architecture whitepapers): Pascal 16 nm, Volta and Turing 12 nm,
+# GA100 7 nm, GA102 8 nm, Ada and Hopper TSMC 4N and Blackwell 4NP (5 nm-class processes: 5).  AMD: MI250X
+# 6 nm, MI300X 5 nm (its compute dies).  The time model scales energy per FLOP with it (estimator.timing.structure).
+PROCESS_NM = {(6, 0): 16, (6, 1): 16, (7, 0): 12, (7, 5): 12, (8, 0): 7, (8, 6): 8, (8, 7): 8, (8, 9): 5, (9, 0): 5,
+              (10, 0): 5, (12, 0): 5}
+
+
 def _threads(arch):
     # CUDA C Programming Guide, compute-capability table: max resident threads per SM
     if arch is None:
@@ -139,7 +148,7 @@ def _threads(arch):
     return {(7, 5): 1024, (8, 6): 1536, (8, 9): 1536}.get(tuple(arch), 2048)
 
 
-def _gpu(name, memory_gb, bw_gbs, peaks, arch, sms, clock, tdp, l2, total, aliases=()):
+def _gpu(name, memory_gb, bw_gbs, peaks, arch, sms, clock, tdp, l2, total, aliases=(), node=None):
     """One table entry: ``peaks`` (fp32, tf32, bf16, fp16, fp8) in TFLOP/s; ``total`` is (MiB torch
     reports, where that figure comes from), or (None, why) to take the datasheet x H100_RATIO."""
     t = lambda x: None if x is None else x * TERA  # noqa: E731
@@ -149,7 +158,7 @@ def _gpu(name, memory_gb, bw_gbs, peaks, arch, sms, clock, tdp, l2, total, alias
     if not mib:
         why = f"not measured: {memory_gb:g} GB x {H100_RATIO:.4f} (the H100's measured ratio; {why})"
     return GPU(name, memory, bw_gbs * GB, dict(zip(PEAK_KEYS, map(t, peaks))), aliases, arch, total_memory, sms,
-               clock, tdp, l2, _threads(arch), why)
+               clock, tdp, l2, _threads(arch), node or PROCESS_NM.get(arch), why)
 
 
 _DQ = "deviceQuery printout"
@@ -221,9 +230,9 @@ GPUS: tuple[GPU, ...] = (
          (24564, f"{_DQ}, GeForce RTX 4090, driver 12.1 (less where a display uses the card)"),
          ("rtx 4090", "geforce rtx 4090", "4090", "nvidia geforce rtx 4090")),
     _gpu("MI250X", 64, 1638, (47.85, None, 191.5, 191.5, None), None, 110, 1700, 280, 8,
-         (65520, f"{_TORCH}, AMD Instinct MI250X (one GCD)"), ("amd instinct mi250x", "mi250x/mi250", "mi250")),
+         (65520, f"{_TORCH}, AMD Instinct MI250X (one GCD)"), ("amd instinct mi250x", "mi250x/mi250", "mi250"), 6),
     _gpu("MI300X", 192, 5300, (163.4, 653.7, 1307.4, 1307.4, 2614.9), None, 304, 2100, 750, None,
-         (196592, f"{_TORCH}, AMD Instinct MI300X"), ("amd instinct mi300x", "mi300")),
+         (196592, f"{_TORCH}, AMD Instinct MI300X"), ("amd instinct mi300x", "mi300"), 5),
 )
 
 
@@ -263,7 +272,8 @@ def gpu_from_json(d: dict, source: str = "") -> GPU:
     return GPU(str(d["name"]), memory, float(d["bandwidth_gbs"]) * GB,
                {k: t(d["peak_tflops"].get(k)) for k in PEAK_KEYS}, tuple(d.get("aliases") or ()), arch,
                int(total) if total else int(memory * H100_RATIO), d.get("sms"), d.get("clock_mhz"), d.get("tdp_w"),
-               d.get("l2_mb"), _threads(arch), why, source=source or "a user's file")
+               d.get("l2_mb"), _threads(arch), d.get("process_nm") or PROCESS_NM.get(arch), why,
+               source=source or "a user's file")
 
 
 def match_device_name(device_name: str) -> GPU | None:

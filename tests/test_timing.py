@@ -201,12 +201,17 @@ def test_provenance_of_every_constant(shipped, cases):
 
 
 def test_extrapolated_gpu(shipped):
-    a100 = lookup_gpu("A100-80GB")
-    h100 = lookup_gpu("H100-SXM")
-    model = T.load_model(a100)
+    """A GPU without measurements of its own or of a sibling: the structural model's constants
+    (estimator/timing/structure.py) on its datasheet, the H100's host constants."""
+    rtx = lookup_gpu("RTX4090")
+    model = T.load_model(rtx)
     assert not model.calibrated and "extrapolated" in model.source
-    assert model.bandwidth == pytest.approx(shipped.bandwidth * a100.bandwidth / h100.bandwidth)
-    assert model.peaks["bf16"] == a100.peak["bf16"] and model.eff == shipped.eff
+    s = T.catalog.structure()
+    assert model.bandwidth == pytest.approx(s.bandwidth_frac * rtx.bandwidth)
+    assert model.peaks["bf16"] == rtx.peak["bf16"] and model.cpu_view == shipped.cpu_view
+    headroom = T.structure.power_headroom(rtx)
+    assert model.eff["matmul.fp32"] == pytest.approx(s.gemm_eff * T.structure.power_factor(headroom, s.headroom0,
+                                                                                           s.alpha))
 
 
 # -- leave one model out ---------------------------------------------------------------------

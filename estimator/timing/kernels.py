@@ -42,11 +42,12 @@ from .records import OpWork
 # -- per-op times ------------------------------------------------------------------------------
 
 
-def precision_of(w: OpWork, matmul_tf32: bool = False) -> tuple[str, str]:
+def precision_of(w: OpWork, matmul_tf32: bool = False, conv_tf32: bool = True) -> tuple[str, str]:
     """(peak key, efficiency key) of a compute op: which datasheet peak and which achieved fraction.
 
     fp32 GEMMs run on the fp32 pipes unless ``torch.backends.cuda.matmul.allow_tf32`` (default
-    False); cuDNN convolutions run TF32 (``torch.backends.cudnn.allow_tf32``, default True).
+    False); cuDNN convolutions run TF32 (``torch.backends.cudnn.allow_tf32``, default True) on a GPU
+    with TF32 tensor cores (``conv_tf32``: ``TimingModel.tf32``), else on the fp32 pipes.
     Grouped (depthwise) convolutions are not GEMMs: cuDNN runs them as direct convolutions on the
     CUDA cores, timed against the fp32 peak with their own efficiency ("grouped").
     """
@@ -55,7 +56,7 @@ def precision_of(w: OpWork, matmul_tf32: bool = False) -> tuple[str, str]:
         return "fp32", "grouped"
     if dtype in ("bfloat16", "float16"):
         return ("bf16" if dtype == "bfloat16" else "fp16"), "half"
-    if w.kind == CONV or (w.kind == MATMUL and matmul_tf32):
+    if (w.kind == CONV and conv_tf32) or (w.kind == MATMUL and matmul_tf32):
         return "tf32", "tf32"
     return "fp32", "fp32"
 
@@ -109,7 +110,7 @@ def rnn_seconds(w: OpWork, model: TimingModel, matmul_tf32: bool = False) -> flo
     ``steps`` dependent steps, each a recurrent GEMM [batch, hidden] @ [hidden, gates * hidden]
     with the gate math fused in.  Backward: input gradients and weight gradients as big GEMMs,
     and one recurrent GEMM per step."""
-    peak_key, eff_key = precision_of(w, matmul_tf32)
+    peak_key, eff_key = precision_of(w, matmul_tf32, model.tf32)
     layers = max(1, w.batch)
     t_steps = w.steps // layers  # time steps per layer
     rows = t_steps * w.m  # T * B rows of the input projection
@@ -126,8 +127,9 @@ def rnn_seconds(w: OpWork, model: TimingModel, matmul_tf32: bool = False) -> flo
     return big + w.steps * step
 
 
-def gpu_seconds(w: OpWork, model: TimingModel, matmul_tf32: bool = False) -> float:
-    """GPU time of one op when the GPU is busy (kernels back to back)."""
+def gpu_seconds(w: OpWork, model: TimingModel, matmul_tf32: bool = False, conv_tf32: bool | None = None) -> float:
+    """GPU time of one op when the GPU is busy (kernels back to back).  ``conv_tf32``: whether cuDNN may
+    run fp32 convolutions in TF32 (default: the GPU has TF32, ``model.tf32``, as torch's default allows)."""
     if w.kind in NO_KERNEL:
         return 0.0
     if w.kind == MEMORY:
@@ -135,7 +137,7 @@ def gpu_seconds(w: OpWork, model: TimingModel, matmul_tf32: bool = False) -> flo
         return w.launches * model.launch_s + w.bytes / bandwidth
     if w.kind == RNN:
         return rnn_seconds(w, model, matmul_tf32)
-    peak_key, precision = precision_of(w, matmul_tf32)
+    peak_key, precision = precision_of(w, matmul_tf32, model.tf32 if conv_tf32 is None else conv_tf32)
     eff = model.eff[efficiency_key(w, precision)]
     flops = float(w.flops)
     if w.kind == ATTENTION:
