@@ -55,7 +55,7 @@ from .optable import (
     ATTENTION, COMPUTE_KINDS, CONV, HOST, KINDS, MATMUL, MEMORY, MEMORY_CLASSES, NO_KERNEL, PHASES, RNN, SYNC, VIEW,
 )
 from .records import OpWork
-from .simulate import OpTime, StepTime, node_times, simulate, step_time, timeline, works_of
+from .simulate import OpTime, StepTime, node_band, node_times, simulate, step_time, timeline, works_of
 
 __all__ = [
     "DATA_FILES", "SIBLINGS", "EFF_KEYS", "TimingModel", "datasheet_peaks", "load_model", "alignment_bytes", "causal_fraction",
@@ -63,6 +63,6 @@ __all__ = [
     "numel", "op_base", "soft_max", "cpu_seconds", "host_class", "inop_seconds", "align_factor", "compute_seconds",
     "efficiency_key", "gemm_seconds", "gpu_seconds", "precision_of", "rnn_seconds", "size_factor", "soft_max_p",
     "ATTENTION", "COMPUTE_KINDS", "CONV", "HOST", "KINDS", "MATMUL", "MEMORY", "MEMORY_CLASSES", "NO_KERNEL",
-    "PHASES", "RNN", "SYNC", "VIEW", "OpWork", "OpTime", "StepTime", "node_times", "simulate", "step_time",
+    "PHASES", "RNN", "SYNC", "VIEW", "OpWork", "OpTime", "StepTime", "node_band", "node_times", "simulate", "step_time",
     "timeline", "works_of",
 ]

@@ -79,6 +79,6 @@ def origin(model: TimingModel, share: Mapping[str, float] | None = None) -> str:
     if measured == "fp32 kernels":
         text = "calibrated on fp32 kernels measured on this GPU"
         if share and share.get("tensor", 0.0) >= 0.05:
-            text += "; its tensor-core kernels (TF32/bf16/fp16) are extrapolated from the H100"
+            text += "; its attention and tensor-core (TF32/bf16/fp16) kernels are extrapolated from the H100"
         return text
     return "extrapolated: no kernel measurements for this GPU"

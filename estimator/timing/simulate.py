@@ -209,6 +209,18 @@ def node_times(nodes: Sequence[Any], gpu: GPU | str = "H100-SXM", model: TimingM
     return out
 
 
+def node_band(nodes: Sequence[Any], total: float, gpu: GPU | str = "H100-SXM", model: TimingModel | None = None, *,
+              matmul_tf32: bool = False) -> tuple[float, str]:
+    """(log half-width, what it rests on) of the likely range of a step of ``total`` seconds whose
+    compute is ``nodes`` (estimator.timing.band; the planner's schedules, whose step adds communication
+    to the kernels: the range covers the kernels' and the host's error, not the links')."""
+    gpu = lookup_gpu(gpu) if isinstance(gpu, str) else gpu
+    model = model or load_model(gpu)
+    works = works_of(nodes)
+    share = shares(works, [gpu_seconds(w, model, matmul_tf32) for w in works], total, model, matmul_tf32)
+    return half_width(model.band, share), origin(model, share)
+
+
 def step_time(obj: Any, gpu: GPU | str = "H100-SXM", model: TimingModel | None = None, *,
               matmul_tf32: bool = False, steady_state: bool = True) -> StepTime:
     """Predicted time of one training step on ``gpu``.
