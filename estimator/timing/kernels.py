@@ -7,7 +7,7 @@ constants (:class:`~.constants.TimingModel`).
   is the datasheet peak (``hardware.GPU.peak``) of the precision the kernel runs in: fp32 GEMMs
   on the fp32 pipes (``torch.backends.cuda.matmul.allow_tf32`` is False by default), cuDNN
   convolutions in TF32 (``torch.backends.cudnn.allow_tf32`` is True), bf16/fp16 on tensor cores,
-  grouped (depthwise) convolutions on the fp32 pipes.  ``eff`` is the achieved fraction per op
+  grouped (depthwise) convolutions on the CUDA cores (fp32, or packed bf16/fp16 at twice that).  ``eff`` is the achieved fraction per op
   family and precision (and backend for attention; backward kernels x ``attention_backward`` /
   ``conv_backward``).  ``size = rows/(rows + fill_rows) * m/(m + n0) * n/(n + n0) * k/(k + k0)``
   (rows = batch * m * n output elements): small GEMMs fill too few tiles, narrow ones pad their
@@ -49,11 +49,12 @@ def precision_of(w: OpWork, matmul_tf32: bool = False, conv_tf32: bool = True) -
     False); cuDNN convolutions run TF32 (``torch.backends.cudnn.allow_tf32``, default True) on a GPU
     with TF32 tensor cores (``conv_tf32``: ``TimingModel.tf32``), else on the fp32 pipes.
     Grouped (depthwise) convolutions are not GEMMs: cuDNN runs them as direct convolutions on the
-    CUDA cores, timed against the fp32 peak with their own efficiency ("grouped").
+    CUDA cores, timed against the CUDA cores' peak of their dtype (fp32, or ``half_cuda``: packed
+    bf16 / fp16, twice the fp32 rate) with their own efficiency ("grouped").
     """
     dtype = w.dtype or "float32"
     if w.kind == CONV and w.batch > 1:
-        return "fp32", "grouped"
+        return ("half_cuda" if dtype in ("bfloat16", "float16") else "fp32"), "grouped"
     if dtype in ("bfloat16", "float16"):
         return ("bf16" if dtype == "bfloat16" else "fp16"), "half"
     if (w.kind == CONV and conv_tf32) or (w.kind == MATMUL and matmul_tf32):

@@ -110,9 +110,12 @@ def apply(base: TimingModel, base_gpu: GPU, gpu: GPU, constants: Mapping[str, fl
     eff = {k: v * (ratio if k in _TENSOR_EFF else 1.0) for k, v in base.eff.items()}
     eff.update({"matmul.fp32": constants["matmul.fp32"], "conv.fp32": constants["conv.fp32"]})
     memory_eff = dict(base.memory_eff)
-    native = memory_eff.get("batch_norm_native", 0.0) / max(memory_eff.get("norm", 1.0), 1e-9)
-    memory_eff.update(reduction=constants["reduction"], norm=constants["norm"],
-                      batch_norm_native=native * constants["norm"])
+    # classes measured on the H100 only: the norm-like ones move with this GPU's norm, the others carry over
+    scale = constants["norm"] / max(memory_eff.get("norm", 1.0), 1e-9)
+    for cls in ("batch_norm_native", "norm_backward"):
+        if cls in memory_eff:
+            memory_eff[cls] *= scale
+    memory_eff.update(reduction=constants["reduction"], norm=constants["norm"])
     return replace(base, gpu=gpu.name, calibrated=calibrated, source=source,
                    bandwidth=gpu.bandwidth * constants["bandwidth_frac"], memory_eff=memory_eff, eff=eff,
                    fill_rows=constants["fill_rows"], n0=constants["n0"], k0=constants["k0"],
