@@ -107,8 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="add the per-operator table (FLOPs and bytes saved for backward per aten op) to table, "
                           "markdown and html; with csv, write one row per operator instead of per module")
     est.add_argument("--gpu", metavar="NAME",
-                     help="size the step for this GPU (a name or alias from 'estimator hardware', e.g. --gpu H100): "
-                          "the report says whether the step fits in its memory")
+                     help="size the step for this GPU (a name or alias from 'estimator hardware', e.g. --gpu H100, "
+                          "or a JSON file describing another card with the fields of 'estimator hardware --format "
+                          "json', e.g. --gpu my_gpu.json): the report says whether the step fits in its memory and "
+                          "how long it takes, with a likely range")
     est.add_argument("--plot", metavar="FILE",
                      help="draw the live-memory timeline with the peak marked (needs matplotlib); the suffix picks "
                           "the image type: .png, .svg or .pdf, e.g. --plot mem.png")
@@ -462,7 +464,8 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
         "parameters gathered and activations computed in that dtype); with zero1-3 a *-mixed precision is "
         "DeepSpeed's bf16/fp16 mode (model cast, fp32 master weights), e.g. --precision fsdp-bf16"))
     p.add_argument("--gpu", required=True, metavar="NAME[,NAME]",
-                   help="the GPU (see 'estimator hardware'); several, comma-separated, plan each in one table, "
+                   help="the GPU (see 'estimator hardware', or a JSON file with the fields of 'estimator hardware "
+                        "--format json' for another card); several, comma-separated, plan each in one table, "
                         "e.g. --gpu H100 or --gpu A100-80GB,H100")
     p.add_argument("--gpus", type=_ints, default=[1], metavar="N[,N]",
                    help="number of GPUs (default: 1); several, comma-separated, plan each in one table, "
