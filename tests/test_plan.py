@@ -317,7 +317,7 @@ def _gpu_fitting(peak: int, extra: int) -> GPU:
 
 
 def _fits(gpu: GPU, peak: int) -> bool:
-    return peak + sum(CUDA_RESERVE.values()) + int(FRAGMENTATION * peak) <= gpu.memory
+    return peak + sum(CUDA_RESERVE.values()) + int(FRAGMENTATION * peak) <= gpu.capacity
 
 
 def test_largest_batch_is_confirmed_by_tracing_it_and_the_next():
@@ -385,7 +385,8 @@ def test_step_time_is_the_timing_models_on_one_gpu():
     assert p.step_time_s == pytest.approx(r.step_time.total, rel=0.10), (p.step_time_s, r.step_time.total)
     assert p.time.exposed_comm_s == pytest.approx(0.0, abs=1e-9)  # nothing to wait for on one GPU
     assert "calibrated per-op times" in p.time.model
-    assert "extrapolated" in plan(model, inputs, gpu="L4", gpus=1, strategy="ddp", solve=()).time.model
+    # a GPU without measurements of its own (or of a sibling chip) says its constants are extrapolated
+    assert "extrapolated" in plan(model, inputs, gpu="RTX4090", gpus=1, strategy="ddp", solve=()).time.model
 
 
 def test_communication_from_the_traced_collectives():
