@@ -7,6 +7,7 @@ API (for ``estimate --gpu``, ``plan`` and ``validate``)::
     st = step_time(report, gpu)                 # a Report, a Capture, OpNodes or OpWork records
     st.total, st.forward, st.backward, st.optimizer       # seconds
     st.calibrated, st.source                    # measured constants for this GPU, or extrapolated
+    st.likely, st.band_note                     # the likely range (seconds) and what it rests on (band)
     st.achieved_flops, st.mfu                   # model FLOP/s and model FLOPs utilisation
     st.top(10)                                  # the ops that take the most GPU time
     model = load_model(gpu)                     # the constants (TimingModel) for a hardware.GPU
