@@ -112,3 +112,19 @@ def test_cli_estimate_on_a_described_card(tmp_path):
 def test_unknown_name_mentions_the_file_option():
     with pytest.raises(UserError, match="FILE.json"):
         lookup("H10")
+
+
+def test_step_time_range_in_text_json_and_html():
+    """Every predicted step time carries its likely range and what it rests on, in every format."""
+    import examples.mlp as mlp
+
+    from estimator import estimate
+
+    model, inputs = mlp.build()
+    r = estimate(model, inputs, gpu="T4", solve_batch=False)
+    st = r.step_time
+    assert st.likely[0] < st.total < st.likely[1]
+    assert "calibrated on fp32 kernels measured on this GPU" in st.band_note
+    assert ", likely " in str(r) and ", likely " in r.to_html()
+    d = r.to_dict()["step_time"]
+    assert d["likely_s"] == list(st.likely) and d["band_note"] == st.band_note
