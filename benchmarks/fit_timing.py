@@ -627,10 +627,25 @@ def provenance(cases: list[Case]) -> dict:
     }
 
 
+BAND_QUANTILE = 0.8  # the error band's "likely": 4 held-out steps in 5
+
+
+def step_band(rows: list[dict]) -> float:
+    """The error band's ``step`` figure (estimator.timing.band): the BAND_QUANTILE quantile of
+    |log(predicted / measured)| over the held-out steps of :func:`lomo` (nearest rank)."""
+    errors = sorted(abs(math.log(r["ratio"])) for r in rows)
+    return errors[min(len(errors) - 1, math.ceil(BAND_QUANTILE * len(errors)) - 1)]
+
+
 def write_model(model: T.TimingModel, cases: list[Case], path: str = OUT) -> None:
+    rows = lomo(cases)
+    prov = {**provenance(cases), "measured": "training steps",
+            "band": f"step: the {BAND_QUANTILE:.0%} quantile of |log(predicted / measured)| over the "
+                    f"{len(rows)} held-out steps of the leave-one-model-out fit"}
     model = replace(model, source=f"fitted on {len(cases)} measured H100 training steps "
                                   f"(torch {cases[0].meta.get('torch')}, {datetime.date.today().isoformat()})",
-                    provenance=provenance(cases))
+                    provenance=prov, band={"step": step_band(rows), "gemm": 0.0, "conv": 0.0, "memory": 0.0,
+                                           "tensor": 0.0})
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as fh:
         json.dump(model.to_json(), fh, indent=1)

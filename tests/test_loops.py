@@ -151,8 +151,11 @@ def test_accumulation_counts_one_micro_batch_and_times_all_of_them():
     assert fb[4] - fb[3] == pytest.approx(later, rel=1e-9)
     assert fb[2] - fb[1] == pytest.approx(later, rel=0.01)  # N = 1 runs no ``loss / N``: one op fewer
     assert later >= fb[1]
-    # one optimizer step whatever N (the timeline of the optimizer ops does not depend on N)
-    assert passes[4].optimizer == pytest.approx(t1.optimizer, rel=0.05)
+    # one optimizer step whatever N: the same kernels (how much of them the host hides may differ)
+    def optimizer_kernels(t):
+        return sum(o.gpu_s for o in t.ops if o.phase == "optimizer")
+
+    assert optimizer_kernels(passes[4]) == pytest.approx(optimizer_kernels(t1), rel=1e-9)
 
 
 # -- activation checkpointing policies ----------------------------------------------------------------------

@@ -41,7 +41,7 @@ def gpt_report():
 def test_headline_says_what_the_gpu_needs_whether_it_fits_and_the_largest_batch(gpt_report):
     r = gpt_report
     needed = r.memory.peak + sum(r.memory.reserve.values())
-    assert r.needed == needed and r.fits == (needed <= lookup("L4").memory)
+    assert r.needed == needed and r.fits == (needed <= lookup("L4").capacity)
     from estimator.plan import plan
 
     model, inputs, loss_fn = zoo.gpt()
@@ -102,7 +102,7 @@ def test_headline_when_it_does_not_fit_and_without_a_gpu():
 
     # (sized for the L4's architecture: the GPU decides the kernels, hence the peak)
     needed = estimate(model, inputs, loss_fn=loss_fn, gpu="L4", solve_batch=False).needed
-    small = replace(lookup("L4"), name="Tiny", memory=needed - 2**20)
+    small = replace(lookup("L4"), name="Tiny", memory=needed - 2**20, total_memory=None)
     r = estimate(model, inputs, loss_fn=loss_fn, gpu=small)
     assert r.fits is False and "DOES NOT FIT on Tiny" in r.headline() and f"{fmt_bytes(2**20)} short" in r.headline()
     assert r.to_dict()["fit"]["margin"] == -2**20

@@ -81,10 +81,10 @@ def run_hardware(args: argparse.Namespace) -> int:
     from ..hardware import GPUS, TABLE_HEADERS, table_rows
 
     if args.format == "json":
-        text = json.dumps([{"name": g.name, "memory": g.memory, "bandwidth": g.bandwidth, "peak_flops": g.peak,
-                            "aliases": list(g.aliases)} for g in GPUS], indent=2)
+        text = json.dumps([g.to_json() for g in GPUS], indent=2)
     else:
-        text = ("Dense peak TFLOP/s (no sparsity); memory in GB (10^9 bytes)\n" +
+        text = ("Dense peak TFLOP/s (no sparsity); memory: the datasheet's GB (10^9 bytes) and what torch reports "
+                "(total_memory); --gpu FILE.json takes one entry of --format json for a card not listed\n" +
                 tabulate(table_rows(), headers=TABLE_HEADERS, tablefmt="github" if args.format == "markdown"
                          else "simple", disable_numparse=True))
     write_text(text, None)

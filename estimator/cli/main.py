@@ -49,8 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="add the per-operator table (FLOPs and bytes saved for backward per aten op) to table, "
                           "markdown and html; with csv, write one row per operator instead of per module")
     est.add_argument("--gpu", metavar="NAME",
-                     help="size the step for this GPU (a name or alias from 'estimator hardware', e.g. --gpu H100): "
-                          "the report says whether the step fits in its memory")
+                     help="size the step for this GPU (a name or alias from 'estimator hardware', e.g. --gpu H100, "
+                          "or a JSON file describing another card with the fields of 'estimator hardware --format "
+                          "json', e.g. --gpu my_gpu.json): the report says whether the step fits in its memory and "
+                          "how long it takes, with a likely range")
     est.add_argument("--plot", metavar="FILE",
                      help="draw the live-memory timeline with the peak marked (needs matplotlib); the suffix picks "
                           "the image type: .png, .svg or .pdf, e.g. --plot mem.png")

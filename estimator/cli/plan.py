@@ -79,7 +79,8 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
         "parameters gathered and activations computed in that dtype); with zero1-3 a *-mixed precision is "
         "DeepSpeed's bf16/fp16 mode (model cast, fp32 master weights), e.g. --precision fsdp-bf16"))
     p.add_argument("--gpu", required=True, metavar="NAME[,NAME]",
-                   help="the GPU (see 'estimator hardware'); several, comma-separated, plan each in one table, "
+                   help="the GPU (see 'estimator hardware', or a JSON file with the fields of 'estimator hardware "
+                        "--format json' for another card); several, comma-separated, plan each in one table, "
                         "e.g. --gpu H100 or --gpu A100-80GB,H100")
     p.add_argument("--gpus", type=_ints, default=[1], metavar="N[,N]",
                    help="number of GPUs (default: 1); several, comma-separated, plan each in one table, "

@@ -439,8 +439,9 @@ class Planner:
         elif samples is not None:
             n_steps = math.ceil(samples / samples_per_step)
         per_step = model_flops / (mfu * peak) if mfu else time.step_time_s
+        likely = None if (mfu or n_steps is None) else tuple(n_steps * t for t in time.likely_s)
         return Training(n_steps, samples_per_step, tokens_per_step,
-                        n_steps * per_step if n_steps is not None else None, mfu)
+                        n_steps * per_step if n_steps is not None else None, mfu, likely)
 
     def _flops(self, model_flops: float, dtype: str, peak: float, mfu: float | None) -> Flops:
         base = self.single()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from ..render import fmt_bytes, fmt_flops
+from ..render import fmt_bytes, fmt_flops, step_time_words
 from .results import ComparisonData, PlanData, Solve
 from .traced import ROW_TITLES, ROWS
 
@@ -82,7 +82,7 @@ def render_plan(p: PlanData, tablefmt: str = "simple") -> str:
           ("Compute", f"{t.compute_s * 1e3:.2f} ms"),
           ("Communication (exposed)", f"{t.comm_s * 1e3:.2f} ms ({t.exposed_comm_s * 1e3:.2f} ms) over "
                                       f"{', '.join(t.links) or 'no link'}"),
-          ("Step time", f"{t.step_time_s * 1e3:.2f} ms" +
+          ("Step time", step_time_words(t.step_time_s, t.likely_s if t.band_log else (0.0, 0.0), t.band_note) +
            (f" (MFU {p.flops.mfu * 100:.1f}%)" if p.flops.mfu else ""))]
     if t.offload_s:
         tm.append(("Host transfers (offload)", f"{t.offload_s * 1e3:.2f} ms"))
@@ -90,7 +90,9 @@ def render_plan(p: PlanData, tablefmt: str = "simple") -> str:
     if p.fits and tr is not None and tr.steps:
         tm.append(("Steps", f"{tr.steps:,}"))
         at_mfu = f" at MFU {tr.mfu_given * 100:.0f}%" if tr.mfu_given else ""
-        tm.append(("Time to train", fmt_duration(tr.time_to_train_s) + at_mfu +
+        likely = tr.time_to_train_likely_s
+        span = f", likely {fmt_duration(likely[0])} to {fmt_duration(likely[1])}" if likely else ""
+        tm.append(("Time to train", fmt_duration(tr.time_to_train_s) + at_mfu + span +
                    f" ({tr.time_to_train_s * c.gpus / 3600:,.0f} GPU-hours)"))
     f = p.flops
     if f.six_n_per_token:

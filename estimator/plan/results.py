@@ -8,6 +8,7 @@ back by string key.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -28,6 +29,13 @@ class StepTime:
     links: list[str]  # the links the collectives ran on, with their bus bandwidth
     model: str  # "traced schedule" or the ZeRO volume model
     offload_s: float = 0.0  # host transfers of an offloaded layout, not overlapped
+    band_log: float = 0.0  # log half-width of the likely range of the step (estimator.timing.band)
+    band_note: str = ""  # what the range rests on
+
+    @property
+    def likely_s(self) -> tuple[float, float]:
+        """The likely range of ``step_time_s`` (the compute's held-out errors; links not included)."""
+        return self.step_time_s * math.exp(-self.band_log), self.step_time_s * math.exp(self.band_log)
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,7 @@ class Training:
     tokens_per_step: int | None
     time_to_train_s: float | None
     mfu_given: float | None  # --mfu replaces the schedule's step time for the time to train
+    time_to_train_likely_s: tuple[float, float] | None = None  # the step's likely range x steps (no --mfu)
 
 
 @dataclass(frozen=True)
@@ -188,7 +197,11 @@ class PlanData:
             "margin": self.margin, "suggestions": [asdict(s) for s in self.verdict.suggestions],
             "max_batch": self.max_batch, "max_batch_check": asdict(self.batch) if self.batch else None,
             "max_seq": self.max_seq, "max_seq_check": asdict(self.seq) if self.seq else None,
-            "step_time_s": self.step_time_s, "time_to_train_s": self.time_to_train_s,
+            "step_time_s": self.step_time_s, "step_time_likely_s": list(self.time.likely_s),
+            "step_time_band_note": self.time.band_note, "time_to_train_s": self.time_to_train_s,
+            "time_to_train_likely_s": (list(self.training.time_to_train_likely_s)
+                                       if self.fits and self.training and self.training.time_to_train_likely_s
+                                       else None),
             "time": asdict(self.time), "training": asdict(self.training) if self.training else None,
             "flops": asdict(self.flops), "checkpoint_size": dict(self.checkpoint_size), "notes": list(self.notes),
         }

@@ -51,7 +51,7 @@ import torch.utils._pytree as pytree
 from ..graph import OpNode
 from ..hardware import GPU, Link
 from ..rules.registry import MATMUL
-from ..timing import load_model, node_times
+from ..timing import load_model, node_band, node_times
 from .traced import Collective, Step, _op_name
 from .results import StepTime
 
@@ -195,9 +195,11 @@ def traced_time(step: Step, gpu: GPU, intra: Link, inter: Link, optimizer_on_gpu
         end = max(end, t_compute)
     waited += max(0.0, end - max(t_compute, host))  # collectives still running after the last op
     end = max(end, host)
+    band_log, band_note = node_band(step.cap.nodes, end, gpu)
     return StepTime(step_time_s=end, compute_s=busy, comm_s=sum(comm_s.values()), exposed_comm_s=waited,
                     by_phase_s=dict(by_phase), comm_by_kind_s=dict(comm_s), comm_bytes_per_gpu=dict(comm_bytes),
-                    links=sorted(links), model=f"traced schedule, {_model_name(gpu)}")
+                    links=sorted(links), model=f"traced schedule, {_model_name(gpu)}", band_log=band_log,
+                    band_note=band_note)
 
 
 def zero_time(step: Step, gpu: GPU, stage: int, n: int, gpus_per_node: int, intra: Link, inter: Link,
@@ -231,11 +233,13 @@ def zero_time(step: Step, gpu: GPU, stage: int, n: int, gpus_per_node: int, intr
     else:
         exposed = rs_s + ag_s
     compute = sum(by_phase.values())
+    band_log, band_note = node_band(step.cap.nodes, compute + exposed, gpu)
     return StepTime(step_time_s=compute + exposed, compute_s=compute, comm_s=sum(comm_s.values()),
                     exposed_comm_s=exposed, by_phase_s=dict(by_phase), comm_by_kind_s=comm_s,
                     comm_bytes_per_gpu=comm_bytes,
                     links=[f"{lk.name} ({bus_bandwidth(rs_c, intra, inter) / 1e9:g} GB/s bus)"] if n > 1 else [],
-                    model=f"ZeRO volumes (DeepSpeed's overlap defaults), {_model_name(gpu)}")
+                    model=f"ZeRO volumes (DeepSpeed's overlap defaults), {_model_name(gpu)}", band_log=band_log,
+                    band_note=band_note)
 
 
 def matmul_flops(step: Step, phases: Sequence[str] = ("forward", "loss", "backward")) -> tuple[float, str]:

@@ -23,7 +23,7 @@ from .svg import MAX_SVG_POINTS, timeline_data, timeline_svg
 from .text import module_table, no_gradient_table, operators_table, render, summary_rows, unsupported_table
 from .units import (
     CATEGORY_COLORS, CATEGORY_LABEL, OPTIMIZER_NAMES, PHASE_NAMES, SCHEMA_VERSION, fmt_bytes, fmt_count, fmt_flops,
-    fmt_gb,
+    fmt_gb, fmt_seconds, step_time_words,
 )
 from .words import headline, inputs_words, op_words, optimizer_words, place, title, training
 
@@ -31,6 +31,7 @@ __all__ = [
     "CSV_COLUMNS", "OPERATOR_CSV_COLUMNS", "operators_csv", "to_csv", "to_html", "to_dict", "PLOT_SUFFIXES", "plot",
     "plot_formats", "MAX_SVG_POINTS", "timeline_data", "timeline_svg", "module_table", "no_gradient_table",
     "operators_table", "render", "summary_rows", "unsupported_table", "CATEGORY_COLORS", "CATEGORY_LABEL",
-    "OPTIMIZER_NAMES", "PHASE_NAMES", "SCHEMA_VERSION", "fmt_bytes", "fmt_count", "fmt_flops", "fmt_gb", "headline",
+    "OPTIMIZER_NAMES", "PHASE_NAMES", "SCHEMA_VERSION", "fmt_bytes", "fmt_count", "fmt_flops", "fmt_gb", "fmt_seconds",
+    "step_time_words", "headline",
     "inputs_words", "op_words", "optimizer_words", "place", "title", "training",
 ]

@@ -10,7 +10,7 @@ import re
 from tabulate import tabulate
 
 from ..results import ReportData
-from .units import CATEGORY_LABEL, dtype_note, fmt_bytes, fmt_count, fmt_flops
+from .units import CATEGORY_LABEL, dtype_note, fmt_bytes, fmt_count, fmt_flops, step_time_words
 from .words import headline, inputs_words, loop_words, optimizer_words, place, title, training
 
 # -- text -----------------------------------------------------------------
@@ -33,10 +33,9 @@ def _memory_rows(report: ReportData, train: bool) -> list[tuple[str, str]]:
                                                        f"is created inside the first step)"))
         st = report.step_time
         if st is not None:
-            quality = "calibrated on measured kernels" if st.calibrated else "extrapolated from the H100's constants"
-            rows.append((f"Step time on {st.gpu}", f"{st.total * 1e3:.1f} ms (forward {st.forward * 1e3:.1f}, "
-                         f"backward {st.backward * 1e3:.1f}, optimizer {st.optimizer * 1e3:.1f}; "
-                         f"{'launch' if st.bound == 'host' else 'GPU'}-bound; {quality})"))
+            rows.append((f"Step time on {st.gpu}", f"{step_time_words(st.total, st.likely, st.band_note)} "
+                         f"(forward {st.forward * 1e3:.1f}, backward {st.backward * 1e3:.1f}, optimizer "
+                         f"{st.optimizer * 1e3:.1f}; {'launch' if st.bound == 'host' else 'GPU'}-bound)"))
             rows.append(("Achieved FLOP/s, MFU", f"{fmt_flops(st.achieved_flops)}/s, MFU {st.mfu:.1%} "
                          f"(PaLM appendix B: model FLOPs over the step and the peak)"))
             top = st.by_op()

@@ -37,6 +37,26 @@ def fmt_gb(n: int) -> str:
     return f"{n / 1e9:g} GB"
 
 
+def fmt_seconds(t: float) -> str:
+    """A duration with three significant figures: 0.1421 -> '142 ms', 5400 -> '1.50 h'."""
+    for unit, scale in (("us", 1e-6), ("ms", 1e-3), ("s", 1.0), ("min", 60.0), ("h", 3600.0), ("days", 86400.0)):
+        if t < 999.5 * scale or unit == "days":
+            v = t / scale
+            return f"{v:.3g} {unit}" if v >= 1 or unit == "us" else f"{v:.2g} {unit}"
+    return f"{t:.3g} s"  # pragma: no cover
+
+
+def step_time_words(total: float, likely: tuple[float, float], note: str) -> str:
+    """'142 ms, likely 128-156 ms; extrapolated: no kernel measurements for this GPU' (the range from
+    estimator.timing.band: the model's held-out errors for this GPU and this step's op mix)."""
+    lo, hi = likely
+    if not hi:
+        return fmt_seconds(total)
+    (lo_v, lo_u), (hi_v, hi_u) = fmt_seconds(lo).split(" "), fmt_seconds(hi).split(" ")
+    span = f"{lo_v}-{hi_v} {hi_u}" if lo_u == hi_u else f"{lo_v} {lo_u} to {hi_v} {hi_u}"
+    return f"{fmt_seconds(total)}, likely {span}; {note}"
+
+
 CATEGORY_LABEL = {"parameter": "parameters", "buffer": "buffers", "input": "inputs",
                   "optimizer_state": "optimizer state", "gradient": "gradients", "saved": "saved activations",
                   "workspace": "CUDA library workspaces", "temporary": "temporaries",

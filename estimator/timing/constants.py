@@ -1,23 +1,17 @@
-"""The constants of the step-time model for one GPU (:class:`TimingModel`) and where they come from.
+"""The constants of the step-time model for one GPU (:class:`TimingModel`).
 
-The constants are fitted (``benchmarks/fit_timing.py``) on real H100 measurements and stored
-with their provenance in ``estimator/data/timing_h100.json``.  For a GPU without measurements,
-:func:`load_model` scales the H100 figures: efficiencies are fractions of the datasheet peaks and
-the bandwidth a fraction of the datasheet bandwidth, so they carry over; floors and host costs
-are kept (the host is the same kind of machine).  Such a model says ``calibrated=False`` and its
-``source`` says "extrapolated".
+The constants are fitted on measurements (``benchmarks/fit_timing.py``: this project's H100 steps;
+``benchmarks/fit_kernels.py``: public fp32 kernel measurements of other GPUs) and stored with their
+provenance in ``estimator/data/timing_<gpu>.json``; :mod:`.catalog` loads them, or carries them to a
+GPU without measurements (:mod:`.structure`).
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field, replace
-from functools import lru_cache
-from importlib import resources
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..hardware import GPU
-from ..hardware import lookup as lookup_gpu
 
 # -- the constants ---------------------------------------------------------------------------
 
@@ -62,6 +56,10 @@ class TimingModel:
     cpu_tensor: float  # per tensor of a foreach op's lists (the optimizer's per-parameter work)
     cpu_sync: float  # extra host time of a device -> host read (besides waiting for the GPU)
     provenance: Mapping[str, Any] = field(default_factory=dict)
+    tf32: bool = True  # the GPU has TF32 tensor cores (cuDNN runs fp32 convolutions on them by default)
+    # log half-widths of the "likely" range of a step by op family (estimator.timing.band): "step" (the
+    # whole step on a calibrated GPU), "gemm", "conv", "memory", "tensor" (this GPU's extra error)
+    band: Mapping[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -72,35 +70,13 @@ class TimingModel:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
-_DATA_FILES = {"H100-SXM": "timing_h100.json"}
-
-
-@lru_cache(maxsize=None)
-def _measured(name: str) -> TimingModel:
-    text = resources.files("estimator").joinpath("data", _DATA_FILES[name]).read_text()
-    return TimingModel.from_json(json.loads(text))
-
-
 def datasheet_peaks(gpu: GPU) -> dict[str, float]:
+    """fp32 / tf32 / bf16 / fp16 FLOP/s of ``gpu`` (a mode the GPU lacks runs at the next one it has:
+    tf32 -> fp32; bf16 -> fp16 -> fp32), and ``half_cuda``: bf16 / fp16 on the CUDA cores (not the
+    tensor cores), twice the fp32 rate with packed two-element instructions (HFMA2 / BF16x2: the
+    H100 whitepaper's 133.8 non-tensor fp16 and bf16 TFLOP/s for 66.9 fp32), what depthwise
+    convolutions run in bf16 / fp16."""
     fp32 = gpu.peak.get("fp32") or 0.0
     half = gpu.peak.get("bf16") or gpu.peak.get("fp16") or fp32
     return {"fp32": fp32, "tf32": gpu.peak.get("tf32") or fp32, "bf16": half,
-            "fp16": gpu.peak.get("fp16") or half}
-
-
-def load_model(gpu: GPU | str = "H100-SXM") -> TimingModel:
-    """The constants for ``gpu``: measured ones when this GPU was calibrated, else the H100's
-    scaled to ``gpu``'s datasheet (efficiencies are fractions of the peaks and the bandwidth a
-    fraction of the datasheet bandwidth, so they carry over; floors and host costs are kept),
-    marked ``calibrated=False``."""
-    gpu = lookup_gpu(gpu) if isinstance(gpu, str) else gpu
-    if gpu.name in _DATA_FILES:
-        return _measured(gpu.name)
-    ref_name = "H100-SXM"
-    ref = _measured(ref_name)
-    ref_gpu = lookup_gpu(ref_name)
-    return replace(
-        ref, gpu=gpu.name, calibrated=False,
-        source=f"extrapolated from {ref_name} ({ref.source}): efficiencies x {gpu.name}'s datasheet peaks, "
-               f"bandwidth x {gpu.bandwidth / ref_gpu.bandwidth:.3g}",
-        bandwidth=ref.bandwidth * gpu.bandwidth / ref_gpu.bandwidth, peaks=datasheet_peaks(gpu))
+            "fp16": gpu.peak.get("fp16") or half, "half_cuda": 2 * fp32}

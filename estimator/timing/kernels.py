@@ -7,7 +7,7 @@ constants (:class:`~.constants.TimingModel`).
   is the datasheet peak (``hardware.GPU.peak``) of the precision the kernel runs in: fp32 GEMMs
   on the fp32 pipes (``torch.backends.cuda.matmul.allow_tf32`` is False by default), cuDNN
   convolutions in TF32 (``torch.backends.cudnn.allow_tf32`` is True), bf16/fp16 on tensor cores,
-  grouped (depthwise) convolutions on the fp32 pipes.  ``eff`` is the achieved fraction per op
+  grouped (depthwise) convolutions on the CUDA cores (fp32, or packed bf16/fp16 at twice that).  ``eff`` is the achieved fraction per op
   family and precision (and backend for attention; backward kernels x ``attention_backward`` /
   ``conv_backward``).  ``size = rows/(rows + fill_rows) * m/(m + n0) * n/(n + n0) * k/(k + k0)``
   (rows = batch * m * n output elements): small GEMMs fill too few tiles, narrow ones pad their
@@ -42,20 +42,22 @@ from .records import OpWork
 # -- per-op times ------------------------------------------------------------------------------
 
 
-def precision_of(w: OpWork, matmul_tf32: bool = False) -> tuple[str, str]:
+def precision_of(w: OpWork, matmul_tf32: bool = False, conv_tf32: bool = True) -> tuple[str, str]:
     """(peak key, efficiency key) of a compute op: which datasheet peak and which achieved fraction.
 
     fp32 GEMMs run on the fp32 pipes unless ``torch.backends.cuda.matmul.allow_tf32`` (default
-    False); cuDNN convolutions run TF32 (``torch.backends.cudnn.allow_tf32``, default True).
+    False); cuDNN convolutions run TF32 (``torch.backends.cudnn.allow_tf32``, default True) on a GPU
+    with TF32 tensor cores (``conv_tf32``: ``TimingModel.tf32``), else on the fp32 pipes.
     Grouped (depthwise) convolutions are not GEMMs: cuDNN runs them as direct convolutions on the
-    CUDA cores, timed against the fp32 peak with their own efficiency ("grouped").
+    CUDA cores, timed against the CUDA cores' peak of their dtype (fp32, or ``half_cuda``: packed
+    bf16 / fp16, twice the fp32 rate) with their own efficiency ("grouped").
     """
     dtype = w.dtype or "float32"
     if w.kind == CONV and w.batch > 1:
-        return "fp32", "grouped"
+        return ("half_cuda" if dtype in ("bfloat16", "float16") else "fp32"), "grouped"
     if dtype in ("bfloat16", "float16"):
         return ("bf16" if dtype == "bfloat16" else "fp16"), "half"
-    if w.kind == CONV or (w.kind == MATMUL and matmul_tf32):
+    if (w.kind == CONV and conv_tf32) or (w.kind == MATMUL and matmul_tf32):
         return "tf32", "tf32"
     return "fp32", "fp32"
 
@@ -109,7 +111,7 @@ def rnn_seconds(w: OpWork, model: TimingModel, matmul_tf32: bool = False) -> flo
     ``steps`` dependent steps, each a recurrent GEMM [batch, hidden] @ [hidden, gates * hidden]
     with the gate math fused in.  Backward: input gradients and weight gradients as big GEMMs,
     and one recurrent GEMM per step."""
-    peak_key, eff_key = precision_of(w, matmul_tf32)
+    peak_key, eff_key = precision_of(w, matmul_tf32, model.tf32)
     layers = max(1, w.batch)
     t_steps = w.steps // layers  # time steps per layer
     rows = t_steps * w.m  # T * B rows of the input projection
@@ -126,8 +128,9 @@ def rnn_seconds(w: OpWork, model: TimingModel, matmul_tf32: bool = False) -> flo
     return big + w.steps * step
 
 
-def gpu_seconds(w: OpWork, model: TimingModel, matmul_tf32: bool = False) -> float:
-    """GPU time of one op when the GPU is busy (kernels back to back)."""
+def gpu_seconds(w: OpWork, model: TimingModel, matmul_tf32: bool = False, conv_tf32: bool | None = None) -> float:
+    """GPU time of one op when the GPU is busy (kernels back to back).  ``conv_tf32``: whether cuDNN may
+    run fp32 convolutions in TF32 (default: the GPU has TF32, ``model.tf32``, as torch's default allows)."""
     if w.kind in NO_KERNEL:
         return 0.0
     if w.kind == MEMORY:
@@ -135,7 +138,7 @@ def gpu_seconds(w: OpWork, model: TimingModel, matmul_tf32: bool = False) -> flo
         return w.launches * model.launch_s + w.bytes / bandwidth
     if w.kind == RNN:
         return rnn_seconds(w, model, matmul_tf32)
-    peak_key, precision = precision_of(w, matmul_tf32)
+    peak_key, precision = precision_of(w, matmul_tf32, model.tf32 if conv_tf32 is None else conv_tf32)
     eff = model.eff[efficiency_key(w, precision)]
     flops = float(w.flops)
     if w.kind == ATTENTION:

@@ -21,7 +21,7 @@ from .geometry import (
     numel, op_base,
 )
 from .optable import (
-    ATTENTION, ATTENTION_OPS, CONV, CONV_BACKWARD_OPS, CONV_OPS, FOREACH_DEPTH, GATHER_OPS, HOST, LAUNCHES,
+    ATTENTION, ATTENTION_OPS, CAST_OPS, CONV, CONV_BACKWARD_OPS, CONV_OPS, FOREACH_DEPTH, GATHER_OPS, HOST, LAUNCHES,
     LIBRARY_OPS, MATMUL, MATMUL_OPS, MEMORY, MEMORY_CLASS, RNN, RNN_OPS, SYNC, SYNC_OPS, TENSOR_CORE_BYTES, VIEW,
     VIEW_OPS,
 )
@@ -260,7 +260,16 @@ def _work(name, base, phase, ins, outs, causal, shapes) -> OpWork:
     if kind == RNN:
         return _rnn_work(name, base, phase, ins, outs, common)
     return OpWork(name, phase, MEMORY, launches=launches, library="cudnn" if base in LIBRARY_OPS else "",
-                  memory_class=MEMORY_CLASS.get(base, "elementwise"), **common)
+                  memory_class=_memory_class(base, ins, outs), **common)
+
+
+def _memory_class(base, ins, outs) -> str:
+    """MEMORY_CLASS of the op, or "cast_widen" for a cast to a wider float (bf16 -> fp32)."""
+    if base in CAST_OPS and ins and outs:
+        src, dst = ins[0][1], outs[0][1]
+        if src.startswith(("float", "bfloat")) and dst.startswith("float") and itemsize(dst) > itemsize(src):
+            return "cast_widen"
+    return MEMORY_CLASS.get(base, "elementwise")
 
 
 def _matmul_work(name, base, phase, ins, outs, shapes, common) -> OpWork:
@@ -393,5 +402,7 @@ def _foreach_work(name, base, phase, ins, outs, dtype) -> OpWork:
     written = sum(_bytes_of(t) for t in outs) if outs else (sum(_bytes_of(t) for t in first) if is_inplace(base) else 0)
     depth = lists + (0 if is_inplace(base) else 1)
     launches = foreach_launches([numel(t[0]) for t in first], depth)
+    # an out-of-place foreach op writes new tensors (AdamW's _foreach_sqrt): it streams slower
+    cls = MEMORY_CLASS.get(base, "elementwise" if is_inplace(base) or not outs else "foreach_new")
     return OpWork(name, phase, MEMORY, bytes_read=read, bytes_written=written, dtype=dtype, launches=launches,
-                  tensors=n_list)
+                  tensors=n_list, memory_class=cls)

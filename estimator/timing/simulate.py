@@ -21,7 +21,9 @@ from typing import Any, Sequence
 
 from ..hardware import GPU
 from ..hardware import lookup as lookup_gpu
-from .constants import TimingModel, load_model
+from .band import half_width, likely_range, origin, shares
+from .catalog import load_model
+from .constants import TimingModel
 from .geometry import op_base
 from .host import cpu_seconds
 from .kernels import gpu_seconds, precision_of
@@ -69,6 +71,9 @@ class StepTime:
     calibrated: bool
     source: str
     ops: list[OpTime] = field(default_factory=list, repr=False)
+    likely: tuple[float, float] = (0.0, 0.0)  # the likely range of ``total`` (estimator.timing.band)
+    band_note: str = ""  # what the range rests on (calibrated, from a sibling, extrapolated)
+    shares: dict[str, float] = field(default_factory=dict)  # kernel time by band family over the step
 
     @property
     def achieved_flops(self) -> float:
@@ -101,6 +106,8 @@ class StepTime:
                 "optimizer_s": self.optimizer, "gpu_busy_s": self.gpu_busy, "host_s": self.host,
                 "bound": self.bound, "model_flops": self.model_flops, "achieved_flops": self.achieved_flops,
                 "mfu": self.mfu, "calibrated": self.calibrated, "source": self.source,
+                "likely_s": list(self.likely), "band_note": self.band_note,
+                "band_shares": {k: round(v, 4) for k, v in self.shares.items()},
                 "top_ops": [{"op": o.op, "phase": o.phase, "gpu_s": o.gpu_s} for o in self.top(10)]}
 
 
@@ -158,12 +165,15 @@ def simulate(works: Sequence[OpWork], model: TimingModel, matmul_tf32: bool = Fa
     for w in works:
         if w.kind in COMPUTE_KINDS and w.phase in ("forward", "backward"):
             model_flops += w.flops
-            key = precision_of(w, matmul_tf32)[0]
+            key = precision_of(w, matmul_tf32, model.tf32)[0]
             flops_by_peak[key] = flops_by_peak.get(key, 0) + w.flops
     peak_key = max(flops_by_peak, key=flops_by_peak.get) if flops_by_peak else "fp32"
+    share = shares(works, gpu_s, total, model, matmul_tf32)
     return StepTime(gpu=model.gpu, total=total, forward=forward, backward=backward,
                     optimizer=optimizer, gpu_busy=sum(gpu_s), host=sum(cpu_s), model_flops=model_flops,
-                    peak=model.peaks.get(peak_key, 0.0), calibrated=model.calibrated, source=model.source, ops=ops)
+                    peak=model.peaks.get(peak_key, 0.0), calibrated=model.calibrated, source=model.source, ops=ops,
+                    likely=likely_range(total, half_width(model.band, share)), band_note=origin(model, share),
+                    shares=share)
 
 
 # optimizer-state initialisation that only the first step runs (the capture records step 1)
@@ -217,6 +227,18 @@ def node_times(nodes: Sequence[Any], gpu: GPU | str = "H100-SXM", model: TimingM
         else:
             out.append((gpu_seconds(w, model, matmul_tf32), cpu_seconds(w, model), w.sync))
     return out
+
+
+def node_band(nodes: Sequence[Any], total: float, gpu: GPU | str = "H100-SXM", model: TimingModel | None = None, *,
+              matmul_tf32: bool = False) -> tuple[float, str]:
+    """(log half-width, what it rests on) of the likely range of a step of ``total`` seconds whose
+    compute is ``nodes`` (estimator.timing.band; the planner's schedules, whose step adds communication
+    to the kernels: the range covers the kernels' and the host's error, not the links')."""
+    gpu = lookup_gpu(gpu) if isinstance(gpu, str) else gpu
+    model = model or load_model(gpu)
+    works = works_of(nodes)
+    share = shares(works, [gpu_seconds(w, model, matmul_tf32) for w in works], total, model, matmul_tf32)
+    return half_width(model.band, share), origin(model, share)
 
 
 def step_time(obj: Any, gpu: GPU | str = "H100-SXM", model: TimingModel | None = None, *,
