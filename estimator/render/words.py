@@ -107,6 +107,17 @@ def inputs_words(report: ReportData) -> str:
 # -- the headline -----------------------------------------------------------
 
 
+def gpu_limit(report: ReportData) -> tuple[int, str] | None:
+    """(bytes, words) of the GPU's room for the peak: its capacity less the CUDA reserve (what the headline
+    compares: the step fits when its peak stays under it), for the charts; None without a GPU."""
+    if report.gpu is None or report.memory is None or report.device != "cuda":
+        return None
+    reserve = sum(report.memory.reserve.values())
+    room = report.gpu.capacity - reserve
+    return room, (f"{report.gpu.name}: {fmt_bytes(room)} for the peak ({fmt_bytes(report.gpu.capacity)} less "
+                  f"{fmt_bytes(reserve)} CUDA reserve)")
+
+
 def loop_words(cap: Any) -> str:
     """The training loop estimated, in words: 'output dropped once the loss is computed (loss = model(x).loss;
     --keep-output holds it through backward)', and the micro-batches of a gradient accumulation."""
