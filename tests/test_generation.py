@@ -161,6 +161,7 @@ def test_quantize_answers_in_the_headline(capsys):
     """A 13B-shaped Llama does not fit an L4 in bf16 and fits with int4 weights: --quantize int4 says so first."""
     from estimator.cli import main
     from estimator.memory import needed_for_peak
+    from estimator.render import fmt_bytes
 
     spec = ["hf:llama", "--set", "num_hidden_layers=40", "--set", "hidden_size=5120", "--set", "intermediate_size=13824",
             "--set", "num_attention_heads=40", "--set", "num_key_value_heads=40", "--seq", "64", "--mode", "inference",
@@ -172,6 +173,11 @@ def test_quantize_answers_in_the_headline(capsys):
     assert main(["estimate", *spec, "--quantize", "int4"]) == 0
     int4 = json.loads(capsys.readouterr().out)
     assert not plain["fit"]["fits"] and plain["headline"].startswith("Inference needs")
+    # without --quantize the headline says which quantization would fit (int8 first: the smaller change), and
+    # what it would need: the int8 what-if's peak with the reserve on it
+    int8_needs = needed_for_peak({q["scheme"]: q for q in plain["quantized"]}["int8"]["peak"])
+    assert int8_needs <= plain["fit"]["capacity"]
+    assert f"; fits with int8 weights (needs {fmt_bytes(int8_needs)}: --quantize int8)" in plain["headline"]
     assert int4["fit"]["fits"] and int4["headline"].startswith("Inference with int4 weights (NF4, bitsandbytes) needs")
     assert ": fits on L4" in int4["headline"]
     # the headline's figure is the int4 what-if's peak with the reserve on it, the what-if every inference report shows

@@ -51,4 +51,5 @@ from .options import Capture, Progress, StepOptions
 from .run import capture
 
 __all__ = ["capture", "Capture", "StepOptions", "Progress", "Phase", "FORWARD_PHASES", "LOSS_MODULE",
-           "INPUT_MODULE", "OPTIMIZER_MODULE", "GENERATE_MODULE", "Generation", "KV_CACHES", "select_loss", "default_loss", "split_inputs", "tensor_spec"]
+           "INPUT_MODULE", "OPTIMIZER_MODULE", "GENERATE_MODULE", "Generation", "KV_CACHES", "select_loss",
+           "default_loss", "split_inputs", "tensor_spec"]

@@ -23,9 +23,10 @@ ROW_COLORS = {
     "workspaces": CATEGORY_COLORS["workspace"], "reserve": "#bab0ac",
 }
 ROW_LABELS = {**ROW_TITLES, "reserve": "Reserve (CUDA context, fragmentation)"}
-TIME_PARTS = (("compute", "compute", "#4e79a7"), ("exposed", "communication the compute waits for (exposed)", "#e15759"),
-              ("hidden", "communication hidden behind compute", "#f4b6b7"), ("offload", "host transfers (offload)",
-                                                                               "#edc948"))
+TIME_PARTS = (("compute", "compute", "#4e79a7"),
+              ("exposed", "communication the compute waits for (exposed)", "#e15759"),
+              ("hidden", "communication hidden behind compute", "#f4b6b7"),
+              ("offload", "host transfers (offload)", "#edc948"))
 
 
 def plans_of(result: Any) -> list[PlanData]:

@@ -206,4 +206,5 @@ def _recommendation(cmp: ComparisonData) -> str:
     fit = sum(p.fits for p in cmp.plans)
     if best is None:
         return f"none of these {len(cmp.plans)} plans fits"
-    return f"recommended: {label(best)} ({fit} of {len(cmp.plans)} plans fit; needs {fmt_bytes(best.verdict.needed)} per GPU)"
+    return (f"recommended: {label(best)} ({fit} of {len(cmp.plans)} plans fit; needs {fmt_bytes(best.verdict.needed)} "
+            f"per GPU)")

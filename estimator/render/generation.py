@@ -30,7 +30,8 @@ def cache_words(report: ReportData) -> str:
     text += " (batch x KV heads x tokens x head dim)"
     heads = {r["keys"][1] for r in g.layers if len(r["keys"]) == 4}
     if g.query_heads and heads and max(heads) < g.query_heads:
-        text += f"; {'/'.join(map(str, sorted(heads)))} KV heads for {g.query_heads} query heads (grouped-query attention)"
+        kv = "/".join(map(str, sorted(heads)))
+        text += f"; {kv} KV heads for {g.query_heads} query heads (grouped-query attention)"
     return text
 
 
@@ -57,6 +58,7 @@ def generation_rows(report: ReportData) -> list[tuple[str, str]]:
     pre, dec = g.stages["prefill"].time_s, g.stages["decode"].time_s
     if pre is not None and dec is not None and report.gpu is not None:
         rows.append((f"Time on {report.gpu.name}", f"prefill {pre * 1e3:.1f} ms, last decode step {dec * 1e3:.2f} ms "
-                                                   f"({g.tokens_per_s:,.0f} tokens/s for the batch); about "
-                                                   f"{(pre + g.new_tokens * dec):.2f} s for the whole generation"))
+                                                   f"({g.tokens_per_s:,.0f} tokens/s for the batch); at most "
+                                                   f"{(pre + g.new_tokens * dec):.2f} s for the whole generation "
+                                                   f"(every decode step as long as the last)"))
     return rows

@@ -316,7 +316,8 @@ def to_html(report: ReportData, depth: int | None = None) -> str:
     fits = report.fits
     verdict = "unknown" if fits is None else ("fits" if fits else "nofit")
     subtitle = ", ".join(w for w in (inputs_words(report), report.precision, report.device,
-                                     "training step" if train else "inference") if w)
+                                     {"train": "training step", "generate": "generation"}.get(report.mode,
+                                                                                               "inference")) if w)
     timeline, timeline_json = _timeline_section(report, train)
     missing = _no_gradient_section(t)
     operators = _operators_section(t, train)

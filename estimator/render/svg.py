@@ -147,7 +147,8 @@ def _limit_svg(at: float | None, text: str, x0: float, x1: float, top: float) ->
     scale) a note at the chart's top edge ``top``."""
     label = html.escape(text)
     if at is None:
-        return f'<text x="{x1 - 6:.1f}" y="{top + 14:.1f}" text-anchor="end" class="limit">{label} (above this scale)</text>'
+        return (f'<text x="{x1 - 6:.1f}" y="{top + 14:.1f}" text-anchor="end" class="limit">{label} '
+                f'(above this scale)</text>')
     return (f'<line x1="{x0:.1f}" x2="{x1:.1f}" y1="{at:.1f}" y2="{at:.1f}" stroke="#c62828" '
             f'stroke-width="1.6" stroke-dasharray="7 4" class="limit"><title>{label}</title></line>'
             f'<text x="{x0 + 6:.1f}" y="{at - 5:.1f}" class="limit">{label}</text>')

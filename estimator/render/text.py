@@ -42,7 +42,8 @@ def _memory_rows(report: ReportData, train: bool) -> list[tuple[str, str]]:
         st = report.step_time
         if st is not None:
             quality = "calibrated on measured kernels" if st.calibrated else "extrapolated from the H100's constants"
-            rows.append((f"Step time on {st.gpu}{' (16-bit weights)' if report.quantize else ''}", f"{st.total * 1e3:.1f} ms (forward {st.forward * 1e3:.1f}, "
+            weights = " (16-bit weights)" if report.quantize else ""
+            rows.append((f"Step time on {st.gpu}{weights}", f"{st.total * 1e3:.1f} ms (forward {st.forward * 1e3:.1f}, "
                          f"backward {st.backward * 1e3:.1f}, optimizer {st.optimizer * 1e3:.1f}; "
                          f"{'launch' if st.bound == 'host' else 'GPU'}-bound; {quality})"))
             rows.append(("Achieved FLOP/s, MFU", f"{fmt_flops(st.achieved_flops)}/s, MFU {st.mfu:.1%} "
@@ -53,7 +54,8 @@ def _memory_rows(report: ReportData, train: bool) -> list[tuple[str, str]]:
         if report.kernels:
             rows.append(("Kernels assumed", ", ".join(f"{name} x{n}" for name, n in report.kernels.items())))
         if m.reserve:
-            rows.append((f"Memory: CUDA reserve{' as traced' if report.quantize else ''}", f"{fmt_bytes(sum(m.reserve.values()))}: " + ", ".join(
+            traced = " as traced" if report.quantize else ""
+            rows.append((f"Memory: CUDA reserve{traced}", f"{fmt_bytes(sum(m.reserve.values()))}: " + ", ".join(
                 f"{_RESERVE_LABEL.get(k, k.replace('_', ' '))} {fmt_bytes(v)}" for k, v in m.reserve.items())))
     return rows
 

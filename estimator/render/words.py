@@ -145,7 +145,8 @@ def headline(report: ReportData) -> str:
     if report.device != "cuda":
         text = f"{what} needs {fmt_bytes(needed)} of memory (peak of live tensors on the CPU target)"
     else:
-        text = f"{what} needs {fmt_bytes(needed)} on the GPU (peak {fmt_bytes(peak)} + {fmt_bytes(needed - peak)} CUDA reserve)"
+        text = (f"{what} needs {fmt_bytes(needed)} on the GPU (peak {fmt_bytes(peak)} + {fmt_bytes(needed - peak)} "
+                f"CUDA reserve)")
     gpu = report.gpu
     if gpu is None:
         return text + _generation_tail(report) + ("; add --gpu NAME to check a GPU" if report.device == "cuda" else "")
@@ -156,6 +157,7 @@ def headline(report: ReportData) -> str:
         text += f": fits on {gpu.name} ({capacity}, {fmt_bytes(usable - needed)} to spare)"
     else:
         text += f": DOES NOT FIT on {gpu.name} ({capacity}, {fmt_bytes(needed - usable)} short)"
+        text += _quantized_fit(report)
     text += _generation_tail(report)
     if report.max_batch is not None:
         text += ("; no micro-batch fits on one GPU (estimator plan shards it over several)" if report.max_batch == 0
@@ -165,6 +167,24 @@ def headline(report: ReportData) -> str:
     elif report.max_batch_note and training(report):
         text += f"; largest micro-batch {report.max_batch_note}"  # "not searched: ..." or "over ..."
     return text
+
+
+def _quantized_fit(report: ReportData) -> str:
+    """'; fits with int8 weights (needs 14.20 GiB: --quantize int8)': the first weight-only quantization that
+    would fit an inference or generation that does not (int8 before int4: the smaller change)."""
+    if report.quantize or report.mode == "train" or report.gpu is None or report.device != "cuda":
+        return ""
+    from ..memory import needed_for_peak
+    from ..quantize import QUANT_SCHEMES, quantized_peak
+
+    m = report.memory
+    for scheme in QUANT_SCHEMES if report.quantized else ():
+        # what --quantize SCHEME would answer (ReportData.needed with quantize set)
+        needs = needed_for_peak(quantized_peak(report.capture, "cuda", max(m.peak, m.peak_first_step), scheme))
+        if needs <= report.gpu.capacity:
+            return f"; fits with {scheme} weights (needs {fmt_bytes(needs)}: --quantize {scheme})"
+            return f"; fits with {q.scheme} weights (needs {fmt_bytes(needs)}: --quantize {q.scheme})"
+    return ""
 
 
 def _generation_tail(report: ReportData) -> str:
