@@ -96,6 +96,10 @@ def estimate(
     cuda_torch: str | None = None,
     solve_batch: bool = True,
     replicate: bool = True,
+    prompt_len: int | None = None,
+    new_tokens: int | None = None,
+    kv_cache: str = "dynamic",
+    quantize: str | None = None,
 ) -> Report:
     """Estimate one training step (forward, loss, backward, optimizer step) of ``model``.
 
@@ -117,7 +121,10 @@ def estimate(
             its capacity.  Implies the ``"cuda"`` target.
         precision: ``fp32``, ``bf16``, ``fp16``, ``bf16-mixed`` or ``fp16-mixed`` (see
             :mod:`estimator.precision`).
-        mode: ``"train"`` (one training step) or ``"inference"`` (forward under ``no_grad``).
+        mode: ``"train"`` (one training step), ``"inference"`` (forward under ``no_grad``; ``inputs`` without
+            labels, or the model computes its loss) or ``"generate"`` (transformers' ``generate()``: the
+            prefill and the last decode step with the KV cache, see :mod:`estimator.generation`; ``inputs``:
+            the prompt's ``input_ids``).
         checkpoint: module classes (or class names) to run under activation checkpointing,
             as a what-if: the report shows the memory saved and the FLOPs added.
         checkpoint_policy: which instances and ops the what-if recomputes: ``"full"`` (every instance,
@@ -139,6 +146,13 @@ def estimate(
             every block.
         progress: ``progress(stage, detail="")``, called as the estimate advances (the module being
             traced in forward, then each phase, counting, memory); the command line draws it.
+        prompt_len: ``mode="generate"``: the prompt's length (default: the length of ``inputs``' ids).
+        new_tokens: ``mode="generate"``: the tokens generated after the prompt.
+        kv_cache: ``mode="generate"``: ``"dynamic"`` (transformers' DynamicCache, generate()'s default) or
+            ``"static"`` (StaticCache, ``cache_implementation="static"``).
+        quantize: ``"int8"`` or ``"int4"`` (inference and generation): the weights of the Linear layers as
+            bitsandbytes quantizes them (see :mod:`estimator.quantize`); the headline, ``needed`` and the
+            fit are sized with them.
     """
     if device not in ("cuda", "cpu"):
         raise UserError(f"device must be 'cuda' or 'cpu', not {device!r}")
@@ -147,12 +161,7 @@ def estimate(
         if device != "cuda":
             raise UserError(f"gpu={gpu!r} sizes the step for a CUDA GPU: use device='cuda' (the default)")
         target_gpu = gpu if isinstance(gpu, GPU) else lookup(gpu)
-    if mode not in ("train", "inference"):
-        raise UserError(f"mode must be 'train' or 'inference', not {mode!r}")
-    if not isinstance(grad_accum, int) or isinstance(grad_accum, bool) or grad_accum < 1:
-        raise UserError(f"grad_accum must be an integer >= 1, not {grad_accum!r}")
-    if mode != "train" and grad_accum > 1:
-        raise UserError("grad_accum applies to training steps; drop it for mode='inference'")
+    _check_mode(mode, grad_accum, quantize, prompt_len, new_tokens)
     policy = parse_policy(checkpoint_policy)
     options = StepOptions(
         loss_fn=loss_fn,
@@ -168,11 +177,23 @@ def estimate(
         cuda=CudaTarget.for_gpu(target_gpu, _torch_version(cuda_torch)) if device == "cuda" else None,
     )
     classes = resolve_classes(model, checkpoint)
+    if classes and mode != "train":
+        raise UserError(f"checkpoint is a what-if of training steps (recomputation in backward); mode={mode!r} "
+                        f"has no backward: drop it")
     progress = progress or (lambda stage, detail="": None)
-    cap = capture(model, inputs, options, mode=trace, progress=progress)
-    t, profile = _analyse(cap, options, device, progress)
+    generation = None
+    if mode == "generate":
+        from .generation import trace_generation
+
+        cap, t, profile, generation = trace_generation(
+            model, inputs, options, prompt_len=prompt_len, new_tokens=new_tokens, kv_cache=kv_cache, device=device,
+            trace=trace, progress=progress, gpu=target_gpu)
+    else:
+        cap = capture(model, inputs, options, mode=trace, progress=progress)
+        t, profile = _analyse(cap, options, device, progress)
     report = Report(cap, t, model_name=model_name or type(model).__name__, depth=depth, memory=profile,
-                    device=device, precision=options.precision.name, mode=mode, gpu=target_gpu)
+                    device=device, precision=options.precision.name, mode=mode, gpu=target_gpu,
+                    generation=generation, quantize=quantize)
     if classes:
         report.checkpoint = _checkpoint_what_if(model, inputs, options, classes, policy, trace, device, t, profile,
                                                 progress)
@@ -191,6 +212,21 @@ def estimate(
                 precision=options.precision.name, trace=trace, keep_output=options.keep_output, grad_accum=grad_accum,
                 replicate=replicate)
     return report
+
+
+def _check_mode(mode: str, grad_accum: Any, quantize: str | None, prompt_len: Any, new_tokens: Any) -> None:
+    """The mode and the options that go with it, or a one-line error."""
+    from .quantize import check_scheme
+
+    if mode not in ("train", "inference", "generate"):
+        raise UserError(f"mode must be 'train', 'inference' or 'generate', not {mode!r}")
+    if not isinstance(grad_accum, int) or isinstance(grad_accum, bool) or grad_accum < 1:
+        raise UserError(f"grad_accum must be an integer >= 1, not {grad_accum!r}")
+    if mode != "train" and grad_accum > 1:
+        raise UserError(f"grad_accum applies to training steps; drop it for mode={mode!r}")
+    if mode != "generate" and (prompt_len is not None or new_tokens is not None):
+        raise UserError("prompt_len and new_tokens size generation: use mode='generate'")
+    check_scheme(quantize, mode)
 
 
 def _largest_batch(model, inputs, gpu: GPU, **kwargs: Any) -> tuple[int | None, str | None, int | None]:

@@ -46,6 +46,7 @@ class Category(StrEnum):
 
     PARAMETER = "parameter"
     BUFFER = "buffer"
+    KV_CACHE = "kv_cache"  # generation: the keys and values of past tokens (transformers' Cache)
     INPUT = "input"
     OPTIMIZER_STATE = "optimizer_state"
     GRADIENT = "gradient"

@@ -11,7 +11,8 @@ from typing import Any
 
 from . import render as _render
 from .render import SCHEMA_VERSION, fmt_bytes, fmt_count, fmt_flops  # noqa: F401  (re-exported)
-from .results import CheckpointWhatIf, ModuleRow, QuantizedWhatIf, ReportData  # noqa: F401  (re-exported)
+from .results import CheckpointWhatIf, ModuleRow, ReportData  # noqa: F401  (re-exported)
+from .quantize import QuantizedWhatIf  # noqa: F401  (re-exported)
 
 
 class Report(ReportData):
@@ -59,3 +60,15 @@ class Report(ReportData):
 
     def __str__(self) -> str:
         return self.render()
+
+    def __repr__(self) -> str:
+        """The headline (a notebook cell or a REPL shows this, not every field of the capture)."""
+        return f"<Report of {self.model_name or 'a model'}: {self.headline()}>"
+
+    def _repr_html_(self) -> str:
+        """The HTML report inline in a notebook: the page of :meth:`to_html` in an iframe (its styles and its
+        hover script stay inside it; the notebook's own are untouched)."""
+        import html
+
+        return (f'<iframe srcdoc="{html.escape(self.to_html(), quote=True)}" title="{html.escape(self.headline())}" '
+                f'style="width:100%;height:760px;border:1px solid #ddd;border-radius:4px"></iframe>')

@@ -16,6 +16,7 @@ import torch.fx as fx
 from .capture import INPUT_MODULE, LOSS_MODULE, Capture
 from .hardware import GPU
 from .memory import MemoryProfile
+from .quantize import QUANT_SCHEMES, QuantizedWhatIf, quantized_peak, quantized_what_ifs  # noqa: F401
 from .tally import ModuleTally, Tally
 
 
@@ -63,48 +64,6 @@ class CheckpointWhatIf:
         return {k: v for k, v in self.__dict__.items() if k != "timeline"}
 
 
-# Weight-only quantization for inference, as bitsandbytes lays the weights out when transformers /
-# accelerate load a model with ``load_in_8bit`` / ``load_in_4bit`` (BitsAndBytesConfig defaults):
-#
-# * int8, LLM.int8() (``bnb.nn.Linear8bitLt``, ``Int8Params``): the weight as int8 ``CB`` (out x in,
-#   1 byte each) plus ``SCB``, one float32 absmax scale per output row (row-wise quantization:
-#   Dettmers et al. 2022, "LLM.int8()", section 3; bitsandbytes ``int8_vectorwise_quant``).
-# * int4, NF4 / FP4 (``bnb.nn.Linear4bit``, ``Params4bit``, ``quantize_4bit``): two 4-bit values
-#   per byte (ceil(out x in / 2) bytes) plus one float32 absmax per block of 64 weights
-#   (``blocksize=64``; ``bnb_4bit_use_double_quant=False``, transformers' default).  The matmul
-#   dequantizes one layer's weight at a time to the compute dtype (16-bit), a temporary of
-#   out x in x 2 bytes.
-#
-# Only the weights of ``nn.Linear`` (and transformers' ``Conv1D``) layers are quantized, as
-# ``replace_with_bnb_linear`` does; biases, embeddings, norms, and what transformers'
-# ``get_keys_to_not_convert`` keeps in full precision (the output head ``lm_head``, the module
-# holding the last parameter, tied weights) stay as they are.
-QUANT_SCHEMES = {
-    "int8": dict(layout="bitsandbytes LLM.int8: int8 weights + one float32 scale per output row",
-                 bits=8, group=None),
-    "int4": dict(layout="bitsandbytes NF4/FP4: 4-bit weights, two per byte + one float32 absmax per 64 weights",
-                 bits=4, group=64),
-}
-INT4_COMPUTE_BYTES = 2  # the 16-bit compute dtype one dequantized layer takes during its matmul
-
-
-@dataclass
-class QuantizedWhatIf:
-    """Inference with the weights of the ``nn.Linear`` layers quantized (weight-only), see QUANT_SCHEMES."""
-
-    scheme: str
-    layout: str
-    layers: int  # Linear layers quantized
-    params: int  # their weights' elements
-    weights_before: int  # bytes of those weights as traced
-    weights_after: int  # bytes quantized (values + scales)
-    parameters: int  # all parameter bytes after quantization
-    peak: int  # the inference peak with the quantized weights
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
 @dataclass
 class ReportData:
     """The numbers of the estimate of one step (the base of :class:`estimator.report.Report`)."""
@@ -125,6 +84,9 @@ class ReportData:
     max_batch_margin: int | None = None  # bytes to spare on ``gpu`` at ``max_batch`` (traced there)
     # predicted step time on ``gpu`` (estimator.timing; CUDA targets sized for a GPU), else None
     step_time: Any = None
+    # mode="generate": the prefill and the last decode step, the KV cache (estimator.generation.GenerationData)
+    generation: Any = None
+    quantize: str | None = None  # "int8" or "int4": the estimate is sized with those weights (estimator.quantize)
 
     # -- access ---------------------------------------------------------------
     @property
@@ -192,9 +154,20 @@ class ReportData:
         context outside PyTorch's allocator and the fragmentation allowance; :func:`estimator.memory.gpu_bytes_needed`)."""
         if self.memory is None:
             return None
-        from .memory import gpu_bytes_needed
+        from .memory import gpu_bytes_needed, needed_for_peak
 
+        if self.quantize:  # sized with the quantized weights: the peak they leave, and its reserve
+            peak = self.quantized_peak
+            return needed_for_peak(peak) if self.device == "cuda" else peak
         return gpu_bytes_needed(self.memory)
+
+    @property
+    def quantized_peak(self) -> int | None:
+        """The peak with the weights quantized as ``quantize`` says (None without ``quantize``)."""
+        if not self.quantize or self.memory is None:
+            return None
+        return quantized_peak(self.capture, self.device, max(self.memory.peak, self.memory.peak_first_step),
+                              self.quantize)
 
     @property
     def fits(self) -> bool | None:
@@ -212,64 +185,11 @@ class ReportData:
 
     @property
     def quantized(self) -> list[QuantizedWhatIf]:
-        """Weight-only int8 / int4 what-ifs of an inference estimate (empty for training)."""
-        if self.mode != "inference" or self.memory is None:
+        """Weight-only int8 / int4 what-ifs of an inference or generation estimate (empty for training)."""
+        if self.mode == "train" or self.memory is None:
             return []
-        return quantized_what_ifs(self)
+        return quantized_what_ifs(self.capture, self.tally, self.device, self.memory.peak)
 
     def by_operator(self) -> list[dict[str, Any]]:
         """FLOPs (forward, backward, optimizer) and bytes saved for backward per aten op, most FLOPs first."""
         return [{k: v for k, v in row.items()} for row in self.tally.by_operator]
-
-
-def _quantizable(report: ReportData) -> list[tuple[str, int, int, int]]:
-    """(module path, output features, input features, bytes per weight) of every layer the what-if quantizes:
-    ``nn.Linear`` and transformers' ``Conv1D`` (GPT-2; weight stored in x out), as transformers'
-    ``replace_with_bnb_linear`` picks them, less what ``get_keys_to_not_convert`` keeps: the output
-    head (``lm_head``), the module holding the last parameter, and tied weights (owned by another module)."""
-    cap = report.capture
-    last_owner = cap.param_owner[next(reversed(cap.params))] if cap.params else None
-    layers = []
-    for path, kind in cap.module_types.items():
-        if kind not in ("Linear", "Conv1D") or path == last_owner or path.rpartition(".")[2] == "lm_head":
-            continue
-        weight = cap.params.get(f"{path}.weight")
-        if weight is None or weight.ndim != 2:  # tied: the weight is owned by another module
-            continue
-        rows, cols = weight.shape if kind == "Linear" else tuple(reversed(weight.shape))
-        layers.append((path, rows, cols, weight.element_size()))
-    return layers
-
-
-def quantized_what_ifs(report: ReportData) -> list[QuantizedWhatIf]:
-    """int8 and int4 weight-only what-ifs of an inference estimate (layouts: QUANT_SCHEMES).
-
-    ``parameters``: the parameter bytes with those weights quantized (exact bytes); ``peak``: the
-    inference peak less the bytes the quantized weights save (each tensor rounded as the target's
-    allocator does), plus, for int4, one layer's weight dequantized to 16 bits (an upper bound: that
-    temporary is counted at the peak)."""
-    from .memory import round_cuda
-
-    rnd = round_cuda if report.device == "cuda" else (lambda n: n)
-    layers = _quantizable(report)
-    if not layers or report.memory is None:
-        return []
-    out = []
-    for scheme, spec in QUANT_SCHEMES.items():
-        exact_before = exact_after = rounded_saved = elements = largest = 0
-        for _path, rows, cols, size in layers:
-            n = rows * cols
-            elements += n
-            if spec["bits"] == 8:
-                tensors = [n, 4 * rows]  # int8 CB (out x in) + float32 SCB (out,)
-            else:
-                tensors = [-(-n // 2), 4 * -(-n // spec["group"])]  # packed 4-bit + float32 absmax per 64
-                largest = max(largest, rnd(INT4_COMPUTE_BYTES * n))
-            exact_before += n * size
-            exact_after += sum(tensors)
-            rounded_saved += rnd(n * size) - sum(rnd(t) for t in tensors)
-        out.append(QuantizedWhatIf(scheme=scheme, layout=spec["layout"], layers=len(layers), params=elements,
-                                   weights_before=exact_before, weights_after=exact_after,
-                                   parameters=report.tally.parameters_bytes - (exact_before - exact_after),
-                                   peak=report.memory.peak - rounded_saved + largest))
-    return out

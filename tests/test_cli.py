@@ -113,3 +113,75 @@ def test_higher_order_operators_are_named_not_blamed_on_shapes(tmp_path):
         "def build():\n"
         "    return C(), torch.randn(2, 4)\n")
     _one_line_error(run("estimate", f"{spec}:build"), "higher-order operator cond")
+
+
+# -- issue 23 item 5: every bad command line one line, exit 2 (run in this process through estimator.cli.main) --
+
+
+def _main(capsys, *args: str) -> tuple[int, str, str]:
+    from estimator.cli import main
+
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("args,needle", [
+    # argparse's own refusals: the message alone, not the 10-17 lines of usage before it
+    (("estimate", "examples/mlp.py:build", "--seq", "abc"), "argument --seq: invalid int value: 'abc'"),
+    (("estimate", "examples/mlp.py:build", "--precision", "bf17"), "argument --precision: invalid choice: 'bf17'"),
+    (("plan", "examples/mlp.py:build"), "the following arguments are required: --gpu"),
+    (("plan", "examples/mlp.py:build", "--gpu", "H100", "--tokens", "100Q"), "'100Q' is not a count"),
+    (("plan", "examples/mlp.py:build", "--gpu", "H100", "--gpus", "eight"), "'eight' is not a number"),
+    (("estimate",), "the following arguments are required: SPEC"),
+    (("validate", "examples/mlp.py:build", "--mode", "inference"), "unrecognized arguments: --mode inference"),
+    # accepted silently before
+    (("estimate", "examples/mlp.py:build", "--format", "csv", "--output", "r.json"),
+     "--format csv but --output r.json names a json file"),
+    (("plan", "examples/mlp.py:build", "--gpu", "H100", "--format", "json", "--output", "plan.md"),
+     "--format json but --output plan.md names a markdown file"),
+    (("estimate", "hf:gpt2", "--set", "num_hidden_layers=-1"), "--set num_hidden_layers=-1: a layer count must be"),
+    (("estimate", "hf:llama", "--set", "text_config.num_hidden_layers=0"), "a layer count must be an integer >= 1"),
+    (("estimate", "hf:gpt2", "--set", "n_layer=0"), "--set n_layer=0: a layer count"),
+    (("estimate", "examples/mlp.py:build", "--mode", "inference", "--optimizer", "sgd"),
+     "--optimizer applies to training steps; --mode inference"),
+    (("estimate", "examples/mlp.py:build", "--mode", "inference", "--keep-output"), "--keep-output applies"),
+    (("estimate", "examples/mlp.py:build", "--mode", "inference", "--grad-accum", "4"), "--grad-accum applies"),
+    (("estimate", "examples/mlp.py:build", "--mode", "inference", "--checkpoint", "Linear"),
+     "--checkpoint is a what-if of training steps"),
+    (("validate", "examples/mlp.py:build", "--checkpoint", "Linear"), "--checkpoint is a what-if of 'estimator estimate'"),
+    (("estimate", "examples/mlp.py:build", "--quantize", "int4"), "add --mode inference or generate"),
+    (("estimate", "examples/mlp.py:build", "--prompt-len", "8"), "--prompt-len size generation: add --mode generate"),
+    (("estimate", "hf:gpt2", "--mode", "generate", "--prompt-len", "8"), "--mode generate needs --new-tokens"),
+])
+def test_every_bad_command_line_is_one_line_exit_2(tmp_path, monkeypatch, capsys, args, needle):
+    monkeypatch.chdir(tmp_path)  # a refused --output must leave nothing behind
+    if any(a.startswith("hf:") for a in args):
+        pytest.importorskip("transformers")
+    args = tuple(os.path.join(ROOT, a) if a.startswith("examples/") else a for a in args)
+    code, out, err = _main(capsys, *args)
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "", err
+    assert len(lines) == 1 and lines[0].startswith("estimator: error: ") and needle in lines[0], err
+    assert os.listdir(tmp_path) == []
+
+
+def test_estimate_validate_and_plan_share_their_defaults():
+    import argparse
+
+    from estimator.cli import build_parser
+    from estimator.cli.options import precision_of
+
+    parser = build_parser()
+    spec = "examples/mlp.py:build"
+    defaults = {cmd: parser.parse_args([cmd, spec] + (["--gpu", "H100"] if cmd == "plan" else []))
+                for cmd in ("estimate", "validate", "plan")}
+    assert {precision_of(a) for a in defaults.values()} == {"bf16-mixed"}
+    # serving: weights cast, as models are served
+    assert precision_of(parser.parse_args(["estimate", spec, "--mode", "inference"])) == "bf16"
+    # the optimizer and the loop are filled in the same way by every command (None: not given on the line)
+    assert {(a.optimizer, a.grad_accum, a.keep_output) for a in defaults.values()} == {(None, None, False)}
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for cmd in ("estimate", "validate", "plan"):
+        text = commands[cmd].format_help()  # what --help prints
+        assert "(default: bf16-mixed, the same in estimate, validate and plan" in " ".join(text.split()), cmd

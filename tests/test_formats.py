@@ -191,5 +191,8 @@ def test_cli_formats_from_the_output_suffix(tmp_path, capsys):
     # --format wins over the suffix; html goes to stdout when it is not a terminal.
     code, stdout, err = _cli(capsys, "estimate", *small, "--format", "html")
     assert code == 0 and stdout.startswith("<!DOCTYPE html>"), err
+    # --format with an --output of another format's suffix is refused (issue 23), with an unknown suffix written
     code, stdout, err = _cli(capsys, "estimate", *small, "--format", "csv", "--output", str(tmp_path / "x.json"))
-    assert code == 0 and (tmp_path / "x.json").read_text().splitlines()[0] == ",".join(Report.CSV_COLUMNS)
+    assert code == 2 and "names a json file" in err and not (tmp_path / "x.json").exists()
+    code, stdout, err = _cli(capsys, "estimate", *small, "--format", "csv", "--output", str(tmp_path / "x.out"))
+    assert code == 0 and (tmp_path / "x.out").read_text().splitlines()[0] == ",".join(Report.CSV_COLUMNS)

@@ -91,3 +91,106 @@ def test_screenshot(page):
     assert shot.exists() and shot.stat().st_size > 30_000, proc.stderr[-2000:]
     if os.environ.get("ESTIMATOR_SCREENSHOTS"):  # keep it to look at: ESTIMATOR_SCREENSHOTS=dir pytest ...
         shutil.copy(shot, os.path.join(os.environ["ESTIMATOR_SCREENSHOTS"], "report.png"))
+
+
+# -- issue 23 items 6 and 7: the phone, the GPU's room, the plan's page, the notebook view -------------------------
+
+LAYOUT_PROBE = """
+<script>
+window.addEventListener("load", function () {
+  var out = {page: document.documentElement.scrollWidth, view: window.innerWidth, clipped: []};
+  var summary = document.querySelector("table.summary");
+  if (summary) out.summary = summary.getBoundingClientRect().right;
+  document.querySelectorAll("table.summary td, table.summary th, .headline, h1").forEach(function (e) {
+    if (e.scrollWidth > e.clientWidth + 1) out.clipped.push(e.textContent.slice(0, 40)); });
+  var svg = document.getElementById("timeline"), line = svg && svg.querySelector("line.limit");
+  if (line) out.limit = +svg.dataset.ymax * (1 - (+line.getAttribute("y1") - +svg.dataset.top) / +svg.dataset.height);
+  out.bars = document.querySelectorAll("svg.bars").length;
+  out.capacity = document.querySelectorAll("svg.bars line.capacity").length;
+  var frame = document.querySelector("iframe");
+  if (frame) out.frame = frame.contentDocument.querySelector(".headline").textContent;
+  var plans = document.querySelector("table.plans");
+  if (plans) out.plan_rows = plans.querySelectorAll("tbody tr").length;
+  var pre = document.createElement("pre"); pre.id = "probe"; pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script>
+"""
+
+
+def _probe(path, page: str, width: int) -> dict:
+    """Load ``page`` in a viewport ``width`` pixels wide and return what :data:`LAYOUT_PROBE` measured.  Headless
+    Chromium makes no window narrower than 500 px, so the page is shown in a frame of that width (a phone's
+    viewport: the page sees ``innerWidth == width``) and the frame's findings are copied out."""
+    import html as html_module
+
+    probed = page.replace("</body>", LAYOUT_PROBE + "</body>")
+    framed = (f'<!DOCTYPE html><html><body style="margin:0"><iframe id="phone" style="width:{width}px;height:3000px;'
+              f'border:0" srcdoc="{html_module.escape(probed, quote=True)}"></iframe><script>window.addEventListener('
+              f'"load", function () {{ var f = document.getElementById("phone").contentDocument.getElementById("probe");'
+              f' var pre = document.createElement("pre"); pre.id = "probe"; pre.textContent = f ? f.textContent : "";'
+              f' document.body.appendChild(pre); }});</script></body></html>')
+    probe = path.with_name(f"probe-{width}.html")
+    probe.write_text(framed)
+    proc = _chromium("--dump-dom", "--virtual-time-budget=5000", probe.as_uri(), width=max(width + 20, 600))
+    found = re.search(r'<pre id="probe">(.*?)</pre>', proc.stdout)
+    assert found, proc.stderr[-2000:]
+    return json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+
+
+@pytest.fixture(scope="module")
+def tight(tmp_path_factory):
+    """A report on a GPU whose room for the peak is within the chart's scale (so the line is drawn on it)."""
+    import dataclasses
+
+    from estimator.hardware import lookup
+
+    model, inputs, loss_fn = zoo.gpt()
+    gpu = dataclasses.replace(lookup("L4"), name="L4-530MiB", memory=530 * 2**20, total_memory=None)
+    report = estimate(model, inputs, loss_fn=loss_fn, gpu=gpu, solve_batch=False)
+    return report, tmp_path_factory.mktemp("tight") / "report.html"
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_the_page_never_overflows_and_draws_the_gpu_room(tight, width):
+    report, path = tight
+    out = _probe(path, report.to_html(), width)
+    # a phone (390 px): nothing wider than the window, the summary inside it, no cell cut off
+    assert out["page"] <= out["view"] and out["summary"] <= out["view"] and out["clipped"] == [], out
+    # the dashed line at the GPU's room for the peak: its capacity (530 MiB) less the CUDA reserve
+    room = report.gpu.capacity - sum(report.memory.reserve.values())
+    assert out["limit"] == pytest.approx(room, rel=0.01)
+
+
+def test_screenshot_at_phone_width(tight):
+    import html as html_module
+
+    report, path = tight
+    # in a frame 390 px wide (headless Chromium makes no narrower window): what a phone shows
+    path.write_text(f'<!DOCTYPE html><html><body style="margin:0"><iframe style="width:390px;height:2400px;border:0" '
+                    f'srcdoc="{html_module.escape(report.to_html(), quote=True)}"></iframe></body></html>')
+    shot = path.with_name("phone.png")
+    proc = _chromium(f"--screenshot={shot}", path.as_uri(), width=500, height=2400)
+    assert shot.exists() and shot.stat().st_size > 30_000, proc.stderr[-2000:]
+    if os.environ.get("ESTIMATOR_SCREENSHOTS"):
+        shutil.copy(shot, os.path.join(os.environ["ESTIMATOR_SCREENSHOTS"], "report-390px.png"))
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_the_plan_page_shows_memory_against_capacity_and_time(tmp_path, width):
+    from estimator.plan import compare
+
+    model, inputs, loss_fn = zoo.ZOO["mlp"]()
+    cmp = compare(model, inputs, loss_fn=loss_fn, gpu="L4", gpus=[2], strategies=["ddp", "zero2"])
+    out = _probe(tmp_path / "plan.html", cmp.to_html(), width)
+    assert out["page"] <= out["view"] and out["clipped"] == [], out
+    # two charts (memory by layout, step time); each layout's bar has its GPU's capacity marked; the table
+    assert out["bars"] == 2 and out["capacity"] == len(cmp.plans) and out["plan_rows"] == len(cmp.plans)
+
+
+def test_the_notebook_view_renders_the_report_in_its_frame(tmp_path):
+    model, inputs, loss_fn = zoo.ZOO["mlp"]()
+    report = estimate(model, inputs, loss_fn=loss_fn, gpu="L4", solve_batch=False)
+    notebook = f"<!DOCTYPE html><html><body><div class=cell>{report._repr_html_()}</div></body></html>"
+    out = _probe(tmp_path / "notebook.html", notebook, 1000)
+    assert out["frame"] == report.headline()

@@ -262,6 +262,60 @@ def test_plot_has_the_html_palette_units_and_a_title_with_batch_sequence_precisi
     assert "forward pass" in svg and "backward pass" in svg and "optimizer step" in svg
 
 
+def test_phases_get_room_in_proportion_to_their_ops_with_a_minimum():
+    """A CNN's loss is a few ops: equal widths gave it a quarter of the chart (issue 23 item 7)."""
+    from estimator.render.svg import MIN_PHASE_SHARE, timeline_data
+
+    model, inputs, loss_fn = zoo.ZOO["mobilenet"]()
+    r = estimate(model, inputs, loss_fn=loss_fn, device="cpu")
+    phases = ["forward" if str(p.phase) == "start" else str(p.phase) for p in r.memory.timeline]
+    counts = {ph: phases.count(ph) for ph in ("forward", "loss", "backward", "optimizer")}
+    bands = {ph: b - a for ph, a, b in timeline_data(r.memory)["bands"]}
+    assert counts["loss"] / len(phases) < MIN_PHASE_SHARE  # 5 ops of this step's points: below the minimum
+    assert bands["loss"] == pytest.approx(MIN_PHASE_SHARE) and sum(bands.values()) == pytest.approx(1.0)
+    # the phases above the minimum share the rest in proportion to their ops
+    big = [ph for ph in bands if bands[ph] > MIN_PHASE_SHARE + 1e-9]
+    for a in big:
+        for b in big:
+            assert bands[a] / bands[b] == pytest.approx(counts[a] / counts[b])
+
+
+def test_png_legend_covers_no_curve_and_the_gpu_room_is_drawn(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import dataclasses
+
+    from matplotlib.figure import Figure
+
+    from estimator.render import plot
+
+    drawn = []
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (drawn.append(self), save(self, *a, **k))[1])
+    model, inputs, loss_fn = zoo.gpt()
+    gpu = dataclasses.replace(lookup("L4"), name="L4-530MiB", memory=530 * 2**20, total_memory=None)
+    r = estimate(model, inputs, loss_fn=loss_fn, gpu=gpu, solve_batch=False, checkpoint="Block")
+    plot(r, str(tmp_path / "mem.png"))
+    fig = drawn[0]
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    legend, axes = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert legend.y1 < axes.y0  # entirely below the axes: it covers no curve
+    room = r.gpu.capacity - sum(r.memory.reserve.values())  # 530 MiB less the CUDA reserve
+    lines = [ln for ln in ax.get_lines() if ln.get_label().startswith("L4-530MiB:")]
+    assert len(lines) == 1 and lines[0].get_ydata()[0] * 2**20 == pytest.approx(room)  # the axis is in MiB
+
+
+def test_plan_writes_its_html_page_and_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    page, image = tmp_path / "plan.html", tmp_path / "plan.png"
+    code, out, err = cli(capsys, "plan", "examples/mlp.py:build", "--gpu", "L4", "--gpus", "2", "--output", str(page),
+                         "--plot", str(image))
+    assert code == 0 and out == "", err
+    text = page.read_text()
+    assert text.startswith("<!DOCTYPE html>") and "Memory of one GPU" in text and "Step time" in text
+    assert text.count('class="capacity"') == 1 and image.read_bytes().startswith(b"\x89PNG")
+
+
 # -- per operator ---------------------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -394,3 +395,44 @@ def test_hf_speech_seq2seq_builds_the_generation_model_with_audio_features(trans
     assert tuple(loaded.inputs["input_features"].shape) == (2, loaded.config.num_mel_bins, 128)
     d = estimate(loaded.model, loaded.inputs, device="cpu").to_dict()
     assert d["loss"] == "output.loss" and not d["unsupported_ops"]
+
+
+# -- issue 23 item 8: the [vision] extra pins the torchvision of the README's torch; a mismatched one says what
+# to install, in one line
+
+
+def test_the_vision_extra_pins_the_torchvision_of_the_readme_torch():
+    from estimator.specs.vision import matching_torchvision
+
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    torch_pin = re.search(r"pip install torch==(\d+\.\d+)\.\d+", readme).group(1)  # the set-up command's torch
+    pyproject = open(os.path.join(ROOT, "pyproject.toml")).read()
+    vision = re.search(r'^vision = \[(.*)\]$', pyproject, re.M).group(1)
+    pin = re.search(r'"(torchvision==[^"]+)"', vision).group(1)
+    # torchvision 0.N+15 goes with torch 2.N: 2.13 -> 0.28
+    assert matching_torchvision(torch_pin, cpu=False) == f"pip install '{pin}'" == "pip install 'torchvision==0.28.*'"
+    assert matching_torchvision("2.11", cpu=False) == "pip install 'torchvision==0.26.*'"
+    assert matching_torchvision("2.14.1+cpu", cpu=True) == ("pip install 'torchvision==0.29.*' --index-url "
+                                                            "https://download.pytorch.org/whl/cpu")
+
+
+def test_a_torchvision_built_for_another_torch_is_one_line_naming_the_install(monkeypatch, capsys):
+    import importlib
+
+    import torch
+
+    from estimator.specs import vision
+
+    real = importlib.import_module
+
+    def broken(name, *args, **kwargs):
+        if name == "torchvision":  # what PyPI's torchvision does beside a CPU torch
+            raise RuntimeError("operator torchvision::nms does not exist")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(vision.importlib, "import_module", broken)
+    code, out, err = _cli(capsys, "estimate", "torchvision:resnet18", "--device", "cpu")
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) == 1, err
+    assert "operator torchvision::nms does not exist" in lines[0]
+    assert vision.matching_torchvision() in lines[0] and f"torch {torch.__version__}" in lines[0]

@@ -31,13 +31,16 @@ Where each part lives:
 * :mod:`.fake`: the recording ``FakeTensorMode`` and every private ``FakeTensorMode`` API used;
 * :mod:`.inputs`: traced stand-ins for inputs, parameters and buffers;
 * :mod:`.loss`: which output is the loss;
-* :mod:`.checkpoint`: the activation-checkpointing what-if.
+* :mod:`.checkpoint`: the activation-checkpointing what-if;
+* :mod:`.generate`: one step of transformers' ``generate()`` with its KV cache (:class:`Generation`).
 """
 
+from .generate import KV_CACHES, Generation
 from .inputs import split_inputs
 from .loss import default_loss, select_loss
 from .recorder import (
     FORWARD_PHASES,
+    GENERATE_MODULE,
     INPUT_MODULE,
     LOSS_MODULE,
     OPTIMIZER_MODULE,
@@ -48,4 +51,5 @@ from .options import Capture, Progress, StepOptions
 from .run import capture
 
 __all__ = ["capture", "Capture", "StepOptions", "Progress", "Phase", "FORWARD_PHASES", "LOSS_MODULE",
-           "INPUT_MODULE", "OPTIMIZER_MODULE", "select_loss", "default_loss", "split_inputs", "tensor_spec"]
+           "INPUT_MODULE", "OPTIMIZER_MODULE", "GENERATE_MODULE", "Generation", "KV_CACHES", "select_loss",
+           "default_loss", "split_inputs", "tensor_spec"]

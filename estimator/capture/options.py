@@ -54,6 +54,8 @@ class StepOptions:
     # Trace a model as it is, parameters and engine included (see AsIs below): ``prepare(model, fake)``
     # returns (the model to trace, the module to call), its parameters made inside ``fake``.
     prepare: Callable[[torch.nn.Module, Any], tuple[torch.nn.Module, torch.nn.Module]] | None = None
+    # one step of transformers' generate() with its KV cache instead of a training step (see .generate)
+    generation: Any = None
 
 
 @dataclass
@@ -94,6 +96,9 @@ class Capture:
     # 2..N, which accumulate into existing gradients) before the optimizer step
     keep_output: bool = False
     grad_accum: int = 1
+    # a step of generate() (see .generate): stage, prompt_len, new_tokens, cache, cache_class, batch, cached
+    # (tokens in the cache after the step) and one row per layer of the cache
+    generation: dict[str, Any] | None = None
     _fx: fx.Graph | None = None
 
     def node_order(self, middle: str = "accumulate") -> list[int]:

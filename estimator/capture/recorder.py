@@ -40,6 +40,7 @@ FORWARD_PHASES = (Phase.FORWARD, Phase.LOSS)
 LOSS_MODULE = "(loss)"
 INPUT_MODULE = "(input)"
 OPTIMIZER_MODULE = "(optimizer)"
+GENERATE_MODULE = "(generate)"  # generate()'s own ops around the forward: inputs prepared, the token chosen
 
 # Metadata queries: they return no tensor and do no work, so they are not graph nodes.
 METADATA_QUERIES = frozenset(

@@ -138,6 +138,8 @@ class Step:
         self.output_sids: set[int] = set()
         self.scaler: Any = None
         self.loss_source = "none (inference)"
+        self.generation: dict[str, Any] | None = None  # a step of generate() (see .generate)
+        self.extra_sids: dict[str, set[int]] = {}  # storages of categories the step's own tensors do not give
 
     # -- set-up ---------------------------------------------------------------------------------
     def _make_traced(self, args: tuple, kwargs: dict, named_buffers: dict) -> None:
@@ -247,7 +249,12 @@ class Step:
         opts = self.opts
         with contextlib.ExitStack() as stack:
             self._enter(stack)
-            if not opts.train:
+            if opts.generation is not None:
+                from .generate import GenerationStep
+
+                # what the loop holds after the step (the cache above all) stays referenced to the end
+                self.held = GenerationStep(self, opts.generation).run()
+            elif not opts.train:
                 self.inference_forward()
             else:
                 traced = min(opts.grad_accum, 2)
@@ -399,6 +406,8 @@ class Step:
         }
         if self.opts.prepare is not None:
             sids["engine"] = rec.engine_sids
+        for name, extra in self.extra_sids.items():
+            sids[name] = sids.get(name, set()) | extra
         rec.closed = True
         return Capture(
             records=rec.placeholders + rec.records,
@@ -422,6 +431,7 @@ class Step:
             sids=sids,
             keep_output=self.opts.keep_output,
             grad_accum=self.opts.grad_accum if self.opts.train else 1,
+            generation=self.generation,
         )
 
     # -- errors ---------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import json
 import sys
 
 from ..errors import UserError
-from .options import load_model
+from .options import load_model, precision_of, training_options
 from .output import pick_format, plot_format, text_width, write_atomic, write_text
 from .progress import Progress
 
@@ -20,7 +20,9 @@ EPILOG_ESTIMATE = """examples:
   estimator estimate examples/vgg.py:model --input 8x3x64x64 --depth 1
   estimator estimate examples/gpt.py:build --optimizer adam:amsgrad=true --format markdown
   estimator estimate mypkg.models:make_model --input 8x1024:int64 --output report.json --format json
-  estimator estimate hf:gpt2 --batch 8 --seq 1024 --precision bf16-mixed
+  estimator estimate hf:gpt2 --batch 8 --seq 1024 --precision fp32
+  estimator estimate hf:llama --set num_hidden_layers=2 --mode inference --quantize int4 --gpu L4
+  estimator estimate hf:llama --mode generate --prompt-len 2048 --new-tokens 512 --batch 8 --gpu H100
   estimator estimate hf:llama --set num_hidden_layers=2 --set hidden_size=1024 --seq 4096
   estimator estimate hf:path/to/config.json --batch 4 --seq 2048 --output report.html
   estimator estimate torchvision:resnet50 --batch 32 --format csv --output modules.csv
@@ -37,14 +39,24 @@ def run_estimate(args: argparse.Namespace) -> int:
     if fmt == "html" and not args.output and sys.stdout.isatty():
         raise UserError("--format html writes a page: add --output report.html (or redirect stdout to a file)")
     plot_fmt = plot_format(args.plot) if args.plot else None
+    optimizer, grad_accum = training_options(args)
+    if args.mode != "train" and (args.checkpoint or args.checkpoint_policy != "full"):
+        raise UserError(f"--checkpoint is a what-if of training steps (recomputation in backward); --mode "
+                        f"{args.mode} has no backward: drop it")
+    generation = {}
+    if args.mode == "generate":
+        if args.new_tokens is None:
+            raise UserError("--mode generate needs --new-tokens N (the tokens generated after the prompt), "
+                            "e.g. --new-tokens 256")
+        generation = dict(new_tokens=args.new_tokens, kv_cache=args.kv_cache or "dynamic")
     with Progress() as progress:
         progress.set("building the model")
         loaded = load_model(args)
-        report = estimate(loaded.model, loaded.inputs, optimizer=args.optimizer, loss_fn=loaded.loss_fn,
-                          device=args.device, depth=args.depth, precision=args.precision, mode=args.mode,
+        report = estimate(loaded.model, loaded.inputs, optimizer=optimizer, loss_fn=loaded.loss_fn,
+                          device=args.device, depth=args.depth, precision=precision_of(args), mode=args.mode,
                           checkpoint=args.checkpoint or None, checkpoint_policy=args.checkpoint_policy,
-                          keep_output=args.keep_output, grad_accum=args.grad_accum, model_name=loaded.title,
-                          progress=progress, gpu=args.gpu)
+                          keep_output=args.keep_output, grad_accum=grad_accum, model_name=loaded.title,
+                          progress=progress, gpu=args.gpu, quantize=args.quantize, **generation)
         progress.set("writing the report")
         if fmt == "json":
             text = json.dumps(report.to_dict(), indent=2)
@@ -67,10 +79,15 @@ def run_estimate(args: argparse.Namespace) -> int:
 def run_validate(args: argparse.Namespace) -> int:
     from ..validate import validate
 
+    if args.checkpoint or args.checkpoint_policy != "full":
+        raise UserError("--checkpoint is a what-if of 'estimator estimate'; validate runs the model's step as its "
+                        "code is written: drop --checkpoint (or checkpoint inside the model's code)")
+    optimizer, grad_accum = training_options(args)
     loaded = load_model(args, empty=False)  # it runs real steps: a factory's own weights, as before
-    result = validate(loaded.model, loaded.inputs, optimizer=args.optimizer, loss_fn=loaded.loss_fn,
-                      device=args.device, precision=args.precision, keep_output=args.keep_output,
-                      grad_accum=args.grad_accum, steps=args.steps, tolerance=args.tolerance, force=args.force, peak_tflops=args.peak_tflops)
+    result = validate(loaded.model, loaded.inputs, optimizer=optimizer, loss_fn=loaded.loss_fn,
+                      device=args.device, precision=precision_of(args), keep_output=args.keep_output,
+                      grad_accum=grad_accum, steps=args.steps, tolerance=args.tolerance, force=args.force,
+                      peak_tflops=args.peak_tflops)
     write_text(json.dumps(result.to_dict(), indent=2) if args.format == "json" else result.render(), None)
     return 0 if result.ok else 1
 

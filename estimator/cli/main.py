@@ -19,8 +19,22 @@ from .output import FORMATS
 from .plan import add_plan_parser
 
 
+class UsageError(UserError):
+    """A command line argparse refuses (an unknown option, a value of the wrong type, a missing
+    required option): one line, exit 2, like every other user error."""
+
+
+class Parser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors are one line (``estimator: error: ...``, exit 2) instead of the
+    usage block (10-17 lines) followed by the message; the subcommands' parsers are of this class too
+    (``add_subparsers`` makes parsers of its parser's class)."""
+
+    def error(self, message: str):  # noqa: D401  (argparse's hook; it must not return)
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="estimator",
         description="Estimate what one training step of a PyTorch model costs before you train: "
                     "parameters, gradients, optimizer state, saved activations, FLOPs, peak memory.",
@@ -67,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "  estimator validate examples/gpt.py:build --precision bf16-mixed --steps 20 "
                                 "--format json",
                          formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common(val)
+    add_common(val, mode=False)  # it runs training steps
     val.set_defaults(device=None)
     val.add_argument("--steps", type=int, default=5, metavar="N",
                      help="timed iterations after the warm-up (default: 5), e.g. --steps 20")
@@ -93,7 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        print(f"estimator: error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="estimator: %(levelname)s: %(message)s", stream=sys.stderr)
     try:

@@ -7,13 +7,21 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
+from ..errors import UserError
 from ..specs import DEFAULT_SEQ, FALLBACK_SEQ
 
 
 PRECISIONS = ("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed", "fp8")
+# The one default of every command that trains (estimate, validate, plan): how models are trained today; models
+# are served with their weights cast (from_pretrained(..., dtype=torch.bfloat16)), so inference and generation
+# default to bf16
+DEFAULT_PRECISION = "bf16-mixed"
+SERVING_PRECISION = "bf16"
+DEFAULT_OPTIMIZER = "adamw"
+MODES = ("train", "inference", "generate")
 
 
-def add_common(p: argparse.ArgumentParser, *, precisions: Sequence[str] = PRECISIONS, default_precision: str = "fp32",
+def add_common(p: argparse.ArgumentParser, *, precisions: Sequence[str] = PRECISIONS,
                 precision_help: str | None = None, mode: bool = True) -> None:
     p.add_argument("spec", metavar="SPEC",
                    help="path/to/file.py:callable or package.module:callable (the callable returns an "
@@ -35,20 +43,39 @@ def add_common(p: argparse.ArgumentParser, *, precisions: Sequence[str] = PRECIS
     p.add_argument("--input", action="append", metavar="SHAPE[:DTYPE]", default=[],
                    help="an input tensor's shape, repeatable for several positional inputs "
                         "(e.g. --input 8x3x224x224, --input 8x1024:int64); overrides inputs from SPEC")
-    p.add_argument("--optimizer", default="adamw", metavar="NAME[:k=v,...]",
+    p.add_argument("--optimizer", metavar="NAME[:k=v,...]",
                    help="sgd, sgd-momentum, adam, adamw, adagrad, rmsprop, adamax, adadelta, nadam, radam or none, "
-                        "with options, e.g. sgd:momentum=0.9 or adam:amsgrad=true (default: adamw)")
+                        f"with options, e.g. sgd:momentum=0.9 or adam:amsgrad=true (default: {DEFAULT_OPTIMIZER}; "
+                        "training only)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="target device whose kernels and optimizer defaults are modelled (default: cuda), e.g. --device cpu")
-    p.add_argument("--precision", default=default_precision, choices=tuple(precisions),
-                   help=precision_help or
-                   "fp32; bf16/fp16 (model cast); bf16-mixed/fp16-mixed (torch.autocast, fp32 master "
-                   "weights; fp16 with a GradScaler); fp8 (a model: bf16-mixed with linear layers in "
-                   "E4M3/E5M2) (default: fp32), e.g. --precision bf16-mixed")
+    p.add_argument("--precision", choices=tuple(precisions),
+                   help=(precision_help or
+                         "fp32; bf16/fp16 (model cast); bf16-mixed/fp16-mixed (torch.autocast, fp32 master "
+                         "weights; fp16 with a GradScaler); fp8 (a model: bf16-mixed with linear layers in "
+                         "E4M3/E5M2)") + f" (default: {DEFAULT_PRECISION}, the same in estimate, validate and "
+                   "plan: how models are trained" + (f"; {SERVING_PRECISION} for --mode inference and generate, as "
+                                                     "models are served" if mode else "") + "), e.g. --precision fp32")
     if mode:
-        p.add_argument("--mode", default="train", choices=("train", "inference"),
-                       help="train: one training step; inference: forward only under torch.no_grad() "
-                            "(default: train), e.g. --mode inference")
+        p.add_argument("--mode", default="train", choices=MODES,
+                       help="train: one training step; inference: forward only under torch.no_grad() (no labels "
+                            "fed: the model computes no loss); generate: transformers' generate() with its KV "
+                            "cache, the prefill and one decode step (with --prompt-len and --new-tokens) "
+                            "(default: train), e.g. --mode generate")
+        p.add_argument("--prompt-len", type=int, metavar="P",
+                       help="--mode generate: tokens in the prompt (the prefill's length; hf: specs only, in place "
+                            "of --seq), e.g. --prompt-len 2048")
+        p.add_argument("--new-tokens", type=int, metavar="N",
+                       help="--mode generate: tokens generated after the prompt (the cache holds P + N - 1 at the "
+                            "last decode step), e.g. --new-tokens 512")
+        p.add_argument("--kv-cache", choices=("dynamic", "static"), default=None,
+                       help="--mode generate: transformers' DynamicCache (grown token by token, generate()'s "
+                            "default) or StaticCache (allocated for P + N - 1 tokens at the first step, "
+                            "cache_implementation='static') (default: dynamic), e.g. --kv-cache static")
+        p.add_argument("--quantize", choices=("int8", "int4"),
+                       help="--mode inference or generate: the weights of the Linear layers quantized as "
+                            "bitsandbytes lays them out (int8: LLM.int8(); int4: NF4), the headline sized with "
+                            "them, e.g. --quantize int4")
     p.add_argument("--checkpoint", action="append", metavar="CLASS", default=[],
                    help="what-if: run every instance of this module class under activation checkpointing "
                         "and show the memory saved and FLOPs added; repeatable, e.g. --checkpoint Block")
@@ -59,19 +86,56 @@ def add_common(p: argparse.ArgumentParser, *, precisions: Sequence[str] = PRECIS
     p.add_argument("--keep-output", action="store_true",
                    help="the training loop holds the model's output through backward and the optimizer step "
                         "(out = model(x)); by default it is dropped once the loss is computed "
-                        "(loss = model(x).loss: HF Trainer, Lightning, torchtitan), e.g. --keep-output")
-    p.add_argument("--grad-accum", type=int, default=1, metavar="N",
+                        "(loss = model(x).loss: HF Trainer, Lightning, torchtitan); training only, e.g. --keep-output")
+    p.add_argument("--grad-accum", type=int, metavar="N",
                    help="micro-batches per optimizer step, gradients accumulated (the inputs are one micro-batch; "
-                        "default: 1), e.g. --grad-accum 8")
+                        "default: 1; training only), e.g. --grad-accum 8")
     p.add_argument("--debug", action="store_true", help="show the full traceback of errors")
+
+
+def precision_of(args: argparse.Namespace) -> str:
+    """--precision, else the default of the command's mode (see DEFAULT_PRECISION)."""
+    if args.precision:
+        return args.precision
+    return DEFAULT_PRECISION if getattr(args, "mode", "train") == "train" else SERVING_PRECISION
+
+
+def training_options(args: argparse.Namespace) -> tuple[str, int]:
+    """(optimizer, grad_accum) of a training command, their defaults filled in; a command that does not train
+    (``--mode inference`` or ``generate``) refuses the options of the training loop in one line, rather than
+    ignoring them."""
+    mode = getattr(args, "mode", "train")
+    if mode != "train":
+        given = [flag for flag, value in (("--optimizer", args.optimizer), ("--keep-output", args.keep_output or None),
+                                          ("--grad-accum", args.grad_accum)) if value is not None]
+        if given:
+            raise UserError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to training steps; "
+                            f"--mode {mode} has no optimizer and no training loop: drop {' and '.join(given)}")
+    if args.grad_accum is not None and args.grad_accum < 1:
+        raise UserError(f"--grad-accum must be >= 1, not {args.grad_accum}")
+    return args.optimizer or DEFAULT_OPTIMIZER, args.grad_accum or 1
 
 
 def load_model(args: argparse.Namespace, empty: bool = True):
     """The SPEC's model and inputs, from the options every spec-taking command has.
 
-    ``empty``: build user factories without weights (library models always are).
+    ``empty``: build user factories without weights (library models always are).  ``--mode inference`` and
+    ``generate`` load the inputs without labels (the model computes no loss); ``generate`` takes the prompt's
+    length from ``--prompt-len``.
     """
     from ..specs import load_spec
 
-    return load_spec(args.spec, args.input, batch=args.batch, seq=args.seq, image_size=args.image_size,
-                     overrides=args.overrides, empty=empty)
+    mode = getattr(args, "mode", "train")
+    seq = args.seq
+    if mode == "generate":
+        if args.prompt_len is not None and args.seq is not None:
+            raise UserError("--mode generate takes the prompt's length from --prompt-len: drop --seq")
+        seq = args.prompt_len if args.prompt_len is not None else seq
+    else:
+        given = [flag for flag, value in (("--prompt-len", getattr(args, "prompt_len", None)),
+                                          ("--new-tokens", getattr(args, "new_tokens", None)),
+                                          ("--kv-cache", getattr(args, "kv_cache", None))) if value is not None]
+        if given:
+            raise UserError(f"{' and '.join(given)} size generation: add --mode generate")
+    return load_spec(args.spec, args.input, batch=args.batch, seq=seq, image_size=args.image_size,
+                     overrides=args.overrides, empty=empty, labels=mode == "train")

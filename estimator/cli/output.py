@@ -49,16 +49,25 @@ _SUFFIX_FORMATS = {".txt": "table", ".json": "json", ".md": "markdown", ".markdo
                    ".html": "html", ".htm": "html"}
 
 
-def pick_format(fmt: str | None, output: str | None) -> str:
-    """--format, else the --output suffix (an unknown suffix is refused), else table."""
+def pick_format(fmt: str | None, output: str | None, formats: tuple[str, ...] = FORMATS) -> str:
+    """--format, else the --output suffix (an unknown suffix is refused), else table; a --format that another
+    format's suffix contradicts (``--format csv --output r.json``) is refused rather than written into a file
+    whose name says otherwise.  ``formats``: the command's own (a suffix of another is refused)."""
+    suffix = os.path.splitext(output)[1].lower() if output else ""
+    named = _SUFFIX_FORMATS.get(suffix)
     if fmt:
+        if named is not None and named != fmt:
+            ours = [s for s, f in _SUFFIX_FORMATS.items() if f == fmt]
+            stem = os.path.splitext(output)[0]
+            raise UserError(f"--format {fmt} but --output {output} names a {named} file: drop --format (the suffix "
+                            f"picks {named}) or write to {stem}{ours[0] if ours else '.' + fmt}")
         return fmt
     if output:
-        suffix = os.path.splitext(output)[1].lower()
-        if suffix not in _SUFFIX_FORMATS:
+        suffixes = [s for s, f in _SUFFIX_FORMATS.items() if f in formats]
+        if named is None or named not in formats:
             raise UserError(f"--output {output}: unknown suffix {suffix or '(none)'!r}; use one of "
-                            f"{', '.join(_SUFFIX_FORMATS)} or give --format")
-        return _SUFFIX_FORMATS[suffix]
+                            f"{', '.join(suffixes)} or give --format")
+        return named
     return "table"
 
 

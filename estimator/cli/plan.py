@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 from ..errors import UserError
-from .options import add_common, load_model
-from .output import write_text
+from .options import add_common, load_model, precision_of, training_options
+from .output import pick_format, plot_format, write_atomic, write_text
 from .progress import Progress
 
 
@@ -25,6 +26,7 @@ EPILOG_PLAN = """examples:
   estimator plan examples/gpt.py:build --gpu RTX4090 --gpus 2 --strategy zero2 --offload optimizer --solve seq
 """
 PLAN_PRECISIONS = ("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed", "fsdp-bf16", "fsdp-fp16")
+PLAN_FORMATS = ("table", "json", "markdown", "html")
 PLAN_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp")
 _COUNT_SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
 
@@ -73,11 +75,10 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
                     "laid out by hand) and tensor parallelism, fits or not, the largest micro-batch that fits, "
                     "step time and time to train. The SPEC's inputs are ONE GPU's micro-batch.",
         epilog=EPILOG_PLAN, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common(p, precisions=PLAN_PRECISIONS, default_precision="bf16-mixed", mode=False, precision_help=(
-        "bf16-mixed/fp16-mixed (torch.autocast, fp32 master weights; the default: bf16-mixed, what most "
-        "training runs use); fp32; bf16/fp16 (model cast); fsdp-bf16/fsdp-fp16 (FSDP2's MixedPrecisionPolicy: "
-        "parameters gathered and activations computed in that dtype); with zero1-3 a *-mixed precision is "
-        "DeepSpeed's bf16/fp16 mode (model cast, fp32 master weights), e.g. --precision fsdp-bf16"))
+    add_common(p, precisions=PLAN_PRECISIONS, mode=False, precision_help=(
+        "bf16-mixed/fp16-mixed (torch.autocast, fp32 master weights); fp32; bf16/fp16 (model cast); "
+        "fsdp-bf16/fsdp-fp16 (FSDP2's MixedPrecisionPolicy: parameters gathered and activations computed in that "
+        "dtype); with zero1-3 a *-mixed precision is DeepSpeed's bf16/fp16 mode (model cast, fp32 master weights)"))
     p.add_argument("--gpu", required=True, metavar="NAME[,NAME]",
                    help="the GPU (see 'estimator hardware', or a JSON file with the fields of 'estimator hardware "
                         "--format json' for another card); several, comma-separated, plan each in one table, "
@@ -138,11 +139,23 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, default=0, metavar="R",
                    help="the rank whose memory is planned (default: 0, which holds the most rows of unevenly "
                         "split tensors), e.g. --rank 7")
-    p.add_argument("--format", default="table", choices=("table", "json", "markdown"),
-                   help="output format, e.g. --format json")
-    p.add_argument("--output", metavar="FILE", help="write to FILE instead of stdout, e.g. --output plan.json")
+    _add_outputs(p)
     p.set_defaults(run=run_plan)
     return p
+
+
+def _add_outputs(p: argparse.ArgumentParser) -> None:
+    """--format, --output and --plot of ``estimator plan``."""
+    p.add_argument("--format", choices=PLAN_FORMATS,
+                   help="output format: table, json, markdown or html (a page: the verdict, per-GPU memory by "
+                        "layout, the step time with its exposed communication) (default: from the --output "
+                        "suffix, else table), e.g. --format json")
+    p.add_argument("--output", metavar="FILE",
+                   help="write to FILE instead of stdout; the suffix picks the format when --format is not given: "
+                        ".txt, .json, .md or .html, e.g. --output plan.html")
+    p.add_argument("--plot", metavar="FILE",
+                   help="draw the plan (needs matplotlib): per-GPU memory by layout against the GPU's capacity and "
+                        "the step time with its exposed communication; .png, .svg or .pdf, e.g. --plot plan.png")
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -150,6 +163,10 @@ def run_plan(args: argparse.Namespace) -> int:
     raise :class:`UserError` (one line, exit 2)."""
     from ..plan import Planner
 
+    fmt = pick_format(args.format, args.output, PLAN_FORMATS)
+    if fmt == "html" and not args.output and sys.stdout.isatty():
+        raise UserError("--format html writes a page: add --output plan.html (or redirect stdout to a file)")
+    plot_fmt = plot_format(args.plot) if args.plot else None
     if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
         raise UserError(f"cannot write {args.output}: directory {os.path.dirname(os.path.abspath(args.output))} "
                         f"does not exist")
@@ -160,12 +177,13 @@ def run_plan(args: argparse.Namespace) -> int:
     with Progress() as progress:
         progress.set("building the model")
         loaded = load_model(args)
-        planner = Planner(loaded.model, loaded.inputs, gpu=gpus_names[0], optimizer=args.optimizer,
-                          loss_fn=loaded.loss_fn, precision=args.precision, reduce_dtype=args.reduce_dtype,
+        optimizer, grad_accum = training_options(args)
+        planner = Planner(loaded.model, loaded.inputs, gpu=gpus_names[0], optimizer=optimizer,
+                          loss_fn=loaded.loss_fn, precision=precision_of(args), reduce_dtype=args.reduce_dtype,
                           wrap=args.wrap or None, device=args.device, gpus_per_node=args.gpus_per_node,
                           interconnect=args.interconnect, inter_node=args.inter_node,
                           zero_semantics=args.zero_semantics, model_name=loaded.title, progress=progress,
-                          keep_output=args.keep_output, grad_accum=args.grad_accum,
+                          keep_output=args.keep_output, grad_accum=grad_accum,
                           checkpoint_policy=args.checkpoint_policy)
         budget = dict(tokens=args.tokens, samples=args.samples, steps=steps, mfu=args.mfu)
         if args.compare or len(gpus_names) > 1 or len(args.gpus) > 1:
@@ -179,9 +197,13 @@ def run_plan(args: argparse.Namespace) -> int:
                                   solve=("batch", *args.solve), reshard_after_forward=args.reshard_after_forward,
                                   rank=args.rank, **budget)
         progress.set("writing the plan")
-        if args.format == "json":
+        if fmt == "json":
             text = json.dumps(result.to_dict(), indent=2)
+        elif fmt == "html":
+            text = result.to_html()
         else:
-            text = result.render("github" if args.format == "markdown" else "simple")
+            text = result.render("github" if fmt == "markdown" else "simple")
+        if args.plot:
+            write_atomic(args.plot, lambda tmp: result.plot(tmp, fmt=plot_fmt), suffix="." + plot_fmt)
     write_text(text, args.output)
     return 0

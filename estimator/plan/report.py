@@ -7,6 +7,8 @@ methods."""
 
 from __future__ import annotations
 
+from html import escape as html_escape
+
 from tabulate import tabulate
 
 from ..render import fmt_bytes, fmt_flops, step_time_words
@@ -143,6 +145,27 @@ class Plan(PlanData):
     def __str__(self) -> str:
         return self.render()
 
+    def __repr__(self) -> str:  # a notebook cell or a REPL: the headline, not every field
+        return f"<Plan: {headline(self)}>"
+
+    def _repr_html_(self) -> str:
+        from .html import table_html
+
+        return f"<p><b>{html_escape(headline(self))}</b></p>" + table_html(self, fmt_duration)
+
+    def to_html(self) -> str:
+        """A self-contained page: the verdict, one GPU's memory against its capacity, the step time (:mod:`.html`)."""
+        from .html import to_html
+
+        c = self.config
+        return to_html(self, f"Plan: {c.model} on {c.gpus} x {c.gpu}", headline(self), self.render(), fmt_duration)
+
+    def plot(self, path: str, fmt: str | None = None) -> None:
+        """Draw the plan as an image (:mod:`.plot`; needs matplotlib)."""
+        from .plot import plot_plan
+
+        plot_plan(self, path, headline(self), fmt)
+
 
 class Comparison(ComparisonData):
     """Plans side by side (strategies x checkpointing, GPU types, GPU counts); the recommended one
@@ -153,3 +176,37 @@ class Comparison(ComparisonData):
 
     def __str__(self) -> str:
         return self.render()
+
+    def __repr__(self) -> str:
+        return f"<Comparison of {len(self.plans)} plans: {_recommendation(self)}>"
+
+    def _repr_html_(self) -> str:
+        from .html import table_html
+
+        return f"<p><b>{html_escape(_recommendation(self))}</b></p>" + table_html(self, fmt_duration)
+
+    def to_html(self) -> str:
+        """A self-contained page: each layout's memory of one GPU and step time, side by side (:mod:`.html`)."""
+        from .html import to_html
+
+        first = self.plans[0].config
+        return to_html(self, f"Plans for {first.model} ({first.precision})", _recommendation(self), self.render(),
+                       fmt_duration)
+
+    def plot(self, path: str, fmt: str | None = None) -> None:
+        """Draw the plans side by side as an image (:mod:`.plot`; needs matplotlib)."""
+        from .plot import plot_plan
+
+        plot_plan(self, path, _recommendation(self), fmt)
+
+
+def _recommendation(cmp: ComparisonData) -> str:
+    """The comparison's answer in one line: the recommended layout, or that none fits."""
+    from .html import label
+
+    best = cmp.recommended
+    fit = sum(p.fits for p in cmp.plans)
+    if best is None:
+        return f"none of these {len(cmp.plans)} plans fits"
+    return (f"recommended: {label(best)} ({fit} of {len(cmp.plans)} plans fit; needs {fmt_bytes(best.verdict.needed)} "
+            f"per GPU)")

@@ -14,7 +14,7 @@ from .json_dict import to_dict
 from .svg import timeline_data, timeline_svg
 from .text import summary_rows
 from .units import CATEGORY_COLORS, CATEGORY_LABEL, SCHEMA_VERSION, fmt_bytes, fmt_count, fmt_flops
-from .words import headline, inputs_words, place, title, training
+from .words import STAGE_WORDS, gpu_limit, headline, inputs_words, place, title, training
 
 # -- html -----------------------------------------------------------------
 
@@ -165,6 +165,8 @@ def _timeline_section(report: ReportData, train: bool) -> tuple[str, str]:
         timeline_json = json.dumps(client, separators=(",", ":")).replace("</", "<\\/")
         legend = "".join(f'<span><i style="background:{CATEGORY_COLORS.get(c, "#999")}"></i>'
                          f'{esc(CATEGORY_LABEL.get(c, c))}</span>' for c in reversed(data["categories"]))
+        if report.gpu is not None and gpu_limit(report) is not None:
+            legend += f'<span><i class="dash limit"></i>{esc(gpu_limit(report)[1])}</span>'
         if ck:
             legend += (f'<span><i class="dash"></i>with checkpointing of {esc(", ".join(report.checkpoint.classes))} '
                        f'(peak {fmt_bytes(report.checkpoint.peak)})</span>')
@@ -172,10 +174,13 @@ def _timeline_section(report: ReportData, train: bool) -> tuple[str, str]:
                                                 else " of the forward pass")
                 + (", each allocation rounded to the CUDA caching allocator's 512-byte blocks" if report.device == "cuda"
                    else "") + ". Hover the chart to see any point; the panel shows the peak until then.")
-        svg = timeline_svg(m, checkpoint=ck, data=data,
+        svg = timeline_svg(m, checkpoint=ck, data=data, limit=gpu_limit(report),
                            peak_label=f"peak {fmt_bytes(m.peak)}: {place(report, m.peak_at)}")
-        timeline = (f'<h2>Memory over one {"training step" if train else "forward pass"}</h2><p class="note">{esc(note)}</p>'
-                    f'<div class="legend">{legend}</div><div class="chart">{svg}</div>{_peak_panel(report)}')
+        over = "one training step" if train else "one forward pass"
+        if report.generation is not None:
+            over = f"the {STAGE_WORDS[report.generation.binding]} of generate() (the step with the higher peak)"
+        timeline = (f'<h2>Memory over {over}</h2><p class="note">{esc(note)}</p>'
+                    f'<div class="legend">{legend}</div><div class="chart scroll">{svg}</div>{_peak_panel(report)}')
     return timeline, timeline_json
 
 
@@ -280,6 +285,20 @@ svg text.axis { fill: #666; }
 .bar-h i { display: inline-block; width: 0.8em; height: 0.8em; margin: 0 0.3em 0 0.6em; vertical-align: -0.05em; }
 td.share { min-width: 14em; }
 td.share .bar { display: inline-flex; width: 9em; margin-right: 0.5em; vertical-align: -0.05em; }
+.legend i.dash.limit { border-top-color: #c62828; }
+svg text.limit { fill: #c62828; font-weight: 600; }
+.scroll { overflow-x: auto; }
+.headline, h1, p.sub, table.summary td { overflow-wrap: anywhere; }
+/* a phone (390 px): the summary as label-over-value blocks; the chart, the tree and the operator table
+   scroll sideways inside their boxes, the page itself never does */
+@media (max-width: 700px) {
+  body { padding: 0.8em; }
+  table.summary, table.summary tbody, table.summary tr, table.summary th, table.summary td { display: block; }
+  table.summary th { white-space: normal; border-bottom: 0; padding-bottom: 0; }
+  table.summary td { padding-top: 0.05em; padding-left: 1.4em; }
+  .chart svg { min-width: 640px; }
+  #point .where { min-width: 0; }
+}
 """
 
 
@@ -297,7 +316,8 @@ def to_html(report: ReportData, depth: int | None = None) -> str:
     fits = report.fits
     verdict = "unknown" if fits is None else ("fits" if fits else "nofit")
     subtitle = ", ".join(w for w in (inputs_words(report), report.precision, report.device,
-                                     "training step" if train else "inference") if w)
+                                     {"train": "training step", "generate": "generation"}.get(report.mode,
+                                                                                               "inference")) if w)
     timeline, timeline_json = _timeline_section(report, train)
     missing = _no_gradient_section(t)
     operators = _operators_section(t, train)
@@ -331,8 +351,8 @@ number for its exact value.</p>
 {missing}
 <h2>Per module</h2>
 <p class="note">Every module with its subtree's totals: parameters, memory (weights{" and activations saved for backward" if train else ""}) and FLOPs{" (forward and backward, each backward op on the module whose forward made it)" if train else ""}; click a row to open or close it.</p>
-{_tree_html(report)}
-{operators}
+<div class="scroll">{_tree_html(report)}</div>
+<div class="scroll">{operators}</div>
 {unsupported}
 <script type="application/json" id="estimate-json">
 {data_json}

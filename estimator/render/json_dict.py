@@ -60,5 +60,7 @@ def to_dict(report: ReportData, depth: int | None = None) -> dict[str, Any]:
         "fit": report.fit_dict(),
         "no_gradient": [dict(r) for r in t.no_gradient],
         "by_operator": report.by_operator(),
-        "quantized": [q.to_dict() for q in report.quantized] if report.mode == "inference" else None,
+        "quantized": [q.to_dict() for q in report.quantized] if report.mode != "train" else None,
+        "quantize": None if not report.quantize else {"scheme": report.quantize, "peak": report.quantized_peak},
+        "generation": report.generation.to_dict() if report.generation is not None else None,
     }

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import UserError
-from .svg import timeline_data, unit_for
+from .svg import AXIS_WORDS, on_scale, timeline_data, unit_for
 from .units import CATEGORY_COLORS, CATEGORY_LABEL, PHASE_NAMES, fmt_bytes
-from .words import inputs_words, place, training
+from .words import gpu_limit, inputs_words, place, training
 
 # -- the memory timeline as an image (matplotlib) --------------------------------------------------
 
@@ -32,7 +32,9 @@ def plot_formats() -> tuple[str, ...]:
 
 def plot(report: Any, path: str, title: str = "", fmt: str | None = None) -> None:
     """Draw the stacked live-memory timeline with the peak marked (needs matplotlib: ``[plot]`` extra):
-    the HTML report's palette and units, phases given equal room, the checkpoint what-if dashed.
+    the HTML report's palette and units, phases in proportion to their ops (at least 8 % each), the
+    checkpoint what-if dashed, the GPU's room for the peak as a red dashed line (``--gpu``), the legend
+    below the axes (it covers no curve).
     ``report``: a :class:`~estimator.report.Report` (title with batch, sequence and precision) or a
     :class:`~estimator.memory.MemoryProfile`; ``fmt``: png, svg or pdf (default: from the suffix)."""
     try:
@@ -53,9 +55,14 @@ def _draw_plot(report: Any, path: str, title: str, fmt: str | None, Figure: Any,
     data = timeline_data(profile, ck, limit=4000)
     cats = data["categories"]
     top = max(data["total"] + [profile.peak, 1] + (data["checkpoint"]["total"] if "checkpoint" in data else []))
+    limit = gpu_limit(report) if hasattr(report, "capture") else None
+    drawn = on_scale(top, limit[0] if limit else None)
+    top = max(top, limit[0]) if drawn else top
     unit_name, unit = unit_for(top)
-    fig = Figure(figsize=(12, 5.2))
+    fig = Figure(figsize=(12, 6.2))
     FigureCanvasAgg(fig)
+    # the axes above, the legend in the band below them (inches: 1.45 of 6.2), where it covers no curve
+    fig.subplots_adjust(left=0.07, right=0.98, top=0.9, bottom=1.45 / 6.2)
     ax = fig.add_subplot()
     ys = [[b[i] / unit for b in data["bytes"]] for i in range(len(cats))]
     ax.stackplot(data["x"], ys, labels=[CATEGORY_LABEL.get(c, c) for c in cats],
@@ -80,15 +87,20 @@ def _draw_plot(report: Any, path: str, title: str, fmt: str | None, Figure: Any,
         ax.annotate(f"peak {fmt_bytes(profile.peak)}\n{where}", (px, py), textcoords="offset points",
                     xytext=(-8 if px > 0.6 else 8, -4), ha="right" if px > 0.6 else "left", va="top", fontsize=8.5,
                     fontweight="bold")
+    if limit is not None and drawn:
+        ax.axhline(limit[0] / unit, color="#c62828", linestyle="--", linewidth=1.4, label=limit[1])
+    elif limit is not None:
+        ax.text(0.995, 0.98, f"{limit[1]} (above this scale)", transform=ax.transAxes, ha="right", va="top",
+                fontsize=8, color="#c62828")
     ax.set_ylabel(f"live memory ({unit_name})")
-    ax.set_xlabel("phase of the step (each phase given equal width; ops in execution order within it)")
+    ax.set_xlabel(AXIS_WORDS)
     if not title and hasattr(report, "capture"):
         what = "training step (steady state)" if training(report) else "forward pass"
         details = ", ".join(w for w in (inputs_words(report), report.precision, report.device) if w)
         title = f"{report.model_name or 'model'}: live memory over one {what}\n{details}"
     ax.set_title(title or "Live memory over one training step (steady state)", fontsize=10.5)
-    ax.legend(loc="upper left", fontsize=8, ncol=2, framealpha=0.9)
+    ax.legend(loc="upper left", bbox_to_anchor=(0.07, 0.95 / 6.2), bbox_transform=fig.transFigure, fontsize=8,
+              ncol=3, frameon=False)
     ax.grid(axis="y", color="#e2e2e2")
     ax.set_axisbelow(True)
-    fig.tight_layout()
     fig.savefig(path, dpi=110, format=fmt or (path.rsplit(".", 1)[-1].lower() if "." in path else "png"))

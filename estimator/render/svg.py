@@ -1,6 +1,8 @@
-"""The memory timeline as an inline SVG chart: live bytes after each op stacked by category, phases
-given equal room, the peak marked, the checkpoint what-if as a dashed line; at most
-``MAX_SVG_POINTS`` columns (each keeps the highest point it covers).
+"""The memory timeline as an inline SVG chart: live bytes after each op stacked by category, each phase
+given room in proportion to its ops with a minimum (:data:`MIN_PHASE_SHARE`), the peak marked, the
+checkpoint what-if as a dashed line, the GPU's room for the peak (its capacity less the CUDA reserve) as a
+line when the report is sized for a GPU; at most ``MAX_SVG_POINTS`` columns (each keeps the highest point
+it covers).
 """
 
 from __future__ import annotations
@@ -12,10 +14,14 @@ from typing import Any
 from ..memory import CATEGORIES, MemoryProfile
 from .units import CATEGORY_COLORS, CATEGORY_LABEL, PHASE_NAMES, fmt_bytes
 
-# -- the memory timeline: phases given equal room --------------------------------------------
+# -- the memory timeline: phases in proportion to their ops -----------------------------------
 
 MAX_SVG_POINTS = 1000
 PHASE_ORDER = ("forward", "loss", "backward", "optimizer")
+# The least share of the width a phase gets: a ResNet's loss is 5 ops of 1,400 (0.4 %), and would be a
+# hairline; equal widths gave it a quarter.  8 % keeps a few-op phase readable and labelled.
+MIN_PHASE_SHARE = 0.08
+AXIS_WORDS = "phase of the step (width in proportion to its ops, at least 8 %; ops in execution order within it)"
 
 
 def _phase_of(p: Any) -> str:
@@ -23,21 +29,46 @@ def _phase_of(p: Any) -> str:
     return "forward" if phase == "start" else phase
 
 
-def phase_layout(phases: list[str]) -> tuple[list[float], list[tuple[str, float, float]]]:
-    """x in [0, 1] for each point of a timeline whose points are in ``phases`` (execution order): every
-    phase present gets the same width and its points are spread evenly across it, edge to edge.
-    Returns the xs and the (phase, start, end) bands."""
+def phase_shares(counts: list[int], minimum: float = MIN_PHASE_SHARE) -> list[float]:
+    """Each phase's share of the width: in proportion to its ops, at least ``minimum`` (shares summing to 1;
+    the phases raised to the minimum take their room from the others in proportion)."""
+    if not counts:
+        return []
+    minimum = min(minimum, 1.0 / len(counts))
+    fixed: set[int] = set()
+    while True:
+        free = 1.0 - minimum * len(fixed)
+        rest = sum(c for i, c in enumerate(counts) if i not in fixed) or 1
+        shares = [minimum if i in fixed else free * c / rest for i, c in enumerate(counts)]
+        low = {i for i, share in enumerate(shares) if share < minimum and i not in fixed}
+        if not low:
+            return shares
+        fixed |= low
+
+
+def phase_layout(phases: list[str], bands: list[tuple[str, float, float]] | None = None
+                 ) -> tuple[list[float], list[tuple[str, float, float]]]:
+    """x in [0, 1] for each point of a timeline whose points are in ``phases`` (execution order): each phase
+    present gets a width in proportion to its points, at least :data:`MIN_PHASE_SHARE` (or the given
+    ``bands``: another timeline drawn on the same axis), and its points are spread evenly across it, edge to
+    edge.  Returns the xs and the (phase, start, end) bands."""
     present = [ph for ph in PHASE_ORDER if ph in set(phases)]
     present += [ph for ph in dict.fromkeys(phases) if ph not in present]
     counts = {ph: phases.count(ph) for ph in present}
-    band = 1.0 / max(len(present), 1)
+    if bands is None:
+        bands, start = [], 0.0
+        for ph, share in zip(present, phase_shares([counts[ph] for ph in present])):
+            bands.append((ph, start, start + share))
+            start += share
+    where = {ph: (a, b) for ph, a, b in bands}
     seen = dict.fromkeys(present, 0)
     xs = []
     for ph in phases:
-        i, k, n = present.index(ph), seen[ph], counts[ph]
+        a, b = where.get(ph, (0.0, 1.0))
+        k, n = seen[ph], counts[ph]
         seen[ph] += 1
-        xs.append(band * (i + (k / (n - 1) if n > 1 else 0.5)))
-    return xs, [(ph, band * i, band * (i + 1)) for i, ph in enumerate(present)]
+        xs.append(a + (b - a) * (k / (n - 1) if n > 1 else 0.5))
+    return xs, [band for band in bands if band[0] in counts]
 
 
 def _columns(totals: list[int], xs: list[float], limit: int) -> list[int]:
@@ -98,23 +129,45 @@ def timeline_data(profile: MemoryProfile, checkpoint: list[tuple[str, int]] | No
         "peak": peak_k,
         "index": picked,  # into profile.timeline
     }
-    if checkpoint:
-        cxs, _ = phase_layout([_phase_of(p) for p in checkpoint])
+    if checkpoint:  # on the step's own phase bands, so that each phase lines up with the step's
+        cxs, _ = phase_layout([_phase_of(p) for p in checkpoint], bands)
         cpicked = _columns([t for _, t in checkpoint], cxs, limit)
         data["checkpoint"] = {"x": [round(cxs[j], 5) for j in cpicked], "total": [checkpoint[j][1] for j in cpicked]}
     return data
 
 
+def on_scale(top: int, limit: int | None) -> bool:
+    """Whether a GPU's room for the peak is drawn on the chart's axis: when it is within 3x the highest point
+    (beyond, the step's curve would be flattened to the bottom; the limit is then stated in words)."""
+    return limit is not None and limit <= 3 * top
+
+
+def _limit_svg(at: float | None, text: str, x0: float, x1: float, top: float) -> str:
+    """The GPU's room for the peak: a dashed red line across the chart at height ``at``, or (None: off the
+    scale) a note at the chart's top edge ``top``."""
+    label = html.escape(text)
+    if at is None:
+        return (f'<text x="{x1 - 6:.1f}" y="{top + 14:.1f}" text-anchor="end" class="limit">{label} '
+                f'(above this scale)</text>')
+    return (f'<line x1="{x0:.1f}" x2="{x1:.1f}" y1="{at:.1f}" y2="{at:.1f}" stroke="#c62828" '
+            f'stroke-width="1.6" stroke-dasharray="7 4" class="limit"><title>{label}</title></line>'
+            f'<text x="{x0 + 6:.1f}" y="{at - 5:.1f}" class="limit">{label}</text>')
+
+
 def timeline_svg(profile: MemoryProfile, width: int = 1200, height: int = 380,
                  checkpoint: list[tuple[str, int]] | None = None, peak_label: str | None = None,
-                 data: dict[str, Any] | None = None) -> str:
+                 data: dict[str, Any] | None = None, limit: tuple[int, str] | None = None) -> str:
     """The memory timeline as a stacked-area SVG that scales to its container's width: live bytes by
-    category, the forward, loss, backward and optimizer phases given equal room and labelled, the peak
-    marked, and the checkpoint what-if's total as a dashed line.  No external resources."""
+    category, the forward, loss, backward and optimizer phases in proportion to their ops (at least
+    :data:`MIN_PHASE_SHARE` each) and labelled, the peak marked, the checkpoint what-if's total as a dashed
+    line, and ``limit`` (bytes, words: the GPU's room for the peak) as a red dashed line.  No external
+    resources."""
     data = data or timeline_data(profile, checkpoint)
     n = len(data["x"])
     cats = data["categories"]
     top = max(data["total"] + [profile.peak, 1] + (data["checkpoint"]["total"] if "checkpoint" in data else []))
+    drawn = on_scale(top, limit[0] if limit else None)
+    top = max(top, limit[0]) if drawn else top
     unit_name, unit = unit_for(top)
     step = _nice_step(top / unit)
     y_max = math.ceil(top / unit / step) * step * unit
@@ -176,12 +229,14 @@ def timeline_svg(profile: MemoryProfile, width: int = 1200, height: int = 380,
         parts.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="4" fill="#000"/>')
         parts.append(f'<text x="{px + dx:.1f}" y="{max(py - 8, top_pad + 12):.1f}" text-anchor="{anchor}" '
                      f'class="peak">{label}</text>')
+    if limit is not None:
+        parts.append(_limit_svg(y(limit[0]) if drawn else None, limit[1], left, left + pw, top_pad))
     # axes, cursor (moved by the page's script) and the x-axis title
     parts.append(f'<line x1="{left}" x2="{left}" y1="{top_pad}" y2="{top_pad + ph}" stroke="#333"/>')
     parts.append(f'<line x1="{left}" x2="{left + pw}" y1="{top_pad + ph}" y2="{top_pad + ph}" stroke="#333"/>')
     parts.append(f'<line id="cursor" x1="{left}" x2="{left}" y1="{top_pad}" y2="{top_pad + ph}" stroke="#d62728" '
                  f'stroke-width="1.2" visibility="hidden"/>')
     parts.append(f'<text x="{left + pw / 2:.0f}" y="{height - 2}" text-anchor="middle" class="axis">'
-                 f'phase of the step (each phase given equal width; ops in execution order within it)</text>')
+                 f'{AXIS_WORDS}</text>')
     parts.append("</svg>")
     return "\n".join(parts)

@@ -10,8 +10,9 @@ import re
 from tabulate import tabulate
 
 from ..results import ReportData
+from .generation import generation_rows
 from .units import CATEGORY_LABEL, dtype_note, fmt_bytes, fmt_count, fmt_flops, step_time_words
-from .words import headline, inputs_words, loop_words, optimizer_words, place, title, training
+from .words import STAGE_WORDS, headline, inputs_words, loop_words, optimizer_words, place, title, training
 
 # -- text -----------------------------------------------------------------
 
@@ -23,8 +24,15 @@ def _memory_rows(report: ReportData, train: bool) -> list[tuple[str, str]]:
     if m is not None:
         at = m.peak_at
         if report.device == "cuda":
-            rows.append(("Memory the GPU needs", f"{fmt_bytes(report.needed)} (peak + CUDA reserve)"))
-        rows.append((f"Memory: peak{' (steady-state step)' if train else ''}",
+            rows.append(("Memory the GPU needs", f"{fmt_bytes(report.needed)} (peak + CUDA reserve"
+                                                 f"{f', {report.quantize} weights' if report.quantize else ''})"))
+        if report.quantize:
+            rows.append((f"Memory: peak with {report.quantize} weights",
+                         f"{fmt_bytes(report.quantized_peak)} (the traced peak less what the quantized weights save; "
+                         f"see the what-if below)"))
+        which = " (steady-state step)" if train else (
+            f" (the {STAGE_WORDS[report.generation.binding]})" if report.generation is not None else "")
+        rows.append((f"Memory: peak{which}{' as traced' if report.quantize else ''}",
                      f"{fmt_bytes(m.peak)}, in the {place(report, at)}"))
         rows.append(("Memory at the peak", ", ".join(f"{CATEGORY_LABEL.get(k, k)} {fmt_bytes(v)}"
                                                      for k, v in at.by_category.items() if v)))
@@ -33,7 +41,8 @@ def _memory_rows(report: ReportData, train: bool) -> list[tuple[str, str]]:
                                                        f"is created inside the first step)"))
         st = report.step_time
         if st is not None:
-            rows.append((f"Step time on {st.gpu}", f"{step_time_words(st.total, st.likely, st.band_note)} "
+            weights = " (16-bit weights)" if report.quantize else ""
+            rows.append((f"Step time on {st.gpu}{weights}", f"{step_time_words(st.total, st.likely, st.band_note)} "
                          f"(forward {st.forward * 1e3:.1f}, backward {st.backward * 1e3:.1f}, optimizer "
                          f"{st.optimizer * 1e3:.1f}; {'launch' if st.bound == 'host' else 'GPU'}-bound)"))
             rows.append(("Achieved FLOP/s, MFU", f"{fmt_flops(st.achieved_flops)}/s, MFU {st.mfu:.1%} "
@@ -44,7 +53,8 @@ def _memory_rows(report: ReportData, train: bool) -> list[tuple[str, str]]:
         if report.kernels:
             rows.append(("Kernels assumed", ", ".join(f"{name} x{n}" for name, n in report.kernels.items())))
         if m.reserve:
-            rows.append(("Memory: CUDA reserve", f"{fmt_bytes(sum(m.reserve.values()))}: " + ", ".join(
+            traced = " as traced" if report.quantize else ""
+            rows.append((f"Memory: CUDA reserve{traced}", f"{fmt_bytes(sum(m.reserve.values()))}: " + ", ".join(
                 f"{_RESERVE_LABEL.get(k, k.replace('_', ' '))} {fmt_bytes(v)}" for k, v in m.reserve.items())))
     return rows
 
@@ -87,7 +97,9 @@ def summary_rows(report: ReportData) -> list[tuple[str, str]]:
     if train:
         rows += [("Loss", report.capture.loss_source), ("Optimizer", optimizer_words(report) or "none"),
                  ("Training loop", loop_words(report.capture))]
-    rows.append(("Target", f"{report.device}, {report.precision}, {'training' if train else 'inference'}"))
+    mode_words = {"train": "training", "inference": "inference", "generate": "generation"}.get(report.mode, report.mode)
+    rows.append(("Target", f"{report.device}, {report.precision}, {mode_words}"))
+    rows += generation_rows(report)
     rows += _memory_rows(report, train)
     rows += [("Memory: parameters", fmt_bytes(t.parameters_bytes) + dtype_note(t.memory_by_dtype.get("parameter", {})))]
     if t.buffers_bytes:

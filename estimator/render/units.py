@@ -57,14 +57,14 @@ def step_time_words(total: float, likely: tuple[float, float], note: str) -> str
     return f"{fmt_seconds(total)}, likely {span}; {note}"
 
 
-CATEGORY_LABEL = {"parameter": "parameters", "buffer": "buffers", "input": "inputs",
+CATEGORY_LABEL = {"parameter": "parameters", "buffer": "buffers", "kv_cache": "KV cache", "input": "inputs",
                   "optimizer_state": "optimizer state", "gradient": "gradients", "saved": "saved activations",
                   "workspace": "CUDA library workspaces", "temporary": "temporaries",
                   "allocator": "allocator blocks beyond requests"}
 
 # One palette for the HTML chart, the legend and the PNG (Tableau 10).
 CATEGORY_COLORS = {
-    "parameter": "#4e79a7", "buffer": "#a0cbe8", "input": "#f28e2b", "optimizer_state": "#59a14f",
+    "parameter": "#4e79a7", "buffer": "#a0cbe8", "kv_cache": "#76b7b2", "input": "#f28e2b", "optimizer_state": "#59a14f",
     "gradient": "#e15759", "saved": "#b07aa1", "temporary": "#edc948", "workspace": "#9c755f",
     "allocator": "#bab0ac",
 }

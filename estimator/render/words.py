@@ -9,18 +9,42 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..capture import INPUT_MODULE, LOSS_MODULE, OPTIMIZER_MODULE
+from ..capture import GENERATE_MODULE, INPUT_MODULE, LOSS_MODULE, OPTIMIZER_MODULE
 from ..results import ReportData
 from .units import OPTIMIZER_NAMES, PHASE_NAMES, fmt_bytes, fmt_gb
 
 
 def training(report: ReportData) -> bool:
-    return report.mode != "inference"
+    return report.mode == "train"
 
 
 def title(report: ReportData) -> str:
-    what = "Training-step estimate" if training(report) else "Inference estimate (forward pass, no gradients)"
+    what = {"train": "Training-step estimate", "inference": "Inference estimate (forward pass, no gradients)",
+            "generate": "Generation estimate (transformers generate(): the prefill and the last decode step)"}.get(
+        report.mode, report.mode)
+    if report.quantize:
+        what += f" with {report.quantize} weights"
     return f"{what}{f' of {report.model_name}' if report.model_name else ''}"
+
+
+def generation_words(report: ReportData) -> str:
+    """'Generating 128 tokens after a 512-token prompt (batch 4, DynamicCache grown token by token)'."""
+    g = report.generation
+    how = "grown token by token" if g.cache == "dynamic" else f"allocated for {g.cache_len:,} tokens"
+    return (f"Generating {g.new_tokens:,} token{'s' if g.new_tokens != 1 else ''} after a {g.prompt_len:,}-token "
+            f"prompt (batch {g.batch}, {g.cache_class} {how})")
+
+
+STAGE_WORDS = {"prefill": "prefill", "decode": "last decode step"}
+
+
+def stage_peak(report: ReportData, stage: Any) -> int:
+    """A generation step's peak, with the quantized weights when the estimate is sized with them."""
+    if not report.quantize:
+        return stage.peak
+    from ..quantize import quantized_peak
+
+    return quantized_peak(stage.capture, report.device, stage.peak, report.quantize)
 
 
 def op_words(op: str) -> str:
@@ -46,6 +70,8 @@ def place(report: ReportData, snapshot: Any) -> str:
         return PHASE_NAMES["start"]
     module = snapshot.module
     words = PHASE_NAMES.get(phase, phase)
+    if module == GENERATE_MODULE:  # generate()'s own ops: the inputs prepared, the token chosen
+        return f"generate() loop, outside the model ({op})" if op else "generate() loop, outside the model"
     if phase == "loss" or module in (LOSS_MODULE, OPTIMIZER_MODULE, INPUT_MODULE):
         return f"{words} ({op})" if op else words
     kind = report.capture.module_types.get(module, "")
@@ -81,6 +107,17 @@ def inputs_words(report: ReportData) -> str:
 # -- the headline -----------------------------------------------------------
 
 
+def gpu_limit(report: ReportData) -> tuple[int, str] | None:
+    """(bytes, words) of the GPU's room for the peak: its capacity less the CUDA reserve (what the headline
+    compares: the step fits when its peak stays under it), for the charts; None without a GPU."""
+    if report.gpu is None or report.memory is None or report.device != "cuda":
+        return None
+    reserve = sum(report.memory.reserve.values())
+    room = report.gpu.capacity - reserve
+    return room, (f"{report.gpu.name}: {fmt_bytes(room)} for the peak ({fmt_bytes(report.gpu.capacity)} less "
+                  f"{fmt_bytes(reserve)} CUDA reserve)")
+
+
 def loop_words(cap: Any) -> str:
     """The training loop estimated, in words: 'output dropped once the loss is computed (loss = model(x).loss;
     --keep-output holds it through backward)', and the micro-batches of a gradient accumulation."""
@@ -95,20 +132,24 @@ def headline(report: ReportData) -> str:
     """The first line of every report: memory needed and, with a GPU, fits or not and the largest micro-batch.
 
     'Needs 18.42 GiB on the GPU (peak 16.20 GiB + 2.22 GiB CUDA reserve): fits on H100-SXM (80 GB =
-    74.51 GiB, 56.09 GiB to spare); largest micro-batch 12'."""
+    74.51 GiB, 56.09 GiB to spare); largest micro-batch 12'.  An estimate sized with quantized weights
+    (``--quantize``) answers with them; a generation says which step bounds it and the KV cache."""
     needed = report.needed
     if needed is None:
         return "No memory estimate"
     m = report.memory
-    what = "A training step" if training(report) else "Inference"
-    reserve = sum(m.reserve.values())
+    what = {"train": "A training step", "inference": "Inference"}.get(report.mode) or generation_words(report)
+    if report.quantize:
+        what += f" with {report.quantize} weights ({'LLM.int8' if report.quantize == 'int8' else 'NF4'}, bitsandbytes)"
+    peak = report.quantized_peak if report.quantize else max(m.peak, m.peak_first_step)
     if report.device != "cuda":
-        return f"{what} needs {fmt_bytes(needed)} of memory (peak of live tensors on the CPU target)"
-    parts = f"peak {fmt_bytes(max(m.peak, m.peak_first_step))} + {fmt_bytes(reserve)} CUDA reserve"
-    text = f"{what} needs {fmt_bytes(needed)} on the GPU ({parts})"
+        text = f"{what} needs {fmt_bytes(needed)} of memory (peak of live tensors on the CPU target)"
+    else:
+        text = (f"{what} needs {fmt_bytes(needed)} on the GPU (peak {fmt_bytes(peak)} + {fmt_bytes(needed - peak)} "
+                f"CUDA reserve)")
     gpu = report.gpu
     if gpu is None:
-        return text + "; add --gpu NAME to check a GPU"
+        return text + _generation_tail(report) + ("; add --gpu NAME to check a GPU" if report.device == "cuda" else "")
     usable = gpu.capacity
     capacity = (f"{fmt_gb(gpu.memory)}, {fmt_bytes(usable)} usable" if usable != gpu.memory
                 else f"{fmt_gb(gpu.memory)} = {fmt_bytes(usable)}")
@@ -116,6 +157,8 @@ def headline(report: ReportData) -> str:
         text += f": fits on {gpu.name} ({capacity}, {fmt_bytes(usable - needed)} to spare)"
     else:
         text += f": DOES NOT FIT on {gpu.name} ({capacity}, {fmt_bytes(needed - usable)} short)"
+        text += _quantized_fit(report)
+    text += _generation_tail(report)
     if report.max_batch is not None:
         text += ("; no micro-batch fits on one GPU (estimator plan shards it over several)" if report.max_batch == 0
                  else f"; largest micro-batch {report.max_batch}")
@@ -124,3 +167,30 @@ def headline(report: ReportData) -> str:
     elif report.max_batch_note and training(report):
         text += f"; largest micro-batch {report.max_batch_note}"  # "not searched: ..." or "over ..."
     return text
+
+
+def _quantized_fit(report: ReportData) -> str:
+    """'; fits with int8 weights (needs 14.20 GiB: --quantize int8)': the first weight-only quantization that
+    would fit an inference or generation that does not (int8 before int4: the smaller change)."""
+    if report.quantize or report.mode == "train" or report.gpu is None or report.device != "cuda":
+        return ""
+    from ..memory import needed_for_peak
+    from ..quantize import QUANT_SCHEMES, quantized_peak
+
+    m = report.memory
+    for scheme in QUANT_SCHEMES if report.quantized else ():
+        # what --quantize SCHEME would answer (ReportData.needed with quantize set)
+        needs = needed_for_peak(quantized_peak(report.capture, "cuda", max(m.peak, m.peak_first_step), scheme))
+        if needs <= report.gpu.capacity:
+            return f"; fits with {scheme} weights (needs {fmt_bytes(needs)}: --quantize {scheme})"
+    return ""
+
+
+def _generation_tail(report: ReportData) -> str:
+    """'; the peak is in the last decode step (prefill 1.2 GiB, decode 1.5 GiB); KV cache 256 MiB at 639 tokens'."""
+    g = report.generation
+    if g is None:
+        return ""
+    pre, dec = (stage_peak(report, g.stages[s]) for s in ("prefill", "decode"))
+    return (f"; the peak is in the {STAGE_WORDS[g.binding]} (prefill {fmt_bytes(pre)}, decode {fmt_bytes(dec)}); "
+            f"KV cache {fmt_bytes(g.kv_cache_bytes)} at {g.cache_len:,} tokens")

@@ -29,6 +29,16 @@ def max_positions(cfg: Any) -> int | None:
 
 
 def inputs_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any, str]:
+    """The model's batch and its description; without labels when ``opts.labels`` is False (inference and
+    generation feed the inputs alone, so the model computes no loss)."""
+    inputs, desc = _batch_for(model, cfg, opts)
+    if not opts.labels and isinstance(inputs, dict) and "labels" in inputs:
+        inputs = {k: v for k, v in inputs.items() if k != "labels"}
+        desc = desc.replace(", labels", "").replace(", class labels", "")
+    return inputs, desc
+
+
+def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any, str]:
     main = getattr(model, "main_input_name", "input_ids")
     batch = opts.batch or 1
     meta = dict(device="meta")

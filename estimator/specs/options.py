@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -89,7 +90,23 @@ def parse_overrides(items: list[str] | Mapping[str, Any] | None) -> dict[str, An
         if not sep or not key:
             raise UserError(f"bad --set {item!r}: write key=value, e.g. --set num_hidden_layers=2")
         out[key] = parse_value(value)
+    check_layer_counts(out)
     return out
+
+
+_LAYER_COUNT = re.compile(r"(num_|n_)?(hidden_|encoder_|decoder_|transformer_)?layers?")
+
+
+def check_layer_counts(overrides: Mapping[str, Any]) -> None:
+    """Refuse a layer count below 1 (``--set num_hidden_layers=-1``, ``n_layer=0``; dotted keys of
+    sub-configurations too): transformers builds a model with no layers from it, and the estimate would
+    describe a model that does not exist."""
+    for key, value in overrides.items():
+        leaf = str(key).rpartition(".")[2]
+        if not (_LAYER_COUNT.fullmatch(leaf) or leaf.endswith("_layers")):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"--set {key}={value!r}: a layer count must be an integer >= 1, e.g. --set {key}=2")
 
 
 def close_matches(word: str, candidates: list[str] | set[str], n: int = 5) -> str:
@@ -139,6 +156,7 @@ class SpecOptions:
     image_size: int | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
     empty: bool = True  # build user factories without weights (library models always are)
+    labels: bool = True  # a training batch; False: the inputs of inference and generation, without labels
 
 
 def prefix_of(spec: str) -> str | None:

@@ -47,20 +47,38 @@ def _image_inputs(opts: SpecOptions, size: int | tuple[int, int], channels: int 
         raise UserError("--seq applies to token models; image models take --batch and --image-size")
     batch = opts.batch or 1
     h, w = (size, size) if isinstance(size, int) else size
-    return torch.zeros(batch, channels, h, w, device="meta"), f"images {batch}x{channels}x{h}x{w}, class labels"
+    labels = ", class labels" if opts.labels else ""
+    return torch.zeros(batch, channels, h, w, device="meta"), f"images {batch}x{channels}x{h}x{w}{labels}"
+
+
+def matching_torchvision(torch_version: str | None = None, cpu: bool | None = None) -> str:
+    """The pip command that installs the torchvision built for a torch release: torchvision 0.N+15 goes with
+    torch 2.N (pytorch/vision's README, "Installation": 2.11 -> 0.26, 2.13 -> 0.28, 2.14 -> 0.29).  Each
+    wheel is built against one torch build: PyPI's torchvision links the CUDA torch's libraries
+    (``libtorch_cuda.so``, ``libc10_cuda.so``), so beside the CPU torch its operators fail to register
+    ("operator torchvision::nms does not exist"), and a CPU torch (``torch.version.cuda`` None, e.g.
+    ``2.13.0+cpu``) needs the CPU torchvision of PyTorch's CPU wheel index."""
+    from ..compat import torch_version as parse
+
+    major, minor = parse(torch_version or torch.__version__)
+    if major != 2:
+        return "pip install the torchvision built for your torch"
+    cpu = torch.version.cuda is None if cpu is None else cpu
+    pin = f"torchvision=={major - 2}.{minor + 15}.*"
+    return f"pip install '{pin}'" + (" --index-url https://download.pytorch.org/whl/cpu" if cpu else "")
 
 
 def _import_vision(name: str):
+    fix = f"install the torchvision built for torch {torch.__version__}: {matching_torchvision()}"
     try:
         return importlib.import_module(name)
     except ImportError as exc:
         if getattr(exc, "name", None) == name:
-            raise UserError(f"{name}: specs need {name}: pip install 'estimator[vision]'") from exc
-        raise UserError(f"importing {name} failed: {first_line(exc)} ({name} must match torch "
-                        f"{torch.__version__})") from exc
-    except Exception as exc:
-        raise UserError(f"importing {name} failed: {type(exc).__name__}: {first_line(exc)} "
-                        f"({name} must match torch {torch.__version__})") from exc
+            raise UserError(f"{name}: specs need {name}: {matching_torchvision()}, then pip install "
+                            f"'estimator[vision]'") from exc
+        raise UserError(f"importing {name} failed: {first_line(exc)}; {fix}") from exc
+    except Exception as exc:  # "operator torchvision::nms does not exist": a torchvision built for another torch
+        raise UserError(f"importing {name} failed: {type(exc).__name__}: {first_line(exc)}; {fix}") from exc
 
 
 def _construct(call: Callable[[], torch.nn.Module], what: str, known: list[str] | None = None) -> torch.nn.Module:
@@ -139,11 +157,14 @@ def detection_targets(model: torch.nn.Module, batch: int, height: int, width: in
 
 def detection_inputs(model: torch.nn.Module, opts: SpecOptions) -> tuple[Any, str]:
     """(images, targets) for a torchvision detection model: ``--batch`` images of ``--image-size``
-    (default 800) and one synthetic object each; the model returns its losses in training mode."""
+    (default 800) and one synthetic object each; the model returns its losses in training mode.  Without
+    labels (inference), the images alone."""
     if opts.seq is not None:
         raise UserError("--seq applies to token models; detection models take --batch and --image-size")
     batch, size = opts.batch or 1, opts.image_size or DETECTION_IMAGE_SIZE
     images = [torch.zeros(3, size, size) for _ in range(batch)]
+    if not opts.labels:  # inference: images alone (in eval mode the model returns its detections)
+        return (images,), f"{batch} image(s) 3x{size}x{size}"
     targets = detection_targets(model, batch, size, size)
     kinds = ", ".join(k for k in targets[0] if k != "boxes")
     return (images, targets), f"{batch} image(s) 3x{size}x{size}, targets (one box, {kinds})"

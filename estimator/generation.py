@@ -1,0 +1,157 @@
+"""Generation sizing (``estimate(mode="generate")``, ``--mode generate``): the two steps of transformers'
+``generate()`` that bound its memory, each traced on fake tensors (:mod:`estimator.capture.generate`):
+
+* the **prefill**: the prompt's P tokens through the model, the KV cache filled (a DynamicCache to P
+  tokens; a StaticCache allocated whole, for P + N - 1);
+* the **last decode step**: one token through the model with P + N - 2 tokens cached before it and
+  P + N - 1 after (the cache at its largest: generate() never feeds back the last token it makes).
+
+Every step between holds less than the last one (a shorter cache, the same one-token activations), so
+the peak of the generation is the higher of the two; the report's memory, timeline and headline are those
+of that step (:attr:`GenerationData.binding`), and both peaks are stated.  The KV cache is read off the
+cache object the model filled: per layer, its class (full or sliding-window), the keys' and values' shapes
+(batch, key/value heads, tokens, head dimension: grouped-query attention's fewer key/value heads as the
+model makes them) and dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .capture import Generation, KV_CACHES, Progress, StepOptions, capture
+from .errors import UserError
+from .memory import Category, MemoryProfile, Snapshot
+
+STAGES = ("prefill", "decode")
+
+
+@dataclass
+class GenerationStage:
+    """One traced step of generate(): its peak, where it is, its FLOPs, the cache after it."""
+
+    stage: str  # "prefill" or "decode"
+    tokens: int  # tokens through the model in this step: P, or 1
+    cached: int  # tokens the cache holds after it
+    peak: int
+    peak_at: Snapshot
+    flops: int  # forward FLOPs of the step (one token's, in decode)
+    kv_cache: int  # bytes of the cache at the peak
+    memory: MemoryProfile = field(repr=False)
+    capture: Any = field(repr=False)
+    tally: Any = field(repr=False)
+    time_s: float | None = None  # on the GPU sized for (estimator.timing), else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "cached": self.cached, "peak": self.peak, "peak_phase": self.peak_at.phase,
+                "peak_module": self.peak_at.module, "peak_op": self.peak_at.op, "flops": self.flops,
+                "kv_cache": self.kv_cache, "time_s": self.time_s}
+
+
+@dataclass
+class GenerationData:
+    """The generation's numbers: what is generated, the cache, the two steps."""
+
+    prompt_len: int
+    new_tokens: int
+    batch: int
+    cache: str  # "dynamic" or "static"
+    cache_class: str  # transformers' class: DynamicCache, StaticCache
+    layers: list[dict[str, Any]]  # the cache at the last decode step, one row per layer (see capture.generate)
+    stages: dict[str, GenerationStage]
+    binding: str  # the stage with the higher peak: the report's memory is its
+    query_heads: int | None = None  # the model's attention heads (the cache keeps its key/value heads)
+
+    @property
+    def cache_len(self) -> int:
+        return self.prompt_len + self.new_tokens - 1
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the cache at its largest (the last decode step: P + N - 1 tokens)."""
+        return sum(r["bytes"] for r in self.layers)
+
+    @property
+    def kv_by_dtype(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.layers:
+            out[r["dtype"]] = out.get(r["dtype"], 0) + r["bytes"]
+        return out
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Decode throughput on the GPU: batch / the last decode step's time (the slowest step of the decode)."""
+        t = self.stages["decode"].time_s
+        return self.batch / t if t else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prompt_len": self.prompt_len, "new_tokens": self.new_tokens, "batch": self.batch,
+                "cache": self.cache, "cache_class": self.cache_class, "cache_len": self.cache_len,
+                "kv_cache": self.kv_cache_bytes, "kv_cache_by_dtype": self.kv_by_dtype,
+                "kv_cache_layers": [dict(r) for r in self.layers], "binding": self.binding,
+                "query_heads": self.query_heads, "stages": {name: s.to_dict() for name, s in self.stages.items()},
+                "tokens_per_s": self.tokens_per_s}
+
+
+def prompt_inputs(inputs: Any, prompt_len: int | None) -> tuple[dict[str, Any], int]:
+    """generate()'s input: the prompt's token ids (batch x P integers), from ``inputs`` (a tensor, or a dict
+    with ``input_ids``; labels and masks are dropped: generate() makes its own mask), ``prompt_len`` replacing
+    their length (zeros on the meta device)."""
+    import torch
+
+    ids = inputs.get("input_ids") if isinstance(inputs, dict) else inputs if isinstance(inputs, torch.Tensor) else None
+    if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.is_floating_point():
+        raise UserError("mode='generate' takes the prompt's token ids: a batch x length integer tensor, or a dict "
+                        "with input_ids")
+    if prompt_len is not None:
+        if prompt_len < 1:
+            raise UserError(f"prompt_len must be >= 1, not {prompt_len}")
+        if prompt_len != ids.shape[1]:
+            ids = torch.zeros(ids.shape[0], prompt_len, dtype=ids.dtype, device="meta")
+    return {"input_ids": ids}, int(ids.shape[1])
+
+
+def trace_generation(model, inputs: Any, options: StepOptions, *, prompt_len: int | None, new_tokens: int | None,
+                     kv_cache: str, device: str, trace: str, progress: Progress, gpu: Any = None):
+    """The prefill and the last decode step of ``model.generate()`` (see the module doc).  Returns the binding
+    step's (capture, tally, memory profile) and the :class:`GenerationData`."""
+    from .memory import simulate
+    from .tally import tally
+
+    if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or new_tokens < 1:
+        raise UserError(f"mode='generate' needs new_tokens, the tokens generated after the prompt (an integer "
+                        f">= 1), not {new_tokens!r}")
+    if kv_cache not in KV_CACHES:
+        raise UserError(f"kv_cache must be one of {', '.join(KV_CACHES)}, not {kv_cache!r}")
+    prompt, p = prompt_inputs(inputs, prompt_len)
+    stages: dict[str, GenerationStage] = {}
+    last = None
+    for stage in STAGES:
+        gen = Generation(p, new_tokens, kv_cache, stage)
+
+        def said(what: str, detail: str = "", stage=stage) -> None:
+            progress(f"{what} ({stage})", detail)
+
+        cap = capture(model, prompt, replace(options, generation=gen), mode=trace, progress=said)
+        said("counting FLOPs and bytes")
+        t = tally(cap, train=False)
+        said("simulating memory")
+        prof = simulate(cap, device, target=options.cuda)
+        time_s = None
+        if gpu is not None and device == "cuda":
+            from .timing import step_time
+
+            time_s = step_time(cap, gpu).total
+        stages[stage] = GenerationStage(
+            stage=stage, tokens=p if stage == "prefill" else 1, cached=cap.generation["cached"], peak=prof.peak,
+            peak_at=prof.peak_at, flops=t.flops["forward"],
+            kv_cache=prof.peak_at.by_category.get(Category.KV_CACHE, 0), memory=prof, capture=cap, tally=t,
+            time_s=time_s)
+        last = cap
+    binding = max(STAGES, key=lambda s: (stages[s].peak, s == "decode"))
+    data = GenerationData(prompt_len=p, new_tokens=new_tokens, batch=last.generation["batch"], cache=kv_cache,
+                          cache_class=last.generation["cache_class"], layers=last.generation["layers"],
+                          stages=stages, binding=binding,
+                          query_heads=getattr(model.config.get_text_config(decoder=True), "num_attention_heads", None))
+    b = stages[binding]
+    return b.capture, b.tally, b.memory, data

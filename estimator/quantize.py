@@ -1,0 +1,130 @@
+"""Weight-only quantization for inference and generation, as bitsandbytes lays the weights out when
+transformers / accelerate load a model with ``load_in_8bit`` / ``load_in_4bit`` (BitsAndBytesConfig
+defaults):
+
+* int8, LLM.int8() (``bnb.nn.Linear8bitLt``, ``Int8Params``): the weight as int8 ``CB`` (out x in,
+  1 byte each) plus ``SCB``, one float32 absmax scale per output row (row-wise quantization:
+  Dettmers et al. 2022, "LLM.int8()", section 3; bitsandbytes ``int8_vectorwise_quant``).
+* int4, NF4 / FP4 (``bnb.nn.Linear4bit``, ``Params4bit``, ``quantize_4bit``): two 4-bit values
+  per byte (ceil(out x in / 2) bytes) plus one float32 absmax per block of 64 weights
+  (``blocksize=64``; ``bnb_4bit_use_double_quant=False``, transformers' default).  The matmul
+  dequantizes one layer's weight at a time to the compute dtype (16-bit), a temporary of
+  out x in x 2 bytes.
+
+Only the weights of ``nn.Linear`` (and transformers' ``Conv1D``) layers are quantized, as
+``replace_with_bnb_linear`` does; biases, embeddings, norms, and what transformers'
+``get_keys_to_not_convert`` keeps in full precision (the output head ``lm_head``, the module
+holding the last parameter, tied weights) stay as they are.
+
+The what-ifs (:func:`quantized_what_ifs`) are shown beside every inference estimate;
+``estimate(quantize="int4")`` (``--quantize int4``) sizes the estimate itself with them
+(:func:`quantized_peak`): its headline answers with the quantized weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+QUANT_SCHEMES = {
+    "int8": dict(layout="bitsandbytes LLM.int8: int8 weights + one float32 scale per output row",
+                 bits=8, group=None),
+    "int4": dict(layout="bitsandbytes NF4/FP4: 4-bit weights, two per byte + one float32 absmax per 64 weights",
+                 bits=4, group=64),
+}
+INT4_COMPUTE_BYTES = 2  # the 16-bit compute dtype one dequantized layer takes during its matmul
+
+
+@dataclass
+class QuantizedWhatIf:
+    """Inference with the weights of the ``nn.Linear`` layers quantized (weight-only), see QUANT_SCHEMES."""
+
+    scheme: str
+    layout: str
+    layers: int  # Linear layers quantized
+    params: int  # their weights' elements
+    weights_before: int  # bytes of those weights as traced
+    weights_after: int  # bytes quantized (values + scales)
+    parameters: int  # all parameter bytes after quantization
+    peak: int  # the inference peak with the quantized weights
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def check_scheme(scheme: str | None, mode: str) -> None:
+    """``quantize=`` names a scheme and the estimate is of inference or generation, or a one-line error."""
+    from .errors import UserError
+
+    if scheme is None:
+        return
+    if scheme not in QUANT_SCHEMES:
+        raise UserError(f"quantize must be one of {', '.join(QUANT_SCHEMES)}, not {scheme!r}")
+    if mode == "train":
+        raise UserError(f"--quantize {scheme} sizes inference with bitsandbytes' quantized weights (training a "
+                        f"quantized model, QLoRA, is not modelled): add --mode inference or generate")
+
+
+def _quantizable(cap: Any) -> list[tuple[str, int, int, int]]:
+    """(module path, output features, input features, bytes per weight) of every layer the what-if quantizes:
+    ``nn.Linear`` and transformers' ``Conv1D`` (GPT-2; weight stored in x out), as transformers'
+    ``replace_with_bnb_linear`` picks them, less what ``get_keys_to_not_convert`` keeps: the output
+    head (``lm_head``), the module holding the last parameter, and tied weights (owned by another module)."""
+    last_owner = cap.param_owner[next(reversed(cap.params))] if cap.params else None
+    layers = []
+    for path, kind in cap.module_types.items():
+        if kind not in ("Linear", "Conv1D") or path == last_owner or path.rpartition(".")[2] == "lm_head":
+            continue
+        weight = cap.params.get(f"{path}.weight")
+        if weight is None or weight.ndim != 2:  # tied: the weight is owned by another module
+            continue
+        rows, cols = weight.shape if kind == "Linear" else tuple(reversed(weight.shape))
+        layers.append((path, rows, cols, weight.element_size()))
+    return layers
+
+
+def _scheme_bytes(cap: Any, device: str, scheme: str) -> tuple[int, int, int, int, int]:
+    """(layers, elements, exact bytes before, exact bytes after, bytes the peak moves by) of ``scheme`` on the
+    traced weights: each tensor rounded as the target's allocator does, less, for int4, one layer's weight
+    dequantized to 16 bits (an upper bound: that temporary is counted at the peak)."""
+    from .memory import round_cuda
+
+    rnd = round_cuda if device == "cuda" else (lambda n: n)
+    spec = QUANT_SCHEMES[scheme]
+    layers = _quantizable(cap)
+    exact_before = exact_after = rounded_saved = elements = largest = 0
+    for _path, rows, cols, size in layers:
+        n = rows * cols
+        elements += n
+        if spec["bits"] == 8:
+            tensors = [n, 4 * rows]  # int8 CB (out x in) + float32 SCB (out,)
+        else:
+            tensors = [-(-n // 2), 4 * -(-n // spec["group"])]  # packed 4-bit + float32 absmax per 64
+            largest = max(largest, rnd(INT4_COMPUTE_BYTES * n))
+        exact_before += n * size
+        exact_after += sum(tensors)
+        rounded_saved += rnd(n * size) - sum(rnd(t) for t in tensors)
+    return len(layers), elements, exact_before, exact_after, rounded_saved - largest
+
+
+def quantized_peak(cap: Any, device: str, peak: int, scheme: str) -> int:
+    """``peak`` (an inference or generation peak of ``cap``'s model) with the weights quantized by ``scheme``."""
+    return peak - _scheme_bytes(cap, device, scheme)[4]
+
+
+def quantized_what_ifs(cap: Any, tally: Any, device: str, peak: int) -> list[QuantizedWhatIf]:
+    """int8 and int4 weight-only what-ifs of an inference estimate (layouts: QUANT_SCHEMES).
+
+    ``parameters``: the parameter bytes with those weights quantized (exact bytes); ``peak``: the
+    inference peak less the bytes the quantized weights save (each tensor rounded as the target's
+    allocator does), plus, for int4, one layer's weight dequantized to 16 bits (an upper bound: that
+    temporary is counted at the peak)."""
+    out = []
+    for scheme, spec in QUANT_SCHEMES.items():
+        layers, elements, before, after, moved = _scheme_bytes(cap, device, scheme)
+        if not layers:
+            return []
+        out.append(QuantizedWhatIf(scheme=scheme, layout=spec["layout"], layers=layers, params=elements,
+                                   weights_before=before, weights_after=after,
+                                   parameters=tally.parameters_bytes - (before - after), peak=peak - moved))
+    return out

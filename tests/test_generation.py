@@ -1,0 +1,186 @@
+"""Inference and serving (issue 23 item 4): inference without labels, ``--quantize`` answering in the headline,
+and generation sizing, ``estimate(mode="generate")``, against a real CPU ``generate()``.
+
+The truth is measured in each test: transformers' ``generate()`` (greedy, as the estimate assumes) on a
+small model with random weights under the live-tensor tracker (``instruments.LiveTracker``), its windows
+bracketed by forward pre-hooks: the prefill is everything up to the second forward (the first forward,
+the token chosen, the loop's state grown), the last decode step everything from the last forward's start
+to the end of ``generate()``.  The estimate traces the same two steps on fake tensors.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from instruments import LiveTracker
+
+transformers = pytest.importorskip("transformers")
+
+from estimator import estimate  # noqa: E402
+from estimator.build import empty_weights  # noqa: E402
+
+P, N, B = 16, 8, 2  # prompt tokens, new tokens, batch
+
+
+def _config(name: str):
+    if name == "llama_gqa":  # 4 query heads sharing 2 key/value heads
+        return transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
+                                        eos_token_id=None, pad_token_id=0)
+    return transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, eos_token_id=None,
+                                   pad_token_id=0)
+
+
+def _model(name: str, real: bool):
+    cls = transformers.LlamaForCausalLM if name == "llama_gqa" else transformers.GPT2LMHeadModel
+    if real:
+        torch.manual_seed(0)
+        return cls(_config(name)).eval()
+    with empty_weights():
+        return cls(_config(name))
+
+
+def _live_generate(name: str, cache: str, dtype: torch.dtype) -> tuple[int, int]:
+    """(prefill peak, last decode step peak) of a real ``generate()`` of N tokens after P, in live bytes."""
+    model = _model(name, real=True).to(dtype)
+    ids = torch.randint(1, 1000, (B, P))
+    tracker, calls, windows = LiveTracker(), [0], {}
+
+    def pre(_module, _args):
+        calls[0] += 1
+        if calls[0] in (2, N):  # the prefill ends where the 2nd forward starts; the last decode step starts
+            windows[calls[0]] = tracker.peak
+            tracker.reset_peak()
+
+    model.register_forward_pre_hook(pre)
+    with tracker:
+        for t in [*model.parameters(), *model.buffers(), ids]:
+            tracker.register(t)
+        tracker.reset_peak()
+        kwargs = {"cache_implementation": "static"} if cache == "static" else {}
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N, do_sample=False, **kwargs)
+    assert out.shape == (B, P + N) and calls[0] == N  # one prefill and N - 1 decode steps
+    return windows[2], tracker.peak
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("name,precision,dtype", [("llama_gqa", "fp32", torch.float32),
+                                                   ("llama_gqa", "bf16", torch.bfloat16),
+                                                   ("gpt2", "fp32", torch.float32)])
+def test_prefill_and_decode_peaks_match_a_live_generate(name, precision, dtype, cache):
+    prefill, decode = _live_generate(name, cache, dtype)
+    r = estimate(_model(name, real=False), {"input_ids": torch.zeros(B, P, dtype=torch.int64, device="meta")},
+                 device="cpu", precision=precision, mode="generate", new_tokens=N, kv_cache=cache)
+    g = r.generation
+    assert g.stages["prefill"].peak == pytest.approx(prefill, rel=0.01), (g.stages["prefill"].peak, prefill)
+    assert g.stages["decode"].peak == pytest.approx(decode, rel=0.01), (g.stages["decode"].peak, decode)
+    # the report's memory is the step with the higher peak
+    assert r.memory.peak == g.stages[g.binding].peak == max(s.peak for s in g.stages.values())
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_kv_cache_is_per_layer_gqa_aware_and_as_transformers_allocates_it(cache):
+    cfg = _config("llama_gqa")
+    r = estimate(_model("llama_gqa", real=False), {"input_ids": torch.zeros(B, P, dtype=torch.int64, device="meta")},
+                 device="cpu", precision="bf16", mode="generate", new_tokens=N, kv_cache=cache)
+    g = r.generation
+    head_dim = cfg.hidden_size // cfg.num_attention_heads  # 64 / 4 = 16
+    shape = [B, cfg.num_key_value_heads, P + N - 1, head_dim]  # the cache at the last decode step: P + N - 1 = 23
+    assert [row["keys"] for row in g.layers] == [shape] * cfg.num_hidden_layers
+    assert {row["dtype"] for row in g.layers} == {"bfloat16"}
+    # 2 (keys, values) x layers x batch x KV heads x tokens x head dim x 2 bytes = 2*2*2*2*23*16*2 = 11,776
+    assert g.kv_cache_bytes == 2 * cfg.num_hidden_layers * B * cfg.num_key_value_heads * (P + N - 1) * head_dim * 2
+    assert g.cache_class == ("DynamicCache" if cache == "dynamic" else "StaticCache")
+    # the prefill: a DynamicCache holds the prompt's P tokens, a StaticCache is allocated whole already
+    per_token = g.kv_cache_bytes // (P + N - 1)
+    expected = P * per_token if cache == "dynamic" else g.kv_cache_bytes
+    assert g.stages["prefill"].memory.timeline[-1].by_category["kv_cache"] >= expected
+    assert "grouped-query attention" in r.render() and "KV cache" in r.headline()
+
+
+def test_generate_from_the_command_line(capsys):
+    from estimator.cli import main
+
+    code = main(["estimate", "hf:llama", "--set", "num_hidden_layers=2", "--set", "hidden_size=64",
+                 "--set", "intermediate_size=128", "--set", "num_attention_heads=4", "--set", "num_key_value_heads=2",
+                 "--set", "vocab_size=1000", "--mode", "generate", "--prompt-len", "16", "--new-tokens", "8",
+                 "--batch", "2", "--gpu", "L4", "--kv-cache", "static", "--format", "json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    import json
+
+    d = json.loads(out.out)
+    assert d["mode"] == "generate" and d["precision"] == "bf16" and "labels" not in d["model"]
+    g = d["generation"]
+    assert g["prompt_len"] == 16 and g["new_tokens"] == 8 and g["cache_class"] == "StaticCache"
+    assert g["cache_len"] == 16 + 8 - 1 and set(g["stages"]) == {"prefill", "decode"}
+    assert d["needed"] == d["fit"]["needed"] and d["headline"].startswith("Generating 8 tokens after a 16-token prompt")
+    assert g["tokens_per_s"] > 0  # timed on the L4
+
+
+def test_generate_refuses_what_it_cannot_size():
+    from estimator.errors import UserError
+
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with pytest.raises(UserError, match="prepare_inputs_for_generation"):
+        estimate(mlp, torch.zeros(2, 4, dtype=torch.int64), mode="generate", new_tokens=4, device="cpu")
+    with pytest.raises(UserError, match="new_tokens"):
+        estimate(_model("gpt2", real=False), torch.zeros(2, 4, dtype=torch.int64), mode="generate", device="cpu")
+    with pytest.raises(UserError, match="prompt_len and new_tokens size generation"):
+        estimate(mlp, torch.zeros(2, 4), new_tokens=4, device="cpu")
+
+
+def test_inference_feeds_no_labels_so_the_peak_is_not_the_loss(capsys):
+    import json
+
+    from estimator.cli import main
+
+    small = ["hf:gpt2", "--set", "n_layer=1", "--set", "n_embd=64", "--set", "n_head=2", "--seq", "32", "--device", "cpu",
+             "--format", "json", "--precision", "fp32"]
+    assert main(["estimate", *small, "--mode", "inference"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["model"] == "hf:gpt2 (GPT2LMHeadModel; input_ids 1x32)" and d["loss"] == "none (inference)"
+    assert d["memory"]["peak_module"] != "(loss)" and "cross_entropy" not in json.dumps(d["by_operator"])
+    # the truth: a serving loop's forward under no_grad, without labels, on real tensors (the steady state: the
+    # previous output held until the new one is assigned, as the estimate's inference peak is)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=64, n_head=2)).eval()
+    ids = torch.zeros(1, 32, dtype=torch.int64)
+    tracker = LiveTracker()
+    with tracker, torch.no_grad():
+        for t in [*model.parameters(), *model.buffers(), ids]:
+            tracker.register(t)
+        out = model(input_ids=ids)
+        tracker.reset_peak()
+        out = model(input_ids=ids)
+    assert out.loss is None
+    assert d["memory"]["peak"] == pytest.approx(tracker.peak, rel=0.01)
+
+
+def test_quantize_answers_in_the_headline(capsys):
+    """A 13B-shaped Llama does not fit an L4 in bf16 and fits with int4 weights: --quantize int4 says so first."""
+    from estimator.cli import main
+    from estimator.memory import needed_for_peak
+    from estimator.render import fmt_bytes
+
+    spec = ["hf:llama", "--set", "num_hidden_layers=40", "--set", "hidden_size=5120", "--set", "intermediate_size=13824",
+            "--set", "num_attention_heads=40", "--set", "num_key_value_heads=40", "--seq", "64", "--mode", "inference",
+            "--gpu", "L4", "--format", "json"]
+    import json
+
+    assert main(["estimate", *spec]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(["estimate", *spec, "--quantize", "int4"]) == 0
+    int4 = json.loads(capsys.readouterr().out)
+    assert not plain["fit"]["fits"] and plain["headline"].startswith("Inference needs")
+    # without --quantize the headline says which quantization would fit (int8 first: the smaller change), and
+    # what it would need: the int8 what-if's peak with the reserve on it
+    int8_needs = needed_for_peak({q["scheme"]: q for q in plain["quantized"]}["int8"]["peak"])
+    assert int8_needs <= plain["fit"]["capacity"]
+    assert f"; fits with int8 weights (needs {fmt_bytes(int8_needs)}: --quantize int8)" in plain["headline"]
+    assert int4["fit"]["fits"] and int4["headline"].startswith("Inference with int4 weights (NF4, bitsandbytes) needs")
+    assert ": fits on L4" in int4["headline"]
+    # the headline's figure is the int4 what-if's peak with the reserve on it, the what-if every inference report shows
+    what_if = {q["scheme"]: q for q in plain["quantized"]}["int4"]
+    assert int4["quantize"] == {"scheme": "int4", "peak": what_if["peak"]}
+    assert int4["needed"] == needed_for_peak(what_if["peak"])
