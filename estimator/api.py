@@ -253,8 +253,6 @@ def _largest_batch(model, inputs, gpu: GPU, **kwargs: Any) -> tuple[int | None, 
         tally_log.removeFilter(once)
     if p.batch is None:
         return None, "not searched: the batch size cannot be varied for this model's inputs", None
-    from .memory import needed_for_peak
-
-    at = p.batch.peak_at_answer
-    margin = gpu.capacity - needed_for_peak(at) if at and p.batch.value else None
+    need = p.batch.needed_at_answer
+    margin = gpu.capacity - need if need and p.batch.value else None
     return p.batch.value, p.batch.reason, margin

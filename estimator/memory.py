@@ -59,41 +59,33 @@ class Category(StrEnum):
 # Precedence when a storage falls in several categories (an input saved for backward is an input).
 CATEGORIES = tuple(Category)
 
-# What a GPU must hold beyond max_memory_allocated(), reported as the reserve of CUDA targets.
+# What a GPU must have beyond what PyTorch's caching allocator reserves, reported as the reserve of CUDA targets.
 CUDA_RESERVE = {
-    # The CUDA context (driver, the kernels of the loaded libraries with lazy loading), outside the
-    # caching allocator: 400-600 MiB on an H100 with CUDA 12-13 (PyTorch forums, NVIDIA's lazy-loading
-    # notes); 500 MiB taken.
-    "cuda_context": 500 << 20,
+    # The CUDA context outside the caching allocator: the driver and the loaded kernels of CUDA, cuBLAS and
+    # cuDNN.  Measured on one H100 80GB HBM3 (torch 2.11, CUDA 13.0, cuDNN 9.19; benchmarks/record_context.py,
+    # tests/data/h100_loops/context.jsonl): total - free - memory_reserved() is 527 MiB after CUDA's
+    # initialisation and 767-773 MiB once a training step has loaded cuBLAS and cuDNN (six models).
+    "cuda_context": 773 << 20,
 }
-# Fragmentation near the limit: blocks the caching allocator cannot give to a large request (free
-# space inside segments still in use), as a fraction of the peak.  Derived from the largest batches
-# that trained on one H100 80GB HBM3 (torch 2.11; 81,079 MiB visible to torch): GPT-2 124M, seq 1024,
-# bf16-mixed fits 52 and runs out at 53; ResNet-50 fp32, 224 px, fits 959.  With the estimate's peaks
-# (78,026 / 79,505 MiB for GPT-2 at 52 / 53) and 500 MiB of context, any fraction in (1.35 %, 3.27 %]
-# gives both answers without going over them; 2.5 % is taken (ResNet-50: 948 of 959, 98.9 %).
+# The planners' first guess of the caching allocator's need beyond its allocated peak (blocks it cannot hand
+# to a large request), as a fraction of the peak, where no allocator simulation is at hand (an interpolated
+# size, a ZeRO layout laid out by hand).  Every answer a trace confirms uses the simulation instead
+# (:func:`allocator_need`).
 FRAGMENTATION = 0.025
 
 
 def needed_for_peak(peak: int) -> int:
-    """What a GPU must have for a step whose caching-allocator peak (``max_memory_allocated``) is ``peak``:
-    the peak, the fragmentation allowance on it and the CUDA context (:data:`FRAGMENTATION`,
-    :data:`CUDA_RESERVE`).
-
-    Why allocated and not reserved bytes: the simulated allocator reproduces the reference steps'
-    ``max_memory_reserved()`` (34 training steps: all but five within 1 %, the others 0.94-0.97x), but
-    without a limit it reserves far more than a full card lets it: GPT-2 124M bf16-mixed at batch 52
-    reserves 88,098 MiB where 81,079 MiB exist and the step runs, because a failed cudaMalloc makes
-    the allocator release its cache and retry (``release_cached_blocks``); simulated with the card's
-    capacity it runs out at batch 49 already (its block layout under pressure is not the real one).
-    Allocated bytes plus the fraction fitted on the two known limits is the criterion that gives both
-    (GPT-2 52, not 53; ResNet-50 946 of the 959 that ran)."""
+    """A first guess of what a GPU must have for a step whose caching-allocator peak
+    (``max_memory_allocated``) is ``peak``: the peak, :data:`FRAGMENTATION` of it and the CUDA context.
+    Searches locate their answer with it and confirm it with the allocator simulation of a trace
+    (:func:`gpu_bytes_needed`)."""
     return peak + sum(CUDA_RESERVE.values()) + int(FRAGMENTATION * peak)
 
 
 def gpu_bytes_needed(profile: "MemoryProfile") -> int:
-    """What a GPU must have for the step to run: the higher of the two peaks, the fragmentation
-    allowance on it and the CUDA context (see :data:`FRAGMENTATION`, :data:`CUDA_RESERVE`)."""
+    """What a GPU must have for the step to run: on a CUDA target, the smallest capacity at which the
+    simulated caching allocator runs the load and two steps (:func:`allocator_need`; the ``fragmentation``
+    row is what it needs beyond the higher peak) plus the CUDA context (:data:`CUDA_RESERVE`)."""
     return max(profile.peak, profile.peak_first_step) + sum(profile.reserve.values())
 
 
@@ -304,6 +296,28 @@ def _allocator_steps(cap: Capture, events: list[tuple[int, int, int]], raw: list
     return traces
 
 
+def allocator_need(cap: Capture, events, raw: list[int], persistent: set[int], held: set[int], low: int,
+                   high: int, step: int = 2 << 20) -> int:
+    """The smallest capacity (to ``step`` bytes) at which the simulated caching allocator runs the model's
+    load and two steps without running out of memory.  A failed ``cudaMalloc`` makes it free its cached
+    blocks and retry (``release_cached_blocks``), so near the limit it needs less than it reserves when
+    unlimited, and more than it allocates (free blocks inside segments still in use cannot serve a large
+    request).  Bisection between ``low`` (the allocated peak) and ``high`` (what it reserves unlimited).
+
+    Checked on an H100 (tests/data/h100_loops/maxbatch.jsonl, tests/test_h100_loops.py): with the measured
+    context, the largest micro-batches of GPT-2 124M bf16-mixed (53), BERT-base fp32 at 512 tokens (146) and
+    a 155M Llama bf16-mixed (90) are the ones that ran, and one more ran out of memory."""
+    def runs(capacity: int) -> bool:
+        traces = _allocator_steps(cap, events, raw, persistent, held, capacity)
+        return len(traces) == 2 and traces[-1].oom is None
+
+    low = min(low, high)
+    while high - low > step:
+        mid = (low + high) // 2
+        low, high = (low, mid) if runs(mid) else (mid, high)
+    return high
+
+
 def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None = None,
              target: Any = None, allocator: bool = True, capacity: int | None = None) -> MemoryProfile:
     """Peak and timeline of one training step, first and steady-state iterations.
@@ -351,7 +365,12 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
         reserved = traces[1].peak_reserved
     if device == "cuda":
         reserve = dict(CUDA_RESERVE)
-        reserve["fragmentation"] = int(FRAGMENTATION * max(steady[0], first[0]))
+        high = max(steady[0], first[0])
+        if traces is not None and len(traces) == 2 and capacity is None:
+            need = allocator_need(cap, events, raw, persistent, held, high, max(t.peak_reserved for t in traces))
+            reserve["fragmentation"] = max(0, need - high)
+        else:
+            reserve["fragmentation"] = int(FRAGMENTATION * high)
     return MemoryProfile(
         peak=steady[0],
         peak_first_step=first[0],

@@ -208,7 +208,13 @@ def test_rows_add_up_to_the_peak_for_every_strategy_and_precision(device):
             p = planner.plan(strategy, 16, solve=())
             assert sum(p.per_gpu.rows.values()) == p.per_gpu.peak, (precision, strategy, p.per_gpu.rows)
             assert p.verdict.needed == p.per_gpu.peak + sum(p.verdict.reserve.values())
-            assert p.verdict.reserve["fragmentation"] == int(FRAGMENTATION * p.per_gpu.peak)
+            # what the caching allocator needs beyond the peak: simulated on the traced step (CUDA engines),
+            # the 2.5 % first guess for ZeRO laid out by hand (and on CPU, where no allocator runs)
+            traced = planner.traced(planner_layout(planner, strategy, 16), ())
+            simulated = traced.profile.reserve.get("fragmentation") if device == "cuda" and strategy not in (
+                "zero1", "zero2", "zero3") else None
+            expected = simulated if simulated is not None else int(FRAGMENTATION * p.per_gpu.peak)
+            assert p.verdict.reserve["fragmentation"] == expected, (precision, strategy)
 
 
 def test_the_rows_replay_is_memorys_replay():
@@ -313,29 +319,29 @@ def test_zero_paper_semantics():
 # -- largest batch, longest sequence, smallest layout ---------------------------------------------------------------
 
 
-def _gpu_fitting(peak: int, extra: int) -> GPU:
-    """A GPU whose capacity is ``peak`` + the planner's reserve for it + ``extra`` bytes."""
+def _gpu_with(capacity: int) -> GPU:
+    """An H100 (its architecture decides the kernels and workspaces, hence the peak) of ``capacity`` bytes."""
     from dataclasses import replace
 
-    reserve = sum(CUDA_RESERVE.values()) + int(FRAGMENTATION * peak)
-    # an H100 (its architecture decides the kernels and workspaces, hence the peak) of that capacity
-    return replace(lookup("H100"), name="test-gpu", memory=peak + reserve + extra, total_memory=None)
+    return replace(lookup("H100"), name="test-gpu", memory=capacity, total_memory=None)
 
 
-def _fits(gpu: GPU, peak: int) -> bool:
-    return peak + sum(CUDA_RESERVE.values()) + int(FRAGMENTATION * peak) <= gpu.capacity
+def _gpu_fitting(peak: int, extra: int) -> GPU:
+    """A GPU whose capacity is ``peak`` + the planner's first-guess reserve for it + ``extra`` bytes."""
+    return _gpu_with(peak + sum(CUDA_RESERVE.values()) + int(FRAGMENTATION * peak) + extra)
 
 
 def test_largest_batch_is_confirmed_by_tracing_it_and_the_next():
     model, (x, target) = mlp.build(batch=16)
-    # Capacity: the measured peak at batch 50 plus a third of one sample's increment (estimate(): one device).
-    p50 = estimate(model, mlp.build(batch=50)[1], device="cuda", precision="bf16-mixed").memory.peak
-    p51 = estimate(model, mlp.build(batch=51)[1], device="cuda", precision="bf16-mixed").memory.peak
-    gpu = _gpu_fitting(p50, (p51 - p50) // 3)
+    # Capacity: what the step needs at batch 50 (estimate's ``needed``: the allocator simulated, whose need
+    # grows in 2 MiB segments, and the context).  The answer is the largest batch that needs no more than
+    # that, by independent estimates at it and at the next batch.
+    need = lambda b: estimate(model, mlp.build(batch=b)[1], device="cuda", precision="bf16-mixed").needed  # noqa: E731
+    gpu = _gpu_with(need(50))
     p = plan(model, (x, target), gpu=gpu, gpus=1, strategy="ddp")
-    assert p.max_batch == 50, p.batch
-    assert p.batch.confirmed
-    assert _fits(gpu, p50) and not _fits(gpu, p51)
+    assert p.max_batch >= 50 and p.batch.confirmed, p.batch
+    assert need(p.max_batch) <= gpu.capacity < need(p.max_batch + 1)
+    assert p.batch.needed_at_answer == need(p.max_batch)
 
 
 def test_largest_batch_under_fsdp_is_confirmed():
@@ -345,19 +351,18 @@ def test_largest_batch_under_fsdp_is_confirmed():
     p = planner.plan("fsdp", 4)
     assert p.batch.confirmed and p.max_batch > 2
     for value, fits in ((p.max_batch, True), (p.max_batch + 1, False)):  # an independent plan at that batch
-        peak = Planner(*_gpt(cfg, value, 64), gpu="L4").plan("fsdp", 4, solve=()).per_gpu.peak
-        assert _fits(planner.gpu, peak) is fits, (value, peak)
+        other = Planner(*_gpt(cfg, value, 64), gpu="L4").plan("fsdp", 4, solve=())
+        assert other.fits is fits, (value, other.verdict.needed)
 
 
 def test_longest_sequence_is_confirmed_by_tracing():
     cfg = {"vocab_size": 256, "block_size": 4096, "n_layer": 2, "n_head": 4, "n_embd": 64}
     model, inputs = _gpt(cfg, 2, 32)
-    peak_at = lambda s: estimate(*_gpt(cfg, 2, s), device="cuda", precision="bf16-mixed").memory.peak  # noqa: E731
-    p300, p301 = peak_at(300), peak_at(301)
-    gpu = _gpu_fitting(p300, (p301 - p300) // 2)
+    need_at = lambda s: estimate(*_gpt(cfg, 2, s), device="cuda", precision="bf16-mixed").needed  # noqa: E731
+    gpu = _gpu_with(need_at(300))
     p = plan(model, inputs, gpu=gpu, gpus=1, solve=("seq",))
-    assert p.max_seq == 300, p.seq
-    assert p.seq.confirmed
+    assert p.max_seq >= 300 and p.seq.confirmed, p.seq
+    assert need_at(p.max_seq) <= gpu.capacity < need_at(p.max_seq + 1)
 
 
 def test_a_plan_that_does_not_fit_names_the_smallest_layout_that_does():

@@ -210,16 +210,22 @@ class Planner:
         host = sum(states.values()) if layout.offload else 0
         return _Memory(peak, states["parameters"], states["gradients"], states["optimizer_state"], host)
 
-    def reserve(self, peak: int) -> dict[str, int]:
-        """What the GPU needs beyond the allocator's peak (:data:`estimator.memory.CUDA_RESERVE` and its
-        fragmentation share)."""
+    def reserve(self, peak: int, layout: Layout | None = None, step: Step | None = None) -> dict[str, int]:
+        """What the GPU needs beyond the allocator's peak: the CUDA context (:data:`estimator.memory.CUDA_RESERVE`)
+        and what the caching allocator needs beyond its allocated peak: simulated on ``step``'s trace when the
+        layout is traced for this device (:func:`estimator.memory.allocator_need`), else the first guess
+        :data:`estimator.memory.FRAGMENTATION` of the peak (interpolated sizes, ZeRO laid out by hand)."""
         out = dict(CUDA_RESERVE)
-        out["fragmentation"] = int(FRAGMENTATION * peak)
+        prof = step.profile if step is not None and layout is not None and layout.traced else None
+        if prof is not None and prof.device == self.device == "cuda" and "fragmentation" in prof.reserve:
+            out["fragmentation"] = prof.reserve["fragmentation"]
+        else:
+            out["fragmentation"] = int(FRAGMENTATION * peak)
         return out
 
-    def needed(self, peak: int) -> int:
-        """The card's bytes a step of this allocator ``peak`` needs (:func:`estimator.memory.needed_for_peak`)."""
-        return needed_for_peak(peak)
+    def needed(self, peak: int, layout: Layout | None = None, step: Step | None = None) -> int:
+        """The card's bytes a step of this allocator ``peak`` needs: the peak and :meth:`reserve`."""
+        return peak + sum(self.reserve(peak, layout, step).values())
 
     # -- searches -----------------------------------------------------------------------------------------
     def solve(self, what: str, layout: Layout, checkpoint: tuple[type, ...], gpu: GPU, confirm: bool = True) -> Solve:
@@ -231,9 +237,11 @@ class Planner:
             points = [base // 4, base // 2, base] if base >= 4 else [base, 2 * base, 3 * base]
         steps = [self.traced(layout, checkpoint, what, v) for v in points]
 
-        def traced(v: int) -> tuple[bool, int]:
-            pk = self.memory(layout, self.traced(layout, checkpoint, what, v)).peak.total
-            return self.needed(pk) <= gpu.capacity, pk
+        def traced(v: int) -> tuple[bool, int, int]:
+            st = self.traced(layout, checkpoint, what, v)
+            pk = self.memory(layout, st).peak.total
+            need = self.needed(pk, layout, st)
+            return need <= gpu.capacity, pk, need
 
         interpolated = None
         if all(s.structure() == steps[0].structure() for s in steps[1:]):
@@ -267,8 +275,10 @@ class Planner:
                 counts.append(n)
             n = self._fewest_gpus(lay, ckpt, gpu, counts)
             if n is not None:
-                peak = self.memory(replace(lay, gpus=n), self.traced(replace(lay, gpus=n), ckpt)).peak.total
-                out.append(Suggestion(strategy, n, lay.tp, [c.__name__ for c in ckpt], peak, self.needed(peak)))
+                at = replace(lay, gpus=n)
+                st = self.traced(at, ckpt)
+                peak = self.memory(at, st).peak.total
+                out.append(Suggestion(strategy, n, lay.tp, [c.__name__ for c in ckpt], peak, self.needed(peak, at, st)))
         out.sort(key=lambda s: (s.gpus, bool(s.checkpoint)))
         return out
 
@@ -281,7 +291,8 @@ class Planner:
 
         def traced_fits(n: int) -> bool:
             at = replace(lay, gpus=n)
-            return self.needed(self.memory(at, self.traced(at, ckpt)).peak.total) <= gpu.capacity
+            st = self.traced(at, ckpt)
+            return self.needed(self.memory(at, st).peak.total, at, st) <= gpu.capacity
 
         if not lay.traced or len(counts) < 3:
             return fewest_gpus(counts, traced_fits)
@@ -330,7 +341,7 @@ class Planner:
         step = self.traced(layout, ckpt)
         mem = self.memory(layout, step)
         pk = mem.peak
-        reserve = self.reserve(pk.total)
+        reserve = self.reserve(pk.total, layout, step)
         needed = pk.total + sum(reserve.values())
         fits = needed <= target.capacity
         notes = list(step.notes)

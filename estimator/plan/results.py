@@ -97,6 +97,7 @@ class Solve:
     confirmed: bool | None = None  # traced at the answer (fits) and the next (does not)
     peak_at_answer: int | None = None
     peak_at_next: int | None = None
+    needed_at_answer: int | None = None  # the card's bytes the step needs at the answer (allocator simulated)
     limited_by: str | None = None  # the model's own limit (position embeddings)
     memory_allows: int | None = None
     reason: str | None = None  # why there is no answer (``value`` None): not searched, or no limit found

@@ -94,10 +94,10 @@ def lagrange(xs: Sequence[float], ys: Sequence[Sequence[float]], x: float) -> li
 
 
 def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], bool] | None,
-                    traced: Callable[[int], tuple[bool, int]], points: list[int], confirm: bool,
+                    traced: Callable[[int], tuple[bool, int, int]], points: list[int], confirm: bool,
                     limit: int = 1 << 24, model_limit: tuple[int, str] | None = None, real: bool = False) -> Solve:
     """The largest value (>= 1) that fits: interpolated when ``fits_interpolated`` is given (the
-    traces at ``points`` share their structure), then confirmed by ``traced(v) -> (fits, peak)``.
+    traces at ``points`` share their structure), then confirmed by ``traced(v) -> (fits, peak, bytes needed)``.
     ``real``: the traces ran on real CPU tensors (data-dependent control flow), so a trace at the
     answer would run the model for real at that size, which may not fit this machine: interpolated
     only, never confirmed, and not searched when the traces do not interpolate."""
@@ -126,23 +126,30 @@ def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], boo
     if not confirm:
         return Solve(what, best, method, list(points), confirmed=False if real and best else None)
     budget = 16
-    ok_best, peak_best = traced(best) if best >= 1 else (True, 0)
-    ok_next, peak_next = traced(best + 1)
+    ok_best, peak_best, need_best = traced(best) if best >= 1 else (True, 0, 0)
+    ok_next, peak_next, _ = traced(best + 1)
     if not (ok_best and not ok_next):  # the interpolation missed: search with traces from there
-        lo, hi = (0, best) if not ok_best else (best + 1, 2 * (best + 1))
         if ok_best:
+            lo, hi = best + 1, 2 * (best + 1)
             while budget > 0 and traced(hi)[0]:
                 lo, hi, budget = hi, hi * 2, budget - 1
+        else:  # step down from the guess, gaps doubling, to a size that fits
+            hi, gap = best, max(1, best // 64)
+            lo = best - gap
+            while lo > 0 and budget > 0 and not traced(lo)[0]:
+                hi, gap, budget = lo, gap * 2, budget - 1
+                lo = best - gap
+            lo = max(lo, 0)
         while hi - lo > 1 and budget > 0:
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if traced(mid)[0] else (lo, mid)
             budget -= 1
         best = lo
-        ok_best, peak_best = traced(best) if best >= 1 else (True, 0)
-        ok_next, peak_next = traced(best + 1)
+        ok_best, peak_best, need_best = traced(best) if best >= 1 else (True, 0, 0)
+        ok_next, peak_next, _ = traced(best + 1)
         method += " (missed; searched with traces)"
     return Solve(what, best, method, list(points), confirmed=ok_best and not ok_next, peak_at_answer=peak_best,
-                 peak_at_next=peak_next)
+                 peak_at_next=peak_next, needed_at_answer=need_best)
 
 
 def fewest_gpus(candidates: list[int], fits: Callable[[int], bool]) -> int | None:
