@@ -129,28 +129,6 @@ def _blocks(model) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:
     return found
 
 
-def _op_context_fn():
-    """torchtitan's per-op selective-checkpoint policy (``_get_custom_policy``), as tests/test_loops.py writes it."""
-    from collections import defaultdict
-
-    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-
-    aten = torch.ops.aten
-    save = {aten.mm.default, aten._scaled_dot_product_efficient_attention.default,
-            aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_cudnn_attention.default,
-            aten.max.default}
-    meta = defaultdict(int)
-
-    def policy(ctx, func, *args, **kwargs):
-        key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
-        if func == aten.mm.default:
-            meta[key] += 1
-        keep = func in save and not (func == aten.mm.default and meta[key] % 2 == 0)
-        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
-
-    return create_selective_checkpoint_contexts(policy)
-
-
 def prepare(name, builder, precision, loop, compile_=None, float8=None):
     """The model on the GPU with its loop applied, its inputs, loss and a ``step()``."""
     model, inputs, loss_fn = builder(device="cpu")
@@ -161,7 +139,7 @@ def prepare(name, builder, precision, loop, compile_=None, float8=None):
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
         every = int(policy.split(":")[1]) if policy.startswith("layer:") else 1
-        kwargs = {"context_fn": _op_context_fn} if policy == "op" else {}
+        kwargs = {"context_fn": h100_cases.torchtitan_op_context_fn} if policy == "op" else {}
         for k, (parent, attr, block) in enumerate(_blocks(model), start=1):
             if k % every == 0:
                 setattr(parent, attr, checkpoint_wrapper(block, **kwargs))

@@ -16,6 +16,7 @@ torchvision 0.26's models (BSD-3-Clause, (c) Soumith Chintala 2016, torchvision 
 
 from __future__ import annotations
 
+from collections import defaultdict
 from functools import partial
 from typing import Any, Callable
 
@@ -207,6 +208,28 @@ def _module(cls: type, *shape: int, ids: int | None = None) -> Callable[..., Cas
         g = torch.Generator().manual_seed(0)
         return model, (torch.randn(*shape, generator=g),), ce_loss
     return build
+
+
+def torchtitan_op_context_fn():
+    """torchtitan's per-op selective-checkpoint policy (``_get_custom_policy``), written out here as the
+    reference of tests/test_loops.py and benchmarks/record_h100.py: save the attention kernels',
+    reduce-scatters' and ``max``'s outputs and every other ``mm``'s, counting forward and recomputation apart."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    aten = torch.ops.aten
+    save = {aten.mm.default, aten._scaled_dot_product_efficient_attention.default,
+            aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_cudnn_attention.default,
+            aten.max.default, torch.ops._c10d_functional.reduce_scatter_tensor.default}
+    meta = defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
+        if func == aten.mm.default:
+            meta[key] += 1
+        keep = func in save and not (func == aten.mm.default and meta[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 GPT2 = dict(use_cache=False)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections import defaultdict
 
 import pytest
 import torch
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from instruments import flop_counter
+from h100_cases import torchtitan_op_context_fn
 from livetracker import measure_peaks
 
 from estimator import estimate
@@ -161,35 +161,13 @@ def test_accumulation_counts_one_micro_batch_and_times_all_of_them():
 # -- activation checkpointing policies ----------------------------------------------------------------------
 
 
-def _torchtitan_op_context_fn():
-    """torchtitan's per-op selective-checkpoint policy (``_get_custom_policy``), written out here as the
-    reference: save the attention kernels', reduce-scatters' and ``max``'s outputs and every other
-    ``mm``'s, counting forward and recomputation apart."""
-    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-
-    aten = torch.ops.aten
-    save = {aten.mm.default, aten._scaled_dot_product_efficient_attention.default,
-            aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_cudnn_attention.default,
-            aten.max.default, torch.ops._c10d_functional.reduce_scatter_tensor.default}
-    meta = defaultdict(int)
-
-    def policy(ctx, func, *args, **kwargs):
-        key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
-        if func == aten.mm.default:
-            meta[key] += 1
-        keep = func in save and not (func == aten.mm.default and meta[key] % 2 == 0)
-        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
-
-    return create_selective_checkpoint_contexts(policy)
-
-
 def _checkpointed_copy(model: nn.Module, cls: type, policy: str) -> nn.Module:
     """``model`` with torchtitan's ``checkpoint_wrapper`` on the instances ``policy`` picks."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     real = copy.deepcopy(model)
     every = int(policy.split(":")[1]) if policy.startswith("layer:") else 1
-    kwargs = {"context_fn": _torchtitan_op_context_fn} if policy == "op" else {}
+    kwargs = {"context_fn": torchtitan_op_context_fn} if policy == "op" else {}
     count = 0
     for parent in list(real.modules()):
         for child_name, child in list(parent.named_children()):
@@ -255,7 +233,7 @@ def test_a_bad_policy_is_a_one_line_error(bad):
 def test_a_users_own_context_fn():
     """A ``context_fn`` of the user's (here: torchtitan's op policy written in this test) is used as given."""
     model, inputs, loss_fn, cls = _llama()
-    mine = estimate(model, inputs, device="cpu", checkpoint=cls, checkpoint_policy=_torchtitan_op_context_fn)
+    mine = estimate(model, inputs, device="cpu", checkpoint=cls, checkpoint_policy=torchtitan_op_context_fn)
     ours = estimate(model, inputs, device="cpu", checkpoint=cls, checkpoint_policy="op")
     assert mine.checkpoint.policy == "custom"
     assert mine.checkpoint.peak == ours.checkpoint.peak
