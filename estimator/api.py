@@ -205,6 +205,8 @@ def estimate(
     if target_gpu is not None and solve_batch:
         if mode != "train":
             report.max_batch_note = "not searched: the largest batch is planned for training steps only"
+        elif (states := _model_states_over(report, target_gpu)) is not None:
+            report.max_batch, report.max_batch_note = 0, states  # said at once: no batch size can fit
         else:
             progress("finding the largest micro-batch")
             report.max_batch, report.max_batch_note, report.max_batch_margin = _largest_batch(
@@ -212,6 +214,21 @@ def estimate(
                 precision=options.precision.name, trace=trace, keep_output=options.keep_output, grad_accum=grad_accum,
                 replicate=replicate)
     return report
+
+
+def _model_states_over(report: Report, gpu: GPU) -> str | None:
+    """Why no micro-batch can fit when the parameters, gradients and optimizer state alone (and the CUDA
+    context) exceed the card, whatever the batch; None otherwise."""
+    from .memory import CUDA_RESERVE
+    from .render import fmt_bytes
+
+    t = report.tally
+    states = t.parameters_bytes + t.gradients_bytes + t.optimizer_state_bytes
+    room = gpu.capacity - sum(CUDA_RESERVE.values())
+    if states <= room:
+        return None
+    return (f"the parameters, gradients and optimizer state alone need {fmt_bytes(states)}, more than the "
+            f"{fmt_bytes(room)} the card leaves beside the CUDA context: shard them (estimator plan --strategy fsdp)")
 
 
 def _check_mode(mode: str, grad_accum: Any, quantize: str | None, prompt_len: Any, new_tokens: Any) -> None:

@@ -42,7 +42,7 @@ def test_plan_and_comparison_show_their_answer():
     assert "<table" in table and table.count("<tr") == 2  # the header and the plan
     assert "2 x L4, ddp" in table and html.escape(p.render().splitlines()[0]) in table
     c = compare(model, inputs, loss_fn=loss_fn, gpu="L4", gpus=[2], strategies=["ddp", "zero2"])
-    assert repr(c).startswith(f"<Comparison of {len(c.plans)} plans: recommended: ")
+    assert repr(c).startswith(f"<Comparison of {len(c.plans)} plans: fastest: ")
     rows = c._repr_html_()
     assert rows.count("<tr") == 1 + len(c.plans)
     # the recommended row is marked, as '*' marks it in the text table

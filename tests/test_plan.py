@@ -528,7 +528,7 @@ def test_compare_rows_and_the_recommended_one():
         assert by[(s, True)]["peak"] < by[(s, False)]["peak"]  # checkpointing keeps less
     best = min((r for r in rows if r["fits"]), key=lambda r: r["time_to_train_s"])
     assert best["recommended"] and sum(r["recommended"] for r in rows) == 1
-    assert "Recommended" in c.render()
+    assert "Fastest (*):" in c.render()
 
 
 def test_sweep_over_gpu_types_and_counts_is_one_table():

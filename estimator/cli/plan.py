@@ -56,13 +56,28 @@ def _bool(text: str) -> bool:
 
 
 def _ints(text: str) -> list[int]:
+    """``8``, ``8,16,32``, or a range ``1-64``: the powers of two from its first to its last number (each
+    end included), the counts a "how many GPUs do I need?" question compares."""
+    values: list[int] = []
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
+        for part in (v.strip() for v in text.split(",")):
+            if not part:
+                continue
+            low, dash, high = part.partition("-")
+            if not dash:
+                values.append(int(part))
+                continue
+            lo, hi = int(low), int(high)
+            if not 1 <= lo <= hi:
+                raise argparse.ArgumentTypeError(f"{part!r} is not a range of GPU counts: write LOW-HIGH, e.g. 1-64")
+            counts = {lo, hi} | {1 << k for k in range(hi.bit_length()) if lo <= 1 << k <= hi}
+            values += sorted(counts)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number or a comma-separated list, e.g. 8 or 8,16") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number, a comma-separated list or a range, "
+                                         "e.g. 8, 8,16 or 1-64") from None
     if not values:
         raise argparse.ArgumentTypeError(f"{text!r} names no number")
-    return values
+    return sorted(set(values), key=values.index)
 
 
 def add_plan_parser(subparsers) -> argparse.ArgumentParser:
@@ -83,9 +98,10 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
                    help="the GPU (see 'estimator hardware', or a JSON file with the fields of 'estimator hardware "
                         "--format json' for another card); several, comma-separated, plan each in one table, "
                         "e.g. --gpu H100 or --gpu A100-80GB,H100")
-    p.add_argument("--gpus", type=_ints, default=[1], metavar="N[,N]",
-                   help="number of GPUs (default: 1); several, comma-separated, plan each in one table, "
-                        "e.g. --gpus 64 or --gpus 8,16,32")
+    p.add_argument("--gpus", type=_ints, default=[1], metavar="N[,N|LOW-HIGH]",
+                   help="number of GPUs (default: 1); several, comma-separated, or a range of powers of two, plan "
+                        "each in one table with the fewest that fit, the fastest and the cheapest in GPU-hours, "
+                        "e.g. --gpus 64, --gpus 8,16,32 or --gpus 1-64")
     p.add_argument("--strategy", default="ddp", choices=PLAN_STRATEGIES,
                    help="data parallelism: ddp, fsdp (FSDP2 fully_shard), hsdp (sharded in a node, replicated "
                         "across nodes): traced on PyTorch's engines; zero1, zero2, zero3: laid out by hand "

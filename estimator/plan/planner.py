@@ -10,6 +10,7 @@ its CUDA reserve).
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
@@ -20,7 +21,7 @@ from ..capture import StepOptions, capture
 from ..capture.checkpoint import parse_policy, resolve_classes
 from ..errors import UserError
 from ..hardware import GPU, gpu_links, link, lookup
-from ..memory import CUDA_RESERVE, FRAGMENTATION, needed_for_peak, simulate
+from ..memory import CUDA_RESERVE, FRAGMENTATION, simulate
 from ..rules.registry import MATMUL
 from ..tally import tally
 from ..target import CudaTarget
@@ -488,22 +489,36 @@ class Planner:
         names = list(strategies) if strategies else list(STRATEGIES)
         plans: list[Plan] = []
         skipped: list[str] = []
-        for g in gpu_list:
-            for n in counts:
-                for s in names:
-                    for ckset in ckpt_sets:
-                        try:
-                            plans.append(self.plan(s, n, tp=tp, sequence_parallel=sequence_parallel,
-                                                   checkpoint=list(ckset) or None, offload=offload, tokens=tokens,
-                                                   samples=samples, steps=steps, mfu=mfu, confirm=confirm, gpu=g))
-                        except UserError as exc:
-                            if strategies and len(counts) == 1:
-                                raise
-                            if not ckset:
-                                skipped.append(f"{s} on {n} GPUs: {exc}")
+        rows = [(g, n, s, ckset) for g in gpu_list for n in counts for s in names for ckset in ckpt_sets]
+        outer = self.progress
+        started = time.monotonic()
+        try:
+            for i, (g, n, s, ckset) in enumerate(rows):
+                done = time.monotonic() - started
+                left = f", about {done / i * (len(rows) - i):.0f} s left" if i else ""
+                row = f"plan {i + 1} of {len(rows)}{left}: {n} x {g if isinstance(g, str) else g.name}, {s}" + (
+                    " with checkpointing" if ckset else "")
+                self.progress = lambda stage, detail="", _row=row: outer(f"{_row}: {stage}", detail)  # noqa: E731
+                self._compare_row(plans, skipped, g, n, s, ckset, tp, sequence_parallel, offload, tokens, samples,
+                                  steps, mfu, confirm, strict=bool(strategies) and len(counts) == 1)
+        finally:
+            self.progress = outer
         if not plans:
             raise UserError("no layout applies: " + "; ".join(skipped))
         return Comparison(plans, skipped)
+
+    def _compare_row(self, plans, skipped, g, n, s, ckset, tp, sequence_parallel, offload, tokens, samples, steps,
+                     mfu, confirm, strict) -> None:
+        """One row of :meth:`compare`: the plan appended to ``plans``, or why it does not apply to ``skipped``."""
+        try:
+            plans.append(self.plan(s, n, tp=tp, sequence_parallel=sequence_parallel, checkpoint=list(ckset) or None,
+                                   offload=offload, tokens=tokens, samples=samples, steps=steps, mfu=mfu,
+                                   confirm=confirm, gpu=g))
+        except UserError as exc:
+            if strict:
+                raise
+            if not ckset:
+                skipped.append(f"{s} on {n} GPUs: {exc}")
 
 
 # -- FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B) ------------------------------------------------

@@ -12,7 +12,8 @@ from html import escape as html_escape
 from tabulate import tabulate
 
 from ..render import fmt_bytes, fmt_flops, step_time_words
-from .results import ComparisonData, PlanData, Solve
+from .results import (ComparisonData, PlanData, Solve, gpu_hours, gpu_seconds_per_sample, samples_per_s,
+                      tokens_per_s_per_gpu)
 from .traced import ROW_TITLES, ROWS
 
 
@@ -116,24 +117,44 @@ def render_comparison(cmp: ComparisonData, tablefmt: str = "simple") -> str:
     for p in cmp.plans:
         c = p.config
         tp = f" x tp {c.tp}" if c.tp > 1 else ""
+        hours, rate = gpu_hours(p), tokens_per_s_per_gpu(p)
         body.append([("* " if p is best else "  ") + c.gpu, str(c.gpus), c.strategy + tp,
                      ", ".join(c.checkpoint) or "-", str(c.micro_batch), str(c.global_batch),
                      fmt_bytes(p.verdict.needed), "yes" if p.fits else "no",
                      "-" if p.max_batch is None else str(p.max_batch),
-                     f"{p.step_time_s * 1e3:.1f} ms", "-" if not p.flops.mfu else f"{p.flops.mfu * 100:.1f}%",
-                     fmt_duration(p.time_to_train_s)])
+                     f"{p.step_time_s * 1e3:.1f} ms", "-" if rate is None else f"{rate:,.0f}",
+                     "-" if not p.flops.mfu else f"{p.flops.mfu * 100:.1f}%",
+                     fmt_duration(p.time_to_train_s), "-" if hours is None or not p.fits else f"{hours:,.1f}"])
     first = cmp.plans[0].config
     head = f"Plans for {first.model} ({first.precision})"
     table = tabulate(body, headers=["GPU", "GPUs", "Strategy", "Checkpoint", "Micro-batch", "Global batch",
-                                    "Needs / GPU", "Fits", "Max batch", "Step time", "MFU", "Time to train"],
+                                    "Needs / GPU", "Fits", "Max batch", "Step time", "Tokens/s/GPU", "MFU",
+                                    "Time to train", "GPU-hours"],
                      tablefmt=tablefmt, disable_numparse=True)
-    rec = (f"Recommended (*): {best.config.gpus} x {best.config.gpu}, {best.config.strategy}"
-           f"{', checkpoint ' + ', '.join(best.config.checkpoint) if best.config.checkpoint else ''}: the fastest "
-           f"that fits" if best is not None else "Recommended: none of these fits")
-    parts = [head, table, rec]
+    parts = [head, table, answers_text(cmp)]
     if cmp.skipped:
         parts.append("Not applicable:\n" + "\n".join(f"  - {s}" for s in cmp.skipped))
     return "\n\n".join(parts) + "\n"
+
+
+def answers_text(cmp: ComparisonData) -> str:
+    """How many GPUs: the fewest that fit, the fastest (marked *) and the cheapest, each with its layout."""
+    from .html import label
+
+    answers = cmp.answers
+    if not answers:
+        return f"None of these {len(cmp.plans)} plans fits."
+
+    def cost(p: PlanData) -> str:
+        hours = gpu_hours(p)
+        if hours is not None:
+            return f"{fmt_duration(p.time_to_train_s)}, {hours:,.1f} GPU-hours"
+        return f"{samples_per_s(p):,.1f} samples/s, {gpu_seconds_per_sample(p) * 1e3:,.2f} GPU-ms per sample"
+
+    lines = [f"Fewest GPUs that fit:  {label(answers['fewest_gpus'])} ({cost(answers['fewest_gpus'])})",
+             f"Fastest (*):           {label(answers['fastest'])} ({cost(answers['fastest'])})",
+             f"Cheapest in GPU-hours: {label(answers['cheapest'])} ({cost(answers['cheapest'])})"]
+    return "\n".join(lines)
 
 
 class Plan(PlanData):
@@ -201,12 +222,17 @@ class Comparison(ComparisonData):
 
 
 def _recommendation(cmp: ComparisonData) -> str:
-    """The comparison's answer in one line: the recommended layout, or that none fits."""
+    """The comparison's answer in one line: the fastest layout that fits, the fewest GPUs and the cheapest in
+    GPU-hours (where they differ), or that none fits."""
     from .html import label
 
-    best = cmp.recommended
+    answers = cmp.answers
     fit = sum(p.fits for p in cmp.plans)
-    if best is None:
+    if not answers:
         return f"none of these {len(cmp.plans)} plans fits"
-    return (f"recommended: {label(best)} ({fit} of {len(cmp.plans)} plans fit; needs {fmt_bytes(best.verdict.needed)} "
-            f"per GPU)")
+    best = answers["fastest"]
+    text = f"fastest: {label(best)} ({fit} of {len(cmp.plans)} plans fit; needs {fmt_bytes(best.verdict.needed)} per GPU)"
+    for key, name in (("fewest_gpus", "fewest GPUs"), ("cheapest", "cheapest in GPU-hours")):
+        if answers[key] is not best:
+            text += f"; {name}: {label(answers[key])}"
+    return text

@@ -208,6 +208,30 @@ class PlanData:
         }
 
 
+def samples_per_s(p: PlanData) -> float:
+    """Samples (sequences, images) the whole run trains per second."""
+    return p.training.samples_per_step / p.step_time_s if p.training and p.step_time_s > 0 else 0.0
+
+
+def gpu_seconds_per_sample(p: PlanData) -> float:
+    """GPU-seconds per sample: what a sample costs on this layout (GPUs x step time / samples per step)."""
+    rate = samples_per_s(p)
+    return p.config.gpus / rate if rate > 0 else float("inf")
+
+
+def gpu_hours(p: PlanData) -> float | None:
+    """GPU-hours of the budget (time to train x GPUs), None without a budget."""
+    return p.time_to_train_s * p.config.gpus / 3600 if p.time_to_train_s is not None else None
+
+
+def tokens_per_s_per_gpu(p: PlanData) -> float | None:
+    """Tokens each GPU trains per second (None where a sample has no sequence length)."""
+    t = p.training
+    if t is None or not t.tokens_per_step or p.step_time_s <= 0:
+        return None
+    return t.tokens_per_step / p.step_time_s / p.config.gpus
+
+
 @dataclass
 class ComparisonData:
     """Plans side by side (strategies x checkpointing, GPU types, GPU counts); the recommended one
@@ -218,12 +242,28 @@ class ComparisonData:
 
     @property
     def recommended(self) -> PlanData | None:
+        """The fastest plan that fits (:attr:`answers`' ``fastest``)."""
+        return self.answers.get("fastest")
+
+    @property
+    def answers(self) -> dict[str, PlanData]:
+        """"How many GPUs do I need?", answered over the plans that fit, each with its layout:
+
+        * ``fewest_gpus``: the fewest GPUs (of those the comparison tried), the fastest layout at that count;
+        * ``fastest``: the shortest time to train with a budget (else the most samples per second);
+        * ``cheapest``: the fewest GPU-hours for the budget (GPU-seconds per sample without one), the
+          fewer GPUs on a tie.
+
+        Empty when none fits."""
         fitting = [p for p in self.plans if p.fits]
         if not fitting:
-            return None
-        if all(p.time_to_train_s is not None for p in fitting):
-            return min(fitting, key=lambda p: p.time_to_train_s)
-        return max(fitting, key=lambda p: p.training.samples_per_step / p.step_time_s if p.training else 0.0)
+            return {}
+        speed = (lambda p: p.time_to_train_s) if all(p.time_to_train_s is not None for p in fitting) else (
+            lambda p: -samples_per_s(p))
+        fewest = min(p.config.gpus for p in fitting)
+        return {"fewest_gpus": min((p for p in fitting if p.config.gpus == fewest), key=speed),
+                "fastest": min(fitting, key=speed),
+                "cheapest": min(fitting, key=lambda p: (gpu_seconds_per_sample(p), p.config.gpus))}
 
     def to_dict(self) -> dict[str, Any]:
         best = self.recommended
@@ -234,6 +274,8 @@ class ComparisonData:
                          "checkpoint": list(c.checkpoint), "micro_batch": c.micro_batch,
                          "global_batch": c.global_batch, "peak": p.per_gpu.peak, "needed": p.verdict.needed,
                          "fits": p.fits, "max_batch": p.max_batch, "step_time_s": p.step_time_s, "mfu": p.flops.mfu,
-                         "time_to_train_s": p.time_to_train_s, "recommended": p is best})
-        return {"rows": rows, "recommended": self.plans.index(best) if best is not None else None,
+                         "time_to_train_s": p.time_to_train_s, "gpu_hours": gpu_hours(p),
+                         "tokens_per_s_per_gpu": tokens_per_s_per_gpu(p), "recommended": p is best})
+        answers = {k: self.plans.index(p) for k, p in self.answers.items()}
+        return {"rows": rows, "recommended": self.plans.index(best) if best is not None else None, "answers": answers,
                 "skipped": list(self.skipped), "plans": [p.to_dict() for p in self.plans]}

@@ -160,7 +160,8 @@ def headline(report: ReportData) -> str:
         text += _quantized_fit(report)
     text += _generation_tail(report)
     if report.max_batch is not None:
-        text += ("; no micro-batch fits on one GPU (estimator plan shards it over several)" if report.max_batch == 0
+        text += ((f"; no micro-batch fits on one GPU: {report.max_batch_note}" if report.max_batch_note else
+                  "; no micro-batch fits on one GPU (estimator plan shards it over several)") if report.max_batch == 0
                  else f"; largest micro-batch {report.max_batch}")
         if report.max_batch and report.max_batch_margin is not None:
             text += f" ({fmt_bytes(report.max_batch_margin)} to spare at that size)"

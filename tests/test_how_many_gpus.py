@@ -1,0 +1,107 @@
+""""How many GPUs do I need?": the comparison's three answers, the GPU-count ranges, the progress of a long
+comparison, and the at-once answer when the model states alone exceed the card (issue 23, items 2 and 3).
+
+Every expected answer is computed here from the comparison's own rows (time to train, GPUs, fits), not typed in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from estimator import estimate
+from estimator.cli.plan import _ints
+from estimator.plan import Planner
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _example(name):
+    spec = importlib.util.spec_from_file_location(f"ex_{name}", os.path.join(ROOT, "examples", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+llama = _example("llama")
+
+
+def _model():
+    cfg = {"vocab_size": 512, "dim": 64, "hidden_dim": 128, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+           "max_seq_len": 64}
+    with torch.device("meta"):
+        m = llama.Llama(llama.LlamaConfig(**cfg))
+    idx = torch.zeros(4, 64, dtype=torch.long)
+    return m, (idx, idx.clone())
+
+
+@pytest.fixture(scope="module")
+def comparison():
+    stages = []
+    planner = Planner(*_model(), gpu="L4", progress=lambda stage, detail="": stages.append(stage))
+    cmp = planner.compare([1, 2, 4, 8], strategies=["ddp", "fsdp", "zero3"], tokens=1e8)
+    return cmp, stages
+
+
+def test_the_three_answers_follow_from_the_rows(comparison):
+    cmp, _ = comparison
+    fitting = [p for p in cmp.plans if p.fits]
+    assert fitting and all(p.time_to_train_s for p in fitting)
+    answers = cmp.answers
+    fewest = min(p.config.gpus for p in fitting)
+    assert answers["fewest_gpus"].config.gpus == fewest
+    assert answers["fewest_gpus"].time_to_train_s == min(p.time_to_train_s for p in fitting if p.config.gpus == fewest)
+    assert answers["fastest"].time_to_train_s == min(p.time_to_train_s for p in fitting)
+    assert cmp.recommended is answers["fastest"]
+    hours = {id(p): p.time_to_train_s * p.config.gpus / 3600 for p in fitting}
+    assert hours[id(answers["cheapest"])] == min(hours.values())
+    # the table and the JSON carry them
+    text = cmp.render()
+    for line in ("Fewest GPUs that fit:", "Fastest (*):", "Cheapest in GPU-hours:"):
+        assert line in text
+    d = cmp.to_dict()
+    assert {k: cmp.plans[i] for k, i in d["answers"].items()} == answers
+    for row, p in zip(d["rows"], cmp.plans):
+        assert row["gpu_hours"] == pytest.approx(p.time_to_train_s * p.config.gpus / 3600)
+        tokens_per_step = p.training.tokens_per_step
+        assert row["tokens_per_s_per_gpu"] == pytest.approx(tokens_per_step / p.step_time_s / p.config.gpus)
+
+
+def test_a_long_comparison_says_which_row_it_is_on(comparison):
+    _, stages = comparison
+    rows = 4 * 3 * 2  # GPU counts x strategies x (without, with checkpointing)
+    numbers = [int(s.split()[1]) for s in stages if s.startswith("plan ")]
+    assert numbers[0] == 1 and numbers == sorted(numbers) and numbers[-1] > rows // 2, numbers
+    assert all(f" of {rows}" in s for s in stages if s.startswith("plan "))
+    assert any(s.startswith("plan ") and " s left: " in s for s in stages)  # the time left, from the rows done
+
+
+@pytest.mark.parametrize("text, counts", [("8", [8]), ("8,16", [8, 16]), ("1-8", [1, 2, 4, 8]),
+                                          ("3-12", [3, 4, 8, 12]), ("2-16,24", [2, 4, 8, 16, 24])])
+def test_gpu_counts_and_ranges(text, counts):
+    assert _ints(text) == counts
+
+
+@pytest.mark.parametrize("bad", ["8-2", "0-4", "a-b", "", "eight"])
+def test_a_bad_range_is_a_one_line_error(bad):
+    with pytest.raises(argparse.ArgumentTypeError):
+        _ints(bad)
+
+
+def test_model_states_over_the_card_are_said_at_once():
+    """1.5B fp32 parameters with AdamW: 16 bytes each (weights 4, gradients 4, two moments 8) and AdamW's
+    4-byte ``step`` per parameter tensor = 24.2 GB of model states, more than an L4 holds: no micro-batch
+    fits, and the note gives those bytes."""
+    with torch.device("meta"):
+        model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096, bias=False) for _ in range(90)])
+    report = estimate(model, torch.empty(2, 4096, device="meta"), gpu="L4", precision="fp32")
+    t = report.tally
+    states = t.parameters_bytes + t.gradients_bytes + t.optimizer_state_bytes
+    assert states == 16 * 90 * 4096 * 4096 + 4 * 90
+    assert report.max_batch == 0
+    assert "optimizer state alone need" in report.max_batch_note
+    assert "no micro-batch fits on one GPU: the parameters, gradients and optimizer state alone" in report.headline()
