@@ -10,7 +10,6 @@ its CUDA reserve).
 from __future__ import annotations
 
 import math
-import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
@@ -26,7 +25,7 @@ from ..rules.registry import MATMUL
 from ..tally import tally
 from ..target import CudaTarget
 from .engine import one_sequence_per_sample, trace_engine
-from .layout import STRATEGIES, Layout, check_layout, parse_plan_precision
+from .layout import Layout, check_layout, parse_plan_precision
 from .report import Comparison, Plan
 from .results import Config, Flops, PerGpu, Solve, StepTime, Suggestion, Training, Verdict
 from .schedule import matmul_flops, traced_time, zero_time
@@ -116,6 +115,7 @@ class Planner:
         self.batch, self.seq = input_dims(inputs)
         self._steps: dict[tuple, Step] = {}
         self._tp_plan: TPPlan | None = None
+        self._siblings: dict[str, Planner] = {}
 
     # -- links ----------------------------------------------------------------------------------------
     def links(self, gpu: GPU):
@@ -476,49 +476,12 @@ class Planner:
         return {"full": int(full), "per_rank": int(per_rank)}
 
     # -- many plans ------------------------------------------------------------------------------------------
-    def compare(self, gpus: int | Sequence[int], *, strategies: Sequence[str] | None = None, tp: int = 1,
-                sequence_parallel: bool = False, checkpoint: Any = None, offload: str | None = None,
-                tokens=None, samples=None, steps=None, mfu=None, confirm: bool = False,
-                gpu: str | GPU | Sequence[str | GPU] | None = None, with_checkpointing: bool = True) -> Comparison:
-        """Plans side by side: every GPU type x GPU count x strategy, without and with activation
-        checkpointing (``checkpoint`` classes, by default the wrap class)."""
-        gpu_list = [self.gpu] if gpu is None else ([gpu] if isinstance(gpu, (str, GPU)) else list(gpu))
-        counts = [gpus] if isinstance(gpus, int) else list(gpus)
-        ck = resolve_classes(self.model, checkpoint, "--checkpoint") if checkpoint else tuple(self.wrap)
-        ckpt_sets = [()] + ([ck] if ck and with_checkpointing else [])
-        names = list(strategies) if strategies else list(STRATEGIES)
-        plans: list[Plan] = []
-        skipped: list[str] = []
-        rows = [(g, n, s, ckset) for g in gpu_list for n in counts for s in names for ckset in ckpt_sets]
-        outer = self.progress
-        started = time.monotonic()
-        try:
-            for i, (g, n, s, ckset) in enumerate(rows):
-                done = time.monotonic() - started
-                left = f", about {done / i * (len(rows) - i):.0f} s left" if i else ""
-                row = f"plan {i + 1} of {len(rows)}{left}: {n} x {g if isinstance(g, str) else g.name}, {s}" + (
-                    " with checkpointing" if ckset else "")
-                self.progress = lambda stage, detail="", _row=row: outer(f"{_row}: {stage}", detail)  # noqa: E731
-                self._compare_row(plans, skipped, g, n, s, ckset, tp, sequence_parallel, offload, tokens, samples,
-                                  steps, mfu, confirm, strict=bool(strategies) and len(counts) == 1)
-        finally:
-            self.progress = outer
-        if not plans:
-            raise UserError("no layout applies: " + "; ".join(skipped))
-        return Comparison(plans, skipped)
+    def compare(self, gpus: int | Sequence[int], **kwargs: Any) -> Comparison:
+        """Plans side by side (:func:`.comparison.compare_layouts`): every GPU type x GPU count x strategy,
+        without and with activation checkpointing, each row in its engine's precision policy."""
+        from .comparison import compare_layouts
 
-    def _compare_row(self, plans, skipped, g, n, s, ckset, tp, sequence_parallel, offload, tokens, samples, steps,
-                     mfu, confirm, strict) -> None:
-        """One row of :meth:`compare`: the plan appended to ``plans``, or why it does not apply to ``skipped``."""
-        try:
-            plans.append(self.plan(s, n, tp=tp, sequence_parallel=sequence_parallel, checkpoint=list(ckset) or None,
-                                   offload=offload, tokens=tokens, samples=samples, steps=steps, mfu=mfu,
-                                   confirm=confirm, gpu=g))
-        except UserError as exc:
-            if strict:
-                raise
-            if not ckset:
-                skipped.append(f"{s} on {n} GPUs: {exc}")
+        return compare_layouts(self, gpus, **kwargs)
 
 
 # -- FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B) ------------------------------------------------

@@ -239,6 +239,7 @@ class ComparisonData:
 
     plans: list[PlanData]
     skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the rows assume alike (the precision semantics)
 
     @property
     def recommended(self) -> PlanData | None:
@@ -277,5 +278,5 @@ class ComparisonData:
                          "time_to_train_s": p.time_to_train_s, "gpu_hours": gpu_hours(p),
                          "tokens_per_s_per_gpu": tokens_per_s_per_gpu(p), "recommended": p is best})
         answers = {k: self.plans.index(p) for k, p in self.answers.items()}
-        return {"rows": rows, "recommended": self.plans.index(best) if best is not None else None, "answers": answers,
+        return {"rows": rows, "recommended": self.plans.index(best) if best is not None else None, "answers": answers, "notes": list(self.notes),
                 "skipped": list(self.skipped), "plans": [p.to_dict() for p in self.plans]}

@@ -1,0 +1,97 @@
+"""Layouts side by side (``estimator plan --compare``, several ``--gpus`` or ``--gpu``): every GPU type x GPU
+count x strategy, without and with activation checkpointing, compared like with like.
+
+Like with like: a 16-bit mixed precision is each engine's own way of computing in that dtype with fp32 master
+weights and optimizer state (:func:`comparison_precision`), so that no row carries a cost another strategy would
+not have under the same numerics (FSDP2 under autocast keeps a 16-bit copy of every weight it casts, which
+``MixedPrecisionPolicy`` does not); the comparison states it.  Which answers it gives (the fewest GPUs that
+fit, the fastest, the cheapest in GPU-hours): :class:`.results.ComparisonData`.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import replace
+from typing import Any, Sequence
+
+from ..capture.checkpoint import resolve_classes
+from ..errors import UserError
+from ..hardware import GPU
+from .layout import STRATEGIES, PlanPrecision, parse_plan_precision
+from .report import Comparison, Plan
+
+_LOW = {"bf16-mixed": "bf16", "fsdp-bf16": "bf16", "fp16-mixed": "fp16", "fsdp-fp16": "fp16"}
+
+SEMANTICS = ("every row computes in {low} with fp32 master weights and optimizer state, as its engine does: DDP "
+             "under autocast, FSDP2/HSDP with MixedPrecisionPolicy(param_dtype={low}, reduce_dtype=fp32) as "
+             "torchtitan, ZeRO in DeepSpeed's {low} mode")
+
+
+def comparison_precision(precision: PlanPrecision, strategy: str) -> str:
+    """The precision of ``strategy``'s rows when a comparison asks for ``precision``: DDP under autocast (its
+    only mixed precision), FSDP2 and HSDP with ``MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=fp32)``
+    (torchtitan's defaults: parameters gathered in 16 bits, no autocast cache of 16-bit weight copies), ZeRO
+    in DeepSpeed's bf16/fp16 mode (the model cast, fp32 master weights in the optimizer).  fp32 and pure
+    16-bit precisions are left as asked."""
+    low = _LOW.get(precision.name)
+    if low is None:
+        return precision.name
+    return f"fsdp-{low}" if strategy in ("fsdp", "hsdp") else f"{low}-mixed"
+
+
+def for_strategy(planner: Any, strategy: str) -> Any:
+    """The planner (:class:`.planner.Planner`) of ``strategy``'s rows: ``planner`` itself, or a sibling with the row's precision (the same
+    model, inputs, links and options; its own traces), made once."""
+    name = comparison_precision(planner.precision, strategy)
+    if name == planner.precision.name:
+        return planner
+    if name not in planner._siblings:
+        sibling = copy.copy(planner)
+        sibling.precision = parse_plan_precision(name, "fp32" if name.startswith("fsdp-") else None)
+        sibling.options = replace(planner.options, precision=sibling.precision.step)
+        sibling._steps, sibling._tp_plan, sibling._siblings = {}, None, {}
+        planner._siblings[name] = sibling
+    return planner._siblings[name]
+
+
+def compare_layouts(planner: Any, gpus: int | Sequence[int], *, strategies: Sequence[str] | None = None,
+                    tp: int = 1, sequence_parallel: bool = False, checkpoint: Any = None, offload: str | None = None,
+                    tokens=None, samples=None, steps=None, mfu=None, confirm: bool = False,
+                    gpu: str | GPU | Sequence[str | GPU] | None = None, with_checkpointing: bool = True) -> Comparison:
+    """Plans side by side: every GPU type x GPU count x strategy, without and with activation checkpointing
+    (``checkpoint`` classes, by default the wrap class); the progress line says which row of how many, and
+    about how long the rest takes at the pace of the rows done."""
+    gpu_list = [planner.gpu] if gpu is None else ([gpu] if isinstance(gpu, (str, GPU)) else list(gpu))
+    counts = [gpus] if isinstance(gpus, int) else list(gpus)
+    ck = resolve_classes(planner.model, checkpoint, "--checkpoint") if checkpoint else tuple(planner.wrap)
+    ckpt_sets = [()] + ([ck] if ck and with_checkpointing else [])
+    names = list(strategies) if strategies else list(STRATEGIES)
+    plans: list[Plan] = []
+    skipped: list[str] = []
+    rows = [(g, n, s, ckset) for g in gpu_list for n in counts for s in names for ckset in ckpt_sets]
+    outer = planner.progress
+    started = time.monotonic()
+    for i, (g, n, s, ckset) in enumerate(rows):
+        done = time.monotonic() - started
+        left = f", about {done / i * (len(rows) - i):.0f} s left" if i else ""
+        row = f"plan {i + 1} of {len(rows)}{left}: {n} x {g if isinstance(g, str) else g.name}, {s}" + (
+            " with checkpointing" if ckset else "")
+        sub = for_strategy(planner, s)
+        sub.progress = lambda stage, detail="", _row=row: outer(f"{_row}: {stage}", detail)  # noqa: E731
+        try:
+            plans.append(sub.plan(s, n, tp=tp, sequence_parallel=sequence_parallel, checkpoint=list(ckset) or None,
+                                  offload=offload, tokens=tokens, samples=samples, steps=steps, mfu=mfu,
+                                  confirm=confirm, gpu=g))
+        except UserError as exc:
+            if strategies and len(counts) == 1:
+                raise
+            if not ckset:
+                skipped.append(f"{s} on {n} GPUs: {exc}")
+        finally:
+            sub.progress = outer
+    if not plans:
+        raise UserError("no layout applies: " + "; ".join(skipped))
+    low = _LOW.get(planner.precision.name)
+    notes = [SEMANTICS.format(low=low)] if low and len({p.config.precision for p in plans}) > 1 else []
+    return Comparison(plans, skipped, notes)
