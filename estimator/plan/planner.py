@@ -430,7 +430,7 @@ class Planner:
         t = step.tally
         scale = 0.0 if layout.offload else 1.0 / layout.dp
         out = zero_time(step, gpu, int(layout.strategy[-1]), layout.dp, self.gpus_per_node, intra, inter,
-                        float(t.parameters_bytes), float(t.gradients_bytes), scale)
+                        float(t.parameters_bytes), float(t.gradients_bytes), scale, units=self.unit_paths)
         if layout.offload:  # this rank's gradient partition out, its updated parameter partition in
             moved = float(t.gradients_bytes) / layout.dp + float(t.parameters_bytes) / layout.dp
             out = replace(out, offload_s=moved / host.bandwidth, step_time_s=out.step_time_s + moved / host.bandwidth)

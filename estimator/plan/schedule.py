@@ -202,12 +202,66 @@ def traced_time(step: Step, gpu: GPU, intra: Link, inter: Link, optimizer_on_gpu
                     band_note=band_note)
 
 
+def _unit_of(module: str, units: Sequence[str]) -> str:
+    """The unit (a wrap-class instance's path) ``module`` belongs to, "" for the rest of the model."""
+    for u in units:
+        if module == u or module.startswith(u + "."):
+            return u
+    return ""
+
+
+def zero3_gathers(step: Step, times, units: Sequence[str], param_bytes: float, grad_bytes: float,
+                  collective) -> tuple[float, float, float]:
+    """ZeRO-3's per-unit collectives as they run (DeepSpeed's ``PartitionedParameterCoordinator``: each
+    submodule's parameters all-gathered before its forward and again before its backward, the next unit's
+    prefetched while one computes; its gradients reduce-scattered after its backward):
+
+    * forward: the first unit's gather waits; each next gather hides behind the unit before it:
+      exposed = ag(u_0) + sum_i max(0, ag(u_i) - forward(u_{i-1}));
+    * backward, units in reverse: exposed = ag(u_last) + sum_i max(0, ag(u_{i-1}) + rs(u_i) - backward(u_i))
+      + rs(u_0).
+
+    Units are the wrap class's instances (the rest of the model, embeddings and head, one more unit), each
+    collective its own ring with its own latency (``collective(kind, bytes)`` gives its seconds), its bytes
+    the unit's share of the 16-bit parameters and gradients.  Returns (exposed seconds, all-gather seconds,
+    reduce-scatter seconds)."""
+    cap = step.cap
+    numel: dict[str, int] = defaultdict(int)
+    for name, p in cap.params.items():
+        numel[_unit_of(cap.param_owner.get(name, ""), units)] += p.numel()
+    total = sum(numel.values()) or 1
+    order: list[str] = []
+    compute: dict[tuple[str, str], float] = defaultdict(float)
+    for i in cap.node_order():
+        node = cap.nodes[i]
+        phase = "backward" if node.meta.get("phase") == "backward" else "forward"
+        if node.meta.get("phase") not in ("forward", "loss", "backward"):
+            continue
+        u = _unit_of(node.meta.get("module") or "", units)
+        if phase == "forward" and u not in order and numel.get(u):
+            order.append(u)
+        compute[(u, phase)] += times[i][0]
+    order = [u for u in order if numel.get(u)] or [""]
+    ag = {u: collective("all_gather", param_bytes * numel[u] / total) for u in order}
+    rs = {u: collective("reduce_scatter", grad_bytes * numel[u] / total) for u in order}
+    exposed = ag[order[0]]
+    for prev, u in zip(order, order[1:]):
+        exposed += max(0.0, ag[u] - compute[(prev, "forward")])
+    back = order[::-1]
+    exposed += ag[back[0]]
+    for u, nxt in zip(back, back[1:]):
+        exposed += max(0.0, ag[nxt] + rs[u] - compute[(u, "backward")])
+    exposed += rs[back[-1]]
+    return exposed, 2 * sum(ag.values()), sum(rs.values())
+
+
 def zero_time(step: Step, gpu: GPU, stage: int, n: int, gpus_per_node: int, intra: Link, inter: Link,
-              param_bytes: float, grad_bytes: float, optimizer_scale: float) -> StepTime:
+              param_bytes: float, grad_bytes: float, optimizer_scale: float, units: Sequence[str] = ()) -> StepTime:
     """The step time of a ZeRO layout over the single-device step (see the module docstring).
 
     ``param_bytes``/``grad_bytes``: the full 16-bit (working dtype) parameters and gradients;
-    ``optimizer_scale``: the optimizer's share of the traced optimizer work on this rank."""
+    ``optimizer_scale``: the optimizer's share of the traced optimizer work on this rank; ``units``: the
+    wrap class's instances, ZeRO-3's gathering units (:func:`zero3_gathers`)."""
     by_phase: dict[str, float] = defaultdict(float)
     host_by_phase: dict[str, float] = defaultdict(float)
     times = node_times(step.cap.nodes, gpu)
@@ -227,9 +281,11 @@ def zero_time(step: Step, gpu: GPU, stage: int, n: int, gpus_per_node: int, intr
                   "all_gather": ring_bytes("all_gather", n, param_bytes) * (2 if stage == 3 else 1)}
     comm_s = {"reduce_scatter": rs_s, "all_gather": ag_s * (2 if stage == 3 else 1)}
     if stage == 3:
-        fwd = max(0.0, ag_s - by_phase["forward"])
-        bwd = max(0.0, ag_s + rs_s - by_phase["backward"])
-        exposed = fwd + bwd
+        def collective(kind: str, nbytes: float) -> float:
+            return collective_time(Collective(kind, int(nbytes), n, nodes, min(n, gpus_per_node)), intra, inter)[0]
+
+        exposed, ag_total, rs_total = zero3_gathers(step, times, units, param_bytes, grad_bytes, collective)
+        comm_s = {"reduce_scatter": rs_total, "all_gather": ag_total}
     else:
         exposed = rs_s + ag_s
     compute = sum(by_phase.values())
@@ -238,7 +294,8 @@ def zero_time(step: Step, gpu: GPU, stage: int, n: int, gpus_per_node: int, intr
                     exposed_comm_s=exposed, by_phase_s=dict(by_phase), comm_by_kind_s=comm_s,
                     comm_bytes_per_gpu=comm_bytes,
                     links=[f"{lk.name} ({bus_bandwidth(rs_c, intra, inter) / 1e9:g} GB/s bus)"] if n > 1 else [],
-                    model=f"ZeRO volumes (DeepSpeed's overlap defaults), {_model_name(gpu)}", band_log=band_log,
+                    model=(f"ZeRO-3 per-unit gathers, one unit prefetched, {_model_name(gpu)}" if stage == 3 else
+                           f"ZeRO volumes (DeepSpeed's overlap defaults), {_model_name(gpu)}"), band_log=band_log,
                     band_note=band_note)
 
 
