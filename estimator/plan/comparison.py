@@ -60,8 +60,9 @@ def compare_layouts(planner: Any, gpus: int | Sequence[int], *, strategies: Sequ
                     tokens=None, samples=None, steps=None, mfu=None, confirm: bool = False,
                     gpu: str | GPU | Sequence[str | GPU] | None = None, with_checkpointing: bool = True) -> Comparison:
     """Plans side by side: every GPU type x GPU count x strategy, without and with activation checkpointing
-    (``checkpoint`` classes, by default the wrap class); the progress line says which row of how many, and
-    about how long the rest takes at the pace of the rows done."""
+    (``checkpoint`` classes, by default the wrap class); several strategies each in its engine's precision
+    policy (:func:`for_strategy`), one strategy in the precision asked for.  The progress line says which
+    row of how many, and about how long the rest takes at the pace of the rows done."""
     gpu_list = [planner.gpu] if gpu is None else ([gpu] if isinstance(gpu, (str, GPU)) else list(gpu))
     counts = [gpus] if isinstance(gpus, int) else list(gpus)
     ck = resolve_classes(planner.model, checkpoint, "--checkpoint") if checkpoint else tuple(planner.wrap)
@@ -77,7 +78,7 @@ def compare_layouts(planner: Any, gpus: int | Sequence[int], *, strategies: Sequ
         left = f", about {done / i * (len(rows) - i):.0f} s left" if i else ""
         row = f"plan {i + 1} of {len(rows)}{left}: {n} x {g if isinstance(g, str) else g.name}, {s}" + (
             " with checkpointing" if ckset else "")
-        sub = for_strategy(planner, s)
+        sub = for_strategy(planner, s) if len(set(names)) > 1 else planner  # one strategy: as asked
         sub.progress = lambda stage, detail="", _row=row: outer(f"{_row}: {stage}", detail)  # noqa: E731
         try:
             plans.append(sub.plan(s, n, tp=tp, sequence_parallel=sequence_parallel, checkpoint=list(ckset) or None,

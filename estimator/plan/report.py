@@ -131,7 +131,7 @@ def render_comparison(cmp: ComparisonData, tablefmt: str = "simple") -> str:
                                     "Needs / GPU", "Fits", "Max batch", "Step time", "Tokens/s/GPU", "MFU",
                                     "Time to train", "GPU-hours"],
                      tablefmt=tablefmt, disable_numparse=True)
-    parts = [head, table, answers_text(cmp)] + [f"Precision: {n}." for n in cmp.notes]
+    parts = [answers_text(cmp), head, table] + [f"Precision: {n}." for n in cmp.notes]
     if cmp.skipped:
         parts.append("Not applicable:\n" + "\n".join(f"  - {s}" for s in cmp.skipped))
     return "\n\n".join(parts) + "\n"
