@@ -129,8 +129,11 @@ def zero_peak(step: Step, layout: Layout, precision: PlanPrecision, semantics: s
     sizes = [float(b) for b in (cap.storage_bytes if sizes is None else sizes)]
     for sid in cap.sids.get("parameter", ()):
         sizes[sid] = 0.0 if layout.offload == "params" else sizes[sid] / (n if stage == 3 else 1)
-    if stage > 1:
-        for sid in cap.sids.get("gradient", ()):
+    traced_grads = float(sum(cap.storage_bytes[s] for s in cap.sids.get("gradient", ())))
+    for sid in cap.sids.get("gradient", ()):
+        if stage == 2:  # reduced through the bucket into this rank's 16-bit partition, from backward to zero_grad
+            sizes[sid] = sizes[sid] / n
+        elif stage == 3:
             sizes[sid] = 0.0  # reduced into the bucket and freed as soon as autograd makes them
     state = set(cap.sids.get("optimizer_state", ()))
     for sid in state:
@@ -143,9 +146,10 @@ def zero_peak(step: Step, layout: Layout, precision: PlanPrecision, semantics: s
             widen = 4 / dtype.itemsize if precision.master and dtype.is_floating_point else 1.0
             sizes[sid] = 0.0 if layout.offload is not None else sizes[sid] * widen / n
     # Live for the whole step: the gradient partitions (stage 1: the traced full gradients are already
-    # in the timeline, the fp32 partition is added), master weights and state, bucket, gathering buffer.
-    traced_grads = float(sum(cap.storage_bytes[s] for s in cap.sids.get("gradient", ())))  # stage 1 only
-    grads = st.gradients - traced_grads if stage == 1 else st.gradients
+    # in the timeline, stage 2 their 16-bit partitions; the fp32 partition is added), master weights and
+    # state, bucket, gathering buffer.
+    in_timeline = {1: traced_grads, 2: traced_grads / n}.get(stage, 0.0)
+    grads = st.gradients - in_timeline
     extra = {"gradients": max(0.0, grads), "optimizer_state": st.optimizer_state, "comm_buffers": st.bucket,
              "gathered_parameters": st.gather_buffer}
     return step.peak(device, sizes, extra=extra), st
