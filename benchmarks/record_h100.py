@@ -12,6 +12,8 @@ that the reference set (``tests/data/cuda_reference``, one loop) lacks.  Writes 
 * ``timing.jsonl``: median wall time of 5 synchronised steps after 3 warm-ups; ``optimes.jsonl``: for the
   cases marked so, one more step with a CUDA event pair around every aten op (``[op, phase, inputs, outputs,
   us]``, as ``tests/data/cuda_reference/timing``).
+* ``kernels.jsonl``: one step under ``torch.profiler``, every GPU kernel's name and microseconds
+  (compiled and eager), for a fused-kernel time model.
 * ``compile.jsonl``: ``torch.compile`` (whole model, default mode, or per block as torchtitan applies it)
   beside eager: peaks, bytes held when backward starts, step time, Inductor's generated kernels and the
   graph breaks; float8 (torchao ``convert_to_float8_training``, tensorwise and rowwise) where torchao imports.
@@ -103,6 +105,10 @@ COMPILE = [
     ("llama_small", "bf16-mixed", None, "tensorwise"),
     ("resnet18_b32", "bf16-mixed", "model", None),
 ]
+
+# (model, precision, compile) profiled kernel by kernel (phase "kernels")
+KERNELS = [("gpt2_124m", "bf16-mixed", "model"), ("gpt2_124m", "bf16-mixed", None),
+           ("llama_small", "bf16-mixed", "block"), ("llama_small", "bf16-mixed", None)]
 
 
 def left() -> float:
@@ -359,6 +365,30 @@ def record_compile(out, name, precision, compile_, float8, timing=True):
     del model, step, state
 
 
+def record_kernels(out, name, precision, compile_, float8=None):
+    """One step of a compiled (or eager) model under ``torch.profiler``: every GPU kernel with its name,
+    duration and the op or Inductor kernel that launched it, for a fused-kernel time model."""
+    from torch.profiler import ProfilerActivity, profile
+
+    clean()
+    model, step, state = prepare(name, h100_cases.MODELS[name], precision, {}, compile_, float8)
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.events():
+        if e.device_type.name == "CUDA" or getattr(e, "device_type", None) == "cuda":
+            rows.append([e.name[:200], round(e.device_time if hasattr(e, "device_time") else e.cuda_time, 2)])
+    emit(out, "kernels.jsonl", {"case": name, "precision": precision, "compile": compile_, "float8": float8,
+                                "kernels": rows, "total_us": round(sum(r[1] for r in rows), 1)})
+    print(f"kernels {name:20s} {precision:10s} {str(compile_):6s} {len(rows)} kernels "
+          f"{sum(r[1] for r in rows) / 1e3:.2f} ms", flush=True)
+    del model, step, state
+
+
 def guarded(fn, out, *args, need=10):
     if left() < need:
         print(f"skip {fn.__name__}{args}: {left():.0f} s left", flush=True)
@@ -379,6 +409,7 @@ def main():
     ap.add_argument("--budget", type=float, default=480)
     ap.add_argument("--phases", nargs="*", default=["memory", "maxbatch", "timing", "compile"])
     ap.add_argument("--only", nargs="*", help="case names to keep")
+    ap.add_argument("--per-op", nargs="*", help="CASE:PRECISION to time op by op")
     a = ap.parse_args()
     BUDGET = a.budget
     PASS = "warm" if "compile-warm" in a.phases else "main"
@@ -417,6 +448,12 @@ def main():
         for name, precision, compile_, float8 in COMPILE:
             if keep(name):
                 guarded(record_compile, a.out, name, precision, compile_, float8, need=30)
+    for item in a.per_op or ():  # CASE:PRECISION, per-op CUDA-event timings
+        name, precision = item.split(":")
+        guarded(record_timing, a.out, name, precision, True)
+    if "kernels" in a.phases:
+        for name, precision, compile_ in KERNELS:
+            guarded(record_kernels, a.out, name, precision, compile_, need=40)
     print(f"done in {time.time() - T0:.0f} s", flush=True)
 
 

@@ -161,7 +161,9 @@ class Planner:
             with one_sequence_per_sample():
                 cap = capture(self.model, self.inputs_at(what, value), opts, mode=self.trace_mode,
                               progress=self.progress)
-            hit = self._steps[key] = Step(cap, tally(cap), simulate(cap, self.device, target=opts.cuda), storage_rows(cap), value)
+            # (its fit is never asked: ZeRO layouts take the FRAGMENTATION guess, so no allocator_need)
+            hit = self._steps[key] = Step(cap, tally(cap), simulate(cap, self.device, target=opts.cuda, need=False),
+                                          storage_rows(cap), value)
             if cap.fallback_reason:
                 hit.notes.append(cap.fallback_reason)
         return hit
