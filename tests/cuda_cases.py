@@ -105,31 +105,31 @@ class Bottleneck(nn.Module):
         return out
 
 
-class ResNet50(nn.Module):
-    """torchvision.models.resnet50(weights=None)."""
+class ResNet(nn.Module):
+    """torchvision.models.resnet.ResNet(block, layers) (weights=None)."""
 
-    def __init__(self, num_classes: int = 1000):
+    def __init__(self, block: type, layers: list[int], num_classes: int = 1000):
         super().__init__()
         self.inplanes = 64
         self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, 2, 1)
-        self.layer1 = self._make_layer(64, 3)
-        self.layer2 = self._make_layer(128, 4, 2)
-        self.layer3 = self._make_layer(256, 6, 2)
-        self.layer4 = self._make_layer(512, 3, 2)
+        self.layer1 = self._make_layer(block, 64, layers[0])
+        self.layer2 = self._make_layer(block, 128, layers[1], 2)
+        self.layer3 = self._make_layer(block, 256, layers[2], 2)
+        self.layer4 = self._make_layer(block, 512, layers[3], 2)
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
-        self.fc = nn.Linear(2048, num_classes)
+        self.fc = nn.Linear(512 * block.expansion, num_classes)
 
-    def _make_layer(self, planes: int, blocks: int, stride: int = 1) -> nn.Sequential:
+    def _make_layer(self, block: type, planes: int, blocks: int, stride: int = 1) -> nn.Sequential:
         downsample = None
-        if stride != 1 or self.inplanes != planes * 4:
-            downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes * 4, 1, stride, bias=False),
-                                       nn.BatchNorm2d(planes * 4))
-        layers = [Bottleneck(self.inplanes, planes, stride, downsample)]
-        self.inplanes = planes * 4
-        layers += [Bottleneck(self.inplanes, planes) for _ in range(1, blocks)]
+        width = planes * block.expansion
+        if stride != 1 or self.inplanes != width:
+            downsample = nn.Sequential(nn.Conv2d(self.inplanes, width, 1, stride, bias=False), nn.BatchNorm2d(width))
+        layers = [block(self.inplanes, planes, stride, downsample)]
+        self.inplanes = width
+        layers += [block(self.inplanes, planes) for _ in range(1, blocks)]
         return nn.Sequential(*layers)
 
     def forward(self, x):
@@ -148,6 +148,13 @@ class ResNet50(nn.Module):
         x = self.fc(x)
 
         return x
+
+
+class ResNet50(ResNet):
+    """torchvision.models.resnet50(weights=None)."""
+
+    def __init__(self, num_classes: int = 1000):
+        super().__init__(Bottleneck, [3, 4, 6, 3], num_classes)
 
 
 def _divisible(v: float, divisor: int = 8) -> int:
