@@ -5,7 +5,8 @@ The measurements, independent of the estimator's rules and simulation:
 * parameters, buffers, gradients, optimizer state: bytes of the real tensors
   after a real ``optimizer.step()``;
 * activations: distinct storages that autograd saves during forward + loss
-  (``torch.autograd.graph.saved_tensors_hooks``), parameters excluded;
+  (``torch.autograd.graph.saved_tensors_hooks``) and still holds when backward starts, parameters and
+  buffers excluded;
 * peak: ``torch.cuda.max_memory_allocated()`` after ``reset_peak_memory_stats()``
   over a steady-state iteration (CUDA), or a live-tensor tracker (CPU), less what
   was allocated before the run;
@@ -371,8 +372,9 @@ class _LiveRun:
         self.loss_fn = loss_fn
         self.m.train()
 
-    def step(self, pack_hook=None, counters=None) -> torch.Tensor:
-        """One optimizer step; ``pack_hook`` and ``counters`` (forward, backward) watch its first micro-step."""
+    def step(self, pack_hook=None, counters=None, at_backward=None) -> torch.Tensor:
+        """One optimizer step; ``pack_hook``, ``counters`` (forward, backward) and ``at_backward`` (called when
+        its backward starts) watch its first micro-step."""
         opt, scaler = self.opt, self.scaler
         out = None
         for micro in range(self.grad_accum):
@@ -387,6 +389,8 @@ class _LiveRun:
                 loss = loss / self.grad_accum
             if not self.keep_output:
                 out = None
+            if at_backward is not None and watch:
+                at_backward()
             with bwd_counter:
                 (scaler.scale(loss) if scaler else loss).backward()
         if opt is not None:
@@ -405,17 +409,22 @@ class _LiveRun:
     def first_step(self) -> tuple[dict[str, int], torch.Tensor]:
         """Iteration 1: saved activations and FLOPs; then the model states from the real tensors."""
         m, opt = self.m, self.opt
-        param_storages = {p.untyped_storage().data_ptr() for p in m.parameters()}
+        state_storages = {t.untyped_storage().data_ptr() for t in list(m.parameters()) + list(m.buffers())}
+        packed: list[tuple[weakref.ref, int, int]] = []
         saved: dict[int, int] = {}
 
         def pack(t: torch.Tensor) -> torch.Tensor:
+            alias = t.detach()  # without history: a node that saves its own output makes no reference cycle
             ptr = t.untyped_storage().data_ptr()
-            if ptr not in param_storages:
-                saved.setdefault(ptr, t.untyped_storage().nbytes())
-            return t
+            if ptr not in state_storages:
+                packed.append((weakref.ref(alias), ptr, t.untyped_storage().nbytes()))
+            return alias
+
+        def at_backward() -> None:  # what autograd still holds when backward starts
+            saved.update({ptr: nbytes for ref, ptr, nbytes in packed if ref() is not None})
 
         fwd_counter, bwd_counter = flop_counter(), flop_counter()
-        keep = self.step(pack, (fwd_counter, bwd_counter))
+        keep = self.step(pack, (fwd_counter, bwd_counter), at_backward)
         nbytes = lambda ts: sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in ts}.values())  # noqa: E731
         params = list(m.parameters())
         measured = {

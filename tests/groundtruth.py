@@ -5,8 +5,8 @@ module is used; the measuring instruments are the tests' own (:mod:`instruments`
 optimizer are never changed), then
 
 1. memory run: forward + loss under a ``saved_tensors_hooks`` pack hook (every
-   tensor autograd saves is recorded; distinct storages by ``data_ptr``,
-   parameter storages excluded, bytes = ``untyped_storage().nbytes()``), the
+   tensor autograd saves is recorded; those it still holds when backward starts, distinct storages
+   by ``data_ptr``, parameter and buffer storages excluded, bytes = ``untyped_storage().nbytes()``), the
    real ``backward()`` (gradient bytes from the real ``.grad`` tensors) and a
    real ``optimizer.step()`` (state bytes from the real ``optimizer.state``);
 2. FLOP run, on a second copy and with no pack hook (so that neither run can
@@ -23,6 +23,7 @@ One multiply-add = 2 FLOPs, as in ``torch.utils.flop_counter``.
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import Any, Callable, Mapping
 
 import torch
@@ -144,22 +145,25 @@ def measure(model: torch.nn.Module, inputs: Any, optimizer: Any = "adamw",
     # -- memory run -------------------------------------------------------------
     m, x, memo = _copy(model, inputs)
     params = list(m.parameters())  # tied weights once
-    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
-    saved: dict[int, int] = {}
-    keep: list[torch.Tensor] = []  # hold saved tensors: no storage address is reused meanwhile
+    state_ptrs = {t.untyped_storage().data_ptr() for t in params + list(m.buffers())}
+    packed: list[tuple[weakref.ref, int, int]] = []  # (the alias autograd holds, storage address, bytes)
 
     def pack(t: torch.Tensor) -> torch.Tensor:
+        alias = t.detach()  # without history: a node that saves its own output makes no reference cycle
         st = t.untyped_storage()
-        ptr = st.data_ptr()
-        if ptr not in param_ptrs and ptr not in saved:
-            saved[ptr] = st.nbytes()
-        keep.append(t)
-        return t
+        if st.data_ptr() not in state_ptrs:
+            packed.append((weakref.ref(alias), st.data_ptr(), st.nbytes()))
+        return alias
 
     torch.manual_seed(seed)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = _call(m, x)
         loss = _loss(out, loss_fn)
+    out = None  # the loop the estimate models by default: only the loss is held once computed
+    # the activations: what autograd still holds when backward starts (a node the loss does not reach was
+    # freed with what it saved), distinct storages; parameters and buffers are not activations
+    saved = {ptr: nbytes for ref, ptr, nbytes in packed if ref() is not None}
+    keep = [ref() for ref, _, _ in packed if ref() is not None]
     loss.backward()
     opt = build_real_optimizer(optimizer, m, memo)
     if opt is not None:

@@ -6,7 +6,7 @@ and the internal errors the step raises to its caller (:func:`~.run.capture`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import torch
@@ -91,6 +91,7 @@ class Capture:
     events: list[tuple[int, int, int]]
     sids: dict[str, set[int]]  # category -> sids: parameter, buffer, input, gradient, optimizer_state, saved, loss
     fallback_reason: str | None = None
+    assumptions: list[str] = field(default_factory=list)  # what the capture set to make the step deterministic
     # the loop traced: the output held through backward or dropped after the loss; with ``grad_accum`` > 1
     # two micro-steps are traced (the second's nodes have meta["micro_step"] == 1: it stands for micro-steps
     # 2..N, which accumulate into existing gradients) before the optimizer step

@@ -7,6 +7,7 @@ never a silent trace on real tensors, which would allocate the model for real.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Any
@@ -45,8 +46,15 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
         raise ValueError(f"mode must be 'auto', 'fake' or 'real', not {mode!r}")
     if opts.prepare is not None:
         mode = "fake"  # a model traced as it is has no real weights to fall back on
+    with without_layer_drop(model) as assumed:
+        cap = _capture(model, args, kw, opts, mode, progress)
+    cap.assumptions.extend(assumed)
+    return cap
+
+
+def _capture(model: torch.nn.Module, args, kw, opts: StepOptions, mode: str, progress: Progress | None) -> Capture:
     if mode == "real":
-        return Step(model, args, kw, opts, fake=False, progress=progress).run()
+        return _real(model, args, kw, opts, progress)
     try:
         replicated = _replicated(model, args, kw, opts, progress)
         if replicated is not None:
@@ -71,9 +79,46 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
     # would fail the same way) or an op whose fake kernel rejects these arguments: either way the error
     # names the op.  Never a silent trace on real tensors, which would allocate the model for real.
     log.info("%s; capturing again on real CPU tensors", reason)
-    cap = Step(model, args, kw, opts, fake=False, progress=progress).run()
+    cap = _real(model, args, kw, opts, progress)
     cap.fallback_reason = reason
     return cap
+
+
+@contextlib.contextmanager
+def without_layer_drop(model: torch.nn.Module):
+    """LayerDrop off for the capture (wav2vec2, HuBERT, WavLM, data2vec-audio, and any module with a
+    ``layerdrop`` probability or a configuration's): a step skips each layer with that probability, drawn
+    at random, so an estimate would change from run to run.  Every layer is counted, the most a step can
+    cost, and the report says so.  Yields the list of what was assumed; the model is restored after."""
+    restore: list[tuple[Any, float]] = []
+    seen: set[int] = set()
+    for module in model.modules():
+        for holder in (module, getattr(module, "config", None)):
+            if holder is None or id(holder) in seen:
+                continue
+            seen.add(id(holder))
+            value = getattr(holder, "layerdrop", None) if not isinstance(holder, torch.nn.Module) else \
+                holder.__dict__.get("layerdrop")
+            if isinstance(value, float) and value > 0:
+                restore.append((holder, value))
+                setattr(holder, "layerdrop", 0.0)
+    notes = [f"LayerDrop off (probability {max(v for _, v in restore):g}): every layer counted, the most a step "
+             f"can cost"] if restore else []
+    try:
+        yield notes
+    finally:
+        for holder, value in restore:
+            setattr(holder, "layerdrop", value)
+
+
+def _real(model: torch.nn.Module, args, kw, opts: StepOptions, progress: Progress | None) -> Capture:
+    """The step traced on real CPU tensors; a failure that still reads as data-dependent (an op whose kernel
+    refuses these values) is an :class:`UnsupportedModelError`, never the capture's internal signal."""
+    try:
+        return Step(model, args, kw, opts, fake=False, progress=progress).run()
+    except ReadsValues as exc:
+        raise UnsupportedModelError(f"{exc}: the step fails on real CPU tensors too ({exc.__cause__!r:.200}); "
+                                    f"check the inputs' values and shapes") from exc.__cause__
 
 
 def _replicated(model: torch.nn.Module, args: tuple, kw: dict, opts: StepOptions,
@@ -112,6 +157,15 @@ def _model_bytes(model: torch.nn.Module) -> int:
 
 
 def _available_ram() -> int:
+    """Memory a new allocation can have without swapping: the kernel's ``MemAvailable`` (free memory plus
+    the page cache and reclaimable slabs it would drop), else the free pages."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX

@@ -294,10 +294,14 @@ class Step:
         first_micro_step = rec.micro_step == 0
         saved_all = self.saved_all
 
+        # parameters and buffers autograd saves (a norm's running statistics, registered position ids) are
+        # counted as parameters and buffers, not as activations
+        state_sids = param_sids | {rec.sid(storage_of(b)) for b in self.buffers.values()}
+
         def pack(t: torch.Tensor) -> torch.Tensor:
             if rec.phase in FORWARD_PHASES:
                 sid = rec.sid(storage_of(t))
-                if sid not in param_sids:
+                if sid not in state_sids:
                     saved_all.add(sid)
                     if first_micro_step and sid not in saved:
                         saved[sid] = (rec.storage_bytes[sid], rec.where()[0])
@@ -338,7 +342,18 @@ class Step:
             if self.scaler is None and self.opts.precision.grad_scaler:
                 self.scaler = torch.amp.GradScaler("cpu")
             loss = self.loss
+            if self.rec.micro_step == 0:
+                self._drop_unreached_saves()
             self._guard((self.scaler.scale(loss) if self.scaler else loss).backward)
+
+    def _drop_unreached_saves(self) -> None:
+        """The activations are what autograd holds when backward starts: a tensor saved by a node the loss
+        does not reach (a metric, an unused pooler, a router's auxiliary output) was freed with its node when
+        the forward's references died, as in the real step, and is not counted (its bytes stay in the
+        timeline while they lived)."""
+        live = {sid for sid, ref in self.rec.sid_of.values() if ref() is not None}
+        for sid in [sid for sid in self.saved if sid not in live]:
+            del self.saved[sid]
 
     def optimizer_step(self) -> None:
         rec, opts, scaler = self.rec, self.opts, self.scaler

@@ -18,6 +18,7 @@ def to_dict(report: ReportData, depth: int | None = None) -> dict[str, Any]:
         "model": report.model_name,
         "capture": report.capture.mode,
         "capture_fallback": report.capture.fallback_reason,
+        "assumptions": list(report.capture.assumptions),
         "loss": report.capture.loss_source,
         "optimizer": report.capture.optimizer_name,
         "device": report.device,

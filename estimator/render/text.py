@@ -121,6 +121,8 @@ def summary_rows(report: ReportData) -> list[tuple[str, str]]:
     for q in report.quantized:
         rows.append((f"What-if: {q.scheme} weights", f"peak {fmt_bytes(q.peak)}, parameters {fmt_bytes(q.parameters)} "
                                                     f"({q.layers} Linear layers; {q.layout})"))
+    for note in report.capture.assumptions:
+        rows.append(("Assumed", note))
     if report.capture.fallback_reason:
         where = "real CPU tensors" if report.capture.mode == "real" else "fake tensors"
         rows.append(("Capture", f"{where} ({report.capture.fallback_reason})"))

@@ -1,0 +1,139 @@
+"""What counts as an activation (issue 25 items 1 and 2): the tensors autograd holds for backward when it
+starts, measured on a real CPU step (``groundtruth.measure``: a ``saved_tensors_hooks`` pack hook, the
+tensors still held when backward starts, parameters and buffers excluded).
+
+* Buffers autograd saves (batch norm's running statistics, registered position ids) are buffers, not
+  activations as well.
+* A tensor saved by a node the loss does not reach (a layer norm computed and thrown away, a metric) is
+  freed with that node when the forward's references die, and is not an activation.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from estimator import estimate
+from groundtruth import measure
+
+
+class SavedBuffers(nn.Module):
+    """Linear -> BatchNorm1d(64): batch norm's backward takes the running mean and variance (saved)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(32, 64)
+        self.bn = nn.BatchNorm1d(64)
+
+    def forward(self, x):
+        return self.bn(self.lin(x)).sum()
+
+
+class Unreached(nn.Module):
+    """``h = lin(x); _ = LayerNorm(h); return bn(h).sum()``: the layer norm's saved tensors are freed
+    when forward returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(32, 64)
+        self.ln = nn.LayerNorm(64)
+        self.bn = nn.BatchNorm1d(64)
+
+    def forward(self, x):
+        h = self.lin(x)
+        _ = self.ln(h)
+        return self.bn(h).sum()
+
+
+def _both(model, x):
+    truth = measure(model, x)["activation_bytes"]
+    ours = estimate(model, x, device="cpu").tally.activations_bytes
+    return ours, truth
+
+
+def test_saved_buffers_are_not_activations():
+    model, x = SavedBuffers(), torch.randn(8, 32)
+    ours, truth = _both(model, x)
+    assert ours == truth
+    # the running statistics (2 x 64 float32 = 512 B) are in the buffers, not the activations
+    everything = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: everything.append(t) or t, lambda t: t):
+        model.train()(x)
+    buffers = {b.untyped_storage().data_ptr() for b in model.buffers()}
+    saved_buffers = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in everything
+                     if t.untyped_storage().data_ptr() in buffers}
+    assert sum(saved_buffers.values()) == 2 * 64 * 4
+    assert estimate(model, x, device="cpu").tally.buffers_bytes >= sum(saved_buffers.values())
+
+
+def test_tensors_saved_by_nodes_the_loss_does_not_reach_are_not_activations():
+    model, x = Unreached(), torch.randn(8, 32)
+    ours, truth = _both(model, x)
+    assert ours == truth
+    reached, _ = _both(SavedBuffers(), x)  # the same step without the unused layer norm saves as much
+    assert ours == reached
+
+
+# -- the real-tensor fallback (issue 25 items 3, 4) ------------------------------------------------------------
+
+
+class RefusesValues(nn.Module):
+    """An op that refuses its inputs' values on fake and on real tensors alike."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        from torch._subclasses.fake_tensor import DataDependentOutputException
+
+        raise DataDependentOutputException(torch.ops.aten.nonzero.default)
+
+
+def test_a_step_that_fails_on_real_tensors_too_is_a_public_error():
+    import pytest
+
+    from estimator.errors import UnsupportedModelError
+    from estimator.capture.options import ReadsValues
+
+    with pytest.raises(UnsupportedModelError, match="fails on real CPU tensors too") as info:
+        estimate(RefusesValues(), torch.randn(2, 4), device="cpu")
+    assert not isinstance(info.value, ReadsValues)
+
+
+def test_the_fallback_reads_available_memory_not_free_memory():
+    import os
+
+    from estimator.capture.run import _available_ram
+
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    with open("/proc/meminfo") as f:
+        available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    assert _available_ram() == available >= free * 0.9  # the page cache counts (free is read a moment later)
+
+
+# -- LayerDrop (issue 25 item 5) ----------------------------------------------------------------------------------
+
+
+def _hubert(layerdrop: float):
+    transformers = __import__("pytest").importorskip("transformers")
+    cfg = transformers.HubertConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64,
+                                    conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+                                    num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, layerdrop=layerdrop,
+                                    vocab_size=12)
+    torch.manual_seed(0)
+    model = transformers.HubertForCTC(cfg)
+    return model, {"input_values": torch.randn(2, 1600), "labels": torch.randint(1, 12, (2, 8))}
+
+
+def test_layer_drop_is_off_and_said_every_layer_counted():
+    """HuBERT with LayerDrop 0.5 skips each layer at random in a real step; the estimate counts every layer
+    (the same step as LayerDrop 0), the same on every run, says so, and leaves the model as it was."""
+    model, inputs = _hubert(0.5)
+    first = estimate(model, inputs, device="cpu").to_dict()
+    second = estimate(model, inputs, device="cpu").to_dict()
+    plain = estimate(*_hubert(0.0), device="cpu").to_dict()
+    assert first["flops"] == second["flops"] == plain["flops"]
+    assert first["memory"] == second["memory"] == plain["memory"]
+    assert any("LayerDrop off (probability 0.5)" in a for a in first["assumptions"]) and not plain["assumptions"]
+    assert model.config.layerdrop == 0.5
