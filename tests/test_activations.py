@@ -120,7 +120,7 @@ def _hubert(layerdrop: float):
     cfg = transformers.HubertConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64,
                                     conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
                                     num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, layerdrop=layerdrop,
-                                    vocab_size=12)
+                                    vocab_size=12, mask_time_prob=0.0)  # SpecAugment: another random draw
     torch.manual_seed(0)
     model = transformers.HubertForCTC(cfg)
     return model, {"input_values": torch.randn(2, 1600), "labels": torch.randint(1, 12, (2, 8))}

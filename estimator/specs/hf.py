@@ -117,7 +117,7 @@ def _hf_config(transformers, target: str, overrides: dict[str, Any]) -> tuple[An
         base = config_class.from_dict(dict(data))
         top, nested, special = _split_overrides(base, overrides)
         merged = dict(data)
-        merged.update(top)
+        merged.update({**per_layer_lists(data, top), **top})
         for head, sub in nested.items():
             merged[head] = _merge_sub(data.get(head) or getattr(base, head).to_dict(), sub)
         try:
@@ -132,6 +132,7 @@ def _hf_config(transformers, target: str, overrides: dict[str, Any]) -> tuple[An
             raise UserError(f"hf:{target} is neither a local file nor in the Hugging Face cache (no downloads): "
                             f"save its config.json and pass hf:path/to/config.json") from exc
         top, nested, special = _split_overrides(base, overrides)
+        top = {**per_layer_lists(base.to_dict(), top), **top}
         try:
             cfg = AutoConfig.from_pretrained(target, local_files_only=True, **top)
         except Exception as exc:
@@ -146,7 +147,7 @@ def _hf_config(transformers, target: str, overrides: dict[str, Any]) -> tuple[An
         raise UserError(f"hf:{target}: {config_class.__name__}() has no default: {short_message(exc)}; "
                         f"pass hf:path/to/config.json") from exc
     top, nested, special = _split_overrides(base, overrides)
-    kwargs = dict(top)
+    kwargs = {**per_layer_lists(base.to_dict(), top), **top}
     for head, sub in nested.items():
         kwargs[head] = _merge_sub(getattr(base, head).to_dict(), sub)
     try:
@@ -168,8 +169,47 @@ def _merge_sub(base: dict[str, Any], sub: dict[str, Any]) -> dict[str, Any]:
         for derived in DERIVED_FIELDS.get(key, ()):
             if derived not in sub:
                 merged.pop(derived, None)
-    merged.update(sub)
+    merged.update({**per_layer_lists(base, sub), **sub})
     return merged
+
+
+LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+
+
+def per_layer_lists(base: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:
+    """The per-layer lists of a configuration ``base`` (one entry per layer: Zamba2's and Llama 4's
+    ``layer_types``, Gemma 3n's ``intermediate_size`` and ``activation_sparsity_pattern``) resized to a layer
+    count that ``sets`` gives (``--set num_hidden_layers=2``, :func:`_resized`).  Lists ``sets`` gives itself are left alone; a list is per-layer when its length is the
+    configuration's layer count (four or more, so that a short tuple is not taken for one)."""
+    out: dict[str, Any] = {}
+    for key in LAYER_COUNTS:
+        old, new = base.get(key), sets.get(key)
+        if not (isinstance(old, int) and isinstance(new, int) and old >= 4 and new >= 1 and new != old):
+            continue
+        for name, value in base.items():
+            if name not in sets and isinstance(value, (list, tuple)) and len(value) == old:
+                out[name] = type(value)(_resized(list(value), new))
+    return out
+
+
+def _resized(items: list[Any], new: int) -> list[Any]:
+    """``new`` entries of a per-layer list: fewer keep the first layer of each kind (a hybrid stack keeps its
+    attention layers) and spread the rest over the stack, in order; more repeat the pattern."""
+    old = len(items)
+    if new >= old:
+        return (items * -(-new // old))[:new]
+    chosen: list[int] = []
+    for i, item in enumerate(items):  # the first layer of each kind, as far as they go
+        if len(chosen) < new and all(items[j] != item for j in chosen):
+            chosen.append(i)
+    spread = [round(k * (old - 1) / max(new - 1, 1)) for k in range(new)]
+    for i in spread:
+        if len(chosen) < new and i not in chosen:
+            chosen.append(i)
+    for i in range(old):  # (spread indices that collided)
+        if len(chosen) < new and i not in chosen:
+            chosen.append(i)
+    return [items[i] for i in sorted(chosen)]
 
 
 def _apply_nested(cfg: Any, nested: dict[str, dict[str, Any]]) -> None:
