@@ -115,12 +115,12 @@ def test_the_fallback_reads_available_memory_not_free_memory():
 # -- LayerDrop (issue 25 item 5) ----------------------------------------------------------------------------------
 
 
-def _hubert(layerdrop: float):
+def _hubert(layerdrop: float, mask_time_prob: float = 0.0):
     transformers = __import__("pytest").importorskip("transformers")
     cfg = transformers.HubertConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64,
                                     conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
                                     num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, layerdrop=layerdrop,
-                                    vocab_size=12, mask_time_prob=0.0)  # SpecAugment: another random draw
+                                    vocab_size=12, mask_time_prob=mask_time_prob)  # SpecAugment: another draw
     torch.manual_seed(0)
     model = transformers.HubertForCTC(cfg)
     return model, {"input_values": torch.randn(2, 1600), "labels": torch.randint(1, 12, (2, 8))}
@@ -137,3 +137,21 @@ def test_layer_drop_is_off_and_said_every_layer_counted():
     assert first["memory"] == second["memory"] == plain["memory"]
     assert any("LayerDrop off (probability 0.5)" in a for a in first["assumptions"]) and not plain["assumptions"]
     assert model.config.layerdrop == 0.5
+
+
+def test_random_draws_are_the_same_on_every_run():
+    """HuBERT's SpecAugment (mask_time_prob 0.05) draws its masks from NumPy's generator in a training step;
+    the capture seeds the generators, so two estimates agree, and the caller's generators are left as they
+    were."""
+    import numpy as np
+
+    model, inputs = _hubert(0.0, mask_time_prob=0.3)  # many masked steps: a different draw changes the FLOPs
+    np.random.seed(1)
+    before = np.random.get_state()[1].copy()
+    first = estimate(model, inputs, device="cpu").to_dict()
+    np.random.seed(2)
+    second = estimate(model, inputs, device="cpu").to_dict()
+    assert first["flops"] == second["flops"] and first["memory"] == second["memory"]
+    np.random.seed(1)
+    estimate(model, inputs, device="cpu")
+    assert (np.random.get_state()[1] == before).all()

@@ -46,7 +46,7 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
         raise ValueError(f"mode must be 'auto', 'fake' or 'real', not {mode!r}")
     if opts.prepare is not None:
         mode = "fake"  # a model traced as it is has no real weights to fall back on
-    with without_layer_drop(model) as assumed:
+    with without_layer_drop(model) as assumed, same_random_draws():
         cap = _capture(model, args, kw, opts, mode, progress)
     cap.assumptions.extend(assumed)
     return cap
@@ -109,6 +109,29 @@ def without_layer_drop(model: torch.nn.Module):
     finally:
         for holder, value in restore:
             setattr(holder, "layerdrop", value)
+
+
+@contextlib.contextmanager
+def same_random_draws(seed: int = 0):
+    """Python's, NumPy's (if imported) and torch's CPU generators seeded for the capture and restored after:
+    random control flow the model draws itself (SpecAugment's masks in wav2vec2 and HuBERT, stochastic depth
+    written by hand) takes the same draw on every run, so the same model gives the same estimate."""
+    import random
+    import sys
+
+    numpy = sys.modules.get("numpy")
+    states = (random.getstate(), numpy.random.get_state() if numpy is not None else None, torch.get_rng_state())
+    random.seed(seed)
+    if numpy is not None:
+        numpy.random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        if numpy is not None:
+            numpy.random.set_state(states[1])
+        torch.set_rng_state(states[2])
 
 
 def _real(model: torch.nn.Module, args, kw, opts: StepOptions, progress: Progress | None) -> Capture:
