@@ -1,0 +1,147 @@
+"""The zoo sweep: every model type transformers offers, shrunk, estimated and compared with a real CPU step.
+
+    python benchmarks/zoo_sweep.py                      # every type: results.jsonl + a table by family
+    python benchmarks/zoo_sweep.py --types gpt2,bert    # some
+    python benchmarks/zoo_sweep.py --table-only         # the table from what results.jsonl holds
+
+Each type runs in its own process (``tests/sweep.py``'s :func:`sweep_one`: the estimator's loader builds
+``hf:TYPE`` at 2 layers of width 64, batch 2 x 32 tokens or the model's own image/audio size; the
+estimate on the CPU target, fp32, AdamW, against a real step of the same model with random weights).
+Records are appended to ``--out`` (default ``benchmarks/zoo_sweep.jsonl``) as they finish, and a
+type already there is not run again, so an interrupted sweep resumes.  The table (``--table``, default
+``benchmarks/zoo_sweep.md``) counts outcomes by family (the class the loader picked) and lists every
+type that is not exact, with its first difference or its message.  A type that takes longer than
+``--timeout`` seconds is recorded as ``timeout``.
+
+The test suite runs a fixed subset of this sweep (``tests/test_zoo_sweep.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.join(os.path.dirname(HERE), "tests")
+
+FAMILIES = (  # (class-name suffix, family), first match wins
+    ("ForCausalLM", "causal LM"), ("LMHeadModel", "causal LM"), ("ForMaskedLM", "masked LM"),
+    ("ForConditionalGeneration", "conditional generation (seq2seq, vision/audio-language)"),
+    ("ForSeq2SeqLM", "conditional generation (seq2seq, vision/audio-language)"),
+    ("ForImageTextToText", "conditional generation (seq2seq, vision/audio-language)"),
+    ("ForImageClassification", "image classification"), ("ForCTC", "speech (CTC)"),
+)
+
+
+def family(cls: str | None) -> str:
+    if not cls:
+        return "(not built)"
+    for suffix, name in FAMILIES:
+        if cls.endswith(suffix):
+            return name
+    return "base model (AutoModel)"
+
+
+def all_types() -> list[str]:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return sorted(CONFIG_MAPPING_NAMES)
+
+
+def run_one(model_type: str, timeout: float) -> dict:
+    code = ("import json, sys; sys.path.insert(0, %r); from sweep import sweep_one; "
+            "print('SWEEP ' + json.dumps(sweep_one(%r)))" % (TESTS, model_type))
+    t0 = time.perf_counter()
+    env = dict(os.environ, OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"type": model_type, "outcome": "timeout", "wall_s": timeout}
+    wall = round(time.perf_counter() - t0, 1)
+    for line in proc.stdout.splitlines():
+        if line.startswith("SWEEP "):
+            rec = json.loads(line[6:])
+            rec["wall_s"] = wall
+            return rec
+    tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return {"type": model_type, "outcome": "crash", "where": "process", "message": tail[:300], "wall_s": wall}
+
+
+def _first_difference(rec: dict) -> str:
+    if rec.get("errors"):
+        name, e = next(iter(rec["errors"].items()))
+        rel = f"{100 * e['rel']:+.2f}%" if e.get("rel") is not None else "n/a"
+        more = f" (+{len(rec['errors']) - 1} more)" if len(rec["errors"]) > 1 else ""
+        return f"{name} {rel}: {e['estimate']} vs {e['measured']}{more}"
+    return (rec.get("message") or rec.get("truth_error") or "").replace("|", "/")[:160]
+
+
+def table(records: list[dict]) -> str:
+    outcomes = ("exact", "differs", "no-truth", "refused", "crash", "timeout", "unbuilt")
+    by_family: dict[str, Counter] = defaultdict(Counter)
+    for r in records:
+        by_family[family(r.get("cls"))][r["outcome"]] += 1
+    total = Counter(r["outcome"] for r in records)
+    lines = [f"# Zoo sweep: {len(records)} transformers model types", "",
+             "| family | " + " | ".join(outcomes) + " |", "|---|" + "---:|" * len(outcomes)]
+    for fam in sorted(by_family):
+        lines.append(f"| {fam} | " + " | ".join(str(by_family[fam][o]) for o in outcomes) + " |")
+    lines.append("| **all** | " + " | ".join(f"**{total[o]}**" for o in outcomes) + " |")
+    both = total["exact"] + total["differs"]
+    over = [r for r in records if r["outcome"] == "differs"
+            and any(e.get("rel") is None or abs(e["rel"]) > 0.01 for e in r["errors"].values())]
+    slow = sorted((r for r in records if r.get("estimate_s", 0) > 10), key=lambda r: -r["estimate_s"])
+    lines += ["", f"Of the {both} types where the estimate and the real step both ran: {total['exact']} exact "
+              f"({100 * total['exact'] / max(both, 1):.1f} %), {len(over)} with a number over 1 % off. "
+              f"Estimates over 10 s: {len(slow)}.", "",
+              "| type | outcome | class | first difference or message | estimate s |", "|---|---|---|---|---:|"]
+    for r in sorted(records, key=lambda r: (outcomes.index(r["outcome"]), r["type"])):
+        if r["outcome"] != "exact" or r.get("estimate_s", 0) > 10:
+            lines.append(f"| {r['type']} | {r['outcome']} | {r.get('cls', '')} | {_first_difference(r)} "
+                         f"| {r.get('estimate_s', '')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--types", help="comma-separated model types (default: every type)")
+    ap.add_argument("--out", default=os.path.join(HERE, "zoo_sweep.jsonl"))
+    ap.add_argument("--table", default=os.path.join(HERE, "zoo_sweep.md"))
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--rerun", action="store_true", help="run types already in --out again")
+    ap.add_argument("--table-only", action="store_true")
+    args = ap.parse_args(argv)
+    done: dict[str, dict] = {}
+    if os.path.exists(args.out):
+        with open(args.out) as fh:
+            for line in fh:
+                if line.strip():
+                    rec = json.loads(line)
+                    done[rec["type"]] = rec
+    if not args.table_only:
+        types = args.types.split(",") if args.types else all_types()
+        todo = [t for t in types if args.rerun or t not in done]
+        start = time.perf_counter()
+        with open(args.out, "a") as fh, ThreadPoolExecutor(args.jobs) as pool:
+            for i, rec in enumerate(pool.map(lambda t: run_one(t, args.timeout), todo), 1):
+                done[rec["type"]] = rec
+                fh.write(json.dumps(rec) + "\n")
+                fh.flush()
+                left = (time.perf_counter() - start) / i * (len(todo) - i)
+                print(f"[{i}/{len(todo)}] {rec['type']}: {rec['outcome']} {_first_difference(rec)[:100]} "
+                      f"(about {left / 60:.0f} min left)", flush=True)
+    with open(args.table, "w") as fh:
+        fh.write(table(list(done.values())))
+    print(f"table: {args.table}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""One model type of the transformers zoo, shrunk, estimated and measured: the core of the zoo sweep.
+
+:func:`sweep_one` builds ``hf:MODEL_TYPE`` through the estimator's own loader (the configuration's
+defaults, shrunk by :func:`shrink_overrides`: 2 layers, width 64, 4 heads), runs :func:`estimator.estimate`
+on the CPU target (fp32, AdamW) and a real CPU training step of the same model with random weights
+(:func:`groundtruth.measure`: saved-tensor hooks, real ``.grad``, real optimizer state, the fixed
+``FlopCounterMode``), and compares every number of ``test_accuracy.GROUPS``.  It never raises: the
+outcome is one of
+
+- ``exact``: every number equal;
+- ``differs``: the estimate ran and some number differs (the relative error of each is kept);
+- ``refused``: the estimator said why in one line (a :class:`~estimator.errors.UserError`);
+- ``crash``: the estimator raised anything else (a defect);
+- ``no-truth``: the estimate ran but the real step does not (transformers itself fails on these inputs);
+- ``unbuilt``: neither the shrunk nor the default configuration builds.
+
+Used by ``benchmarks/zoo_sweep.py`` (every type, one subprocess each) and ``tests/test_zoo_sweep.py``
+(a fixed subset, one per family).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from groundtruth import measure
+
+# (estimate path in to_dict(), ground-truth key), as test_accuracy compares them
+COMPARED = {
+    "params": (("params", "total"), "params_total"),
+    "param_bytes": (("memory", "parameters"), "param_bytes"),
+    "buffer_bytes": (("memory", "buffers"), "buffer_bytes"),
+    "gradients": (("memory", "gradients"), "grad_bytes"),
+    "optimizer_state": (("memory", "optimizer_state"), "optimizer_state_bytes"),
+    "activations": (("memory", "activations"), "activation_bytes"),
+    "flops_forward": (("flops", "matmul_forward"), "matmul_forward"),
+    "flops_backward": (("flops", "matmul_backward"), "matmul_backward"),
+}
+
+# Sizes the sweep sets wherever a configuration (or one of its sub-configurations) has the field as an
+# integer: two layers of width 64 with 4 heads of 16, a 128-wide MLP.
+LAYERS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers",
+          "num_encoder_layers", "num_decoder_layers", "depth")
+WIDTHS = {"hidden_size": 64, "d_model": 64, "n_embd": 64, "embed_dim": 64, "intermediate_size": 128,
+          "ffn_dim": 128, "d_ff": 128, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "n_inner": 128,
+          "num_attention_heads": 4, "n_head": 4, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+          "num_key_value_heads": 2, "head_dim": 16}
+SEQ, BATCH = 32, 2
+
+
+def _int_fields(cfg: Any) -> dict[str, int]:
+    return {k: v for k, v in cfg.to_dict().items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+def _subconfigs(cfg: Any) -> dict[str, Any]:
+    return {k: getattr(cfg, k) for k in cfg.to_dict()
+            if hasattr(getattr(cfg, k, None), "to_dict") and not k.startswith("_")}
+
+
+def shrink_overrides(model_type: str, level: int) -> dict[str, Any]:
+    """``--set`` overrides for ``level`` 2 (layers and widths), 1 (layers only) or 0 (the defaults)."""
+    from transformers import AutoConfig
+
+    if level == 0:
+        return {}
+    cfg = AutoConfig.for_model(model_type)
+    out: dict[str, Any] = {}
+    for prefix, c in [("", cfg), *((f"{name}.", sub) for name, sub in _subconfigs(cfg).items())]:
+        fields = _int_fields(c)
+        for key in LAYERS:
+            if fields.get(key, 0) > 2:
+                out[prefix + key] = 2
+        if level >= 2:
+            for key, value in WIDTHS.items():
+                if key in fields and fields[key] > value:
+                    out[prefix + key] = value
+    return out
+
+
+def _materialize(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` whose meta parameters are real random CPU tensors (tied ones kept tied); the
+    buffers the constructor made (``position_ids``, rotary tables) keep their values."""
+    m = copy.deepcopy(model)
+    made: dict[int, torch.nn.Parameter] = {}
+    gen = torch.Generator().manual_seed(0)
+    for mod in m.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is None or p.device.type != "meta":
+                continue
+            if id(p) not in made:
+                data = torch.empty(p.shape, dtype=p.dtype)
+                data.normal_(0, 0.02, generator=gen) if data.is_floating_point() else data.zero_()
+                made[id(p)] = torch.nn.Parameter(data, requires_grad=p.requires_grad)
+            mod._parameters[name] = made[id(p)]
+        for name, b in list(mod._buffers.items()):
+            if b is not None and b.device.type == "meta":
+                mod._buffers[name] = torch.ones(b.shape, dtype=b.dtype) if name == "running_var" \
+                    else torch.zeros(b.shape, dtype=b.dtype)
+    return m
+
+
+def _real_inputs(inputs: Any) -> Any:
+    import torch.utils._pytree as pytree
+
+    made: dict[int, torch.Tensor] = {}  # one real tensor per meta tensor: inputs that share one stay shared
+
+    def real(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or t.device.type != "meta":
+            return t
+        if id(t) not in made:
+            made[id(t)] = torch.randn(t.shape, dtype=t.dtype) if t.is_floating_point() \
+                else torch.zeros(t.shape, dtype=t.dtype)
+        return made[id(t)]
+
+    return pytree.tree_map(real, inputs)
+
+
+def _get(d: dict, path: tuple) -> Any:
+    for k in path:
+        d = d[k]
+    return d
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def _load(load_spec, model_type: str, overrides: dict[str, Any]):
+    """The loader's batch at a short sequence (token models) or its default inputs (images, audio)."""
+    from estimator.errors import UserError
+
+    try:
+        return load_spec(f"hf:{model_type}", batch=BATCH, seq=SEQ, overrides=overrides)
+    except UserError as exc:
+        if not str(exc).startswith("--seq"):
+            raise
+    return load_spec(f"hf:{model_type}", batch=BATCH, overrides=overrides)
+
+
+def sweep_one(model_type: str, levels: tuple[int, ...] = (2, 1, 0)) -> dict[str, Any]:
+    """The sweep's record of one model type (see the module doc); never raises."""
+    from estimator import estimate
+    from estimator.errors import UserError
+    from estimator.specs import load_spec
+
+    rec: dict[str, Any] = {"type": model_type}
+    loaded = None
+    for level in levels:  # the smallest configuration that builds and whose real step runs
+        try:
+            overrides = shrink_overrides(model_type, level)
+            loaded = _load(load_spec, model_type, overrides)
+        except UserError as exc:
+            rec.update(outcome="refused", message=str(exc), level=level)
+            continue
+        except Exception as exc:  # noqa: BLE001 - a defect of the loader: recorded, the sweep goes on
+            rec.update(outcome="crash", message=_line(exc), where="load", level=level)
+            continue
+        rec.update(level=level, overrides=overrides, cls=type(loaded.model).__name__, inputs=loaded.description)
+        try:
+            real = _materialize(loaded.model)
+            t0 = time.perf_counter()
+            truth = measure(real, _real_inputs(loaded.inputs), "adamw", loss_fn=loaded.loss_fn)
+            rec["truth_s"] = round(time.perf_counter() - t0, 2)
+        except Exception as exc:  # noqa: BLE001 - transformers' own failure on these inputs
+            rec.update(outcome="no-truth", truth_error=_line(exc))
+            truth = None
+            if level != levels[-1]:
+                continue
+        break
+    if loaded is None:
+        rec.setdefault("outcome", "unbuilt")
+        return rec
+    try:
+        t0 = time.perf_counter()
+        d = estimate(loaded.model, loaded.inputs, loss_fn=loaded.loss_fn, device="cpu", precision="fp32",
+                     optimizer="adamw", model_name=loaded.name).to_dict()
+        rec["estimate_s"] = round(time.perf_counter() - t0, 2)
+    except UserError as exc:
+        rec.update(outcome="refused", message=str(exc))
+        return rec
+    except Exception as exc:  # noqa: BLE001
+        rec.update(outcome="crash", message=_line(exc), where="estimate", trace=traceback.format_exc()[-2000:])
+        return rec
+    rec["unsupported"] = sorted({r["op"] for r in d.get("unsupported_ops", []) if r.get("module") != "(optimizer)"})
+    if truth is None:
+        return rec
+    errors = {}
+    for name, (path, key) in COMPARED.items():
+        est, meas = _get(d, path), truth[key]
+        if est != meas:
+            errors[name] = {"estimate": est, "measured": meas, "rel": (est - meas) / meas if meas else None}
+    rec.update(outcome="differs" if errors else "exact", errors=errors)
+    return rec
