@@ -17,3 +17,29 @@ class UnsupportedModelError(UserError):
 class DataDependentError(UnsupportedModelError):
     """The model reads tensor values in its forward and could be traced on real tensors only where
     that was not allowed (a fake-only trace, such as the planner's engines)."""
+
+
+def from_outside(exc: BaseException) -> bool:
+    """Whether ``exc`` is not the model's error but came from outside it: anything that is not an
+    :class:`Exception` (``KeyboardInterrupt``, ``SystemExit``), or an exception a signal handler raised
+    while the model ran (``signal.alarm`` with a handler that raises ``TimeoutError``, a test runner's
+    timeout).  The capture lets these pass unchanged instead of blaming the model's inputs."""
+    if not isinstance(exc, Exception):
+        return True
+    import signal
+
+    handlers = set()
+    for sig in signal.valid_signals():
+        try:
+            handler = signal.getsignal(sig)
+        except (ValueError, OSError):  # pragma: no cover - a signal Python cannot query
+            continue
+        code = getattr(handler, "__code__", None)
+        if code is not None:
+            handlers.add(code)
+    tb = exc.__traceback__
+    while tb is not None:  # the frames from where it was caught to where it was raised
+        if tb.tb_frame.f_code in handlers:
+            return True
+        tb = tb.tb_next
+    return False

@@ -25,7 +25,7 @@ import torch.utils._pytree as pytree
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._python_dispatch import _disable_current_modes
 
-from ..errors import UnsupportedModelError, UserError
+from ..errors import UnsupportedModelError, UserError, from_outside
 from ..optim import build_optimizer, wants_fused
 from ..target import FAKE_KERNELS, CudaTarget, installed
 from .as_is import AsIs, AsIsRecorder
@@ -458,6 +458,8 @@ class Step:
         except UserError:
             raise
         except Exception as exc:
+            if from_outside(exc):  # an alarm's or a signal's exception: not the model's error
+                raise
             where = rec.current_module
             if _caused_by(exc, DATA_DEPENDENT):
                 raise ReadsValues(f"module {where or '(root)'!r} reads tensor values in "

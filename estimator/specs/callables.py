@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ..build import empty_weights
-from ..errors import UserError
+from ..errors import UserError, from_outside
 from .options import Loaded, SpecOptions, close_matches, first_line
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,8 @@ def load_factory(spec: str, opts: SpecOptions) -> Loaded:
             except UserError:
                 raise
             except Exception as exc:  # it reads weight values while building: build it normally
+                if from_outside(exc):
+                    raise
                 log.info("%s() failed without weights (%s: %s); building it with weights",
                          spec, type(exc).__name__, first_line(exc))
                 built = call()
@@ -105,6 +107,8 @@ def load_factory(spec: str, opts: SpecOptions) -> Loaded:
     except UserError:
         raise
     except Exception as exc:
+        if from_outside(exc):
+            raise
         raise UserError(f"{spec}() failed: {type(exc).__name__}: {first_line(exc)}") from exc
     if isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module):
         model, inputs = built

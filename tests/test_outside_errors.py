@@ -1,0 +1,72 @@
+"""Exceptions from outside the model pass through the capture unchanged (issue 25 item 11).
+
+A ``KeyboardInterrupt``, or a ``TimeoutError`` that a ``signal.alarm`` handler raises while the step is
+traced, is the caller's, not the model's: ``estimate()`` must not turn it into "the forward pass failed
+... check the input shapes".  The same exception raised by the model's own code still is the model's
+error: a one-line :class:`~estimator.errors.UserError`.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import torch
+
+from estimator import estimate
+from estimator.errors import UserError
+
+
+class Raises(torch.nn.Module):
+    """Raises ``exc`` from its forward (``where='forward'``) or from a gradient hook (``'backward'``)."""
+
+    def __init__(self, exc: BaseException, where: str = "forward"):
+        super().__init__()
+        self.lin, self.exc, self.where = torch.nn.Linear(8, 8), exc, where
+
+    def forward(self, x):
+        y = self.lin(x)
+        if self.where == "forward":
+            raise self.exc
+        y.register_hook(lambda g: (_ for _ in ()).throw(self.exc))
+        return y.sum()
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_keyboard_interrupt_passes_through(where):
+    with pytest.raises(KeyboardInterrupt):
+        estimate(Raises(KeyboardInterrupt(), where), torch.randn(2, 8), device="cpu")
+
+
+class Spins(torch.nn.Module):
+    """Runs Linear layers until the alarm it arms goes off (its handler raises TimeoutError)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        for _ in range(10_000_000):
+            x = self.lin(x)
+        return x.sum()
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="no interval timers on this platform")
+def test_an_alarm_raised_during_the_step_passes_through():
+    def on_alarm(signum, frame):
+        raise TimeoutError("the caller's deadline")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        with pytest.raises(TimeoutError, match="the caller's deadline"):
+            estimate(Spins(), torch.randn(2, 8), device="cpu")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_the_models_own_timeout_error_is_still_a_one_line_user_error():
+    with pytest.raises(UserError, match="forward pass failed.*TimeoutError: the model's") as info:
+        estimate(Raises(TimeoutError("the model's")), torch.randn(2, 8), device="cpu")
+    assert "\n" not in str(info.value)
