@@ -35,5 +35,6 @@ from . import (  # noqa: F401,E402
     zero,
     modules,
     distributed,
+    detection,
 )
 from .modules import module_buffers, module_formula, module_param_formula, register_module  # noqa: F401,E402

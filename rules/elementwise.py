@@ -202,6 +202,7 @@ BINARY = {
     "atan2": (1, "atan2(a, b)"),
     "arctan2": (1, "atan2(a, b)"),
     "hypot": (4, "sqrt(a*a + b*b): 2 mul, add, sqrt"),
+    "polar": (4, "abs*cos(angle) + i*abs*sin(angle): cos, sin, 2 mul (Llama 4's rotary)"),
     "copysign": (1, "|a| with the sign of b"),
     "xlogy": (2, "x * log(y)"),
     "heaviside": (1, "a step function select"),

@@ -159,3 +159,29 @@ def dot(call):
 def addr(call):
     """2*m*n for self + vec1 [m] (x) vec2 [n]: one multiply and one add per output element."""
     return outer_flops(call["vec1"].shape, call["vec2"].shape)
+
+
+# -- triangular solves (OTHER: FlopCounterMode has no formula for them) ------------------------
+
+
+def triangular_solve_flops(n: int, x_shape, left: bool = True) -> int:
+    """n*n*k per batch for A [.., n, n] triangular and the solution X [.., n, k] (left: A X = B) or
+    [.., k, n] (right: X A = B): back-substitution does n(n+1)/2 multiply-adds and n divides per
+    right-hand side, counted as n*n FLOPs (the ``trsm`` count of LAPACK Working Note 41)."""
+    k = x_shape[-1] if left else x_shape[-2]
+    batch = 1
+    for d in x_shape[:-2]:
+        batch *= d
+    return batch * n * n * k
+
+
+@register(*aten_ops("linalg_solve_triangular"), kind=OTHER)
+def linalg_solve_triangular(call):
+    """n*n*k per batch: A (``self``) [.., n, n] triangular, X [.., n, k] (left=True) or [.., k, n]."""
+    return triangular_solve_flops(call["self"].shape[-1], call.out.shape, bool(call.get("left", True)))
+
+
+@register(*aten_ops("triangular_solve"), kind=OTHER)
+def triangular_solve(call):
+    """n*n*k per batch: A [.., n, n] triangular, X [.., n, k]."""
+    return triangular_solve_flops(call["A"].shape[-1], call.out.shape, True)

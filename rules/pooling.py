@@ -236,3 +236,38 @@ def pad_backward(call):
 def col2im(call):
     """self.numel: each column element is added into its (overlapping) output position."""
     return call["self"].numel
+
+
+# -- grid sampling (spatial transformers, deformable attention: RT-DETR, Deformable DETR) ------------
+
+GRID_SAMPLER_TAPS = {0: 4, 1: 1, 2: 16}  # interpolation_mode: bilinear, nearest, bicubic (2-D)
+
+
+def grid_sample_taps(mode: int, dims: int) -> int:
+    """Input elements one output element reads: bilinear 4 (trilinear 8 in 3-D), nearest 1, bicubic 16."""
+    if mode == 0:
+        return 2 ** dims
+    return GRID_SAMPLER_TAPS.get(mode, 2 ** dims)
+
+
+@register(*aten_ops("grid_sampler_2d", "grid_sampler_3d"), kind=OTHER)
+def grid_sampler(call):
+    """2T - 1 FLOPs per output element (a weighted sum of T taps; nearest: a copy, 0), plus 2 per
+    sampling location and spatial dim to unnormalise the grid ((x + 1) * size / 2)."""
+    dims = call["grid"].shape[-1]
+    taps = grid_sample_taps(int(call["interpolation_mode"]), dims)
+    out = call.out.numel
+    locations = call["grid"].numel // dims
+    return (interpolation_flops(out, taps) if taps > 1 else 0) + 2 * dims * locations
+
+
+@register(*aten_ops("grid_sampler_2d_backward", "grid_sampler_3d_backward"), kind=OTHER)
+def grid_sampler_backward(call):
+    """Per grad_output element: 2T for the input's gradient (multiply by T weights, add into T inputs)
+    and 4T for the grid's (each of T taps' value times the weight's derivative, accumulated, per
+    spatial dim: 2 * dims * T with dims = 2), each counted when output_mask asks for it."""
+    dims = call["grid"].shape[-1]
+    taps = grid_sample_taps(int(call["interpolation_mode"]), dims)
+    mask = call.get("output_mask") or (True, True)
+    per = (2 * taps if mask[0] else 0) + (2 * dims * taps if mask[1] else 0)
+    return call["grad_output"].numel * per

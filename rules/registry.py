@@ -169,9 +169,26 @@ def aten_ops(*names: str) -> list[Any]:
     return found
 
 
+_LATE: dict[str, Callable[[], None]] = {}  # op namespace -> registers its rules once its library is loaded
+
+
+def register_late(namespace: str, registrar: Callable[[], None]) -> None:
+    """Call ``registrar`` the first time :func:`lookup` meets an op of ``namespace`` (a library such as
+    torchvision defines its ops when it is imported, which the estimator does not do itself)."""
+    _LATE[namespace] = registrar
+
+
 def lookup(op: Any) -> Rule | None:
     """The rule for ``op`` (an overload or packet), or None if it has none."""
-    return _RULES.get(_packet(op))
+    key = _packet(op)
+    rule = _RULES.get(key)
+    if rule is None and _LATE:
+        namespace = getattr(key, "_qualified_op_name", "").partition("::")[0]
+        registrar = _LATE.pop(namespace, None)
+        if registrar is not None:
+            registrar()
+            rule = _RULES.get(key)
+    return rule
 
 
 def registered_ops() -> Iterable[Any]:
