@@ -165,6 +165,19 @@ def sort(call):
     return sort_flops(x.numel, length)
 
 
+@register(*aten_ops("_unique", "_unique2", "unique_dim"), kind=OTHER)
+def unique(call):
+    """N*ceil(log2(N)) + N FLOPs: sort the N elements (or rows), then 1 comparison with the neighbour each."""
+    n = call["self"].numel
+    return sort_flops(n, n) + n
+
+
+@register(*aten_ops("unique_consecutive", "unique_dim_consecutive"), kind=OTHER)
+def unique_consecutive(call):
+    """N FLOPs: 1 comparison of each element with its neighbour (no sort)."""
+    return call["self"].numel
+
+
 @register(*aten_ops("_softmax", "_masked_softmax"), kind=OTHER)
 def softmax(call):
     """5N FLOPs: max, x - max, exp, sum, divide per element."""

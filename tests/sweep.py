@@ -160,6 +160,8 @@ def sweep_one(model_type: str, levels: tuple[int, ...] = (2, 1, 0)) -> dict[str,
         except Exception as exc:  # noqa: BLE001 - a defect of the loader: recorded, the sweep goes on
             rec.update(outcome="crash", message=_line(exc), where="load", level=level)
             continue
+        for stale in ("outcome", "message", "where", "truth_error"):  # a smaller configuration's failure
+            rec.pop(stale, None)
         rec.update(level=level, overrides=overrides, cls=type(loaded.model).__name__, inputs=loaded.description)
         try:
             real = _materialize(loaded.model)

@@ -170,3 +170,25 @@ def test_torchvision_detection_ops_get_their_rules_when_torchvision_defines_them
     back = dict(grad=grad, rois=rois, spatial_scale=0.25, pooled_height=7, pooled_width=7, batch_size=2,
                 channels=16, height=32, width=32, sampling_ratio=3, aligned=True)
     assert roi_back.fn(_call(tv._roi_align_backward, back, (2, 16, 32, 32))) == 7840 * (8 * 3 * 3 + 1)
+
+
+class Unique(torch.nn.Module):
+    """ViLT's embeddings count the distinct values of a mask with torch.unique."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, ids):
+        kinds = torch.unique(ids)  # sorted, distinct ids
+        return self.lin(x).sum() * kinds.numel()
+
+
+def test_unique():
+    model, inputs = Unique(), (torch.randn(3, 4), torch.tensor([3, 1, 3, 2, 1, 5, 5, 0]))
+    calls = real_step(model, inputs)
+    (args, _), = calls.of(aten._unique2)
+    d = estimate(model, inputs, device="cpu").to_dict()
+    assert not d["unsupported_ops"]
+    n = args[0].numel()  # 8 ids: a sort of 8 * ceil(log2 8) = 24 comparisons, then 8 neighbour comparisons
+    assert by_op(d)["aten._unique2"]["flops_forward"] == n * 3 + n

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import inspect
 import logging
 from typing import Any, Callable
 
@@ -477,8 +478,32 @@ class Step:
             op = f" in {rec.current_op}" if rec.current_op is not None else ""
             raise StepFailed(
                 f"the {rec.phase} pass failed{f' in module {where!r}' if where else ''}{op}: "
-                f"{type(exc).__name__}: {first}; check the input shapes and dtypes"
+                f"{type(exc).__name__}: {first}; {self._input_hint()}"
             ) from exc
+
+    def _input_hint(self) -> str:
+        """What to check after a failed pass: the forward's inputs that were not given, when there are any
+        (a model that needs an input its signature lets default to None: ViLT's pixel_values)."""
+        try:
+            params = inspect.signature(self.call.forward).parameters.values()
+        except (TypeError, ValueError, AttributeError):
+            params = []
+        given = set(self.t_kwargs)
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        given |= {p.name for p in positional[:len(self.t_args)]}
+        missing = [p.name for p in params if p.name not in given and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                   and p.name not in NOT_INPUTS]
+        if not missing:
+            return "check the input shapes and dtypes"
+        shown = ", ".join(missing[:6]) + (f" (+{len(missing) - 6} more)" if len(missing) > 6 else "")
+        return (f"check the input shapes and dtypes, and whether the model needs inputs not given "
+                f"(its forward also takes {shown}; a SPEC file path/to/file.py:build can return (model, inputs) "
+                f"with them)")
+
+
+# forward arguments that are options, not inputs (transformers' flags)
+NOT_INPUTS = frozenset({"return_dict", "output_attentions", "output_hidden_states", "use_cache", "past_key_values",
+                        "cache_position", "return_loss", "logits_to_keep", "interpolate_pos_encoding", "kwargs"})
 
 
 def _caused_by(exc: BaseException | None, types: tuple[type, ...]) -> bool:

@@ -268,7 +268,41 @@ def _hf_model_class(transformers, cfg: Any) -> tuple[Any, str]:
         mapping = getattr(ma, mapping_name, {})
         if mt in mapping and hasattr(transformers, auto_name):
             return getattr(transformers, auto_name), auto_name
+    cls = _class_for_config(transformers, cfg)
+    if cls is not None:
+        return cls, "class"
     raise UserError(f"hf:{mt}: transformers has no model class for this configuration type")
+
+
+def _class_for_config(transformers, cfg: Any) -> Any:
+    """A class for a configuration no Auto class takes (sub-models such as ``clap_text_model`` or
+    ``blip_vision_model``, task-only types such as depth estimation): the other task mappings of
+    ``modeling_auto`` in their order, then the model classes of the configuration's own modeling
+    module whose ``config_class`` is the configuration's class (``ClapTextConfig`` -> ``ClapTextModel``
+    first, then a ``...Model``, then any)."""
+    import importlib
+    import inspect
+
+    from transformers.models.auto import modeling_auto as ma
+
+    mt = cfg.model_type
+    for name in sorted(n for n in dir(ma) if n.startswith("MODEL_FOR_") and n.endswith("_MAPPING_NAMES")):
+        entry = getattr(ma, name).get(mt) if isinstance(getattr(ma, name), dict) else None
+        for cls_name in (entry,) if isinstance(entry, str) else (entry or ()):
+            cls = getattr(transformers, cls_name, None)
+            if cls is not None:
+                return cls
+    module_name = type(cfg).__module__.replace(".configuration_", ".modeling_")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception:  # noqa: BLE001 - no modeling module, or one whose extra dependencies are missing
+        return None
+    base = getattr(transformers, "PreTrainedModel")
+    found = [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, base)
+             and c.__module__ == module.__name__ and getattr(c, "config_class", None) is type(cfg)]
+    preferred = type(cfg).__name__.removesuffix("Config") + "Model"
+    found.sort(key=lambda c: (c.__name__ != preferred, not c.__name__.endswith("Model"), c.__name__))
+    return found[0] if found else None
 
 
 def _set_image_size(cfg: Any, size: int) -> None:
@@ -294,7 +328,7 @@ def load_hf(target: str, opts: SpecOptions) -> Loaded:
     kwargs["dtype" if major >= 5 else "torch_dtype"] = torch.float32  # --precision decides casts
     if "attn_implementation" in special:
         kwargs["attn_implementation"] = special["attn_implementation"]
-    build = cls.from_config if how.startswith("Auto") else cls._from_config
+    build = cls.from_config if how.startswith("Auto") else cls._from_config  # a class, or the architectures
     try:
         with empty_weights():
             model = build(cfg, **kwargs)

@@ -47,6 +47,8 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
         return _vlm_inputs(model, cfg, opts)
     if main == "input_values":
         return _ctc_inputs(model, cfg, opts)
+    if main == "input_ids" and not _takes(model, "input_ids"):
+        main = _first_required(model) or main  # a vision tower that keeps the default main_input_name
     if main == "input_ids":
         if opts.image_size is not None:
             raise UserError(f"--image-size: {type(model).__name__} takes token ids; use --seq")
@@ -55,12 +57,15 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
         if limit and seq > limit:
             log.warning("--seq %d is longer than the model's %d positions: a real run may fail", seq, limit)
         ids = torch.zeros(batch, seq, dtype=torch.int64, **meta)
-        inputs = {"input_ids": ids, "labels": ids}
-        desc = f"input_ids {batch}x{seq}, labels"
+        inputs = {"input_ids": ids}
+        desc = f"input_ids {batch}x{seq}"
         if getattr(cfg, "is_encoder_decoder", False):
             inputs["decoder_input_ids"] = ids
-            desc = f"input_ids {batch}x{seq}, decoder_input_ids {batch}x{seq}, labels"
-        return inputs, desc
+            desc += f", decoder_input_ids {batch}x{seq}"
+        if _takes(model, "labels"):  # sub-models (text towers) have no loss of their own
+            inputs["labels"] = ids
+            desc += ", labels"
+        return _with_side_inputs(model, cfg, opts, inputs, desc)
     if main == "input_features" and getattr(cfg, "is_encoder_decoder", False):
         # speech seq2seq (Whisper): log-mel features of 2 x max_source_positions frames (the
         # encoder's two stride-2 convolutions halve them), decoder tokens and labels
@@ -83,15 +88,63 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
         else:
             h = w = int(size)
         channels = int(getattr(cfg, "num_channels", 3) or 3)
-        pixels = torch.zeros(batch, channels, h, w, dtype=torch.float32, **meta)
+        frames = getattr(cfg, "num_frames", None)
+        if isinstance(frames, int) and frames > 0:  # a video model (ViViT, TimeSformer): batch x frames x C x H x W
+            pixels = torch.zeros(batch, frames, channels, h, w, dtype=torch.float32, **meta)
+            desc = f"pixel_values {batch}x{frames}x{channels}x{h}x{w} (video)"
+        else:
+            pixels = torch.zeros(batch, channels, h, w, dtype=torch.float32, **meta)
+            desc = f"pixel_values {batch}x{channels}x{h}x{w}"
         inputs = {"pixel_values": pixels}
-        desc = f"pixel_values {batch}x{channels}x{h}x{w}"
-        if type(model).__name__.endswith("ForImageClassification"):
+        if type(model).__name__.endswith("ForImageClassification") and _takes(model, "labels"):
             inputs["labels"] = torch.zeros(batch, dtype=torch.int64, **meta)
             desc += ", labels"
         return inputs, desc
-    raise UserError(f"hf: makes token or image inputs; {type(model).__name__} takes {main!r}: "
-                    f"write a SPEC file that returns (model, inputs)")
+    raise UserError(f"hf: makes token ids, images, log-mel features or audio; {type(model).__name__}.forward "
+                    f"needs {_needs(model, main)}: write a SPEC file, path/to/file.py:build whose build() returns "
+                    f"(model, inputs) with them (docs/cli.md, SPEC forms)")
+
+
+def _required(model: torch.nn.Module) -> list[str]:
+    """The forward's parameters without a default, in order."""
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):  # pragma: no cover
+        return []
+    return [p.name for p in params if p.default is inspect.Parameter.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.POSITIONAL_ONLY)]
+
+
+def _first_required(model: torch.nn.Module) -> str | None:
+    names = _required(model)
+    return names[0] if names else None
+
+
+def _needs(model: torch.nn.Module, main: str) -> str:
+    names = _required(model) or [main]
+    return ", ".join(repr(n) for n in names)
+
+
+VISUAL_REGIONS = 36  # LXMERT's region features per image (its pre-training's Faster R-CNN boxes)
+
+
+def _with_side_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, inputs: dict, desc: str) -> tuple[dict, str]:
+    """A token model's inputs plus the image its forward needs without a vision sub-configuration: an
+    image of the configuration's size (ViLT), or region features and boxes (LXMERT's visual_feats and
+    visual_pos, ``VISUAL_REGIONS`` per sample)."""
+    batch = inputs["input_ids"].shape[0]
+    size = getattr(cfg, "image_size", None)
+    if _takes(model, "pixel_values") and isinstance(size, int) and getattr(cfg, "vision_config", None) is None:
+        size = opts.image_size or size
+        channels = int(getattr(cfg, "num_channels", 3) or 3)
+        inputs["pixel_values"] = torch.zeros(batch, channels, size, size, device="meta")
+        desc += f", pixel_values {batch}x{channels}x{size}x{size}"
+    feat, pos = getattr(cfg, "visual_feat_dim", None), getattr(cfg, "visual_pos_dim", None)
+    if _takes(model, "visual_feats") and isinstance(feat, int) and isinstance(pos, int):
+        inputs["visual_feats"] = torch.zeros(batch, VISUAL_REGIONS, feat, device="meta")
+        inputs["visual_pos"] = torch.zeros(batch, VISUAL_REGIONS, pos, device="meta")
+        desc += f", visual_feats {batch}x{VISUAL_REGIONS}x{feat}, visual_pos {batch}x{VISUAL_REGIONS}x{pos}"
+    return inputs, desc
 
 
 def _takes(model: torch.nn.Module, name: str) -> bool:

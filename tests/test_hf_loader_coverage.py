@@ -1,0 +1,70 @@
+"""The ``hf:`` loader on model types the Auto classes do not take, and on inputs it must build or name
+(issue 25 items 7 and 8).  Shapes come from the built model's own forward signature and configuration."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from estimator import estimate  # noqa: E402
+from estimator.errors import UserError  # noqa: E402
+from estimator.specs import load_spec  # noqa: E402
+
+pytestmark = pytest.mark.hf
+
+
+@pytest.mark.parametrize("model_type,cls", [
+    ("clap_text_model", "ClapTextModel"),  # sub-models: in no Auto mapping the loader used
+    ("groupvit_vision_model", "GroupViTVisionModel"),
+    ("owlv2_text_model", "Owlv2TextModel"),
+    ("chmv2", "CHMv2ForDepthEstimation"),  # a task mapping beyond the ones the loader tried first
+])
+def test_types_without_an_auto_class_are_built_with_inputs_their_forward_takes(model_type, cls):
+    loaded = load_spec(f"hf:{model_type}", batch=2, overrides={})
+    assert type(loaded.model).__name__ == cls
+    params = inspect.signature(loaded.model.forward).parameters
+    assert set(loaded.inputs) <= set(params)  # no labels for a tower with no loss of its own
+
+
+def test_a_forward_that_needs_what_hf_cannot_make_is_refused_naming_its_inputs():
+    with pytest.raises(UserError) as info:
+        load_spec("hf:qwen2_5_vl_vision", batch=1)
+    msg = str(info.value)
+    assert "'hidden_states', 'grid_thw'" in msg and "SPEC file" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("model_type,overrides,needed", [
+    ("vilt", {"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
+              "image_size": 64}, {"input_ids", "pixel_values"}),
+    ("lxmert", {"l_layers": 1, "x_layers": 1, "r_layers": 1, "hidden_size": 32, "intermediate_size": 64,
+                "num_attention_heads": 2, "visual_feat_dim": 64}, {"input_ids", "visual_feats", "visual_pos"}),
+    ("vivit", {"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
+               "num_frames": 4, "image_size": 32}, {"pixel_values"}),
+])
+def test_side_inputs_are_built_and_the_step_runs(model_type, overrides, needed):
+    loaded = load_spec(f"hf:{model_type}", batch=1, overrides=overrides)
+    assert needed <= set(loaded.inputs)
+    if model_type == "vivit":  # video: batch x frames x channels x H x W, frames from the configuration
+        assert tuple(loaded.inputs["pixel_values"].shape) == (1, 4, 3, 32, 32)
+    d = estimate(loaded.model, loaded.inputs, device="cpu").to_dict()
+    assert d["memory"]["activations"] > 0 and not d["unsupported_ops"]
+
+
+class NeedsMask(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, mask=None, return_dict=None):
+        return (self.lin(x) * mask).sum()  # fails when mask is not given
+
+
+def test_a_failed_pass_names_the_inputs_not_given():
+    with pytest.raises(UserError) as info:
+        estimate(NeedsMask(), torch.randn(2, 4), device="cpu")
+    msg = str(info.value)
+    assert "its forward also takes mask;" in msg and "return_dict" not in msg and "\n" not in msg
