@@ -48,8 +48,12 @@ LAYERS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_lay
 WIDTHS = {"hidden_size": 64, "d_model": 64, "n_embd": 64, "embed_dim": 64, "intermediate_size": 128,
           "ffn_dim": 128, "d_ff": 128, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "n_inner": 128,
           "num_attention_heads": 4, "n_head": 4, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
-          "num_key_value_heads": 2, "head_dim": 16}
+          "num_key_value_heads": 2, "head_dim": 16, "rotary_dim": 16, "moe_intermediate_size": 128,
+          "shared_expert_intermediate_size": 128, "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4,
+          "num_experts_per_tok": 2, "kv_lora_rank": 32, "q_lora_rank": 32, "qk_nope_head_dim": 16,
+          "qk_rope_head_dim": 16, "v_head_dim": 16, "encoder_hidden_size": 64, "projection_dim": 64}
 SEQ, BATCH = 32, 2
+MAX_TRUTH_PARAMS = 150_000_000  # a real AdamW step of more (x16 bytes) is too slow and large for the sweep
 
 
 def _int_fields(cfg: Any) -> dict[str, int]:
@@ -163,6 +167,11 @@ def sweep_one(model_type: str, levels: tuple[int, ...] = (2, 1, 0)) -> dict[str,
         for stale in ("outcome", "message", "where", "truth_error"):  # a smaller configuration's failure
             rec.pop(stale, None)
         rec.update(level=level, overrides=overrides, cls=type(loaded.model).__name__, inputs=loaded.description)
+        n_params = sum(p.numel() for p in loaded.model.parameters())
+        if n_params > MAX_TRUTH_PARAMS:  # a real step this size takes minutes and GBs: estimate only
+            rec.update(outcome="no-truth", truth_error=f"{n_params:,} parameters: too large for the real step")
+            truth = None
+            break  # the next level is larger still
         try:
             real = _materialize(loaded.model)
             t0 = time.perf_counter()
@@ -182,8 +191,9 @@ def sweep_one(model_type: str, levels: tuple[int, ...] = (2, 1, 0)) -> dict[str,
         d = estimate(loaded.model, loaded.inputs, loss_fn=loaded.loss_fn, device="cpu", precision="fp32",
                      optimizer="adamw", model_name=loaded.name).to_dict()
         rec["estimate_s"] = round(time.perf_counter() - t0, 2)
-    except UserError as exc:
-        rec.update(outcome="refused", message=str(exc))
+    except UserError as exc:  # where the real step fails too, transformers cannot run these inputs either
+        rec.update(outcome="refused" if truth is not None or "truth_error" not in rec or "too large" in
+                   rec["truth_error"] else "no-truth", message=str(exc))
         return rec
     except Exception as exc:  # noqa: BLE001
         rec.update(outcome="crash", message=_line(exc), where="estimate", trace=traceback.format_exc()[-2000:])

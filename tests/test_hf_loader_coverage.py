@@ -68,3 +68,21 @@ def test_a_failed_pass_names_the_inputs_not_given():
         estimate(NeedsMask(), torch.randn(2, 4), device="cpu")
     msg = str(info.value)
     assert "its forward also takes mask;" in msg and "return_dict" not in msg and "\n" not in msg
+
+
+TOWERS = {"text_config.num_hidden_layers": 1, "text_config.hidden_size": 32, "text_config.intermediate_size": 64,
+          "text_config.num_attention_heads": 2, "vision_config.num_hidden_layers": 1, "vision_config.hidden_size": 32,
+          "vision_config.intermediate_size": 64, "vision_config.num_attention_heads": 2,
+          "vision_config.image_size": 32, "vision_config.patch_size": 16}
+
+
+@pytest.mark.parametrize("model_type,needed", [
+    ("chinese_clip", {"input_ids", "pixel_values", "return_loss"}),  # a dual encoder and its contrastive loss
+    ("blip", {"pixel_values", "input_ids", "labels"}),  # image captioning: the image and the caption's tokens
+])
+def test_two_tower_models_get_both_inputs(model_type, needed):
+    loaded = load_spec(f"hf:{model_type}", batch=1, seq=8, overrides=TOWERS)
+    assert needed <= set(loaded.inputs)
+    assert tuple(loaded.inputs["pixel_values"].shape) == (1, 3, 32, 32)  # the vision tower's image size
+    d = estimate(loaded.model, loaded.inputs, device="cpu").to_dict()
+    assert d["memory"]["activations"] > 0

@@ -80,9 +80,11 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
                   "decoder_input_ids": ids, "labels": ids}
         return inputs, f"input_features {batch}x{mels}x{frames}, decoder_input_ids {batch}x{seq}, labels"
     if main == "pixel_values":
-        if opts.seq is not None:
+        captions = _takes(model, "input_ids") and getattr(cfg, "text_config", None) is not None
+        if opts.seq is not None and not captions:
             raise UserError(f"--seq: {type(model).__name__} takes images; use --image-size")
-        size = opts.image_size or getattr(cfg, "image_size", None) or DEFAULT_IMAGE_SIZE
+        size = (opts.image_size or getattr(cfg, "image_size", None)
+                or getattr(getattr(cfg, "vision_config", None), "image_size", None) or DEFAULT_IMAGE_SIZE)
         if isinstance(size, (list, tuple)):
             h, w = int(size[0]), int(size[-1])
         else:
@@ -99,6 +101,15 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
         if type(model).__name__.endswith("ForImageClassification") and _takes(model, "labels"):
             inputs["labels"] = torch.zeros(batch, dtype=torch.int64, **meta)
             desc += ", labels"
+        elif captions:  # image captioning (BLIP): the caption's tokens, and labels when it has a loss
+            limit = max_positions(cfg.text_config)
+            seq = opts.seq or (min(limit, DEFAULT_SEQ) if limit else FALLBACK_SEQ)
+            ids = torch.zeros(batch, seq, dtype=torch.int64, **meta)
+            inputs["input_ids"] = ids
+            desc += f", input_ids {batch}x{seq}"
+            if _takes(model, "labels"):
+                inputs["labels"] = ids
+                desc += ", labels"
         return inputs, desc
     raise UserError(f"hf: makes token ids, images, log-mel features or audio; {type(model).__name__}.forward "
                     f"needs {_needs(model, main)}: write a SPEC file, path/to/file.py:build whose build() returns "
@@ -133,12 +144,17 @@ def _with_side_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, input
     image of the configuration's size (ViLT), or region features and boxes (LXMERT's visual_feats and
     visual_pos, ``VISUAL_REGIONS`` per sample)."""
     batch = inputs["input_ids"].shape[0]
-    size = getattr(cfg, "image_size", None)
-    if _takes(model, "pixel_values") and isinstance(size, int) and getattr(cfg, "vision_config", None) is None:
+    vision = getattr(cfg, "vision_config", None)
+    source = cfg if vision is None else vision  # ViLT's own image size, or a dual encoder's vision tower's (CLIP)
+    size = getattr(source, "image_size", None)
+    if _takes(model, "pixel_values") and isinstance(size, int):
         size = opts.image_size or size
-        channels = int(getattr(cfg, "num_channels", 3) or 3)
+        channels = int(getattr(source, "num_channels", 3) or 3)
         inputs["pixel_values"] = torch.zeros(batch, channels, size, size, device="meta")
         desc += f", pixel_values {batch}x{channels}x{size}x{size}"
+        if _takes(model, "return_loss") and "labels" not in inputs:  # CLIP-style contrastive loss
+            inputs["return_loss"] = True
+            desc += ", return_loss"
     feat, pos = getattr(cfg, "visual_feat_dim", None), getattr(cfg, "visual_pos_dim", None)
     if _takes(model, "visual_feats") and isinstance(feat, int) and isinstance(pos, int):
         inputs["visual_feats"] = torch.zeros(batch, VISUAL_REGIONS, feat, device="meta")
