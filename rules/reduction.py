@@ -99,7 +99,7 @@ def sum_(call):
 
 @register(
     *aten_ops("amax", "amin", "argmax", "argmin", "any", "all", "aminmax", "cummax", "cummin",
-              "median", "nanmedian", "mode", "kthvalue"),
+              "median", "nanmedian", "mode", "kthvalue", "_is_all_true", "_is_any_true"),
     kind=OTHER,
 )
 def compare_reduce(call):

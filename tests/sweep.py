@@ -85,7 +85,7 @@ def shrink_overrides(model_type: str, level: int) -> dict[str, Any]:
     return out
 
 
-def _materialize(model: torch.nn.Module) -> torch.nn.Module:
+def materialize(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of ``model`` whose meta parameters are real random CPU tensors (tied ones kept tied); the
     buffers the constructor made (``position_ids``, rotary tables) keep their values."""
     m = copy.deepcopy(model)
@@ -173,7 +173,7 @@ def sweep_one(model_type: str, levels: tuple[int, ...] = (2, 1, 0)) -> dict[str,
             truth = None
             break  # the next level is larger still
         try:
-            real = _materialize(loaded.model)
+            real = materialize(loaded.model)
             t0 = time.perf_counter()
             truth = measure(real, _real_inputs(loaded.inputs), "adamw", loss_fn=loaded.loss_fn)
             rec["truth_s"] = round(time.perf_counter() - t0, 2)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 from typing import Any
 
 import torch
@@ -221,7 +220,7 @@ def _vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[An
             inputs["mm_token_type_ids"] = (ids == image_token).to(torch.int32)
         desc = (f"input_ids {batch}x{seq} ({n_tokens} image tokens each), pixel_values of {batch} image(s) "
                 f"{size}x{size} ({batch * side * side} patches), image_grid_thw, labels")
-        return _without_checks_on_fake(model, inputs), desc
+        return inputs, desc
     size = opts.image_size or getattr(vision, "image_size", None) or DEFAULT_IMAGE_SIZE
     h, w = (int(size[0]), int(size[-1])) if isinstance(size, (list, tuple)) else (int(size), int(size))
     channels = int(getattr(vision, "num_channels", 3) or 3)
@@ -233,7 +232,7 @@ def _vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[An
     if _takes(model, "token_type_ids"):  # PaliGemma, Gemma 3: image positions marked 1
         inputs["token_type_ids"] = (ids == image_token).to(torch.int64)
     desc = f"input_ids {batch}x{seq} ({n_tokens} image tokens each), pixel_values {batch}x{channels}x{h}x{w}, labels"
-    return _without_checks_on_fake(model, inputs), desc
+    return inputs, desc
 
 
 QWEN_VL_IMAGE_SIZE = 448  # Qwen2-VL takes any multiple of 28 pixels; 448 x 448 = 256 image tokens
@@ -275,45 +274,6 @@ def _image_tokens(model: torch.nn.Module, cfg: Any, pixels: torch.Tensor) -> int
     raise UserError(f"{name}: cannot tell how many tokens an image of {pixels.shape[-2]}x{pixels.shape[-1]} "
                     f"becomes{why}; this model needs more than pixel_values (tiles, image sizes): write a SPEC "
                     f"file that returns (model, inputs)")
-
-
-class _ChecksOffOnFake:
-    """Forward hooks that set ``TRANSFORMERS_DISABLE_TORCH_CHECK=1`` while the model runs on fake tensors.
-
-    Vision-language models check that the image tokens match the image features by reading tensor
-    values (``torch_compilable_check``), which fake tensors do not have; transformers skips these
-    checks when that variable is set.  It is set only for a forward on fake tensors and restored
-    after it: real runs (``estimator validate``) keep the checks."""
-
-    VAR = "TRANSFORMERS_DISABLE_TORCH_CHECK"
-
-    def __init__(self):
-        self.saved: list[str | None] = []
-
-    def pre(self, _module, args, kwargs):
-        fake = any(isinstance(t, torch._subclasses.FakeTensor) for t in list(args) + list(kwargs.values()))
-        self.saved.append(os.environ.get(self.VAR) if fake else _UNCHANGED)
-        if fake:
-            os.environ[self.VAR] = "1"
-
-    def post(self, _module, _args, _kwargs, _output):
-        previous = self.saved.pop() if self.saved else _UNCHANGED
-        if previous is _UNCHANGED:
-            return
-        if previous is None:
-            os.environ.pop(self.VAR, None)
-        else:
-            os.environ[self.VAR] = previous
-
-
-_UNCHANGED = "\0unchanged"
-
-
-def _without_checks_on_fake(model: torch.nn.Module, inputs: dict) -> dict:
-    hooks = _ChecksOffOnFake()
-    model.register_forward_pre_hook(hooks.pre, with_kwargs=True)
-    model.register_forward_hook(hooks.post, with_kwargs=True, always_call=True)
-    return inputs
 
 
 CTC_SAMPLES = 16000 * 10  # speech encoders: 10 s of 16 kHz audio by default
