@@ -107,7 +107,7 @@ def materialize(model: torch.nn.Module) -> torch.nn.Module:
     return m
 
 
-def _real_inputs(inputs: Any) -> Any:
+def real_inputs(inputs: Any) -> Any:
     import torch.utils._pytree as pytree
 
     made: dict[int, torch.Tensor] = {}  # one real tensor per meta tensor: inputs that share one stay shared
@@ -175,7 +175,7 @@ def sweep_one(model_type: str, levels: tuple[int, ...] = (2, 1, 0)) -> dict[str,
         try:
             real = materialize(loaded.model)
             t0 = time.perf_counter()
-            truth = measure(real, _real_inputs(loaded.inputs), "adamw", loss_fn=loaded.loss_fn)
+            truth = measure(real, real_inputs(loaded.inputs), "adamw", loss_fn=loaded.loss_fn)
             rec["truth_s"] = round(time.perf_counter() - t0, 2)
         except Exception as exc:  # noqa: BLE001 - transformers' own failure on these inputs
             rec.update(outcome="no-truth", truth_error=_line(exc))

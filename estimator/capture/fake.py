@@ -279,8 +279,24 @@ def _runs_on_known_values(func: Any, args: tuple, kwargs: dict) -> bool:
         inputs = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
         return bool(real) and sum(t.numel() for t in inputs) <= KNOWN_VALUES_LIMIT
     outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+    if real is None and id(func) in _RANDOM_FACTORIES and len(outs) == 1 and outs[0].numel() == 1:
+        return True  # one random draw (LayerDrop's torch.rand([]) < p): real, so a branch on it can be taken
+    if real is None and id(func) in _CONSTANT_FACTORIES and len(outs) == 1 and outs[0].numel() <= KNOWN_VALUES_LIMIT:
+        return True  # a constant fill (OPT's float all-ones attention mask): its values are known
     return bool(outs) and all(not (o.is_floating_point() or o.is_complex()) for o in outs) and \
         sum(o.numel() for o in outs) <= KNOWN_VALUES_LIMIT
+
+
+# All-ones fills made from shapes alone, real whatever their dtype: the attention mask a model makes when
+# none is given (OPT's and BigBird's float torch.ones), whose values decide whether the mask is skipped.
+# Zero fills stay fake: they are states and accumulators (an RNN's h0), whose values no branch reads.
+_CONSTANT_FACTORIES = frozenset(map(id, [torch.ops.aten.ones.default]))
+
+# Random factories whose single-element draw runs for real (from the capture's seeded generator): a
+# model that compares one draw with a probability (OPT's, BART's and wav2vec2's LayerDrop, stochastic
+# depth written by hand) branches on its value, which a fake draw does not have.
+_RANDOM_FACTORIES = frozenset(map(id, [getattr(torch.ops.aten, n).default for n in ("rand", "randn")]
+                                  + [torch.ops.aten.rand.generator, torch.ops.aten.randn.generator]))
 
 
 _ARG_NAMES: dict[int, frozenset[str]] = {}
