@@ -7,7 +7,7 @@ optimizer are never changed), then
 1. memory run: forward + loss under a ``saved_tensors_hooks`` pack hook (every
    tensor autograd saves is recorded; those it still holds when backward starts, distinct storages
    by ``data_ptr``, parameter and buffer storages excluded, bytes = ``untyped_storage().nbytes()``), the
-   real ``backward()`` (gradient bytes from the real ``.grad`` tensors) and a
+   real ``backward()`` (gradient bytes from the real ``.grad`` tensors' distinct storages) and a
    real ``optimizer.step()`` (state bytes from the real ``optimizer.state``);
 2. FLOP run, on a second copy and with no pack hook (so that neither run can
    perturb the other): ``FlopCounterMode`` around forward + loss, and a second
@@ -181,7 +181,9 @@ def measure(model: torch.nn.Module, inputs: Any, optimizer: Any = "adamw",
         "params_trainable": sum(p.numel() for p in params if p.requires_grad),
         "param_bytes": sum(_nbytes(p) for p in params),
         "buffer_bytes": sum(_nbytes(b) for b in buffers),
-        "grad_bytes": sum(_nbytes(g) for g in grads),
+        # distinct storages: a gradient AccumulateGrad took as a view of a larger one (the slice of a
+        # concatenation's gradient, MobileBERT's output head) holds that whole storage
+        "grad_bytes": sum({g.untyped_storage().data_ptr(): g.untyped_storage().nbytes() for g in grads}.values()),
         "grad_params": sum(1 for p in params if p.grad is not None),
         "trainable_params": sum(1 for p in params if p.requires_grad),
         "optimizer_state_bytes": sum(state_storages.values()),

@@ -192,3 +192,29 @@ def test_unique():
     assert not d["unsupported_ops"]
     n = args[0].numel()  # 8 ids: a sort of 8 * ceil(log2 8) = 24 comparisons, then 8 neighbour comparisons
     assert by_op(d)["aten._unique2"]["flops_forward"] == n * 3 + n
+
+
+class ConcatHead(torch.nn.Module):
+    """MobileBERT's output head: the logits against a concatenation of the tied embedding (transposed) and a
+    dense weight, so the dense weight's gradient is a slice of the concatenation's gradient."""
+
+    def __init__(self, vocab: int = 1000, e: int = 16, h: int = 24):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, e)
+        self.dense = torch.nn.Linear(vocab, h - e, bias=False)
+        self.up = torch.nn.Linear(e, h)
+
+    def forward(self, ids):
+        h = self.up(self.emb(ids))
+        return h.matmul(torch.cat([self.emb.weight.t(), self.dense.weight], dim=0)).logsumexp(-1).mean()
+
+
+def test_a_gradient_that_views_a_larger_one_holds_its_whole_storage():
+    model, ids = ConcatHead(), torch.randint(0, 1000, (2, 8))
+    model(ids).backward()
+    g = model.dense.weight.grad  # AccumulateGrad stole a contiguous slice: the whole (24 x 1000) storage lives
+    assert g.untyped_storage().nbytes() == 24 * 1000 * 4 > g.numel() * 4
+    held = sum({p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes()
+                for p in model.parameters()}.values())
+    model.zero_grad(set_to_none=True)
+    assert estimate(model, (ids,), device="cpu").to_dict()["memory"]["gradients"] == held
