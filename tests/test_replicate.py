@@ -156,3 +156,24 @@ def test_blocks_that_depend_on_their_index_are_traced_in_full(expanded):
     ours = estimate(model, x, device="cpu")
     assert not expanded
     assert _same(ours.to_dict(), estimate(model, x, device="cpu", replicate=False).to_dict()) == []
+
+
+class _Shifted(torch.nn.Module):
+    """A block whose behaviour a scalar setting picks (Swin's shifted windows), with its layer index."""
+
+    def __init__(self, index: int, shift: int, drop: float):
+        super().__init__()
+        self.lin, self.layer_idx, self.shift, self.drop_rate = torch.nn.Linear(8, 8), index, shift, drop
+
+    def forward(self, x):
+        return x + self.lin(torch.roll(x, self.shift, -1) if self.shift else x)
+
+
+def test_blocks_whose_settings_alternate_are_not_replicated_and_index_schedules_are():
+    from estimator.capture.blocks import find_repeats
+
+    def stack(shift_of):  # layer_idx and a linear stochastic-depth rate follow the index (inside a model)
+        return torch.nn.Sequential(torch.nn.Sequential(*[_Shifted(i, shift_of(i), 0.01 * i) for i in range(8)]))
+
+    assert find_repeats(stack(lambda i: 0)).count == 8
+    assert find_repeats(stack(lambda i: 3 * (i % 2))) is None  # shifted every other block: traced in full

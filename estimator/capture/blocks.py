@@ -4,7 +4,8 @@ the rest (:mod:`.replicate`).
 
 A stack qualifies when it is an ``nn.ModuleList`` or ``nn.Sequential`` of at least
 :data:`MIN_BLOCKS` distinct modules of one class with the same submodule tree, the same parameter and
-buffer names, shapes, dtypes and ``requires_grad``.  That the blocks also *run* alike (no
+buffer names, shapes, dtypes and ``requires_grad``, and the same scalar settings (or settings that follow
+the block's index, such as a layer index).  That the blocks also *run* alike (no
 behaviour depending on the layer index, such as alternating sliding-window layers) is not assumed
 here: the replication checks it on the traced records and falls back to a full trace when it does
 not hold.
@@ -70,6 +71,32 @@ def _signature(block: nn.Module) -> tuple:
             tuple((n, tuple(b.shape), b.dtype) for n, b in block.named_buffers()))
 
 
+_SCALARS = (bool, int, float, str)
+
+
+def _settings(block: nn.Module) -> dict[str, object]:
+    """The scalar attributes of a block's modules (``shift_size``, ``is_sliding``, ``layer_idx``)."""
+    return {f"{path}.{key}": value for path, mod in block.named_modules() for key, value in vars(mod).items()
+            if not key.startswith("_") and type(value) in _SCALARS}
+
+
+def _settings_alike(kids: list[nn.Module]) -> bool:
+    """Whether the blocks' scalar settings are equal, or follow the block's index (a layer index, a
+    stochastic-depth rate growing linearly): blocks that alternate settings (Swin's shifted windows, every
+    k-th layer sliding) run differently, which the traced check would find only after tracing them."""
+    rows = [_settings(k) for k in kids]
+    for key in set().union(*rows):
+        values = [row.get(key) for row in rows]
+        if all(v == values[0] for v in values):
+            continue
+        if all(type(v) in (int, float) for v in values):
+            step = values[1] - values[0]
+            if all(abs(v - values[0] - i * step) <= 1e-9 * max(1.0, abs(v)) for i, v in enumerate(values)):
+                continue  # affine in the index
+        return False
+    return True
+
+
 def find_repeats(model: nn.Module, minimum: int = MIN_BLOCKS) -> Repeats | None:
     """The stack of identical blocks holding the most parameters, or None."""
     best: tuple[int, Repeats] | None = None
@@ -82,7 +109,7 @@ def find_repeats(model: nn.Module, minimum: int = MIN_BLOCKS) -> Repeats | None:
         if len({id(k) for k in kids}) != len(kids) or any(k is None for k in kids):
             continue  # one module called several times (shared weights): nothing to replicate
         first = _signature(kids[0])
-        if any(_signature(k) != first for k in kids[1:]):
+        if any(_signature(k) != first for k in kids[1:]) or not _settings_alike(kids[1:]):
             continue
         size = sum(p.numel() for p in mod.parameters())
         if best is None or size > best[0]:
