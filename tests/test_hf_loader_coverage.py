@@ -86,3 +86,14 @@ def test_two_tower_models_get_both_inputs(model_type, needed):
     assert tuple(loaded.inputs["pixel_values"].shape) == (1, 3, 32, 32)  # the vision tower's image size
     d = estimate(loaded.model, loaded.inputs, device="cpu").to_dict()
     assert d["memory"]["activations"] > 0
+
+
+def test_in_context_segmentation_gets_its_prompt_image_and_mask():
+    # SegGPT's configuration size (896 x 448) is the prompt stacked on the input: each is 448 x 448
+    loaded = load_spec("hf:seggpt", batch=1, overrides={"num_hidden_layers": 1, "hidden_size": 32,
+                                                        "num_attention_heads": 2, "mlp_dim": 64})
+    h, w = loaded.config.image_size
+    for name in ("pixel_values", "prompt_pixel_values", "prompt_masks"):
+        assert tuple(loaded.inputs[name].shape) == (1, 3, h // 2, w), name
+    d = estimate(loaded.model, loaded.inputs, device="cpu").to_dict()
+    assert d["memory"]["activations"] > 0

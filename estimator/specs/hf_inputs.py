@@ -97,6 +97,16 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
             pixels = torch.zeros(batch, channels, h, w, dtype=torch.float32, **meta)
             desc = f"pixel_values {batch}x{channels}x{h}x{w}"
         inputs = {"pixel_values": pixels}
+        prompts = [n for n in _required(model) if n != "pixel_values" and (n.endswith("pixel_values")
+                                                                           or n.endswith("masks"))]
+        if prompts:  # in-context segmentation (SegGPT): a prompt image and its mask, stacked on the input in
+            if opts.image_size is None and h == 2 * w:  # height: the configuration's size is the stack's
+                h //= 2
+                pixels = inputs["pixel_values"] = pixels[..., :h, :]
+                desc = desc.replace(f"x{2 * h}x{w}", f"x{h}x{w}")
+            for name in prompts:
+                inputs[name] = torch.zeros(pixels.shape, dtype=pixels.dtype, **meta)
+            desc += f", {', '.join(prompts)} like pixel_values"
         if type(model).__name__.endswith("ForImageClassification") and _takes(model, "labels"):
             inputs["labels"] = torch.zeros(batch, dtype=torch.int64, **meta)
             desc += ", labels"
