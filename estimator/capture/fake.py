@@ -146,6 +146,18 @@ def output_kernels(cuda: bool) -> dict[int, Any]:
     return {id(op): functools.partial(fix, op, cuda) for op, fix in KERNEL_OUTPUTS.items()}
 
 
+def fake_ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    """``aten._ctc_loss`` with list lengths (the overload a real step runs, see :mod:`.eager_paths`) on fake
+    log-probabilities: ``neg_log_likelihood`` [B] and ``log_alpha`` [B, T, 2 * max(target_lengths) + 1]
+    (ATen's ``ctc_loss_cpu_template`` / ``ctc_loss_gpu_template``), unbatched [T, C] input without the B.
+    FakeTensorMode has no kernel for this overload (the sizes depend on the lengths' values, which the
+    lists carry)."""
+    steps = log_probs.shape[0]
+    width = 2 * (max(target_lengths) if len(target_lengths) else 0) + 1
+    batch = (log_probs.shape[1],) if log_probs.dim() == 3 else ()
+    return log_probs.new_empty(batch), log_probs.new_empty((*batch, steps, width))
+
+
 def fake_pack_padded_sequence(input, lengths, batch_first):
     """``aten._pack_padded_sequence`` (``nn.utils.rnn.pack_padded_sequence``) on a fake ``input`` with
     real ``lengths`` (integer inputs keep their values): the packed rows, and ``batch_sizes`` as the
@@ -292,6 +304,28 @@ def _runs_on_known_values(func: Any, args: tuple, kwargs: dict) -> bool:
 # Zero fills stay fake: they are states and accumulators (an RNN's h0), whose values no branch reads.
 _CONSTANT_FACTORIES = frozenset(map(id, [torch.ops.aten.ones.default]))
 
+# Fills shaped like their input (``ones_like``, ``zeros_like``, ``full_like``) whose output is integral or
+# boolean: the values do not depend on the input's, so they are made real whatever the input is (HF's CTC
+# heads count frames with ``torch.ones_like(input_values, dtype=torch.long).sum(-1)``).
+_LIKE_FILLS = {id(torch.ops.aten.ones_like.default): 1, id(torch.ops.aten.zeros_like.default): 0,
+               id(torch.ops.aten.full_like.default): None}  # op -> its fill (None: full_like's argument)
+
+
+def _integral_fill(args: tuple, kwargs: dict) -> bool:
+    src = args[0] if args else None
+    if not isinstance(src, torch.Tensor) or src.layout is not torch.strided:
+        return False
+    dtype = kwargs.get("dtype") or src.dtype
+    return not (dtype.is_floating_point or dtype.is_complex) and src.numel() <= KNOWN_VALUES_LIMIT
+
+
+def _real_fill(fill: Any, src: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """What ``ones_like`` / ``zeros_like`` (``fill``) or ``full_like(src, value)`` gives, as a real CPU tensor."""
+    if fill is None:
+        fill = args[0] if args else kwargs["fill_value"]
+    return torch.full(tuple(src.shape), fill, dtype=kwargs.get("dtype") or src.dtype)
+
+
 # Random factories whose single-element draw runs for real (from the capture's seeded generator): a
 # model that compares one draw with a probability (OPT's, BART's and wav2vec2's LayerDrop, stochastic
 # depth written by hand) branches on its value, which a fake draw does not have.
@@ -356,6 +390,9 @@ class RecordingFakeMode(FakeTensorMode):
             if _runs_on_known_values(func, args, kwargs):
                 # inside this method the mode is off: ``func`` runs the CPU kernel on the real tensors
                 return self.rec.record(func, args, kwargs, func)
+            if id(func) in _LIKE_FILLS and _integral_fill(args, kwargs):
+                # an integer fill shaped like a fake tensor: its values are known without the input's
+                return self.rec.record(func, args, kwargs, functools.partial(_real_fill, _LIKE_FILLS[id(func)]))
             # ``dispatch`` is FakeTensorMode.__torch_dispatch__ without its wrappers (a dynamo
             # guard that this method already has, and a call counter)
             return self.rec.record(func, args, kwargs, lambda *a, **k: self.dispatch(func, types, a, k))

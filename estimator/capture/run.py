@@ -17,6 +17,7 @@ import torch
 from ..errors import DataDependentError, UnsupportedModelError, UserError
 from .inputs import split_inputs
 from .blocks import TRACED_BLOCKS, find_repeats, truncated
+from .eager_paths import eager_paths
 from .options import Capture, Progress, ReadsValues, StepFailed, StepOptions
 from .replicate import NotReplicable, expand
 from .step import Step
@@ -46,7 +47,7 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
         raise ValueError(f"mode must be 'auto', 'fake' or 'real', not {mode!r}")
     if opts.prepare is not None:
         mode = "fake"  # a model traced as it is has no real weights to fall back on
-    with without_layer_drop(model) as assumed, same_random_draws():
+    with without_layer_drop(model) as assumed, same_random_draws(), eager_paths():
         cap = _capture(model, args, kw, opts, mode, progress)
     cap.assumptions.extend(assumed)
     return cap

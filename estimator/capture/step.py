@@ -32,8 +32,8 @@ from ..target import FAKE_KERNELS, CudaTarget, installed
 from .as_is import AsIs, AsIsRecorder
 from .checkpoint import wrap_checkpointed
 from .fake import (
-    GROUPED_MM, RecordingFakeMode, clear_shared_cache, fake_grouped_mm, fake_pack_padded_sequence, output_kernels,
-    real_output_bytes,
+    GROUPED_MM, RecordingFakeMode, clear_shared_cache, fake_ctc_loss, fake_grouped_mm, fake_pack_padded_sequence,
+    output_kernels, real_output_bytes,
 )
 from .inputs import convert_inputs, is_real, keeps_values, materialize, meta_twin, real_param_copy
 from .loss import select_loss
@@ -81,6 +81,7 @@ class Step:
         if fake:
             rec.substitute.update(output_kernels(cuda=opts.target != "cpu"))
             rec.substitute[id(torch.ops.aten._pack_padded_sequence.default)] = fake_pack_padded_sequence
+            rec.substitute[id(torch.ops.aten._ctc_loss.default)] = fake_ctc_loss
             if GROUPED_MM is not None:
                 rec.substitute[id(GROUPED_MM)] = fake_grouped_mm
             if opts.target == "cpu":

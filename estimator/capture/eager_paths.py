@@ -1,0 +1,61 @@
+"""Python-level stand-ins that send a fake-tensor trace down the path ATen takes for real tensors.
+
+Some composite ops pick their implementation by whether an argument is a tensor subclass: on fake
+tensors they take the "composite compliant" branch, which records different ops and saves different
+tensors for backward than the fast branch a real step runs.  While :func:`eager_paths` is active:
+
+* ``torch.nn.functional.ctc_loss`` with integer length tensors whose values the trace knows (real CPU
+  tensors: the lengths HF's CTC heads compute from the attention mask and the labels) passes them as
+  lists.  ATen's ``ctc_loss`` (``aten/src/ATen/native/LossCTC.cpp``) converts real length tensors to
+  ``IntArrayRef`` itself and calls ``_ctc_loss`` with lists, which saves no length tensors; on fake
+  log-probabilities, and on real ones while a dispatch mode is active (the capture's, also on the
+  real-tensor fallback: ``isTensorSubclassLike`` is true under any mode), it calls the
+  ``_ctc_loss.Tensor`` overload instead, whose backward node keeps both length tensors (2 x batch x 8
+  bytes more activations than the real step: wav2vec2, HuBERT, WavLM).
+
+Each stand-in forwards to the original when its condition does not hold; everything is restored on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+
+
+def _known_lengths(t: object) -> bool:
+    return isinstance(t, torch.Tensor) and type(t) is torch.Tensor and not t.is_meta \
+        and not t.is_floating_point() and t.dim() <= 1
+
+
+def _ctc_loss(original):
+    def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean",
+                 zero_infinity=False):
+        if not (_known_lengths(input_lengths) and _known_lengths(target_lengths)) or \
+                reduction not in ("mean", "sum", "none"):
+            return original(log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity)
+        # ATen's ctc_loss(..., IntArrayRef input_lengths, IntArrayRef target_lengths, ...), op for op: the
+        # per-sample losses from _ctc_loss with lists, then the reduction (its at::tensor of the target
+        # lengths cannot be written on fake tensors, so the reduction is done here as ATen does it)
+        lengths = target_lengths.tolist()
+        res = torch.ctc_loss(log_probs, targets, input_lengths.tolist(), lengths, blank, 0, False)  # 0: none
+        if zero_infinity:
+            res = torch.where(res == float("inf"), torch.zeros((), dtype=res.dtype, device=res.device), res)
+        if reduction == "mean":
+            return (res / torch.tensor(lengths, dtype=res.dtype, device=res.device).clamp_min(1)).mean()
+        return res.sum() if reduction == "sum" else res
+
+    ctc_loss.__wrapped__ = original  # type: ignore[attr-defined]
+    return ctc_loss
+
+
+@contextlib.contextmanager
+def eager_paths() -> Iterator[None]:
+    original = F.ctc_loss
+    F.ctc_loss = _ctc_loss(original)
+    try:
+        yield
+    finally:
+        F.ctc_loss = original
