@@ -73,7 +73,11 @@ def shrink_overrides(model_type: str, level: int) -> dict[str, Any]:
         return {}
     cfg = AutoConfig.for_model(model_type)
     out: dict[str, Any] = {}
-    for prefix, c in [("", cfg), *((f"{name}.", sub) for name, sub in _subconfigs(cfg).items())]:
+    levels = [("", cfg)]
+    for name, sub in _subconfigs(cfg).items():  # sub-configurations, and theirs (an encoder's text tower)
+        levels.append((f"{name}.", sub))
+        levels += [(f"{name}.{inner}.", c) for inner, c in _subconfigs(sub).items()]
+    for prefix, c in levels:
         fields = _int_fields(c)
         for key in LAYERS:
             if fields.get(key, 0) > 2:

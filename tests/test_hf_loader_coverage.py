@@ -97,3 +97,17 @@ def test_in_context_segmentation_gets_its_prompt_image_and_mask():
         assert tuple(loaded.inputs[name].shape) == (1, 3, h // 2, w), name
     d = estimate(loaded.model, loaded.inputs, device="cpu").to_dict()
     assert d["memory"]["activations"] > 0
+
+
+def test_set_reaches_a_sub_configuration_of_a_sub_configuration():
+    # T5Gemma 2's encoder holds a text and a vision tower: --set encoder.text_config.num_hidden_layers=1
+    loaded = load_spec("hf:t5gemma2", batch=1, seq=8, overrides={"encoder.text_config.num_hidden_layers": 1,
+                                                                  "encoder.vision_config.num_hidden_layers": 1,
+                                                                  "decoder.num_hidden_layers": 1})
+    cfg = loaded.config
+    assert (cfg.encoder.text_config.num_hidden_layers, cfg.encoder.vision_config.num_hidden_layers,
+            cfg.decoder.num_hidden_layers) == (1, 1, 1)
+    with pytest.raises(UserError, match="close matches: num_hidden_layers"):
+        load_spec("hf:t5gemma2", overrides={"encoder.text_config.num_hiden_layers": 1})
+    with pytest.raises(UserError, match="has no sub-configuration 'txt_config'"):
+        load_spec("hf:t5gemma2", overrides={"encoder.txt_config.num_hidden_layers": 1})

@@ -70,16 +70,20 @@ def _split_overrides(cfg: Any, overrides: dict[str, Any]) -> tuple[dict[str, Any
             special[key] = value
             continue
         head, dot, tail = key.partition(".")
-        if dot:
-            sub = getattr(cfg, head, None)
-            if sub is None or not hasattr(sub, "to_dict"):
-                subs = [n for n in fields if hasattr(getattr(cfg, n, None), "to_dict")]
-                raise UserError(f"{cname} has no sub-configuration {head!r} (--set {key}=...)"
-                                f"{close_matches(head, subs)}")
-            sub_fields = _hf_config_fields(sub)
-            if tail not in sub_fields or "." in tail:
-                raise UserError(f"{type(sub).__name__} ({cname}.{head}) has no field {tail!r} (--set {key}=...)"
-                                f"{close_matches(tail, sub_fields)}")
+        if dot:  # a sub-configuration's field, at any depth (encoder.text_config.num_hidden_layers)
+            *path, field = key.split(".")
+            parent, where = cfg, cname
+            for part in path:
+                sub = getattr(parent, part, None)
+                if sub is None or not hasattr(sub, "to_dict"):
+                    subs = [n for n in _hf_config_fields(parent) if hasattr(getattr(parent, n, None), "to_dict")]
+                    raise UserError(f"{where} has no sub-configuration {part!r} (--set {key}=...)"
+                                    f"{close_matches(part, subs)}")
+                parent, where = sub, f"{where}.{part}"
+            sub_fields = _hf_config_fields(parent)
+            if field not in sub_fields:
+                raise UserError(f"{type(parent).__name__} ({where}) has no field {field!r} (--set {key}=...)"
+                                f"{close_matches(field, sub_fields)}")
             nested.setdefault(head, {})[tail] = value
         elif key not in fields:
             raise UserError(f"{cname} has no field {key!r} (--set {key}=...){close_matches(key, fields)}")
@@ -165,11 +169,19 @@ DERIVED_FIELDS = {"num_hidden_layers": ("layer_types",)}
 def _merge_sub(base: dict[str, Any], sub: dict[str, Any]) -> dict[str, Any]:
     """A sub-configuration's dict with ``--set`` values over it (derived fields re-derived)."""
     merged = dict(base)
+    deeper: dict[str, dict[str, Any]] = {}
+    for key in [k for k in sub if "." in k]:  # a field of a sub-configuration of this one
+        head, _, tail = key.partition(".")
+        deeper.setdefault(head, {})[tail] = sub[key]
+    sub = {k: v for k, v in sub.items() if "." not in k}
     for key in sub:
         for derived in DERIVED_FIELDS.get(key, ()):
             if derived not in sub:
                 merged.pop(derived, None)
     merged.update({**per_layer_lists(base, sub), **sub})
+    for head, fields in deeper.items():
+        inner = merged.get(head)
+        merged[head] = _merge_sub(inner.to_dict() if hasattr(inner, "to_dict") else dict(inner or {}), fields)
     return merged
 
 
@@ -215,7 +227,11 @@ def _resized(items: list[Any], new: int) -> list[Any]:
 def _apply_nested(cfg: Any, nested: dict[str, dict[str, Any]]) -> None:
     for head, sub in nested.items():
         for k, v in sub.items():
-            setattr(getattr(cfg, head), k, v)
+            *path, field = [head, *k.split(".")]
+            target = cfg
+            for part in path:
+                target = getattr(target, part)
+            setattr(target, field, v)
 
 
 def _model_type(transformers, name: str) -> str:
