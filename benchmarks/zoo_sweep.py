@@ -137,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
                 left = (time.perf_counter() - start) / i * (len(todo) - i)
                 print(f"[{i}/{len(todo)}] {rec['type']}: {rec['outcome']} {_first_difference(rec)[:100]} "
                       f"(about {left / 60:.0f} min left)", flush=True)
+    with open(args.out, "w") as fh:  # one record per type, the latest, without the tracebacks of crashes
+        for name in sorted(done):
+            fh.write(json.dumps({k: v for k, v in done[name].items() if k != "trace"}) + "\n")
     with open(args.table, "w") as fh:
         fh.write(table(list(done.values())))
     print(f"table: {args.table}")

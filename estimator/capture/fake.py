@@ -326,6 +326,30 @@ def _real_fill(fill: Any, src: torch.Tensor, *args: Any, **kwargs: Any) -> torch
     return torch.full(tuple(src.shape), fill, dtype=kwargs.get("dtype") or src.dtype)
 
 
+# Ops that take a list of indices in which a boolean mask selects positions (x[mask], x[mask] = v): with a
+# mask whose values the trace knows, its positions replace it (ATen's expandTensors does the same), since
+# FakeTensorMode treats any boolean index as a data-dependent size (Qwen2-VL-style rotary positions).
+_MASK_INDEXED = frozenset(map(id, [torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default,
+                                   torch.ops.aten.index_put_.default, torch.ops.aten._index_put_impl_.default]))
+
+
+def _known_masks(args: tuple) -> bool:
+    if len(args) < 2 or type(args[0]) is not FakeTensor or not isinstance(args[1], (list, tuple)):
+        return False
+    masks = [i for i in args[1] if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)]
+    return bool(masks) and all(type(m) is torch.Tensor and not m.is_meta for m in masks)
+
+
+def _masks_as_positions(indices: list) -> list:
+    out: list = []
+    for index in indices:
+        if isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8) and type(index) is torch.Tensor:
+            out.extend(index.nonzero().unbind(1))  # one integer index per dimension the mask covers
+        else:
+            out.append(index)
+    return out
+
+
 # Random factories whose single-element draw runs for real (from the capture's seeded generator): a
 # model that compares one draw with a probability (OPT's, BART's and wav2vec2's LayerDrop, stochastic
 # depth written by hand) branches on its value, which a fake draw does not have.
@@ -393,6 +417,11 @@ class RecordingFakeMode(FakeTensorMode):
             if id(func) in _LIKE_FILLS and _integral_fill(args, kwargs):
                 # an integer fill shaped like a fake tensor: its values are known without the input's
                 return self.rec.record(func, args, kwargs, functools.partial(_real_fill, _LIKE_FILLS[id(func)]))
+            if id(func) in _MASK_INDEXED and _known_masks(args):
+                # a fake tensor indexed by a boolean mask whose values are known: as ATen does, the mask's
+                # nonzero positions as integer indices, so the output's size is known
+                return self.rec.record(func, args, kwargs, lambda *a, **k: self.dispatch(
+                    func, types, (a[0], _masks_as_positions(a[1]), *a[2:]), k))
             # ``dispatch`` is FakeTensorMode.__torch_dispatch__ without its wrappers (a dynamo
             # guard that this method already has, and a call counter)
             return self.rec.record(func, args, kwargs, lambda *a, **k: self.dispatch(func, types, a, k))
