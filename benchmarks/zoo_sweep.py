@@ -54,13 +54,23 @@ def all_types() -> list[str]:
     return sorted(CONFIG_MAPPING_NAMES)
 
 
+MEMORY_CAP = 12 << 30  # address space of one type's process: a real step that runs away fails (no-truth)
+
+
+def _memory_cap() -> None:  # (in the child) instead of the kernel's OOM killer taking the sweep's process
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+
+
 def run_one(model_type: str, timeout: float) -> dict:
     code = ("import json, sys; sys.path.insert(0, %r); from sweep import sweep_one; "
             "print('SWEEP ' + json.dumps(sweep_one(%r)))" % (TESTS, model_type))
     t0 = time.perf_counter()
     env = dict(os.environ, OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
     try:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env,
+                              preexec_fn=_memory_cap)
     except subprocess.TimeoutExpired:
         return {"type": model_type, "outcome": "timeout", "wall_s": timeout}
     wall = round(time.perf_counter() - t0, 1)
