@@ -4,9 +4,10 @@ Some composite ops pick their implementation by whether an argument is a tensor 
 tensors they take the "composite compliant" branch, which records different ops and saves different
 tensors for backward than the fast branch a real step runs.  While :func:`eager_paths` is active:
 
-* ``torch.nn.functional.ctc_loss`` with integer length tensors whose values the trace knows (real CPU
-  tensors: the lengths HF's CTC heads compute from the attention mask and the labels) passes them as
-  lists.  ATen's ``ctc_loss`` (``aten/src/ATen/native/LossCTC.cpp``) converts real length tensors to
+* ``torch.nn.functional.ctc_loss`` with lengths whose values the trace knows (lists, or real CPU integer
+  tensors: the lengths HF's CTC heads compute from the attention mask and the labels) runs ATen's
+  list path op for op, its reduction in Python (ATen's ``at::tensor`` of the target lengths cannot be
+  written on fake tensors).  ATen's ``ctc_loss`` (``aten/src/ATen/native/LossCTC.cpp``) converts real length tensors to
   ``IntArrayRef`` itself and calls ``_ctc_loss`` with lists, which saves no length tensors; on fake
   log-probabilities, and on real ones while a dispatch mode is active (the capture's, also on the
   real-tensor fallback: ``isTensorSubclassLike`` is true under any mode), it calls the
@@ -26,8 +27,15 @@ import torch.nn.functional as F
 
 
 def _known_lengths(t: object) -> bool:
+    """Lengths whose values are known: a list of ints, or a real (not fake, not meta) integer tensor."""
+    if isinstance(t, (list, tuple)):
+        return all(isinstance(n, int) for n in t)
     return isinstance(t, torch.Tensor) and type(t) is torch.Tensor and not t.is_meta \
         and not t.is_floating_point() and t.dim() <= 1
+
+
+def _as_list(t: object) -> list[int]:
+    return list(t) if isinstance(t, (list, tuple)) else t.tolist()
 
 
 def _ctc_loss(original):
@@ -39,8 +47,8 @@ def _ctc_loss(original):
         # ATen's ctc_loss(..., IntArrayRef input_lengths, IntArrayRef target_lengths, ...), op for op: the
         # per-sample losses from _ctc_loss with lists, then the reduction (its at::tensor of the target
         # lengths cannot be written on fake tensors, so the reduction is done here as ATen does it)
-        lengths = target_lengths.tolist()
-        res = torch.ctc_loss(log_probs, targets, input_lengths.tolist(), lengths, blank, 0, False)  # 0: none
+        lengths = _as_list(target_lengths)
+        res = torch.ctc_loss(log_probs, targets, _as_list(input_lengths), lengths, blank, 0, False)  # 0: none
         if zero_infinity:
             res = torch.where(res == float("inf"), torch.zeros((), dtype=res.dtype, device=res.device), res)
         if reduction == "mean":

@@ -79,47 +79,7 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
                   "decoder_input_ids": ids, "labels": ids}
         return inputs, f"input_features {batch}x{mels}x{frames}, decoder_input_ids {batch}x{seq}, labels"
     if main == "pixel_values":
-        captions = _takes(model, "input_ids") and getattr(cfg, "text_config", None) is not None
-        if opts.seq is not None and not captions:
-            raise UserError(f"--seq: {type(model).__name__} takes images; use --image-size")
-        size = (opts.image_size or getattr(cfg, "image_size", None)
-                or getattr(getattr(cfg, "vision_config", None), "image_size", None) or DEFAULT_IMAGE_SIZE)
-        if isinstance(size, (list, tuple)):
-            h, w = int(size[0]), int(size[-1])
-        else:
-            h = w = int(size)
-        channels = int(getattr(cfg, "num_channels", 3) or 3)
-        frames = getattr(cfg, "num_frames", None)
-        if isinstance(frames, int) and frames > 0:  # a video model (ViViT, TimeSformer): batch x frames x C x H x W
-            pixels = torch.zeros(batch, frames, channels, h, w, dtype=torch.float32, **meta)
-            desc = f"pixel_values {batch}x{frames}x{channels}x{h}x{w} (video)"
-        else:
-            pixels = torch.zeros(batch, channels, h, w, dtype=torch.float32, **meta)
-            desc = f"pixel_values {batch}x{channels}x{h}x{w}"
-        inputs = {"pixel_values": pixels}
-        prompts = [n for n in _required(model) if n != "pixel_values" and (n.endswith("pixel_values")
-                                                                           or n.endswith("masks"))]
-        if prompts:  # in-context segmentation (SegGPT): a prompt image and its mask, stacked on the input in
-            if opts.image_size is None and h == 2 * w:  # height: the configuration's size is the stack's
-                h //= 2
-                pixels = inputs["pixel_values"] = pixels[..., :h, :]
-                desc = desc.replace(f"x{2 * h}x{w}", f"x{h}x{w}")
-            for name in prompts:
-                inputs[name] = torch.zeros(pixels.shape, dtype=pixels.dtype, **meta)
-            desc += f", {', '.join(prompts)} like pixel_values"
-        if type(model).__name__.endswith("ForImageClassification") and _takes(model, "labels"):
-            inputs["labels"] = torch.zeros(batch, dtype=torch.int64, **meta)
-            desc += ", labels"
-        elif captions:  # image captioning (BLIP): the caption's tokens, and labels when it has a loss
-            limit = max_positions(cfg.text_config)
-            seq = opts.seq or (min(limit, DEFAULT_SEQ) if limit else FALLBACK_SEQ)
-            ids = torch.zeros(batch, seq, dtype=torch.int64, **meta)
-            inputs["input_ids"] = ids
-            desc += f", input_ids {batch}x{seq}"
-            if _takes(model, "labels"):
-                inputs["labels"] = ids
-                desc += ", labels"
-        return inputs, desc
+        return _image_inputs(model, cfg, opts)
     raise UserError(f"hf: makes token ids, images, log-mel features or audio; {type(model).__name__}.forward "
                     f"needs {_needs(model, main)}: write a SPEC file, path/to/file.py:build whose build() returns "
                     f"(model, inputs) with them (docs/cli.md, SPEC forms)")
@@ -143,6 +103,55 @@ def _first_required(model: torch.nn.Module) -> str | None:
 def _needs(model: torch.nn.Module, main: str) -> str:
     names = _required(model) or [main]
     return ", ".join(repr(n) for n in names)
+
+
+def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any, str]:
+    """Images of the configuration's size (a video's frames for ``num_frames`` models), with class labels
+    for a classifier, a prompt image and mask for in-context segmentation (SegGPT), the caption's tokens
+    for a captioning model (BLIP)."""
+    batch = opts.batch or 1
+    meta = dict(device="meta")
+    captions = _takes(model, "input_ids") and getattr(cfg, "text_config", None) is not None
+    if opts.seq is not None and not captions:
+        raise UserError(f"--seq: {type(model).__name__} takes images; use --image-size")
+    size = (opts.image_size or getattr(cfg, "image_size", None)
+            or getattr(getattr(cfg, "vision_config", None), "image_size", None) or DEFAULT_IMAGE_SIZE)
+    if isinstance(size, (list, tuple)):
+        h, w = int(size[0]), int(size[-1])
+    else:
+        h = w = int(size)
+    channels = int(getattr(cfg, "num_channels", 3) or 3)
+    frames = getattr(cfg, "num_frames", None)
+    if isinstance(frames, int) and frames > 0:  # a video model (ViViT, TimeSformer): batch x frames x C x H x W
+        pixels = torch.zeros(batch, frames, channels, h, w, dtype=torch.float32, **meta)
+        desc = f"pixel_values {batch}x{frames}x{channels}x{h}x{w} (video)"
+    else:
+        pixels = torch.zeros(batch, channels, h, w, dtype=torch.float32, **meta)
+        desc = f"pixel_values {batch}x{channels}x{h}x{w}"
+    inputs = {"pixel_values": pixels}
+    prompts = [n for n in _required(model) if n != "pixel_values" and (n.endswith("pixel_values")
+                                                                       or n.endswith("masks"))]
+    if prompts:  # in-context segmentation (SegGPT): a prompt image and its mask, stacked on the input in
+        if opts.image_size is None and h == 2 * w:  # height: the configuration's size is the stack's
+            h //= 2
+            pixels = inputs["pixel_values"] = pixels[..., :h, :]
+            desc = desc.replace(f"x{2 * h}x{w}", f"x{h}x{w}")
+        for name in prompts:
+            inputs[name] = torch.zeros(pixels.shape, dtype=pixels.dtype, **meta)
+        desc += f", {', '.join(prompts)} like pixel_values"
+    if type(model).__name__.endswith("ForImageClassification") and _takes(model, "labels"):
+        inputs["labels"] = torch.zeros(batch, dtype=torch.int64, **meta)
+        desc += ", labels"
+    elif captions:  # image captioning (BLIP): the caption's tokens, and labels when it has a loss
+        limit = max_positions(cfg.text_config)
+        seq = opts.seq or (min(limit, DEFAULT_SEQ) if limit else FALLBACK_SEQ)
+        ids = torch.zeros(batch, seq, dtype=torch.int64, **meta)
+        inputs["input_ids"] = ids
+        desc += f", input_ids {batch}x{seq}"
+        if _takes(model, "labels"):
+            inputs["labels"] = ids
+            desc += ", labels"
+    return inputs, desc
 
 
 VISUAL_REGIONS = 36  # LXMERT's region features per image (its pre-training's Faster R-CNN boxes)
