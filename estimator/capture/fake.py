@@ -333,20 +333,22 @@ _MASK_INDEXED = frozenset(map(id, [torch.ops.aten.index.Tensor, torch.ops.aten.i
                                    torch.ops.aten.index_put_.default, torch.ops.aten._index_put_impl_.default]))
 
 
+def _is_mask(index: Any) -> bool:
+    return isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8)
+
+
 def _known_masks(args: tuple) -> bool:
+    """A fake tensor indexed by masks that are all real (their values known)."""
     if len(args) < 2 or type(args[0]) is not FakeTensor or not isinstance(args[1], (list, tuple)):
         return False
-    masks = [i for i in args[1] if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)]
+    masks = [i for i in args[1] if _is_mask(i)]
     return bool(masks) and all(type(m) is torch.Tensor and not m.is_meta for m in masks)
 
 
 def _masks_as_positions(indices: list) -> list:
     out: list = []
-    for index in indices:
-        if isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8) and type(index) is torch.Tensor:
-            out.extend(index.nonzero().unbind(1))  # one integer index per dimension the mask covers
-        else:
-            out.append(index)
+    for index in indices:  # (every mask here is real: _known_masks)
+        out.extend(index.nonzero().unbind(1) if _is_mask(index) else [index])  # one index per dim it covers
     return out
 
 

@@ -293,7 +293,7 @@ def _hf_model_class(transformers, cfg: Any) -> tuple[Any, str]:
 def _class_for_config(transformers, cfg: Any) -> Any:
     """A class for a configuration no Auto class takes (sub-models such as ``clap_text_model`` or
     ``blip_vision_model``, task-only types such as depth estimation): the other task mappings of
-    ``modeling_auto`` in their order, then the model classes of the configuration's own modeling
+    ``modeling_auto`` (in alphabetical order: the first that names the type), then the model classes of the configuration's own modeling
     module whose ``config_class`` is the configuration's class (``ClapTextConfig`` -> ``ClapTextModel``
     first, then a ``...Model``, then any)."""
     import importlib

@@ -27,6 +27,11 @@ def max_positions(cfg: Any) -> int | None:
     return None
 
 
+def _default_seq(limit: int | None) -> int:
+    """Tokens per sample when ``--seq`` is not given: the model's position limit up to DEFAULT_SEQ."""
+    return min(limit, DEFAULT_SEQ) if limit else FALLBACK_SEQ
+
+
 def inputs_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any, str]:
     """The model's batch and its description; without labels when ``opts.labels`` is False (inference and
     generation feed the inputs alone, so the model computes no loss)."""
@@ -52,7 +57,7 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
         if opts.image_size is not None:
             raise UserError(f"--image-size: {type(model).__name__} takes token ids; use --seq")
         limit = max_positions(cfg)
-        seq = opts.seq or (min(limit, DEFAULT_SEQ) if limit else FALLBACK_SEQ)
+        seq = opts.seq or _default_seq(limit)
         if limit and seq > limit:
             log.warning("--seq %d is longer than the model's %d positions: a real run may fail", seq, limit)
         ids = torch.zeros(batch, seq, dtype=torch.int64, **meta)
@@ -73,7 +78,7 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
         mels = int(getattr(cfg, "num_mel_bins", 80))
         frames = 2 * int(getattr(cfg, "max_source_positions", 1500))
         limit = getattr(cfg, "max_target_positions", None)
-        seq = opts.seq or (min(limit, DEFAULT_SEQ) if limit else FALLBACK_SEQ)
+        seq = opts.seq or _default_seq(limit)
         ids = torch.zeros(batch, seq, dtype=torch.int64, **meta)
         inputs = {"input_features": torch.zeros(batch, mels, frames, dtype=torch.float32, **meta),
                   "decoder_input_ids": ids, "labels": ids}
@@ -144,7 +149,7 @@ def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[
         desc += ", labels"
     elif captions:  # image captioning (BLIP): the caption's tokens, and labels when it has a loss
         limit = max_positions(cfg.text_config)
-        seq = opts.seq or (min(limit, DEFAULT_SEQ) if limit else FALLBACK_SEQ)
+        seq = opts.seq or _default_seq(limit)
         ids = torch.zeros(batch, seq, dtype=torch.int64, **meta)
         inputs["input_ids"] = ids
         desc += f", input_ids {batch}x{seq}"
@@ -198,7 +203,7 @@ def _image_token_id(cfg: Any) -> int | None:
 
 def _seq_for(cfg: Any, opts: SpecOptions, at_least: int, what: str) -> int:
     limit = max_positions(cfg)
-    seq = opts.seq or max(min(limit, DEFAULT_SEQ) if limit else FALLBACK_SEQ, at_least + 1)
+    seq = opts.seq or max(_default_seq(limit), at_least + 1)
     if seq <= at_least:
         raise UserError(f"--seq {seq} leaves no text after the {at_least} {what}: use --seq {at_least + 1} or more "
                         f"(or a smaller --image-size)")
