@@ -245,17 +245,16 @@ def _load_order(cap: Capture) -> list[str]:
     return order + [n for n in list(cap.params) + list(cap.buffers) if n not in seen]
 
 
-def _allocator_steps(cap: Capture, events: list[tuple[int, int, int]], raw: list[int], persistent: set[int],
-                     held: set[int], capacity: int | None = None):
-    """The caching allocator over the model's load, a first step and a second (steady-state) step.
+def _allocator_streams(cap: Capture, events: list[tuple[int, int, int]], raw: list[int], persistent: set[int],
+                       held: set[int]) -> list[list[tuple[int, object, int]]]:
+    """The event streams the caching allocator replays: the model's load, then for each of a first and a
+    second (steady-state) step its events and what the loop drops at its end.
 
     Storages of the model, the inputs, the optimizer state and the library workspaces persist from
     the step that makes them; every other storage is the step's own (a new block each step).  At the
     end of a step the loop drops what it no longer holds: the gradients (``zero_grad(set_to_none=
     True)``), the output, everything but ``held`` (the loss kept for logging, or in inference the
-    output kept until the next one replaces it).  Returns the traces of the two steps."""
-    from .allocator import Allocator, Replay
-
+    output kept until the next one replaces it)."""
     names = {n.target: n.meta["storage"][0] for n in cap.records if n.op == "placeholder"}
     loaded: list[int] = []
     for name in _load_order(cap):
@@ -268,11 +267,7 @@ def _allocator_steps(cap: Capture, events: list[tuple[int, int, int]], raw: list
     remade = {sid for index, sid, delta in events if index >= 0 and delta < 0} & set(at_start) - set(loaded)
     loaded += [sid for sid in at_start if sid not in set(loaded) and sid not in remade]  # inputs, constants
     stays = set(loaded) | set(cap.sids.get("optimizer_state", ())) | persistent
-    sim = Replay(Allocator(capacity))
-    traces = [sim.run([(-2, sid, raw[sid]) for sid in loaded])]
-    if traces[0].oom is not None:
-        return traces
-    traces = []
+    streams: list[list[tuple[int, object, int]]] = [[(-2, sid, raw[sid]) for sid in loaded]]
     for step in (1, 2):
         stream, live = [], set()
         for index, sid, delta in events:
@@ -287,13 +282,37 @@ def _allocator_steps(cap: Capture, events: list[tuple[int, int, int]], raw: list
             else:
                 live.discard(key)
                 stream.append((index, key, -raw[sid]))
-        traces.append(sim.run(stream))
-        if traces[-1].oom is not None:
-            break
         end = len(cap.nodes)
         drop = [(end, key, -raw[key[1]]) for key in sorted(k for k in live if isinstance(k, tuple) and k[1] not in held)]
+        streams += [stream, drop]
+    return streams
+
+
+def _allocator_run(streams: list[list[tuple[int, object, int]]], capacity: int | None = None) -> tuple[list, int]:
+    """The caching allocator of ``capacity`` bytes over :func:`_allocator_streams`: the traces of the two
+    steps (fewer where the load or a step runs out of memory; the load's alone where it does), and the
+    most it reserved over the run."""
+    from .allocator import Allocator, Replay
+
+    sim = Replay(Allocator(capacity))
+    load = sim.run(streams[0])
+    if load.oom is not None:
+        return [load], load.peak_reserved
+    traces, most = [], load.peak_reserved
+    for stream, drop in (streams[1:3], streams[3:5]):
+        traces.append(sim.run(stream))
+        most = max(most, traces[-1].peak_reserved)
+        if traces[-1].oom is not None:
+            break
         sim.run(drop)
-    return traces
+    return traces, most
+
+
+def _allocator_steps(cap: Capture, events: list[tuple[int, int, int]], raw: list[int], persistent: set[int],
+                     held: set[int], capacity: int | None = None):
+    """The caching allocator over the model's load, a first step and a second (steady-state) step
+    (:func:`_allocator_streams`).  Returns the traces of the two steps."""
+    return _allocator_run(_allocator_streams(cap, events, raw, persistent, held), capacity)[0]
 
 
 def allocator_need(cap: Capture, events, raw: list[int], persistent: set[int], held: set[int], low: int,
@@ -302,26 +321,53 @@ def allocator_need(cap: Capture, events, raw: list[int], persistent: set[int], h
     load and two steps without running out of memory.  A failed ``cudaMalloc`` makes it free its cached
     blocks and retry (``release_cached_blocks``), so near the limit it needs less than it reserves when
     unlimited, and more than it allocates (free blocks inside segments still in use cannot serve a large
-    request).  Bisection between ``low`` (the allocated peak) and ``high`` (what it reserves unlimited).
+    request).  Bisection between ``low`` (the allocated peak) and ``high`` (what it reserves unlimited);
+    a capacity at which it runs lowers ``high`` to the most it reserved there (the run at that capacity
+    is the same one: every segment it reserved fitted, and every release it made is still forced).
 
     Checked on an H100 (tests/data/h100_loops/maxbatch.jsonl, tests/test_h100_loops.py): with the measured
     context, the largest micro-batches of GPT-2 124M bf16-mixed (53), BERT-base fp32 at 512 tokens (146) and
     a 155M Llama bf16-mixed (90) are the ones that ran, and one more ran out of memory."""
-    def runs(capacity: int) -> bool:
-        traces = _allocator_steps(cap, events, raw, persistent, held, capacity)
-        return len(traces) == 2 and traces[-1].oom is None
+    streams = _allocator_streams(cap, events, raw, persistent, held)
+
+    def runs(capacity: int) -> int | None:
+        """The most reserved at ``capacity`` when the load and both steps run, else None."""
+        traces, most = _allocator_run(streams, capacity)
+        return most if len(traces) == 2 and traces[-1].oom is None else None
 
     low = min(low, high)
     guess = low + (low >> 3)  # within 12.5 % of the allocated peak in every step measured (4.2-10.9 %)
     if guess < high:
-        if runs(guess):
-            high = guess
+        most = runs(guess)
+        if most is not None:
+            high = min(guess, most)
         else:
             low = guess
     while high - low > step:
         mid = (low + high) // 2
-        low, high = (low, mid) if runs(mid) else (mid, high)
+        most = runs(mid)
+        low, high = (low, min(mid, most)) if most is not None else (mid, high)
     return high
+
+
+def _fragmentation(cap: Capture, events, raw: list[int], persistent: set[int], held: set[int], traces) -> int:
+    """What the simulated caching allocator needs beyond its allocated peak (:func:`allocator_need`), given
+    the ``traces`` of its unlimited run."""
+    high = max(t.peak_allocated for t in traces)
+    return max(0, allocator_need(cap, events, raw, persistent, held, high, max(t.peak_reserved for t in traces))
+               - high)
+
+
+def fragmentation(cap: Capture, target: Any = None) -> int:
+    """The ``fragmentation`` reserve of :func:`simulate` on the CUDA device with ``need=True``, on its own:
+    for a trace simulated with ``need=False`` whose fit is asked later (a search's points are not)."""
+    from .target import CudaTarget
+
+    raw = list(cap.storage_bytes)
+    events, persistent, _ = with_library_memory(cap, target or CudaTarget(), raw, categories(cap))
+    held = set(cap.sids.get("loss") or cap.sids.get("output", set()))
+    traces = _allocator_steps(cap, events, raw, persistent, held)
+    return _fragmentation(cap, events, raw, persistent, held, traces)
 
 
 def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None = None,
@@ -376,8 +422,7 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
         reserve = dict(CUDA_RESERVE)
         high = max(steady[0], first[0])
         if need and traces is not None and len(traces) == 2 and capacity is None:
-            need = allocator_need(cap, events, raw, persistent, held, high, max(t.peak_reserved for t in traces))
-            reserve["fragmentation"] = max(0, need - high)
+            reserve["fragmentation"] = _fragmentation(cap, events, raw, persistent, held, traces)
         else:
             reserve["fragmentation"] = int(FRAGMENTATION * high)
     return MemoryProfile(

@@ -211,7 +211,7 @@ def test_rows_add_up_to_the_peak_for_every_strategy_and_precision(device):
             # what the caching allocator needs beyond the peak: simulated on the traced step (CUDA engines),
             # the 2.5 % first guess for ZeRO laid out by hand (and on CPU, where no allocator runs)
             traced = planner.traced(planner_layout(planner, strategy, 16), ())
-            simulated = traced.profile.reserve.get("fragmentation") if device == "cuda" and strategy not in (
+            simulated = traced.fragmentation() if device == "cuda" and strategy not in (
                 "zero1", "zero2", "zero3") else None
             expected = simulated if simulated is not None else int(FRAGMENTATION * p.per_gpu.peak)
             assert p.verdict.reserve["fragmentation"] == expected, (precision, strategy)

@@ -297,8 +297,9 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
             raise
         collectives = find_collectives(cap, layout.gpus_per_node)
     streams = {i: stream_names.get(n.meta["stream"], "side") for i, n in enumerate(cap.nodes) if "stream" in n.meta}
-    step = Step(cap, tally(cap), simulate(cap, device, target=options.cuda), storage_rows(cap), value, collectives,
-                notes, streams)
+    # the allocator's need (the fragmentation reserve) only when a fit is asked (Step.fragmentation)
+    step = Step(cap, tally(cap), simulate(cap, device, target=options.cuda, need=False), storage_rows(cap), value,
+                collectives, notes, streams, lazy_need=device == "cuda", cuda_target=options.cuda)
     if cap.fallback_reason:
         step.notes.append(cap.fallback_reason)
     return step

@@ -221,7 +221,7 @@ class Planner:
         out = dict(CUDA_RESERVE)
         prof = step.profile if step is not None and layout is not None and layout.traced else None
         if prof is not None and prof.device == self.device == "cuda" and "fragmentation" in prof.reserve:
-            out["fragmentation"] = prof.reserve["fragmentation"]
+            out["fragmentation"] = step.fragmentation()
         else:
             out["fragmentation"] = int(FRAGMENTATION * peak)
         return out

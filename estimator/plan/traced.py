@@ -29,6 +29,7 @@ import torch.utils._pytree as pytree
 from ..capture import Capture
 from ..graph import OpNode
 from ..memory import CUDA_BLOCK, Category, MemoryProfile, categories, round_cuda, simulate
+from ..memory import fragmentation as memory_fragmentation
 from ..tally import Tally
 
 ROWS = ("parameters", "gradients", "optimizer_state", "gathered_parameters", "weight_copies", "comm_buffers",
@@ -237,6 +238,17 @@ class Step:
     streams: dict[int, str] = field(default_factory=dict)  # node index -> the side stream it runs on
     _timeline: Timeline | None = field(default=None, repr=False)
     _library: dict[str, int] = field(default_factory=dict, repr=False)
+    lazy_need: bool = field(default=False, repr=False)  # simulated with need=False: fragmentation() computes it
+    cuda_target: Any = field(default=None, repr=False)  # the CudaTarget it was simulated for
+    _fragmentation: int | None = field(default=None, repr=False)
+
+    def fragmentation(self) -> int:
+        """What the simulated caching allocator needs beyond the allocated peak on the CUDA device
+        (:func:`estimator.memory.fragmentation`), computed when first asked: a search's points never are."""
+        if self._fragmentation is None:
+            self._fragmentation = memory_fragmentation(self.cap, self.cuda_target) if self.lazy_need else \
+                self.profile.reserve.get("fragmentation", 0)
+        return self._fragmentation
 
     def peak(self, device: str, sizes: Sequence[float] | None = None, extra: dict[str, float] | None = None,
              drop: frozenset[str] = frozenset()) -> Peak:
