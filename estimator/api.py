@@ -100,6 +100,7 @@ def estimate(
     new_tokens: int | None = None,
     kv_cache: str = "dynamic",
     quantize: str | None = None,
+    compile: Any = None,
 ) -> Report:
     """Estimate one training step (forward, loss, backward, optimizer step) of ``model``.
 
@@ -153,6 +154,11 @@ def estimate(
         quantize: ``"int8"`` or ``"int4"`` (inference and generation): the weights of the Linear layers as
             bitsandbytes quantizes them (see :mod:`estimator.quantize`); the headline, ``needed`` and the
             fit are sized with them.
+        compile: the step as ``torch.compile`` (Inductor, default mode) runs it: ``"block"`` (or True: each block
+            of the model's stack of identical blocks compiled, as torchtitan applies it) or ``"model"`` (the
+            model's forward compiled whole); what forward saves is AOTAutograd's min-cut partition, the fusion
+            Inductor's approximated (see :mod:`estimator.capture.compiled`).  The report gives the eager step
+            beside it.
     """
     if device not in ("cuda", "cpu"):
         raise UserError(f"device must be 'cuda' or 'cpu', not {device!r}")
@@ -163,6 +169,11 @@ def estimate(
         target_gpu = gpu if isinstance(gpu, GPU) else lookup(gpu)
     _check_mode(mode, grad_accum, quantize, prompt_len, new_tokens)
     policy = parse_policy(checkpoint_policy)
+    from .capture.compiled import check_mode
+
+    compiled = check_mode(compile)
+    if compiled is not None and mode == "generate":
+        raise UserError("compile sizes training and inference steps; drop it for mode='generate'")
     options = StepOptions(
         loss_fn=loss_fn,
         optimizer=optimizer if mode == "train" else None,
@@ -173,6 +184,7 @@ def estimate(
         keep_output=bool(keep_output),
         grad_accum=grad_accum,
         replicate=replicate,
+        compile=compiled,
         target=device,
         cuda=CudaTarget.for_gpu(target_gpu, _torch_version(cuda_torch)) if device == "cuda" else None,
     )
@@ -202,6 +214,8 @@ def estimate(
 
         progress("timing the step")
         report.step_time = step_time(report, target_gpu)
+    if compiled is not None:
+        report.compiled = _eager_beside(model, inputs, options, trace, device, target_gpu, report, progress)
     if target_gpu is not None and solve_batch:
         if mode != "train":
             report.max_batch_note = "not searched: the largest batch is planned for training steps only"
@@ -214,6 +228,28 @@ def estimate(
                 precision=options.precision.name, trace=trace, keep_output=options.keep_output, grad_accum=grad_accum,
                 replicate=replicate)
     return report
+
+
+def _eager_beside(model, inputs, options: StepOptions, trace: str, device: str, gpu: GPU | None, report: Report,
+                  progress: Progress) -> dict[str, Any]:
+    """The compiled step's figures beside the same step run eager (the report's side-by-side line)."""
+    from dataclasses import replace
+
+    progress("tracing the eager step beside the compiled one")
+    cap = capture(model, inputs, replace(options, compile=None), mode=trace, progress=progress)
+    t, profile = _analyse(cap, replace(options, compile=None), device, progress)
+    eager_time = None
+    if gpu is not None and device == "cuda":
+        from .timing import step_time
+
+        eager_time = step_time(cap, gpu).total
+    compiled_time = report.step_time.total if report.step_time is not None else None
+    kernels = len({n.meta["kernel"] for n in report.capture.nodes if "kernel" in n.meta})
+    compiled_ops = sum(1 for n in report.capture.nodes if n.meta.get("compiled"))
+    return {"mode": options.compile, "fused_kernels": kernels, "compiled_ops": compiled_ops,
+            "peak": report.memory.peak if report.memory else None, "eager_peak": profile.peak,
+            "activations": report.tally.activations_bytes, "eager_activations": t.activations_bytes,
+            "step_time_s": compiled_time, "eager_step_time_s": eager_time}
 
 
 def _model_states_over(report: Report, gpu: GPU) -> str | None:

@@ -206,6 +206,22 @@ def _apply(policy: str, args: tuple, kwargs: dict, low: torch.dtype, op: Any = N
     return args, kwargs  # "none": run uncast
 
 
+_GRAPH_TRACING = [False]  # a graph tracer runs (AOTAutograd): see graph_tracing
+
+
+@contextlib.contextmanager
+def graph_tracing():
+    """Inside, the autocast kernels' fall-through ("none") runs the op with autocast excluded instead of
+    redispatching past it: under the Python dispatcher a graph tracer turns on, a redispatch from a Python
+    kernel comes back to that kernel.  Ops nested in such an op then run uncast (none of a transformer
+    block's are: rotate_half's neg and cat, the residual adds)."""
+    previous, _GRAPH_TRACING[0] = _GRAPH_TRACING[0], True
+    try:
+        yield
+    finally:
+        _GRAPH_TRACING[0] = previous
+
+
 def _autocast_kernel(op: Any, policy: str, cpu_policy: str, capturing: Callable[[], bool]) -> Callable:
     """An AutocastCPU kernel.  A casting policy runs the op with autocast off for everything inside it,
     as the C++ wrappers do (``ExcludeDispatchKeyGuard``); "none" is a fallthrough: the op runs uncast
@@ -215,6 +231,9 @@ def _autocast_kernel(op: Any, policy: str, cpu_policy: str, capturing: Callable[
     def kernel(keyset, *args, **kwargs):
         active = policy if capturing() else cpu_policy
         if active == "none":
+            if _GRAPH_TRACING[0]:
+                with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
+                    return op(*args, **kwargs)
             return op.redispatch(keyset.remove(torch._C.DispatchKey.AutocastCPU), *args, **kwargs)
         args, kwargs = _apply(active, args, kwargs, torch.get_autocast_dtype("cpu"), op)
         with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):

@@ -87,6 +87,8 @@ class ReportData:
     # mode="generate": the prefill and the last decode step, the KV cache (estimator.generation.GenerationData)
     generation: Any = None
     quantize: str | None = None  # "int8" or "int4": the estimate is sized with those weights (estimator.quantize)
+    # estimate(compile=...): the compiled step's figures beside the eager step's (estimator.api._eager_beside)
+    compiled: dict[str, Any] | None = None
 
     # -- access ---------------------------------------------------------------
     @property

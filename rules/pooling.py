@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from math import prod
 
-from .registry import OTHER, aten_ops, register, register_zero
+import torch
+
+from .registry import OTHER, aten_ops, lookup, register, register_late, register_zero
 
 # -- math helpers (pure functions of shapes) ---------------------------------
 
@@ -271,3 +273,34 @@ def grid_sampler_backward(call):
     mask = call.get("output_mask") or (True, True)
     per = (2 * taps if mask[0] else 0) + (2 * dims * taps if mask[1] else 0)
     return call["grad_output"].numel * per
+
+
+# -- Inductor's low-memory max pooling (the ops of a torch.compile graph, estimator.capture.compiled) --------
+
+
+def _prims_op(name: str):
+    return getattr(getattr(torch.ops.prims, name, None), "default", None)
+
+
+def low_memory_max_pool(call):
+    """out.numel * prod(kernel_size): max pooling that keeps int8 window offsets instead of int64 indices
+    (Inductor's decomposition of ``max_pool2d_with_indices``; one comparison per window element)."""
+    dims = len(call["kernel_size"])
+    return pool_flops(call.out.numel, window_size(call["kernel_size"], dims))
+
+
+def offsets_to_indices(call):
+    """out.numel: one index computed per window offset (a few integer multiply-adds, counted once)."""
+    return call.out.numel
+
+
+def register_inductor_prims() -> None:
+    """Inductor defines these prims when it is imported (a torch.compile estimate imports it)."""
+    for name, rule in (("_low_memory_max_pool_with_offsets", low_memory_max_pool),
+                       ("_low_memory_max_pool_offsets_to_indices", offsets_to_indices)):
+        op = _prims_op(name)
+        if op is not None and lookup(op) is None:
+            register(op, kind=OTHER)(rule)
+
+
+register_late("prims", register_inductor_prims)

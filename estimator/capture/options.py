@@ -56,6 +56,8 @@ class StepOptions:
     prepare: Callable[[torch.nn.Module, Any], tuple[torch.nn.Module, torch.nn.Module]] | None = None
     # one step of transformers' generate() with its KV cache instead of a training step (see .generate)
     generation: Any = None
+    # torch.compile: None (eager), "block" (each block of the stack of identical blocks) or "model" (see .compiled)
+    compile: str | None = None
 
 
 @dataclass

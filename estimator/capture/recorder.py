@@ -113,6 +113,8 @@ class Recorder(TorchDispatchMode):
         self.order: list[OpNode] = []  # aten ops only
         self.phase = Phase.FORWARD
         self.micro_step = 0  # gradient accumulation: the micro-step being traced (meta["micro_step"] when > 0)
+        self.compiled = False  # ops run by a torch.compile region's graph (meta["compiled"]; see .compiled)
+        self.compiling = False  # a region being compiled: nothing it runs is the step's
         # the stream ops are issued on: engines traced on the CPU (FSDP2) switch torch.cpu's streams
         # as they switch CUDA streams on a GPU; an op issued on another than this one is tagged with
         # ``meta["stream"]`` (the id of its stream object), which the planner names
@@ -272,6 +274,8 @@ class Recorder(TorchDispatchMode):
         meta: dict[str, Any] = {"module": module, "phase": self.phase}
         if self.micro_step:
             meta["micro_step"] = self.micro_step
+        if self.compiled:
+            meta["compiled"] = True
         stream = torch.cpu.current_stream()
         if stream is not self.default_stream:
             meta["stream"] = id(stream)

@@ -50,6 +50,10 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
     with without_layer_drop(model) as assumed, same_random_draws(), eager_paths():
         cap = _capture(model, args, kw, opts, mode, progress)
     cap.assumptions.extend(assumed)
+    if opts.compile is not None:
+        from .compiled import fuse
+
+        fuse(cap)
     return cap
 
 

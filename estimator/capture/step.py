@@ -142,6 +142,7 @@ class Step:
         self.loss_source = "none (inference)"
         self.generation: dict[str, Any] | None = None  # a step of generate() (see .generate)
         self.extra_sids: dict[str, set[int]] = {}  # storages of categories the step's own tensors do not give
+        self.notes: list[str] = []  # what the capture assumed (the report's assumptions)
 
     # -- set-up ---------------------------------------------------------------------------------
     def _make_traced(self, args: tuple, kwargs: dict, named_buffers: dict) -> None:
@@ -195,6 +196,10 @@ class Step:
             gc.disable()
             stack.callback(gc.enable)
         stack.callback(wrap_checkpointed(model, opts.checkpoint, opts.checkpoint_policy))
+        if opts.compile is not None:
+            from .compiled import compiled_regions
+
+            stack.enter_context(compiled_regions(model, opts.compile, self.rec, self._paused, self.notes))
         # The traced tensors stand in for the model's own for the whole step (backward recomputation of
         # checkpointed regions included), as torch.func.functional_call does for a single call.
         swap = _reparametrize_module(model, {**self.params, **self.buffers}, tie_weights=True, strict=False) \
@@ -276,6 +281,22 @@ class Step:
             # kept to the end of the capture: a serving loop holds the output it returns
             self.output = self._guard(lambda: self.call(*self.t_args, **self.t_kwargs))
 
+    @contextlib.contextmanager
+    def _paused(self):
+        """Nothing run inside is the step's: not recorded, not saved (a torch.compile region compiling)."""
+        fake, rec = self.fake_mode, self.rec
+        recording = fake.recording if fake is not None else None
+        if fake is not None:
+            fake.recording = False
+        rec.compiling = True
+        try:
+            with contextlib.nullcontext() if fake is not None else _disable_current_modes():
+                yield
+        finally:
+            rec.compiling = False
+            if fake is not None:
+                fake.recording = recording
+
     def _unrecorded(self, fn: Callable[[], Any]) -> Any:
         """``fn()`` with the recorder off: tensor bookkeeping of the capture itself, not the step's."""
         fake = self.fake_mode
@@ -301,6 +322,8 @@ class Step:
         state_sids = param_sids | {rec.sid(storage_of(b)) for b in self.buffers.values()}
 
         def pack(t: torch.Tensor) -> torch.Tensor:
+            if rec.compiling:
+                return t
             if rec.phase in FORWARD_PHASES:
                 sid = rec.sid(storage_of(t))
                 if sid not in state_sids:
@@ -449,6 +472,7 @@ class Step:
             keep_output=self.opts.keep_output,
             grad_accum=self.opts.grad_accum if self.opts.train else 1,
             generation=self.generation,
+            assumptions=self.notes,  # the same list: notes made on leaving the step come too
         )
 
     # -- errors ---------------------------------------------------------------------------------

@@ -72,6 +72,11 @@ def add_common(p: argparse.ArgumentParser, *, precisions: Sequence[str] = PRECIS
                        help="--mode generate: transformers' DynamicCache (grown token by token, generate()'s "
                             "default) or StaticCache (allocated for P + N - 1 tokens at the first step, "
                             "cache_implementation='static') (default: dynamic), e.g. --kv-cache static")
+        p.add_argument("--compile", nargs="?", const="block", choices=("block", "model"), default=None,
+                       help="the step as torch.compile (Inductor, default mode) runs it, beside the eager step: "
+                            "block (each block of the stack of identical blocks, as torchtitan compiles; the "
+                            "default when no value is given) or model (the whole forward, as nanoGPT), "
+                            "e.g. --compile")
         p.add_argument("--quantize", choices=("int8", "int4"),
                        help="--mode inference or generate: the weights of the Linear layers quantized as "
                             "bitsandbytes lays them out (int8: LLM.int8(); int4: NF4), the headline sized with "

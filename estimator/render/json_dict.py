@@ -52,6 +52,7 @@ def to_dict(report: ReportData, depth: int | None = None) -> dict[str, Any]:
         "loop": ({"keep_output": report.capture.keep_output, "grad_accum": report.capture.grad_accum}
                  if report.mode == "train" else None),
         "checkpoint": report.checkpoint.to_dict() if report.checkpoint else None,
+        "compile": dict(report.compiled) if report.compiled else None,
         "modules": [r.to_dict() for r in report.module_rows(depth)],
         "unsupported_ops": list(t.unsupported),
         "kernels": report.kernels,

@@ -118,6 +118,8 @@ def summary_rows(report: ReportData) -> list[tuple[str, str]]:
         rows.append((f"What-if: checkpoint {', '.join(c.classes)}{policy}",
                      f"peak {fmt_bytes(c.peak)} (saves {fmt_bytes(c.peak_saved)}), "
                      f"backward +{fmt_flops(c.flops_added)}"))
+    if report.compiled:
+        rows.append(compile_row(report.compiled))
     for q in report.quantized:
         rows.append((f"What-if: {q.scheme} weights", f"peak {fmt_bytes(q.peak)}, parameters {fmt_bytes(q.parameters)} "
                                                     f"({q.layers} Linear layers; {q.layout})"))
@@ -127,6 +129,19 @@ def summary_rows(report: ReportData) -> list[tuple[str, str]]:
         where = "real CPU tensors" if report.capture.mode == "real" else "fake tensors"
         rows.append(("Capture", f"{where} ({report.capture.fallback_reason})"))
     return rows
+
+
+def compile_row(c: dict) -> tuple[str, str]:
+    """The compiled step beside the eager one: step time (on a GPU), peak, activations, kernels."""
+    parts = []
+    if c.get("step_time_s") is not None and c.get("eager_step_time_s") is not None:
+        parts.append(f"step {c['step_time_s'] * 1e3:.1f} ms (eager {c['eager_step_time_s'] * 1e3:.1f} ms, "
+                     f"{c['eager_step_time_s'] / c['step_time_s']:.2f}x)")
+    if c.get("peak") is not None:
+        parts.append(f"peak {fmt_bytes(c['peak'])} (eager {fmt_bytes(c['eager_peak'])})")
+    parts.append(f"activations {fmt_bytes(c['activations'])} (eager {fmt_bytes(c['eager_activations'])})")
+    parts.append(f"{c['fused_kernels']:,} fused kernels")
+    return f"torch.compile ({c['mode']}) vs eager", ", ".join(parts)
 
 
 _RESERVE_LABEL = {"cuda_context": "CUDA context", "cublas_workspace": "cuBLAS workspace",

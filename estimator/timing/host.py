@@ -35,6 +35,8 @@ def cpu_seconds(w: OpWork, model: TimingModel) -> float:
     launch), plus the foreach optimizer's per-tensor Python."""
     if w.kind == HOST:
         return 0.0  # the optimizer's scalar reads: inside its per-tensor cost (cpu_tensor)
+    if w.compiled:  # a compiled graph's wrapper launches it: no dispatcher, autograd or model Python per op
+        return inop_seconds(w, model.cpu_inop, model.cpu_inop_class) if w.kind not in (VIEW, SYNC) else 0.0
     t = model.cpu_view[w.phase]
     if w.kind in (VIEW, SYNC):
         return t + (model.cpu_sync if w.kind == SYNC else 0.0)

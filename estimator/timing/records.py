@@ -61,6 +61,7 @@ class OpWork:
     library: str = ""  # "cublas" or "cudnn": a library call (host cost of descriptors, heuristics, plans)
     sync: bool = False  # the host reads a device value (waits for the GPU) before it goes on
     memory_class: str = "elementwise"  # how a memory-bound kernel streams (see MEMORY_CLASS)
+    compiled: bool = False  # run by a torch.compile graph: the host only launches it (see host.cpu_seconds)
 
     @property
     def bytes(self) -> int:
@@ -93,6 +94,9 @@ class OpWork:
         placeholders and ``getitem`` bookkeeping."""
         if getattr(node, "op", None) != "call_function" or node.target is operator.getitem:
             return None
+        meta = node.meta
+        if meta.get("compiled"):
+            return _compiled_work(node)
         target = node.target
         name = str(target)
         base = op_base(name) if "." in name else getattr(target, "__name__", name)
@@ -101,6 +105,37 @@ class OpWork:
         outs = [(tuple(s.shape), _dtype_name(s.dtype), None) for s in (node.meta.get("spec") or ()) if s is not None]
         causal = _node_causal(node)
         return _work(name, base, phase, ins, outs, causal, _NodeShapes(node, ins, outs, producers))
+
+
+def _compiled_work(node: Any) -> "OpWork | None":
+    """An op of a torch.compile graph (:mod:`estimator.capture.compiled`): a fused op is its kernel's (the
+    kernel's work on its last op: one launch, the bytes it reads from outside and the buffers it writes,
+    ``meta["fused"]``; None on the others); a view is no kernel and no host work (Inductor folds it into
+    the indexing); a library kernel is the op's own work, launched by the graph."""
+    meta = node.meta
+    phase = _phase(meta.get("phase", "forward"))
+    if "kernel" in meta:
+        fused = meta.get("fused")
+        if fused is None:
+            return None
+        return OpWork("inductor.fused", phase, MEMORY, bytes_read=fused["read"], bytes_written=fused["written"],
+                      dtype=fused.get("dtype"), memory_class=fused.get("class", "elementwise"), compiled=True)
+    from dataclasses import replace
+
+    work = OpWork.from_node(_Eager(node))
+    if work is None or work.kind == VIEW:
+        return None
+    return replace(work, compiled=True)
+
+
+class _Eager:
+    """A captured node seen without its ``compiled`` mark (its op's own work)."""
+
+    op = "call_function"
+
+    def __init__(self, node: Any):
+        self.target, self.args, self.kwargs = node.target, node.args, node.kwargs
+        self.meta = {k: v for k, v in node.meta.items() if k != "compiled"}
 
 
 def _phase(phase: str) -> str:

@@ -1,0 +1,361 @@
+"""The step as ``torch.compile`` (Inductor, default mode) runs it, on traced tensors.
+
+What compiling changes in a training step, and where each piece comes from:
+
+* **What forward saves for backward.**  AOTAutograd traces the compiled region's forward and backward
+  as one joint graph and splits it with the min-cut partitioner Inductor uses
+  (``min_cut_rematerialization_partition(compiler="inductor")``, Inductor's decomposition table):
+  cheap pointwise results are recomputed in backward instead of saved.  Here that is PyTorch's own
+  code on the traced tensors: each compiled region is an ``aot_function`` whose forward and backward
+  graphs run op by op under the recorder, so the saved tensors, the recomputation and every op's
+  shape are the compiled step's.
+* **Which ops become one kernel.**  Inductor's scheduler fuses the pointwise, reduction and view ops
+  of a graph into kernels and calls library kernels (matmuls, convolutions, attention, collectives)
+  as they are ("extern kernels").  Its lowering needs a GPU code generator, so the fusion is
+  approximated (:func:`fuse`): inside one compiled graph, every connected group of non-library ops
+  is one kernel; a tensor made and used only inside a group is never written to memory (no buffer),
+  one that a library kernel, the other graph or the caller reads is.  The approximation is stated in
+  the report.
+* **Regions**: ``"block"``, each block of the model's stack of identical blocks compiled on its own,
+  as torchtitan applies ``torch.compile`` (and the rest eager); ``"model"``, the model's forward
+  compiled whole (nanoGPT's ``torch.compile(model)``); the loss outside unless the model computes it.
+
+Not modelled: Dynamo's graph breaks (a region AOTAutograd cannot trace runs eager, and the report
+says so), CUDA graphs (``mode="reduce-overhead"``), autotuned matmul templates (``max-autotune``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import operator
+from typing import Any, Iterator
+
+import torch
+import torch.utils._pytree as pytree
+from torch.nn.utils.stateless import _reparametrize_module
+
+COMPILE_MODES = ("block", "model")
+
+# Library kernels Inductor calls as they are (extern kernels and fallbacks): their inputs and outputs
+# are buffers in memory.  Every other op of a compiled graph is lowered and fused.
+_EXTERN = {
+    "mm", "addmm", "bmm", "baddbmm", "matmul", "convolution", "convolution_backward", "_convolution",
+    "_scaled_mm", "_grouped_mm", "_scaled_grouped_mm",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",
+    "_flash_attention_forward", "_flash_attention_backward", "_efficient_attention_forward",
+    "_efficient_attention_backward", "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention_for_cpu_backward", "_fused_rms_norm", "_fused_rms_norm_backward",
+    "cudnn_batch_norm", "cudnn_batch_norm_backward", "_cudnn_rnn", "_cudnn_rnn_backward",
+    "embedding_dense_backward", "_embedding_bag", "_embedding_bag_backward", "sort", "topk", "cumsum",
+    "_unique2", "nonzero", "_fused_adam", "_fused_adamw",
+}
+# ops that make no kernel at all (views and metadata): they neither fuse nor break a group
+_VIEWS = {"view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "alias", "squeeze",
+          "unsqueeze", "slice", "select", "as_strided", "split", "split_with_sizes", "unbind", "detach",
+          "_reshape_alias", "view_as", "unflatten", "flatten", "diagonal", "narrow", "lift_fresh"}
+
+
+def is_extern(target: Any) -> bool:
+    """Whether Inductor runs this op as a library kernel of its own (not fused)."""
+    packet = getattr(target, "overloadpacket", None)
+    name = getattr(packet, "__name__", "") if packet is not None else ""
+    return name in _EXTERN or getattr(getattr(target, "namespace", None), "__str__", lambda: "")() in ("c10d",
+                                                                                                        "_c10d_functional")
+
+
+def is_view(target: Any) -> bool:
+    packet = getattr(target, "overloadpacket", None)
+    return getattr(packet, "__name__", "") in _VIEWS
+
+
+def check_mode(compile: Any) -> str | None:
+    """``compile`` as given to estimate/plan: None/False (eager), True or ``"block"``, ``"model"``."""
+    from ..errors import UserError
+
+    if compile in (None, False, "", "none", "eager"):
+        return None
+    if compile is True:
+        return "block"
+    if isinstance(compile, str) and compile.lower() in COMPILE_MODES:
+        return compile.lower()
+    raise UserError(f"compile must be one of {', '.join(COMPILE_MODES)} (or false), not {compile!r}")
+
+
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device)
+
+
+class _Region:
+    """One compiled module: its forward replaced by an AOTAutograd function of (parameters, buffers,
+    tensor inputs), compiled at its first call with the recorder off (the non-tensor arguments baked in,
+    as Dynamo specializes on them; a new graph for other ones or other shapes), then run under the
+    recorder."""
+
+    def __init__(self, module: torch.nn.Module, recorder: Any, pause: Any, path: str, split: Any) -> None:
+        self.module, self.rec, self.pause, self.path, self.split = module, recorder, pause, path, split
+        self.forward = module.forward  # the bound method the graph traces
+        self.graphs: dict[tuple, Any] = {}
+        self.failed: str | None = None
+
+    def _aot(self, leaves: list, spec: Any, where: list[int], out: dict) -> Any:
+        import torch._inductor.lowering  # noqa: F401  (the partitioner reads Inductor's fallback ops from it)
+        from functorch.compile import aot_function, make_boxed_func, min_cut_rematerialization_partition
+        from torch._inductor.decomposition import select_decomp_table
+
+        forward, module = self.forward, self.module
+
+        def f(state: dict, tensors: list) -> list:
+            flat = list(leaves)
+            for i, t in zip(where, tensors):
+                flat[i] = t
+            args, kwargs = pytree.tree_unflatten(flat, spec)
+            with _reparametrize_module(module, state, tie_weights=True, strict=False):
+                result = forward(*args, **kwargs)
+            flat_out, out["spec"] = pytree.tree_flatten(result)
+            bad = [type(x).__name__ for x in flat_out if not isinstance(x, (torch.Tensor, *_PLAIN))]
+            if bad:
+                raise TypeError(f"the output holds a {bad[0]}, which the graph cannot return")
+            out["leaves"] = [None if isinstance(x, torch.Tensor) else x for x in flat_out]
+            return [x for x in flat_out if isinstance(x, torch.Tensor)]
+
+        rec = self.rec
+
+        def compiler(gm: torch.fx.GraphModule, _inputs: Any) -> Any:
+            graph = gm.forward
+
+            def run(*args: Any) -> Any:  # the forward graph, or the backward one when autograd calls it
+                previous, rec.compiled = rec.compiled, True
+                try:
+                    return graph(*args)
+                finally:
+                    rec.compiled = previous
+
+            return make_boxed_func(run)
+
+        partition = functools.partial(min_cut_rematerialization_partition, compiler="inductor")
+        return aot_function(f, compiler, compiler, partition_fn=partition, decompositions=select_decomp_table())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.failed is not None:
+            return self.forward(*args, **kwargs)
+        state = {**dict(self.module.named_parameters()), **dict(self.module.named_buffers())}
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        where = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        tensors = [leaves[i] for i in where]
+        key = (str(spec), tuple(repr(x) if i not in where else (tuple(x.shape), x.dtype, x.requires_grad)
+                                for i, x in enumerate(leaves)))
+        graph = self.graphs.get(key)
+        if graph is None:
+            out: dict = {}
+            try:
+                odd = [type(x).__name__ for x in leaves if not isinstance(x, (torch.Tensor, *_PLAIN))]
+                if odd:  # state the graph would mutate (a KV cache): Dynamo traces it, AOTAutograd cannot
+                    raise TypeError(f"an argument of type {odd[0]} (for a transformers model, use_cache=False)")
+                fn = self._aot([None if i in where else x for i, x in enumerate(leaves)], spec, where, out)
+                from ..precision import graph_tracing
+
+                with self.pause(), graph_tracing():  # the compilation (and its first run) is not the step
+                    fn(state, tensors)
+                graph = self.graphs[key] = (fn, out)
+            except Exception as exc:  # a region AOTAutograd cannot trace runs eager (Dynamo's graph break)
+                from ..errors import from_outside
+
+                if from_outside(exc):
+                    raise
+                import logging
+
+                logging.getLogger(__name__).debug("compiling %s failed", type(self.module).__name__, exc_info=True)
+                self.failed = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+                self.split(self)  # its submodules compiled instead, as Dynamo's graph breaks split a graph
+                return self.forward(*args, **kwargs)
+        fn, out = graph
+        results = iter(fn(state, tensors))
+        return pytree.tree_unflatten([next(results) if x is None else x for x in out["leaves"]], out["spec"])
+
+
+@contextlib.contextmanager
+def compiled_regions(model: torch.nn.Module, mode: str, recorder: Any, pause: Any,
+                     notes: list[str]) -> Iterator[None]:
+    """``model`` with the regions of ``mode`` compiled (their ``forward`` replaced), put back on exit;
+    ``notes`` gets what was compiled and what ran eager."""
+    from .blocks import find_repeats
+
+    modules: list[tuple[str, torch.nn.Module]] = []
+    if mode == "block":
+        repeats = find_repeats(model, minimum=2)
+        if repeats is not None:
+            stack = model.get_submodule(repeats.path)
+            modules = [(f"{repeats.path}.{i}", m) for i, m in enumerate(stack)]
+            notes.append(f"torch.compile per block (each {type(modules[0][1]).__name__} of {repeats.path}) as "
+                         f"torchtitan applies it; the rest of the model eager")
+        else:
+            notes.append("torch.compile per block: the model has no stack of identical blocks, so it is "
+                         "compiled whole")
+    if not modules:
+        modules = [("", model)]
+        if mode == "model":
+            notes.append("torch.compile of the whole model's forward (the loss eager unless the model computes it)")
+    regions: list[_Region] = []
+    own: list[Any] = []  # a forward set on the instance itself, put back on exit
+
+    def install(path: str, module: torch.nn.Module) -> None:
+        region = _Region(module, recorder, pause, path, split)
+        own.append(module.__dict__.get("forward"))
+        regions.append(region)
+        module.forward = region
+
+    def split(region: _Region) -> None:
+        """Compile the submodules of a region that failed, each on its own (containers looked into)."""
+        for name, child in region.module.named_children():
+            split_one(f"{region.path}.{name}" if region.path else name, child)
+
+    def split_one(path: str, child: torch.nn.Module) -> None:
+        if isinstance(child.__dict__.get("forward"), _Region):
+            return
+        if isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            for name, sub in child.named_children():
+                split_one(f"{path}.{name}", sub)
+        else:
+            install(path, child)
+
+    for path, module in modules:
+        install(path, module)
+    try:
+        yield
+    finally:
+        for region, previous in zip(reversed(regions), reversed(own)):
+            if previous is None:
+                del region.module.forward  # the class's forward again
+            else:
+                region.module.forward = previous
+        failed = [r for r in regions if r.failed]
+        if failed:
+            leaves = [r for r in failed if not any(c.path.startswith(r.path) and c is not r for c in regions)
+                      or not list(r.module.children())]
+            first = failed[0]
+            notes.append(f"torch.compile: {first.path or 'the model'} could not be traced whole by AOTAutograd "
+                         f"({first.failed}); its submodules compiled one by one instead, as Dynamo's graph breaks "
+                         f"split it ({len(leaves)} module(s) run eager)")
+        notes.append("torch.compile: what forward saves is AOTAutograd's min-cut partition (Inductor's); "
+                     "Inductor's fusion approximated: each connected group of non-library ops in a compiled "
+                     "graph is one kernel whose inner tensors take no memory")
+
+
+# -- Inductor's fusion, approximated ------------------------------------------------------------------
+
+_KEPT = ("parameter", "buffer", "input", "gradient", "optimizer_state", "saved", "loss", "output", "engine")
+
+
+def _graph_key(meta: dict) -> tuple:
+    """Which compiled graph an op belongs to: forward or backward, of which module, in which micro-step."""
+    return ("bw" if meta.get("phase") == "backward" else "fw", meta.get("module", ""), meta.get("micro_step", 0))
+
+
+def fuse(cap: Any) -> int:
+    """Inductor's fusion on a capture with compiled regions, approximated: in each compiled graph the
+    ops that are neither library kernels (:func:`is_extern`) nor views form kernels, a producer and its
+    consumer in one kernel when no library kernel lies between them (the consumer reads no result of a
+    library kernel that ran after the producer: both are at the same *library depth*, the most library
+    kernels on a path from the graph's inputs); a storage made by such a kernel and read only inside it is
+    never written (its bytes set to 0: no block, no traffic), one read by a library kernel, another kernel
+    or graph, eager code, or kept (saved for backward, an output, a gradient) is a buffer.  Each fused op
+    gets ``meta["kernel"]`` (its kernel's first op index).  Returns the number of kernels."""
+    nodes = cap.nodes
+    index = {id(n): i for i, n in enumerate(nodes)}
+    compiled = [bool(n.meta.get("compiled")) for n in nodes]
+    extern = [is_extern(n.target) for n in nodes]
+    view = [is_view(n.target) for n in nodes]
+    fusible = [c and not e and not v for c, e, v in zip(compiled, extern, view)]
+    keys = [_graph_key(n.meta) for n in nodes]
+
+    def producer(record: Any) -> int | None:
+        i = index.get(id(record))
+        if i is None and getattr(record, "target", None) is operator.getitem:
+            i = index.get(id(record.args[0]))
+        return i
+
+    inputs: list[list[int]] = []
+    depth = [0] * len(nodes)  # library kernels on the longest path from the graph's inputs to the op
+    for i, n in enumerate(nodes):
+        ins = [q for a in pytree.tree_leaves((n.args, n.kwargs)) if isinstance(getattr(a, "meta", None), dict)
+               for q in (producer(a),) if q is not None]
+        inputs.append(ins)
+        if compiled[i]:
+            depth[i] = max((depth[q] + extern[q] for q in ins if compiled[q] and keys[q] == keys[i]), default=0)
+    made_by: dict[int, int] = {}
+    for i, sid, delta in cap.events:
+        if delta > 0 and i >= 0:
+            made_by.setdefault(sid, i)
+    readers: dict[int, set[int]] = {}
+    for i, n in enumerate(nodes):
+        if view[i]:
+            continue  # a view reads nothing: its readers read the storage
+        for a in pytree.tree_leaves((n.args, n.kwargs)):
+            meta = getattr(a, "meta", None)
+            if isinstance(meta, dict):
+                for sid in meta.get("storage", ()):
+                    readers.setdefault(sid, set()).add(i)
+    parent = list(range(len(nodes)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for sid, users in readers.items():
+        p = made_by.get(sid)
+        if p is None or not fusible[p]:
+            continue
+        for u in users:
+            if fusible[u] and keys[u] == keys[p] and depth[u] == depth[p]:
+                a, b = find(u), find(p)
+                parent[max(a, b)] = min(a, b)
+    kept = set().union(*(cap.sids.get(k, set()) for k in _KEPT))
+    for sid, p in made_by.items():
+        if not fusible[p] or sid in kept:
+            continue
+        users = readers.get(sid)
+        if users and all(fusible[u] and find(u) == find(p) for u in users):
+            cap.storage_bytes[sid] = 0
+    members: dict[int, list[int]] = {}
+    for i, n in enumerate(nodes):
+        if fusible[i]:
+            n.meta["kernel"] = find(i)
+            members.setdefault(find(i), []).append(i)
+    for group in members.values():
+        nodes[group[-1]].meta["fused"] = _kernel_bytes(cap, nodes, group, made_by)
+    return len(members)
+
+
+def _kernel_bytes(cap: Any, nodes: list, group: list[int], made_by: dict[int, int]) -> dict:
+    """One fused kernel's traffic: each storage it reads that it does not make (once, at the shape read),
+    each buffer it writes (its bytes), the dtype of its first output, its memory class (a reduction if
+    any op reduces)."""
+    from ..timing.optable import MEMORY_CLASS
+
+    inside = set(group)
+    read: dict[int, int] = {}
+    written = 0
+    for i in group:
+        n = nodes[i]
+        for a in pytree.tree_leaves((n.args, n.kwargs)):
+            meta = getattr(a, "meta", None)
+            if not isinstance(meta, dict) or not meta.get("spec"):
+                continue
+            spec = meta["spec"][0]
+            for sid in meta.get("storage", ())[:1]:
+                if made_by.get(sid) not in inside and spec is not None:
+                    read[sid] = max(read.get(sid, 0), math.prod(spec.shape) * spec.dtype.itemsize)
+        for sid in n.meta.get("storage", ()):
+            if made_by.get(sid) == i:
+                written += cap.storage_bytes[sid]
+    names = {getattr(getattr(nodes[i].target, "overloadpacket", None), "__name__", "") for i in group}
+    reduces = any(MEMORY_CLASS.get(name) == "reduction" for name in names)
+    spec = (nodes[group[0]].meta.get("spec") or (None,))[0]
+    dtype = str(spec.dtype).removeprefix("torch.") if spec is not None else None
+    return {"read": sum(read.values()), "written": written, "dtype": dtype,
+            "class": "reduction" if reduces else "elementwise"}
