@@ -520,10 +520,20 @@ def installed(target: CudaTarget):
             raise RuntimeError("a CUDA-target capture is already running on this thread")
         if not _library:
             lib = torch.library.Library("aten", "IMPL")
+            touched: list[str] = []
+            impl = lib.impl
+
+            def recorded(name, *args, **kwargs):
+                touched.append(name if isinstance(name, str) else getattr(name, "__name__", str(name)))
+                return impl(name, *args, **kwargs)
+
+            lib.impl = recorded
             with warnings.catch_warnings():  # "overriding a previously registered kernel": intended, undone below
                 warnings.simplefilter("ignore")
                 _register(lib)
-            _library.append(lib)
+            lib.impl = impl
+            _library.append((lib, touched))
+            _forget_dispatch(touched)
         _active[ident] = target
     try:
         yield target
@@ -531,4 +541,18 @@ def installed(target: CudaTarget):
         with _lock:
             del _active[ident]
             if not _active:
-                _library.pop()._destroy()
+                lib, touched = _library.pop()
+                lib._destroy()
+                _forget_dispatch(touched)
+
+
+def _forget_dispatch(names: list[str]) -> None:
+    """Empty the Python dispatcher's cache of the ops these kernels override (a graph tracer, AOTAutograd,
+    dispatches through it and would keep the kernel it resolved before they were registered, or after)."""
+    for name in names:
+        packet_name, _, overload = name.partition(".")
+        packet = getattr(aten, packet_name, None)
+        op = getattr(packet, overload or "default", None) if packet is not None else None
+        cache = getattr(op, "_dispatch_cache", None)
+        if isinstance(cache, dict):
+            cache.clear()

@@ -99,7 +99,7 @@ for _names in (VIEWS, COPY_VARIANTS, ALLOCATION, RANDOM, COPIES, BOOKKEEPING):
 
 # prims a torch.compile graph holds (Inductor's decompositions, estimator.capture.compiled): a dtype cast and
 # the views the decompositions write as prims
-for _name in ("convert_element_type", "view_of", "broadcast_in_dim", "squeeze", "transpose", "collapse_view",
+for _name in ("convert_element_type", "iota", "view_of", "broadcast_in_dim", "squeeze", "transpose", "collapse_view",
               "split_dim", "expand_dims", "slice", "slice_in_dim", "as_strided"):
     _op = getattr(getattr(torch.ops.prims, _name, None), "default", None)
     if _op is not None:

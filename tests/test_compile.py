@@ -23,60 +23,60 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 
-@pytest.fixture(scope="module")
-def inductor_cache(tmp_path_factory):
-    """Inductor's on-disk cache in a fresh directory (the first compile builds its kernels)."""
-    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("inductor"))
-    yield
-    if previous is None:
-        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-    else:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
-    torch._dynamo.reset()
+def _real_compiled_saves(build: str, tmp_path) -> list[tuple[int, str, list[int]]]:
+    """(bytes, dtype, shape) of each storage a real compiled step saves for backward, parameters and buffers
+    left out (the estimate counts them apart), measured in a fresh Python process: a real torch.compile leaves
+    state behind in its process (Dynamo's and Inductor's caches and registrations) that the other tests must
+    not see.  ``build``: a function of this module returning (compiled callable, model, inputs, loss_fn)."""
+    import subprocess
+
+    script = f"""
+import json, sys, torch
+sys.path.insert(0, {HERE!r})
+import test_compile as t
+call, model, inputs, loss_fn = t.{build}()
+kept = {{x.untyped_storage().data_ptr() for x in list(model.parameters()) + list(model.buffers())}}
+saved = {{}}
+def pack(x):
+    storage = x.untyped_storage()
+    if storage.data_ptr() not in kept:
+        saved[storage.data_ptr()] = (storage.nbytes(), str(x.dtype), list(x.shape))
+    return x
+with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+    loss = loss_fn(call(**inputs) if isinstance(inputs, dict) else call(inputs))
+loss.backward()
+print(json.dumps(list(saved.values())))
+"""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [tuple(x) for x in json.loads(done.stdout.strip().splitlines()[-1])]
 
 
-def _saved_by_real_step(call, inputs, loss_fn, kept: set[int]) -> dict[int, tuple[int, torch.dtype, tuple]]:
-    """data_ptr -> (bytes, dtype, shape) of each storage the real step saves for backward (parameters and
-    buffers, ``kept``, left out as the estimate counts them apart)."""
-    saved: dict[int, tuple[int, torch.dtype, tuple]] = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in kept:
-            saved[storage.data_ptr()] = (storage.nbytes(), t.dtype, tuple(t.shape))
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = loss_fn(call(**inputs) if isinstance(inputs, dict) else call(inputs))
-    loss.backward()
-    return saved
-
-
-def _state_ptrs(model: nn.Module) -> set[int]:
-    return {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
-
-
-def test_saved_activations_of_a_compiled_transformer_block_are_inductors(inductor_cache):
-    """Each decoder layer compiled on its own (torchtitan's way): the bytes saved for backward equal the real
-    Inductor step's, and differ from the eager step's (the partitioner recomputes pointwise results)."""
-    transformers = pytest.importorskip("transformers")
-    from estimator import estimate
+def llama_case(compiled: bool = True):
+    """A two-layer Llama, each decoder layer compiled on its own (torchtitan's way) when ``compiled``."""
+    import transformers
 
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                                    num_key_value_heads=2, vocab_size=128, use_cache=False)
     model = transformers.LlamaForCausalLM(cfg)
+    if compiled:
+        for i, layer in enumerate(model.model.layers):
+            model.model.layers[i] = torch.compile(layer)
     ids = torch.randint(0, 128, (2, 32))
-    inputs = {"input_ids": ids, "labels": ids}
-    report = estimate(model, inputs, device="cpu", compile="block", solve_batch=False)
+    return model, model, {"input_ids": ids, "labels": ids}, lambda out: out.loss
 
-    real = transformers.LlamaForCausalLM(cfg)
-    real.load_state_dict(model.state_dict())
-    for i, layer in enumerate(real.model.layers):
-        real.model.layers[i] = torch.compile(layer)
-    saved = _saved_by_real_step(real, inputs, lambda out: out.loss, _state_ptrs(real))
-    truth = sum(n for n, _, _ in saved.values())
+
+def test_saved_activations_of_a_compiled_transformer_block_are_inductors(tmp_path):
+    """Each decoder layer compiled on its own: the bytes saved for backward equal the real Inductor step's, and
+    differ from the eager step's (the partitioner recomputes pointwise results)."""
+    pytest.importorskip("transformers")
+    from estimator import estimate
+
+    _, model, inputs, loss_fn = llama_case(compiled=False)
+    report = estimate(model, inputs, device="cpu", compile="block", solve_batch=False)
+    truth = sum(n for n, _, _ in _real_compiled_saves("llama_case", tmp_path))
     assert report.tally.activations_bytes == truth
     assert report.compiled["eager_activations"] != truth  # the eager step saves other tensors
     assert report.compiled["fused_kernels"] > 0
@@ -94,26 +94,30 @@ class _SmallCNN(nn.Module):
         return self.head(self.features(x).flatten(1))
 
 
-def test_saved_activations_of_a_compiled_cnn_are_inductors_but_its_weight_layouts(inductor_cache):
+def _cnn_loss(out):
+    return out.logsumexp(-1).mean()
+
+
+def cnn_case():
+    torch.manual_seed(0)
+    model = _SmallCNN()
+    return torch.compile(model), model, torch.randn(8, 3, 32, 32), _cnn_loss
+
+
+def test_saved_activations_of_a_compiled_cnn_are_inductors_but_its_weight_layouts(tmp_path):
     """A CNN compiled whole: the estimate saves what AOTAutograd's partition saves; the real CPU step saves
     those and, beside them, each convolution weight copied to another layout (Inductor's layout optimization
     after the partition, which the estimate does not model): the difference is exactly those copies."""
     from estimator import estimate
 
-    torch.manual_seed(0)
-    model = _SmallCNN()
-    x = torch.randn(8, 3, 32, 32)
-
-    def loss_fn(out):
-        return out.logsumexp(-1).mean()
-
+    _, model, x, loss_fn = cnn_case()
     report = estimate(model, x, loss_fn=loss_fn, device="cpu", compile="model", solve_batch=False)
     assert not report.tally.unsupported
-    saved = _saved_by_real_step(torch.compile(model), x, loss_fn, _state_ptrs(model))
+    saved = _real_compiled_saves("cnn_case", tmp_path)
     weights = {tuple(m.weight.shape) for m in model.modules() if isinstance(m, nn.Conv2d)}
-    copies = [n for n, dtype, shape in saved.values() if shape in weights]
+    copies = [n for n, dtype, shape in saved if tuple(shape) in weights]
     assert len(copies) == len(weights)
-    assert report.tally.activations_bytes == sum(n for n, _, _ in saved.values()) - sum(copies)
+    assert report.tally.activations_bytes == sum(n for n, _, _ in saved) - sum(copies)
     assert report.compiled["activations"] < report.compiled["eager_activations"]
 
 
@@ -189,17 +193,44 @@ def _recorded(case: str, compile_: str | None) -> tuple[dict, dict]:
     return warm or main, main
 
 
-def test_llama_compiled_per_block_on_the_h100():
-    """The 155M Llama (8 decoder layers, bf16-mixed, batch 4 x 1024) compiled per block on the H100: peak
-    4,896,889,344 B measured, step 23.4 ms (eager 47.1 ms).  Estimated within 1 % in memory and 10 % in time."""
+def _kernel_sum(case: str, compile_: str | None) -> float | None:
+    """Seconds of GPU kernels in one profiled step of the recording's third call (kernels.jsonl.gz), or None."""
+    import gzip
+
+    with gzip.open(os.path.join(HERE, "data", "h100_loops", "kernels.jsonl.gz"), "rt") as f:
+        for line in f:
+            rec = json.loads(line)
+            if rec["case"] == case and rec["compile"] == compile_ and rec["float8"] is None:
+                return rec["total_us"] * 1e-6
+    return None
+
+
+# (case, compile, peak tolerance): the peaks and times of compiled steps on the H100 (bf16-mixed), measured
+# outside the estimator: Llama-155M per block 4,896,889,344 B / 23.4 ms, GPT-2 124M whole 6,455,664,128 B /
+# 33.6 ms.  Whole-model Llama (0.945x) and ResNet-18 (0.940x) peaks are below the card's by more: Inductor's
+# buffer reuse and layout choices are not modelled (see docs/compile.md); they are held to 7 %.
+H100_COMPILED = [("llama_small", "block", 0.01), ("gpt2_124m", "model", 0.01), ("llama_small", "model", 0.07),
+                 ("resnet18_b32", "model", 0.07)]
+
+
+@pytest.mark.parametrize("case,compile_,tolerance", H100_COMPILED, ids=[f"{c}-{m}" for c, m, _ in H100_COMPILED])
+def test_compiled_steps_on_the_h100(case, compile_, tolerance):
+    """The peak (max_memory_allocated of the steady-state step) within ``tolerance``; where the step was
+    profiled, the GPU's busy time within 5 % of its kernels' sum, and the transformers' step within 20 % of the
+    wall time (the gap between the kernels' sum and the wall is mostly the optimizer's host synchronisations,
+    which the capture does not see: 3.3 ms of the Llama's 23.4; estimated 0.90x per block, 0.84x whole)."""
     pytest.importorskip("transformers")
     import h100_cases
     from estimator import estimate
 
     logging.getLogger("estimator").setLevel(logging.ERROR)
-    memory, timing = _recorded("llama_small", "block")
-    model, inputs, loss_fn = h100_cases.MODELS["llama_small"]()
+    memory, timing = _recorded(case, compile_)
+    model, inputs, loss_fn = h100_cases.MODELS[case]()
     report = estimate(model, inputs, loss_fn=loss_fn, optimizer="adamw:lr=1e-05", device="cuda",
-                      precision="bf16-mixed", gpu="H100", cuda_torch="2.11", compile="block", solve_batch=False)
-    assert report.memory.peak == pytest.approx(memory["steps"][1]["peak"], rel=0.01)
-    assert report.step_time.total == pytest.approx(timing["step_s_median"], rel=0.10)
+                      precision="bf16-mixed", gpu="H100", cuda_torch="2.11", compile=compile_, solve_batch=False)
+    assert report.memory.peak == pytest.approx(memory["steps"][1]["peak"], rel=tolerance)
+    kernels = _kernel_sum(case, compile_)
+    if kernels is not None:
+        assert report.step_time.gpu_busy == pytest.approx(kernels, rel=0.05)
+    if case != "resnet18_b32":
+        assert report.step_time.total == pytest.approx(timing["step_s_median"], rel=0.20)

@@ -88,6 +88,22 @@ def check_mode(compile: Any) -> str | None:
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device)
 
 
+@contextlib.contextmanager
+def _dynamo_compiling() -> Iterator[None]:
+    """``torch.compiler.is_compiling()`` true while a region is traced, as under Dynamo: code that asks
+    (transformers' mask helpers skip their data-dependent checks) takes the path a compiled model takes."""
+    import torch.compiler as compiler
+
+    if not hasattr(compiler, "_is_compiling_flag"):
+        yield
+        return
+    previous, compiler._is_compiling_flag = compiler._is_compiling_flag, True
+    try:
+        yield
+    finally:
+        compiler._is_compiling_flag = previous
+
+
 class _Region:
     """One compiled module: its forward replaced by an AOTAutograd function of (parameters, buffers,
     tensor inputs), compiled at its first call with the recorder off (the non-tensor arguments baked in,
@@ -102,7 +118,7 @@ class _Region:
 
     def _aot(self, leaves: list, spec: Any, where: list[int], out: dict) -> Any:
         import torch._inductor.lowering  # noqa: F401  (the partitioner reads Inductor's fallback ops from it)
-        from functorch.compile import aot_function, make_boxed_func, min_cut_rematerialization_partition
+        from functorch.compile import aot_function, min_cut_rematerialization_partition
         from torch._inductor.decomposition import select_decomp_table
 
         forward, module = self.forward, self.module
@@ -124,19 +140,25 @@ class _Region:
         rec = self.rec
 
         def compiler(gm: torch.fx.GraphModule, _inputs: Any) -> Any:
-            graph = gm.forward
-
-            def run(*args: Any) -> Any:  # the forward graph, or the backward one when autograd calls it
+            def run(args: list) -> Any:  # the forward graph, or the backward one when autograd calls it
+                # boxed, as Inductor's compiled code runs: the argument list is emptied and each value freed
+                # after its last use (the saved activations die one by one in backward, not at its end)
                 previous, rec.compiled = rec.compiled, True
                 try:
-                    return graph(*args)
+                    return torch.fx.Interpreter(gm, garbage_collect_values=True).boxed_run(args)
                 finally:
                     rec.compiled = previous
 
-            return make_boxed_func(run)
+            run._boxed_call = True  # type: ignore[attr-defined]
+            return run
 
         partition = functools.partial(min_cut_rematerialization_partition, compiler="inductor")
-        return aot_function(f, compiler, compiler, partition_fn=partition, decompositions=select_decomp_table())
+        # attention stays the fused kernel the target's dispatcher picks (Inductor calls it as an extern kernel):
+        # the table's entry for it (added once Inductor's compile path is imported) would decompose it through
+        # the CPU's math path
+        table = {op: fn for op, fn in select_decomp_table().items()
+                 if op is not torch.ops.aten.scaled_dot_product_attention.default}
+        return aot_function(f, compiler, compiler, partition_fn=partition, decompositions=table)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.failed is not None:
@@ -157,7 +179,8 @@ class _Region:
                 fn = self._aot([None if i in where else x for i, x in enumerate(leaves)], spec, where, out)
                 from ..precision import graph_tracing
 
-                with self.pause(), graph_tracing():  # the compilation (and its first run) is not the step
+                # the compilation (and its first run) is not the step
+                with self.pause(), graph_tracing(), _dynamo_compiling():
                     fn(state, tensors)
                 graph = self.graphs[key] = (fn, out)
             except Exception as exc:  # a region AOTAutograd cannot trace runs eager (Dynamo's graph break)

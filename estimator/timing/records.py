@@ -118,13 +118,23 @@ def _compiled_work(node: Any) -> "OpWork | None":
         fused = meta.get("fused")
         if fused is None:
             return None
+        # a generated (Triton) kernel streams at the elementwise rate whether or not it reduces: ATen's slower
+        # reduction kernels (the "reduction" class) are not what Inductor emits
         return OpWork("inductor.fused", phase, MEMORY, bytes_read=fused["read"], bytes_written=fused["written"],
-                      dtype=fused.get("dtype"), memory_class=fused.get("class", "elementwise"), compiled=True)
+                      dtype=fused.get("dtype"), memory_class="elementwise", compiled=True)
     from dataclasses import replace
 
     work = OpWork.from_node(_Eager(node))
     if work is None or work.kind == VIEW:
         return None
+    if work.kind == MATMUL and work.align < TENSOR_CORE_BYTES and work.dtype:
+        # Inductor's pad_mm pass pads a GEMM whose K or N is not a multiple of 16 bytes, so the library runs the
+        # aligned kernel (the pad copies are small).  It decides by benchmarking on the GPU; on the H100, GPT-2's
+        # 50,257-word head had its forward and input-gradient GEMMs padded and not the weight gradient, whose
+        # only odd dimension is M: padded here when K or N is odd, as there
+        per = TENSOR_CORE_BYTES // max(1, itemsize(work.dtype))
+        if work.k % per or work.n % per:
+            return replace(work, compiled=True, align=TENSOR_CORE_BYTES)
     return replace(work, compiled=True)
 
 
