@@ -226,7 +226,7 @@ def estimate(
             report.max_batch, report.max_batch_note, report.max_batch_margin = _largest_batch(
                 model, inputs, target_gpu, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs, loss_fn=loss_fn,
                 precision=options.precision.name, trace=trace, keep_output=options.keep_output, grad_accum=grad_accum,
-                replicate=replicate)
+                replicate=replicate, compile=compiled)
     return report
 
 

@@ -137,6 +137,10 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--solve", action="append", choices=("batch", "seq"), default=[],
                    help="also solve the longest sequence (seq) that fits; the largest micro-batch (batch) is "
                         "always solved, e.g. --solve seq")
+    p.add_argument("--compile", nargs="?", const="block", choices=("block", "model"), default=None,
+                   help="the step as torch.compile (Inductor, default mode) runs it: block (each block of the stack "
+                        "of identical blocks, as torchtitan compiles; the default when no value is given) or model "
+                        "(the whole forward), e.g. --compile")
     p.add_argument("--compare", action="store_true",
                    help="one row per strategy, without and with activation checkpointing (of --checkpoint or "
                         "the wrap class), with the recommended row (the fastest that fits), e.g. --compare")
@@ -200,7 +204,7 @@ def run_plan(args: argparse.Namespace) -> int:
                           interconnect=args.interconnect, inter_node=args.inter_node,
                           zero_semantics=args.zero_semantics, model_name=loaded.title, progress=progress,
                           keep_output=args.keep_output, grad_accum=grad_accum,
-                          checkpoint_policy=args.checkpoint_policy)
+                          checkpoint_policy=args.checkpoint_policy, compile=args.compile)
         budget = dict(tokens=args.tokens, samples=args.samples, steps=steps, mfu=args.mfu)
         if args.compare or len(gpus_names) > 1 or len(args.gpus) > 1:
             result = planner.compare(args.gpus, strategies=None if args.compare else [args.strategy], tp=args.tp,

@@ -302,6 +302,7 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
                 collectives, notes, streams, lazy_need=device == "cuda", cuda_target=options.cuda)
     if cap.fallback_reason:
         step.notes.append(cap.fallback_reason)
+    step.notes.extend(n for n in cap.assumptions if n not in step.notes)  # torch.compile's regions, LayerDrop
     return step
 
 

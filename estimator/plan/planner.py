@@ -18,6 +18,7 @@ import torch
 
 from ..capture import StepOptions, capture
 from ..capture.checkpoint import parse_policy, resolve_classes
+from ..capture.compiled import check_mode
 from ..errors import UserError
 from ..hardware import GPU, gpu_links, link, lookup
 from ..memory import CUDA_RESERVE, FRAGMENTATION, simulate
@@ -82,7 +83,7 @@ class Planner:
                  interconnect: str | None = None, inter_node: str | None = None, zero_semantics: str = "deepspeed",
                  model_name: str | None = None, progress: Progress | None = None, trace: str = "auto",
                  keep_output: bool = False, grad_accum: int = 1, checkpoint_policy: Any = "full",
-                 replicate: bool = True):
+                 replicate: bool = True, compile: Any = None):
         if not isinstance(model, torch.nn.Module):
             raise UserError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         if device not in ("cuda", "cpu"):
@@ -106,6 +107,7 @@ class Planner:
                                    foreach=True if device == "cuda" else None, precision=self.precision.step,
                                    train=True, target=device, keep_output=bool(keep_output), grad_accum=grad_accum,
                                    checkpoint_policy=parse_policy(checkpoint_policy), replicate=replicate,
+                                   compile=check_mode(compile),
                                    cuda=CudaTarget.for_gpu(self.gpu) if device == "cuda" else None)
         if wrap:
             self.wrap = resolve_classes(model, wrap, "--wrap")
@@ -166,6 +168,7 @@ class Planner:
                                           storage_rows(cap), value)
             if cap.fallback_reason:
                 hit.notes.append(cap.fallback_reason)
+            hit.notes.extend(n for n in cap.assumptions if n not in hit.notes)
         return hit
 
     def tp_plan(self) -> TPPlan:
