@@ -101,6 +101,7 @@ def estimate(
     kv_cache: str = "dynamic",
     quantize: str | None = None,
     compile: Any = None,
+    float8: Any = None,
 ) -> Report:
     """Estimate one training step (forward, loss, backward, optimizer step) of ``model``.
 
@@ -159,6 +160,8 @@ def estimate(
             model's forward compiled whole); what forward saves is AOTAutograd's min-cut partition, the fusion
             Inductor's approximated (see :mod:`estimator.capture.compiled`).  The report gives the eager step
             beside it.
+        float8: ``"tensorwise"`` or ``"rowwise"``: float8 training as torchao's ``convert_to_float8_training``
+            runs it on the Linear layers torchtitan converts (see :mod:`estimator.float8`; needs torchao).
     """
     if device not in ("cuda", "cpu"):
         raise UserError(f"device must be 'cuda' or 'cpu', not {device!r}")
@@ -174,6 +177,13 @@ def estimate(
     compiled = check_mode(compile)
     if compiled is not None and mode == "generate":
         raise UserError("compile sizes training and inference steps; drop it for mode='generate'")
+    from .float8 import check_recipe, converted
+
+    recipe, float8_notes = check_recipe(float8), []
+    if recipe is not None:
+        if mode != "train":
+            raise UserError(f"float8 is float8 training (torchao's Float8Linear); drop it for mode={mode!r}")
+        model, float8_notes = converted(model, recipe)
     options = StepOptions(
         loss_fn=loss_fn,
         optimizer=optimizer if mode == "train" else None,
@@ -202,6 +212,7 @@ def estimate(
             trace=trace, progress=progress, gpu=target_gpu)
     else:
         cap = capture(model, inputs, options, mode=trace, progress=progress)
+        cap.assumptions[:0] = float8_notes
         t, profile = _analyse(cap, options, device, progress)
     report = Report(cap, t, model_name=model_name or type(model).__name__, depth=depth, memory=profile,
                     device=device, precision=options.precision.name, mode=mode, gpu=target_gpu,

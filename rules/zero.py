@@ -70,7 +70,7 @@ RANDOM = (
 )
 
 COPIES = (
-    "clone", "copy", "copy_", "_to_copy", "_copy_from", "_copy_from_and_resize", "_lazy_clone",
+    "clone", "copy", "copy_", "_to_copy", "to", "_copy_from", "_copy_from_and_resize", "_lazy_clone",
     "to_dense", "_to_dense", "to_mkldnn", "_to_cpu", "pin_memory", "_pin_memory",
     "cat", "concat", "concatenate", "_cat", "stack", "_stack", "hstack", "vstack", "dstack",
     "column_stack", "row_stack", "_chunk_cat", "block_diag",

@@ -331,8 +331,8 @@ def fuse(cap: Any) -> int:
 
     for sid, users in readers.items():
         p = made_by.get(sid)
-        if p is None or not fusible[p]:
-            continue
+        if p is None or not fusible[p] or _full_reduction(nodes[p]):
+            continue  # (a reduction to one value, float8's amax: its readers wait for the whole grid)
         for u in users:
             if fusible[u] and keys[u] == keys[p] and depth[u] == depth[p]:
                 a, b = find(u), find(p)
@@ -352,6 +352,16 @@ def fuse(cap: Any) -> int:
     for group in members.values():
         nodes[group[-1]].meta["fused"] = _kernel_bytes(cap, nodes, group, made_by)
     return len(members)
+
+
+def _full_reduction(node: Any) -> bool:
+    """A reduction of a tensor to a single value (tensorwise float8's amax): a kernel of its own, since no
+    element of a consumer can be computed before the whole input is read."""
+    from ..timing.optable import MEMORY_CLASS
+
+    name = getattr(getattr(node.target, "overloadpacket", None), "__name__", "")
+    spec = (node.meta.get("spec") or (None,))[0]
+    return MEMORY_CLASS.get(name) == "reduction" and spec is not None and math.prod(spec.shape) == 1
 
 
 def _kernel_bytes(cap: Any, nodes: list, group: list[int], made_by: dict[int, int]) -> dict:

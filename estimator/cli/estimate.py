@@ -56,7 +56,7 @@ def run_estimate(args: argparse.Namespace) -> int:
                           device=args.device, depth=args.depth, precision=precision_of(args), mode=args.mode,
                           checkpoint=args.checkpoint or None, checkpoint_policy=args.checkpoint_policy,
                           keep_output=args.keep_output, grad_accum=grad_accum, model_name=loaded.title,
-                          progress=progress, gpu=args.gpu, quantize=args.quantize, compile=args.compile,
+                          progress=progress, gpu=args.gpu, quantize=args.quantize, compile=args.compile, float8=args.float8,
                           **generation)
         progress.set("writing the report")
         if fmt == "json":

@@ -77,6 +77,9 @@ def add_common(p: argparse.ArgumentParser, *, precisions: Sequence[str] = PRECIS
                             "block (each block of the stack of identical blocks, as torchtitan compiles; the "
                             "default when no value is given) or model (the whole forward, as nanoGPT), "
                             "e.g. --compile")
+        p.add_argument("--float8", choices=("tensorwise", "rowwise"),
+                       help="float8 training as torchao's convert_to_float8_training runs it (the Linear layers "
+                            "torchtitan converts; needs torchao), e.g. --float8 tensorwise")
         p.add_argument("--quantize", choices=("int8", "int4"),
                        help="--mode inference or generate: the weights of the Linear layers quantized as "
                             "bitsandbytes lays them out (int8: LLM.int8(); int4: NF4), the headline sized with "

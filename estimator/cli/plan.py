@@ -141,6 +141,9 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
                    help="the step as torch.compile (Inductor, default mode) runs it: block (each block of the stack "
                         "of identical blocks, as torchtitan compiles; the default when no value is given) or model "
                         "(the whole forward), e.g. --compile")
+    p.add_argument("--float8", choices=("tensorwise", "rowwise"),
+                   help="float8 training as torchao's convert_to_float8_training runs it (the Linear layers "
+                        "torchtitan converts; needs torchao), e.g. --float8 tensorwise")
     p.add_argument("--compare", action="store_true",
                    help="one row per strategy, without and with activation checkpointing (of --checkpoint or "
                         "the wrap class), with the recommended row (the fastest that fits), e.g. --compare")
@@ -204,7 +207,8 @@ def run_plan(args: argparse.Namespace) -> int:
                           interconnect=args.interconnect, inter_node=args.inter_node,
                           zero_semantics=args.zero_semantics, model_name=loaded.title, progress=progress,
                           keep_output=args.keep_output, grad_accum=grad_accum,
-                          checkpoint_policy=args.checkpoint_policy, compile=args.compile)
+                          checkpoint_policy=args.checkpoint_policy, compile=args.compile,
+                          float8=args.float8)
         budget = dict(tokens=args.tokens, samples=args.samples, steps=steps, mfu=args.mfu)
         if args.compare or len(gpus_names) > 1 or len(args.gpus) > 1:
             result = planner.compare(args.gpus, strategies=None if args.compare else [args.strategy], tp=args.tp,

@@ -83,7 +83,7 @@ class Planner:
                  interconnect: str | None = None, inter_node: str | None = None, zero_semantics: str = "deepspeed",
                  model_name: str | None = None, progress: Progress | None = None, trace: str = "auto",
                  keep_output: bool = False, grad_accum: int = 1, checkpoint_policy: Any = "full",
-                 replicate: bool = True, compile: Any = None):
+                 replicate: bool = True, compile: Any = None, float8: Any = None):
         if not isinstance(model, torch.nn.Module):
             raise UserError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         if device not in ("cuda", "cpu"):
@@ -92,6 +92,11 @@ class Planner:
             raise UserError(f"--zero-semantics must be deepspeed or paper, not {zero_semantics!r}")
         if gpus_per_node < 1:
             raise UserError(f"--gpus-per-node must be >= 1, not {gpus_per_node}")
+        from ..float8 import check_recipe, converted
+
+        recipe, self.float8_notes = check_recipe(float8), []
+        if recipe is not None:  # torchao's Float8Linear on a meta copy (see estimator.float8)
+            model, self.float8_notes = converted(model, recipe)
         self.model, self.inputs, self.device = model, inputs, device
         self.gpu = gpu if isinstance(gpu, GPU) else lookup(gpu)
         self.model_name = model_name or type(model).__name__
@@ -378,7 +383,7 @@ class Planner:
             offload=offload, wrap=[c.__name__ for c in self.wrap], micro_batch=self.batch,
             global_batch=self.batch * layout.dp * self.options.grad_accum if self.batch else None, seq=self.seq,
             engine=self._engine_text(layout), device=self.device)
-        notes += self._notes(layout, mem)
+        notes += self._notes(layout, mem) + self.float8_notes
         return Plan(config, per_gpu, Verdict(fits, target.capacity, reserve, needed, target.capacity - needed,
                                              suggestions), time, flops, training, batch_solve, seq_solve,
                     self._checkpoint_size(layout, step, mem), notes)

@@ -53,6 +53,10 @@ def precision_of(w: OpWork, matmul_tf32: bool = False, conv_tf32: bool = True) -
     bf16 / fp16, twice the fp32 rate) with their own efficiency ("grouped").
     """
     dtype = w.dtype or "float32"
+    if dtype.startswith("float8"):
+        # torchao's float8 GEMMs (torch._scaled_mm): the float8 tensor-core peak, with the bf16 GEMMs' fitted
+        # efficiency (no float8 kernel was measured to fit one of their own)
+        return "fp8", "half"
     if w.kind == CONV and w.batch > 1:
         return ("half_cuda" if dtype in ("bfloat16", "float16") else "fp32"), "grouped"
     if dtype in ("bfloat16", "float16"):
@@ -60,6 +64,23 @@ def precision_of(w: OpWork, matmul_tf32: bool = False, conv_tf32: bool = True) -
     if (w.kind == CONV and conv_tf32) or (w.kind == MATMUL and matmul_tf32):
         return "tf32", "tf32"
     return "fp32", "fp32"
+
+
+def peak_of(model: TimingModel, key: str) -> float:
+    """The model's peak FLOP/s for ``key``; float8 from the hardware table when the constants lack it (the
+    bf16 rate on a GPU without float8 tensor cores, where torchao would not run)."""
+    peak = model.peaks.get(key)
+    if peak:
+        return peak
+    if key == "fp8":
+        from ..hardware import lookup
+
+        try:
+            peak = lookup(model.gpu).peak_flops("fp8")
+        except Exception:  # a GPU described by the user's own file: no table entry
+            peak = None
+        return peak or model.peaks["bf16"]
+    return model.peaks[key]
 
 
 def efficiency_key(w: OpWork, precision: str) -> str:
@@ -102,7 +123,7 @@ def gemm_seconds(model: TimingModel, peak_key: str, eff_key: str, batch: int, m:
     nbytes = item * batch * (m * k + k * n + m * n) if nbytes is None else nbytes
     size = size_factor(batch * m * n, m, n, k, model.fill_rows, model.n0, model.k0)
     align_f = align_factor(align, model.align_gamma) if eff_key != "fp32" else 1.0
-    compute = compute_seconds(flops, model.peaks[peak_key], model.eff[f"matmul.{eff_key}"], size, align_f)
+    compute = compute_seconds(flops, peak_of(model, peak_key), model.eff[f"matmul.{eff_key}"], size, align_f)
     return model.library_s + soft_max_p(compute, nbytes / model.bandwidth, model.overlap_p)
 
 
@@ -151,5 +172,5 @@ def gpu_seconds(w: OpWork, model: TimingModel, matmul_tf32: bool = False, conv_t
         if w.kind == CONV and w.backward:
             eff *= model.conv_backward
     align = align_factor(w.align, model.align_gamma) if precision not in ("fp32", "grouped") else 1.0
-    compute = compute_seconds(flops, model.peaks[peak_key], eff, size, align)
+    compute = compute_seconds(flops, peak_of(model, peak_key), eff, size, align)
     return w.launches * model.library_s + soft_max_p(compute, w.bytes / model.bandwidth, model.overlap_p)

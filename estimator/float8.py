@@ -1,0 +1,93 @@
+"""float8 training as torchao runs it (``--float8 tensorwise|rowwise``, ``float8=``).
+
+torchao's ``convert_to_float8_training`` swaps ``nn.Linear`` modules for ``Float8Linear``: each forward casts
+its input and weight to float8 (e4m3) with a scale from their absolute maximum (one per tensor, or one per row
+for ``rowwise``), multiplies them with ``torch._scaled_mm``, and in backward casts the output's gradient
+(e5m2 for tensorwise) for the two gradient GEMMs.  The estimate runs exactly that code on a copy of the model
+whose floating-point weights are on the ``meta`` device (the user's model is never touched), so the casts, the
+amax reductions, the float8 copies saved for backward and the float8 GEMMs are in the capture like any other
+op; the FLOPs are counted per dtype (``float8_e4m3fn`` apart from ``bfloat16``) and the GEMMs timed at the
+GPU's float8 tensor-core rate.
+
+Which layers convert: torchtitan's filter, the default of its float8 converter: every ``nn.Linear`` whose
+input and output sizes are multiples of 16 (what ``_scaled_mm`` accepts), except the output head
+(``lm_head`` / ``output``: its logits stay in high precision).  Not modelled: float8 all-gather under FSDP2
+(``enable_fsdp_float8_all_gather``; the plan gathers high-precision weights), delayed scaling.
+torchao is an optional extra (``pip install 'estimator[float8]'``).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from .errors import UserError
+
+RECIPES = ("tensorwise", "rowwise")
+HEADS = ("lm_head", "output")  # torchtitan's float8 filter_fqns default: the output projection
+
+
+def check_recipe(float8: Any) -> str | None:
+    """``float8`` as given: None/False (off), ``"tensorwise"`` or ``"rowwise"``."""
+    if float8 in (None, False, "", "none"):
+        return None
+    if float8 is True:
+        return "tensorwise"
+    if isinstance(float8, str) and float8.lower() in RECIPES:
+        return float8.lower()
+    raise UserError(f"float8 must be one of {', '.join(RECIPES)} (or none), not {float8!r}")
+
+
+def _meta_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of ``model`` whose floating-point parameters and buffers are on the meta device (no memory);
+    integer and boolean buffers (position ids, masks) are copied with their values."""
+    memo: dict[int, Any] = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) in memo:
+            continue
+        if t.is_floating_point() or t.is_complex():
+            twin = torch.empty_like(t, device="meta")
+            memo[id(t)] = torch.nn.Parameter(twin, requires_grad=t.requires_grad) \
+                if isinstance(t, torch.nn.Parameter) else twin
+    return copy.deepcopy(model, memo)
+
+
+def converted(model: torch.nn.Module, recipe: str) -> tuple[torch.nn.Module, list[str]]:
+    """A meta copy of ``model`` with torchao's Float8Linear in place of the Linear layers torchtitan converts,
+    and what to say about it."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as exc:
+        raise UserError(f"--float8 needs torchao: pip install torchao (or pip install 'estimator[float8]') "
+                        f"({type(exc).__name__}: {exc})") from None
+    twin = _meta_copy(model)
+    kept: list[str] = []
+
+    def convert(module: torch.nn.Module, fqn: str) -> bool:
+        if not isinstance(module, torch.nn.Linear):
+            return False
+        if fqn.rpartition(".")[2] in HEADS or module.in_features % 16 or module.out_features % 16:
+            kept.append(fqn)
+            return False
+        return True
+
+    convert_to_float8_training(twin, config=Float8LinearConfig.from_recipe_name(recipe), module_filter_fn=convert)
+    done = sum(1 for m in twin.modules() if type(m).__name__ == "Float8Linear")
+    if not done:
+        raise UserError("--float8 converts no layer: no nn.Linear with input and output sizes that are multiples "
+                        "of 16 (other than the output head); drop --float8")
+    notes = [f"float8 {recipe} (torchao {_version()} convert_to_float8_training): {done} Linear layers in float8, "
+             f"{len(kept)} kept in high precision ({', '.join(kept[:3])}{', ...' if len(kept) > 3 else ''}: "
+             f"the output head, or sizes not multiples of 16)"]
+    return twin, notes
+
+
+def _version() -> str:
+    try:
+        import torchao
+
+        return torchao.__version__
+    except (ImportError, AttributeError):  # pragma: no cover
+        return "?"
