@@ -18,7 +18,9 @@ torchao is an optional extra (``pip install 'estimator[float8]'``).
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 from typing import Any
 
 import torch
@@ -58,7 +60,8 @@ def converted(model: torch.nn.Module, recipe: str) -> tuple[torch.nn.Module, lis
     """A meta copy of ``model`` with torchao's Float8Linear in place of the Linear layers torchtitan converts,
     and what to say about it."""
     try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        with _quiet("torchao", "torch.utils._pytree"):  # its import warns about optional CUDA kernels and triton
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError as exc:
         raise UserError(f"--float8 needs torchao: pip install torchao (or pip install 'estimator[float8]') "
                         f"({type(exc).__name__}: {exc})") from None
@@ -82,6 +85,20 @@ def converted(model: torch.nn.Module, recipe: str) -> tuple[torch.nn.Module, lis
              f"{len(kept)} kept in high precision ({', '.join(kept[:3])}{', ...' if len(kept) > 3 else ''}: "
              f"the output head, or sizes not multiples of 16)"]
     return twin, notes
+
+
+@contextlib.contextmanager
+def _quiet(*names: str):
+    """These loggers at ERROR inside (library import-time warnings that are not the user's business)."""
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def _version() -> str:

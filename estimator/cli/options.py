@@ -72,14 +72,7 @@ def add_common(p: argparse.ArgumentParser, *, precisions: Sequence[str] = PRECIS
                        help="--mode generate: transformers' DynamicCache (grown token by token, generate()'s "
                             "default) or StaticCache (allocated for P + N - 1 tokens at the first step, "
                             "cache_implementation='static') (default: dynamic), e.g. --kv-cache static")
-        p.add_argument("--compile", nargs="?", const="block", choices=("block", "model"), default=None,
-                       help="the step as torch.compile (Inductor, default mode) runs it, beside the eager step: "
-                            "block (each block of the stack of identical blocks, as torchtitan compiles; the "
-                            "default when no value is given) or model (the whole forward, as nanoGPT), "
-                            "e.g. --compile")
-        p.add_argument("--float8", choices=("tensorwise", "rowwise"),
-                       help="float8 training as torchao's convert_to_float8_training runs it (the Linear layers "
-                            "torchtitan converts; needs torchao), e.g. --float8 tensorwise")
+        add_compile_options(p)
         p.add_argument("--quantize", choices=("int8", "int4"),
                        help="--mode inference or generate: the weights of the Linear layers quantized as "
                             "bitsandbytes lays them out (int8: LLM.int8(); int4: NF4), the headline sized with "
@@ -99,6 +92,17 @@ def add_common(p: argparse.ArgumentParser, *, precisions: Sequence[str] = PRECIS
                    help="micro-batches per optimizer step, gradients accumulated (the inputs are one micro-batch; "
                         "default: 1; training only), e.g. --grad-accum 8")
     p.add_argument("--debug", action="store_true", help="show the full traceback of errors")
+
+
+def add_compile_options(p: argparse.ArgumentParser) -> None:
+    """--compile and --float8 (estimate and plan): the kernels the step runs (see docs/compile.md)."""
+    p.add_argument("--compile", nargs="?", const="block", choices=("block", "model"), default=None,
+                   help="the step as torch.compile (Inductor, default mode) runs it, beside the eager step: block "
+                        "(each block of the stack of identical blocks, as torchtitan compiles; the default when no "
+                        "value is given) or model (the whole forward, as nanoGPT), e.g. --compile")
+    p.add_argument("--float8", choices=("tensorwise", "rowwise"),
+                   help="float8 training as torchao's convert_to_float8_training runs it (the Linear layers "
+                        "torchtitan converts; needs torchao), e.g. --float8 tensorwise")
 
 
 def precision_of(args: argparse.Namespace) -> str:

@@ -9,7 +9,7 @@ import os
 import sys
 
 from ..errors import UserError
-from .options import add_common, load_model, precision_of, training_options
+from .options import add_common, add_compile_options, load_model, precision_of, training_options
 from .output import pick_format, plot_format, write_atomic, write_text
 from .progress import Progress
 
@@ -137,13 +137,7 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--solve", action="append", choices=("batch", "seq"), default=[],
                    help="also solve the longest sequence (seq) that fits; the largest micro-batch (batch) is "
                         "always solved, e.g. --solve seq")
-    p.add_argument("--compile", nargs="?", const="block", choices=("block", "model"), default=None,
-                   help="the step as torch.compile (Inductor, default mode) runs it: block (each block of the stack "
-                        "of identical blocks, as torchtitan compiles; the default when no value is given) or model "
-                        "(the whole forward), e.g. --compile")
-    p.add_argument("--float8", choices=("tensorwise", "rowwise"),
-                   help="float8 training as torchao's convert_to_float8_training runs it (the Linear layers "
-                        "torchtitan converts; needs torchao), e.g. --float8 tensorwise")
+    add_compile_options(p)
     p.add_argument("--compare", action="store_true",
                    help="one row per strategy, without and with activation checkpointing (of --checkpoint or "
                         "the wrap class), with the recommended row (the fastest that fits), e.g. --compare")
