@@ -256,3 +256,24 @@ def test_fsdp_plan_compiled_saves_what_the_compiled_step_saves():
     assert fsdp - one == eager_fsdp - eager_one
     assert fsdp < eager_fsdp
     assert any("torch.compile per block" in note for note in notes)
+
+
+def test_checkpointed_compiled_blocks_save_only_their_inputs():
+    """torchtitan applies activation checkpointing, then torch.compile, to each block: a block checkpointed in
+    full keeps only its inputs whether or not it is compiled, so the compiled step saves exactly what the eager
+    one saves (the rest of the model runs eager in both), and its recomputation reruns the compiled graph."""
+    transformers = pytest.importorskip("transformers")
+    from estimator.capture import capture
+    from estimator.capture.options import StepOptions
+    from estimator.tally import tally
+
+    _, model, inputs, _ = llama_case(compiled=False)
+    model.config.use_cache = True  # transformers' default: the checkpointed step turns it off, as transformers does
+    block = transformers.models.llama.modeling_llama.LlamaDecoderLayer
+    caps = {c: capture(model, inputs, StepOptions(checkpoint=(block,), compile=c)) for c in (None, "block")}
+    assert model.config.use_cache is True  # put back
+    assert tally(caps["block"]).activations_bytes == tally(caps[None]).activations_bytes
+    recomputed = [n for n in caps["block"].nodes if n.meta.get("compiled") and n.meta.get("phase") == "backward"
+                  and "mm" in str(n.target)]
+    assert recomputed  # the compiled graphs run in backward (recomputed forward and the backward graph)
+    assert any("use_cache=False" in note for note in caps["block"].assumptions)

@@ -44,6 +44,10 @@ from .recorder import FORWARD_PHASES, INPUT_MODULE, Phase, Recorder
 # -- the step ---------------------------------------------------------------------------------
 
 
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
 class _Entered:
     """A context manager entered now whose exit can come early (the fake mode leaves before the
     optimizer step, which runs on meta twins); the ExitStack's exit is then a no-op."""
@@ -195,11 +199,19 @@ class Step:
         if gc.isenabled():
             gc.disable()
             stack.callback(gc.enable)
-        stack.callback(wrap_checkpointed(model, opts.checkpoint, opts.checkpoint_policy))
-        if opts.compile is not None:
+        if opts.compile is not None:  # compiled blocks, checkpointed around (recomputation reruns their graphs)
             from .compiled import compiled_regions
 
             stack.enter_context(compiled_regions(model, opts.compile, self.rec, self._paused, self.notes))
+        stack.callback(wrap_checkpointed(model, opts.checkpoint, opts.checkpoint_policy))
+        config = getattr(model, "config", None)
+        if opts.checkpoint and opts.train and getattr(config, "use_cache", None) is True:
+            # transformers turns its KV cache off under gradient checkpointing ("use_cache=True is incompatible
+            # with gradient checkpointing"): a cache updated in forward would be updated again by the recomputation
+            config.use_cache = False
+            stack.callback(setattr, config, "use_cache", True)
+            self.notes.append("checkpointing: the model's KV cache off (config.use_cache=False), as transformers "
+                              "sets it under gradient checkpointing")
         # The traced tensors stand in for the model's own for the whole step (backward recomputation of
         # checkpointed regions included), as torch.func.functional_call does for a single call.
         swap = _reparametrize_module(model, {**self.params, **self.buffers}, tie_weights=True, strict=False) \
@@ -283,14 +295,17 @@ class Step:
 
     @contextlib.contextmanager
     def _paused(self):
-        """Nothing run inside is the step's: not recorded, not saved (a torch.compile region compiling)."""
+        """Nothing run inside is the step's: not recorded, not saved, not seen by the modes on the stack (a
+        checkpoint's selective policy counts the ops it sees); a torch.compile region compiling."""
         fake, rec = self.fake_mode, self.rec
         recording = fake.recording if fake is not None else None
         if fake is not None:
             fake.recording = False
         rec.compiling = True
         try:
-            with contextlib.nullcontext() if fake is not None else _disable_current_modes():
+            # (the tracer finds the fake mode from the fake inputs); identity saved-tensor hooks on top of a
+            # checkpoint's, which would count what the compilation saves
+            with _disable_current_modes(), torch.autograd.graph.saved_tensors_hooks(_same, _same):
                 yield
         finally:
             rec.compiling = False

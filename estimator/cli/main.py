@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -114,6 +117,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="estimator: %(levelname)s: %(message)s", stream=sys.stderr)
+    if not args.debug:
+        # torchao, imported by transformers when it is installed, warns about its optional CUDA kernels and
+        # triton, and torch about the enums it registers: not the user's business
+        for name in QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
     try:
         return args.run(args)
     except UserError as exc:
