@@ -63,7 +63,8 @@ def run(layers: int, row: str, gpu: str) -> dict:
     tps = LOCAL_BATCH * SEQ / p.step_time_s
     reserved = (p.verdict.needed - p.verdict.reserve.get("cuda_context", 0)) / 2**30
     return {"row": row, "layers": layers, "tps_per_gpu": tps, "reserved_gib": reserved,
-            "step_time_s": p.step_time_s, "plan_seconds": time.perf_counter() - start}
+            "step_time_s": p.step_time_s, "compute_s": p.time.compute_s, "exposed_comm_s": p.time.exposed_comm_s,
+            "plan_seconds": time.perf_counter() - start}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
             r = run(args.layers, row, gpu)
             tps, mem = PUBLISHED[row]
             print(f"{row:16s} {r['tps_per_gpu']:8,.0f} {tps:9,} {r['tps_per_gpu'] / tps:6.3f}   "
-                  f"{r['reserved_gib']:6.1f} {mem:9.1f} {r['reserved_gib'] / mem:6.3f}   {r['plan_seconds']:.0f} s",
-                  flush=True)
+                  f"{r['reserved_gib']:6.1f} {mem:9.1f} {r['reserved_gib'] / mem:6.3f}   {r['plan_seconds']:.0f} s "
+                  f"(step {r['step_time_s'] * 1e3:.0f} ms: compute {r['compute_s'] * 1e3:.0f} ms, exposed "
+                  f"communication {r['exposed_comm_s'] * 1e3:.0f} ms)", flush=True)
     return 0
 
 

@@ -93,16 +93,19 @@ def op_policy_context_fn() -> Any:
     """A ``context_fn`` with torchtitan's per-op policy; one counter of matmuls per checkpointed call."""
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-    save = _op_save_list()
-    mm = torch.ops.aten.mm.default
+    # a float8 Linear's GEMM is ``aten.mm`` on torchao's float8 tensors where torchtitan's policy sees it (above the
+    # subclass), ``_scaled_mm`` below it, where a compiled graph runs it: a matmul either way
+    mms = {torch.ops.aten.mm.default} | ({torch.ops.aten._scaled_mm.default} if hasattr(torch.ops.aten, "_scaled_mm")
+                                          else set())
+    save = _op_save_list() | mms
     counts: dict[str, int] = defaultdict(int)
 
     def policy(ctx, func, *args, **kwargs):
         key = "recompute_mm_count" if ctx.is_recompute else "forward_mm_count"
-        if func == mm:
+        if func in mms:
             counts[key] += 1
         # every compute-heavy op's output saved, but every second matmul's
-        to_save = func in save and not (func == mm and counts[key] % 2 == 0)
+        to_save = func in save and not (func in mms and counts[key] % 2 == 0)
         return CheckpointPolicy.MUST_SAVE if to_save else CheckpointPolicy.PREFER_RECOMPUTE
 
     return create_selective_checkpoint_contexts(policy)
