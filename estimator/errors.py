@@ -5,6 +5,10 @@ does not fit the model, an unknown GPU name).  Its message is one line that
 says what to fix; the CLI prints it without a traceback and exits with 2.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 
 class UserError(Exception):
     """An input problem the user can fix; the message says how."""
@@ -43,3 +47,15 @@ def from_outside(exc: BaseException) -> bool:
             return True
         tb = tb.tb_next
     return False
+
+
+def switch_choice(value: Any, name: str, choices: tuple[str, ...], when_true: str) -> str | None:
+    """An option that is off or one of ``choices``: None for None/False/"none" (and ""), ``when_true`` for True,
+    the choice (case-insensitive); else a one-line error naming the choices."""
+    if value in (None, False, "", "none"):
+        return None
+    if value is True:
+        return when_true
+    if isinstance(value, str) and value.lower() in choices:
+        return value.lower()
+    raise UserError(f"{name} must be one of {', '.join(choices)} (or none), not {value!r}")

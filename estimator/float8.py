@@ -25,21 +25,15 @@ from typing import Any
 
 import torch
 
-from .errors import UserError
+from .errors import UserError, switch_choice
 
 RECIPES = ("tensorwise", "rowwise")
 HEADS = ("lm_head", "output")  # torchtitan's float8 filter_fqns default: the output projection
 
 
 def check_recipe(float8: Any) -> str | None:
-    """``float8`` as given: None/False (off), ``"tensorwise"`` or ``"rowwise"``."""
-    if float8 in (None, False, "", "none"):
-        return None
-    if float8 is True:
-        return "tensorwise"
-    if isinstance(float8, str) and float8.lower() in RECIPES:
-        return float8.lower()
-    raise UserError(f"float8 must be one of {', '.join(RECIPES)} (or none), not {float8!r}")
+    """``float8`` as given: None/False (off), True or ``"tensorwise"``, ``"rowwise"``."""
+    return switch_choice(float8, "float8", RECIPES, "tensorwise")
 
 
 def _meta_copy(model: torch.nn.Module) -> torch.nn.Module:

@@ -63,8 +63,7 @@ def is_extern(target: Any) -> bool:
     """Whether Inductor runs this op as a library kernel of its own (not fused)."""
     packet = getattr(target, "overloadpacket", None)
     name = getattr(packet, "__name__", "") if packet is not None else ""
-    return name in _EXTERN or getattr(getattr(target, "namespace", None), "__str__", lambda: "")() in ("c10d",
-                                                                                                        "_c10d_functional")
+    return name in _EXTERN or getattr(target, "namespace", "") in ("c10d", "_c10d_functional")
 
 
 def is_view(target: Any) -> bool:
@@ -73,16 +72,10 @@ def is_view(target: Any) -> bool:
 
 
 def check_mode(compile: Any) -> str | None:
-    """``compile`` as given to estimate/plan: None/False (eager), True or ``"block"``, ``"model"``."""
-    from ..errors import UserError
+    """``compile`` as given to estimate/plan: None/False/"eager" (eager), True or ``"block"``, ``"model"``."""
+    from ..errors import switch_choice
 
-    if compile in (None, False, "", "none", "eager"):
-        return None
-    if compile is True:
-        return "block"
-    if isinstance(compile, str) and compile.lower() in COMPILE_MODES:
-        return compile.lower()
-    raise UserError(f"compile must be one of {', '.join(COMPILE_MODES)} (or false), not {compile!r}")
+    return None if compile == "eager" else switch_choice(compile, "compile", COMPILE_MODES, "block")
 
 
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device)
