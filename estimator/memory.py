@@ -308,15 +308,7 @@ def _allocator_run(streams: list[list[tuple[int, object, int]]], capacity: int |
     return traces, most
 
 
-def _allocator_steps(cap: Capture, events: list[tuple[int, int, int]], raw: list[int], persistent: set[int],
-                     held: set[int], capacity: int | None = None):
-    """The caching allocator over the model's load, a first step and a second (steady-state) step
-    (:func:`_allocator_streams`).  Returns the traces of the two steps."""
-    return _allocator_run(_allocator_streams(cap, events, raw, persistent, held), capacity)[0]
-
-
-def allocator_need(cap: Capture, events, raw: list[int], persistent: set[int], held: set[int], low: int,
-                   high: int, step: int = 8 << 20) -> int:
+def allocator_need(streams: list[list[tuple[int, object, int]]], low: int, high: int, step: int = 8 << 20) -> int:
     """The smallest capacity (to ``step`` bytes, rounded up) at which the simulated caching allocator runs the model's
     load and two steps without running out of memory.  A failed ``cudaMalloc`` makes it free its cached
     blocks and retry (``release_cached_blocks``), so near the limit it needs less than it reserves when
@@ -327,8 +319,8 @@ def allocator_need(cap: Capture, events, raw: list[int], persistent: set[int], h
 
     Checked on an H100 (tests/data/h100_loops/maxbatch.jsonl, tests/test_h100_loops.py): with the measured
     context, the largest micro-batches of GPT-2 124M bf16-mixed (53), BERT-base fp32 at 512 tokens (146) and
-    a 155M Llama bf16-mixed (90) are the ones that ran, and one more ran out of memory."""
-    streams = _allocator_streams(cap, events, raw, persistent, held)
+    a 155M Llama bf16-mixed (90) are the ones that ran, and one more ran out of memory.  ``streams``: the
+    events the allocator replays (:func:`_allocator_streams`)."""
 
     def runs(capacity: int) -> int | None:
         """The most reserved at ``capacity`` when the load and both steps run, else None."""
@@ -350,12 +342,11 @@ def allocator_need(cap: Capture, events, raw: list[int], persistent: set[int], h
     return high
 
 
-def _fragmentation(cap: Capture, events, raw: list[int], persistent: set[int], held: set[int], traces) -> int:
+def _fragmentation(streams: list, traces) -> int:
     """What the simulated caching allocator needs beyond its allocated peak (:func:`allocator_need`), given
-    the ``traces`` of its unlimited run."""
+    the ``traces`` of its unlimited run of ``streams``."""
     high = max(t.peak_allocated for t in traces)
-    return max(0, allocator_need(cap, events, raw, persistent, held, high, max(t.peak_reserved for t in traces))
-               - high)
+    return max(0, allocator_need(streams, high, max(t.peak_reserved for t in traces)) - high)
 
 
 def fragmentation(cap: Capture, target: Any = None) -> int:
@@ -366,8 +357,8 @@ def fragmentation(cap: Capture, target: Any = None) -> int:
     raw = list(cap.storage_bytes)
     events, persistent, _ = with_library_memory(cap, target or CudaTarget(), raw, categories(cap))
     held = set(cap.sids.get("loss") or cap.sids.get("output", set()))
-    traces = _allocator_steps(cap, events, raw, persistent, held)
-    return _fragmentation(cap, events, raw, persistent, held, traces)
+    streams = _allocator_streams(cap, events, raw, persistent, held)
+    return _fragmentation(streams, _allocator_run(streams)[0])
 
 
 def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None = None,
@@ -397,8 +388,9 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
     pre_first = {sid for index, sid, delta in events if index < 0 and delta > 0}
     # what the previous iteration left referenced: its loss (training) or its output (inference)
     held = set(cap.sids.get("loss") or cap.sids.get("output", set()))
-    traces = (_allocator_steps(cap, events, raw, persistent, held, capacity)
-              if device == "cuda" and (allocator or capacity) else None)
+    streams = (_allocator_streams(cap, events, raw, persistent, held)
+               if device == "cuda" and (allocator or capacity) else None)
+    traces = _allocator_run(streams, capacity)[0] if streams is not None else None
     oom = None
     if traces is not None and traces[-1].oom is not None:
         failed = traces[-1].oom
@@ -422,7 +414,7 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
         reserve = dict(CUDA_RESERVE)
         high = max(steady[0], first[0])
         if need and traces is not None and len(traces) == 2 and capacity is None:
-            reserve["fragmentation"] = _fragmentation(cap, events, raw, persistent, held, traces)
+            reserve["fragmentation"] = _fragmentation(streams, traces)
         else:
             reserve["fragmentation"] = int(FRAGMENTATION * high)
     return MemoryProfile(

@@ -520,18 +520,10 @@ def installed(target: CudaTarget):
             raise RuntimeError("a CUDA-target capture is already running on this thread")
         if not _library:
             lib = torch.library.Library("aten", "IMPL")
-            touched: list[str] = []
-            impl = lib.impl
-
-            def recorded(name, *args, **kwargs):
-                touched.append(name if isinstance(name, str) else getattr(name, "__name__", str(name)))
-                return impl(name, *args, **kwargs)
-
-            lib.impl = recorded
             with warnings.catch_warnings():  # "overriding a previously registered kernel": intended, undone below
                 warnings.simplefilter("ignore")
                 _register(lib)
-            lib.impl = impl
+            touched = _registered_ops(lib)
             _library.append((lib, touched))
             _forget_dispatch(touched)
         _active[ident] = target
@@ -544,6 +536,11 @@ def installed(target: CudaTarget):
                 lib, touched = _library.pop()
                 lib._destroy()
                 _forget_dispatch(touched)
+
+
+def _registered_ops(lib: Any) -> list[str]:
+    """The op names (``name`` or ``name.overload``) ``lib`` has kernels for (its ``ns/name/key`` records)."""
+    return sorted({key.split("/")[1] for key in getattr(lib, "_op_impls", ())})
 
 
 def _forget_dispatch(names: list[str]) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 import operator
 from typing import Any, Iterator
@@ -36,27 +37,24 @@ import torch
 import torch.utils._pytree as pytree
 from torch.nn.utils.stateless import _reparametrize_module
 
+from ..errors import from_outside, switch_choice
+from ..precision import graph_tracing
+from ..timing.optable import (
+    ATTENTION_OPS, CONV_BACKWARD_OPS, CONV_OPS, LIBRARY_OPS, MATMUL_OPS, MEMORY_CLASS, RNN_OPS, VIEW_OPS,
+)
+
+log = logging.getLogger(__name__)
+
 COMPILE_MODES = ("block", "model")
 
-# Library kernels Inductor calls as they are (extern kernels and fallbacks): their inputs and outputs
-# are buffers in memory.  Every other op of a compiled graph is lowered and fused.
-_EXTERN = {
-    "mm", "addmm", "bmm", "baddbmm", "matmul", "convolution", "convolution_backward", "_convolution",
-    "_scaled_mm", "_grouped_mm", "_scaled_grouped_mm",
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
-    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
-    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",
-    "_flash_attention_forward", "_flash_attention_backward", "_efficient_attention_forward",
-    "_efficient_attention_backward", "_scaled_dot_product_flash_attention_for_cpu",
-    "_scaled_dot_product_flash_attention_for_cpu_backward", "_fused_rms_norm", "_fused_rms_norm_backward",
-    "cudnn_batch_norm", "cudnn_batch_norm_backward", "_cudnn_rnn", "_cudnn_rnn_backward",
-    "embedding_dense_backward", "_embedding_bag", "_embedding_bag_backward", "sort", "topk", "cumsum",
-    "_unique2", "nonzero", "_fused_adam", "_fused_adamw",
-}
-# ops that make no kernel at all (views and metadata): they neither fuse nor break a group
-_VIEWS = {"view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "alias", "squeeze",
-          "unsqueeze", "slice", "select", "as_strided", "split", "split_with_sizes", "unbind", "detach",
-          "_reshape_alias", "view_as", "unflatten", "flatten", "diagonal", "narrow", "lift_fresh"}
+# Library kernels Inductor calls as they are (extern kernels and fallbacks): their inputs and outputs are buffers
+# in memory.  The time model's matmul, convolution, attention, recurrent and cuDNN ops, and these.  Every other
+# op of a compiled graph is lowered and fused; views and metadata (the time model's VIEW_OPS) make no kernel.
+_FALLBACKS = frozenset({
+    "embedding_dense_backward", "_embedding_bag", "_embedding_bag_backward", "sort", "topk", "cumsum", "_unique2",
+    "nonzero", "_fused_rms_norm", "_fused_rms_norm_backward", "_fused_adam", "_fused_adamw",
+})
+_EXTERN = MATMUL_OPS | CONV_OPS | CONV_BACKWARD_OPS | frozenset(ATTENTION_OPS) | RNN_OPS | LIBRARY_OPS | _FALLBACKS
 
 
 def is_extern(target: Any) -> bool:
@@ -68,13 +66,11 @@ def is_extern(target: Any) -> bool:
 
 def is_view(target: Any) -> bool:
     packet = getattr(target, "overloadpacket", None)
-    return getattr(packet, "__name__", "") in _VIEWS
+    return getattr(packet, "__name__", "") in VIEW_OPS
 
 
 def check_mode(compile: Any) -> str | None:
     """``compile`` as given to estimate/plan: None/False/"eager" (eager), True or ``"block"``, ``"model"``."""
-    from ..errors import switch_choice
-
     return None if compile == "eager" else switch_choice(compile, "compile", COMPILE_MODES, "block")
 
 
@@ -170,20 +166,14 @@ class _Region:
                 if odd:  # state the graph would mutate (a KV cache): Dynamo traces it, AOTAutograd cannot
                     raise TypeError(f"an argument of type {odd[0]} (for a transformers model, use_cache=False)")
                 fn = self._aot([None if i in where else x for i, x in enumerate(leaves)], spec, where, out)
-                from ..precision import graph_tracing
-
                 # the compilation (and its first run) is not the step
                 with self.pause(), graph_tracing(), _dynamo_compiling():
                     fn(state, tensors)
                 graph = self.graphs[key] = (fn, out)
             except Exception as exc:  # a region AOTAutograd cannot trace runs eager (Dynamo's graph break)
-                from ..errors import from_outside
-
                 if from_outside(exc):
                     raise
-                import logging
-
-                logging.getLogger(__name__).debug("compiling %s failed", type(self.module).__name__, exc_info=True)
+                log.debug("compiling %s failed", type(self.module).__name__, exc_info=True)
                 self.failed = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
                 self.split(self)  # its submodules compiled instead, as Dynamo's graph breaks split a graph
                 return self.forward(*args, **kwargs)
@@ -350,8 +340,6 @@ def fuse(cap: Any) -> int:
 def _full_reduction(node: Any) -> bool:
     """A reduction of a tensor to a single value (tensorwise float8's amax): a kernel of its own, since no
     element of a consumer can be computed before the whole input is read."""
-    from ..timing.optable import MEMORY_CLASS
-
     name = getattr(getattr(node.target, "overloadpacket", None), "__name__", "")
     spec = (node.meta.get("spec") or (None,))[0]
     return MEMORY_CLASS.get(name) == "reduction" and spec is not None and math.prod(spec.shape) == 1
@@ -359,10 +347,7 @@ def _full_reduction(node: Any) -> bool:
 
 def _kernel_bytes(cap: Any, nodes: list, group: list[int], made_by: dict[int, int]) -> dict:
     """One fused kernel's traffic: each storage it reads that it does not make (once, at the shape read),
-    each buffer it writes (its bytes), the dtype of its first output, its memory class (a reduction if
-    any op reduces)."""
-    from ..timing.optable import MEMORY_CLASS
-
+    each buffer it writes (its bytes), and the dtype of its first output."""
     inside = set(group)
     read: dict[int, int] = {}
     written = 0
@@ -379,9 +364,6 @@ def _kernel_bytes(cap: Any, nodes: list, group: list[int], made_by: dict[int, in
         for sid in n.meta.get("storage", ()):
             if made_by.get(sid) == i:
                 written += cap.storage_bytes[sid]
-    names = {getattr(getattr(nodes[i].target, "overloadpacket", None), "__name__", "") for i in group}
-    reduces = any(MEMORY_CLASS.get(name) == "reduction" for name in names)
     spec = (nodes[group[0]].meta.get("spec") or (None,))[0]
     dtype = str(spec.dtype).removeprefix("torch.") if spec is not None else None
-    return {"read": sum(read.values()), "written": written, "dtype": dtype,
-            "class": "reduction" if reduces else "elementwise"}
+    return {"read": sum(read.values()), "written": written, "dtype": dtype}

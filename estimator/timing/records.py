@@ -10,7 +10,7 @@ bytes read and written (a broadcast operand once; a gather reads the rows it ret
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from ..rules.attention import sdpa_backward_flops, sdpa_flops
@@ -122,8 +122,6 @@ def _compiled_work(node: Any) -> "OpWork | None":
         # reduction kernels (the "reduction" class) are not what Inductor emits
         return OpWork("inductor.fused", phase, MEMORY, bytes_read=fused["read"], bytes_written=fused["written"],
                       dtype=fused.get("dtype"), memory_class="elementwise", compiled=True)
-    from dataclasses import replace
-
     work = OpWork.from_node(_Eager(node))
     if work is None or work.kind == VIEW:
         return None
