@@ -5,12 +5,15 @@ edit it)::
 
     {"name": "My-GPU", "memory_gb": 48, "total_memory_bytes": 51160023040, "bandwidth_gbs": 768,
      "peak_tflops": {"fp32": 38.7, "tf32": 77.4, "bf16": 154.8, "fp16": 154.8, "fp8": null},
-     "arch": "8.6", "sms": 84, "clock_mhz": 1800, "tdp_w": 300, "l2_mb": 6}
+     "arch": "8.6", "sms": 84, "clock_mhz": 1800, "tdp_w": 300, "l2_mb": 6,
+     "links": {"intra_node": "pcie4", "host": "pcie4", "inter_node": "eth-100g"}}
 
 Required: ``name``, ``memory_gb``, ``bandwidth_gbs`` and ``peak_tflops`` with ``fp32``.  The others
 are optional: without ``total_memory_bytes`` the capacity is the datasheet figure times the H100's
 measured ratio (``estimator.hardware.H100_RATIO``); without ``sms``, ``clock_mhz`` or ``tdp_w`` the
-time model leaves out what they carry (wave quantisation, the power limit) and says so.  Every
+time model leaves out what they carry (wave quantisation, the power limit) and says so; without
+``links`` (the names of ``estimator.hardware.LINKS``) the planner takes PCIe 4 inside a node and
+400 Gb/s InfiniBand between nodes.  Every
 mistake is one line naming the field (a :class:`~estimator.errors.UserError`: exit code 2, no
 traceback).  This module reads and checks the file; ``estimator.hardware.gpu_from_json`` builds the
 GPU from it.
@@ -41,6 +44,8 @@ FIELDS: dict[str, tuple[tuple[type, ...], bool, str]] = {
     "l2_mb": (_NUMBER, True, "the L2 cache in MB, e.g. 6"),
     "process_nm": (_NUMBER, True, "the chip's process node in nm, e.g. 8 (default: from arch)"),
     "aliases": ((list,), False, "other names, e.g. [\"my gpu\"]"),
+    "links": ((dict,), False, "the links of its system, e.g. {\"intra_node\": \"nvlink4\", \"host\": \"pcie5\", "
+                              "\"inter_node\": \"ib-ndr\"}"),
     "total_memory_source": ((str,), False, "where total_memory_bytes comes from"),
 }
 PEAK_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
@@ -90,6 +95,7 @@ def check_fields(data: dict[str, Any], where: str) -> None:
             raise UserError(f"{where}: {key} must be > 0, not {json.dumps(value)}")
     _check_peaks(data["peak_tflops"], where)
     _check_arch(data.get("arch"), where)
+    _check_links(data.get("links"), where)
     total, memory = data.get("total_memory_bytes"), float(data["memory_gb"]) * 1e9
     if total is not None and not 0.5 * memory <= total <= 1.2 * memory:
         raise UserError(f"{where}: total_memory_bytes {total} is not within 50-120 % of memory_gb "
@@ -107,6 +113,16 @@ def _check_peaks(peaks: dict, where: str) -> None:
                             f"not {json.dumps(value)}")
     if not peaks.get("fp32"):
         raise UserError(f"{where}: peak_tflops needs fp32 (the non-tensor-core peak in TFLOP/s, e.g. 38.7)")
+
+
+def _check_links(links: Any, where: str) -> None:
+    from .hardware import LINK_ROLES, LINKS
+
+    for role, name in (links or {}).items():
+        if role not in LINK_ROLES:
+            raise UserError(f"{where}: links has unknown key {role!r}; use {', '.join(LINK_ROLES)}")
+        if name not in LINKS:
+            raise UserError(f"{where}: links.{role} must be one of {', '.join(LINKS)}, not {json.dumps(name)}")
 
 
 def _check_arch(arch: Any, where: str) -> None:

@@ -104,6 +104,7 @@ class GPU:
     process_nm: float | None = None  # the chip's process node (see PROCESS_NM)
     total_memory_source: str = ""
     source: str = "estimator/hardware.py"  # where the entry comes from (a user's file: its path)
+    links: tuple[str, str, str] | None = None  # (intra-node, host, inter-node) link names; None: GPU_LINKS's
 
     @property
     def capacity(self) -> int:
@@ -122,6 +123,7 @@ class GPU:
                 "arch": None if self.arch is None else f"{self.arch[0]}.{self.arch[1]}", "sms": self.sms,
                 "clock_mhz": self.clock_mhz, "tdp_w": self.tdp_w, "l2_mb": self.l2_mb, "process_nm": self.process_nm,
                 "aliases": list(self.aliases),
+                "links": dict(zip(LINK_ROLES, (lk.name for lk in gpu_links(self)))),
                 "total_memory_source": self.total_memory_source or "not measured: the datasheet's figure"}
 
 
@@ -273,7 +275,9 @@ def gpu_from_json(d: dict, source: str = "") -> GPU:
                {k: t(d["peak_tflops"].get(k)) for k in PEAK_KEYS}, tuple(d.get("aliases") or ()), arch,
                int(total) if total else int(memory * H100_RATIO), d.get("sms"), d.get("clock_mhz"), d.get("tdp_w"),
                d.get("l2_mb"), _threads(arch), d.get("process_nm") or PROCESS_NM.get(arch), why,
-               source=source or "a user's file")
+               source=source or "a user's file",
+               links=tuple(d["links"].get(role, default) for role, default in zip(LINK_ROLES, DEFAULT_LINKS))
+               if d.get("links") else None)
 
 
 def match_device_name(device_name: str) -> GPU | None:
@@ -385,6 +389,7 @@ GPU_LINKS: dict[str, tuple[str, str, str]] = {
     "MI250X": ("xgmi", "pcie4", "ib-hdr"), "MI300X": ("xgmi", "pcie5", "ib-ndr"),
 }
 DEFAULT_LINKS = ("pcie4", "pcie4", "ib-ndr")  # a GPU not in GPU_LINKS
+LINK_ROLES = ("intra_node", "host", "inter_node")  # the keys of a GPU file's "links"
 
 
 def link(name: str) -> Link:
@@ -396,6 +401,7 @@ def link(name: str) -> Link:
 
 
 def gpu_links(gpu: GPU) -> tuple[Link, Link, Link]:
-    """(intra-node, host, inter-node) links of ``gpu``'s reference system."""
-    intra, host, inter = GPU_LINKS.get(gpu.name, DEFAULT_LINKS)
+    """(intra-node, host, inter-node) links of ``gpu``: its own (a GPU file's ``links``), else its reference
+    system's."""
+    intra, host, inter = gpu.links or GPU_LINKS.get(gpu.name, DEFAULT_LINKS)
     return LINKS[intra], LINKS[host], LINKS[inter]

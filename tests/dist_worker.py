@@ -3,7 +3,8 @@
 Run as ``python tests/dist_worker.py RANK WORLD_SIZE INIT_FILE OUT_JSON CONFIG_JSON``; the test
 starts one process per rank.  ``CONFIG_JSON``: ``{"cases": [{"name", "model": "gpt" | "llama",
 "config": {...}, "batch", "seq", "runs": [{"id", "strategy": "ddp" | "fsdp", "precision": "fp32" |
-"bf16-mixed" | "fsdp-bf16", "checkpoint": bool, "tp": int, "sp": bool, "reshard": bool, "accum": int}]}]}``.
+"bf16-mixed" | "fsdp-bf16", "checkpoint": bool, "tp": int, "sp": bool, "lp": bool, "reshard": bool,
+"accum": int}]}]}``.
 Independent of estimator's code: nothing from ``estimator`` is imported here; the tensor-parallel
 plan is written out by hand (Megatron's pairs for a Llama block, torchtitan's sequence parallelism).
 
@@ -13,7 +14,8 @@ For each run the rank
    (``examples/llama.py``);
 2. starts a live-storage tracker, then applies the engines: ``parallelize_module`` (``tp`` > 1,
    on the inner mesh dimension), FSDP2 ``fully_shard`` on every block and the root (on the outer
-   one; ``precision="fsdp-bf16"``: ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``) with a
+   one; ``lp``: loss parallelism as torchtitan applies it, the head's logits left sharded by
+   vocabulary and each forward, loss and backward under ``loss_parallel()``; ``precision="fsdp-bf16"``: ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``) with a
    reduce-scatter that does not copy its input (see :func:`in_place_reduce_scatter`), or
    ``DistributedDataParallel`` with its defaults; ``checkpoint``: every block runs
    ``torch.utils.checkpoint`` (non-reentrant) from its forward; ``precision="bf16-mixed"``: the forward
@@ -174,9 +176,10 @@ def build(case: dict, run: dict):
     return model, (idx, idx.clone()), {}, (lambda out: out), llama.Block
 
 
-def tensor_parallel(model, mesh, sp: bool) -> None:
+def tensor_parallel(model, mesh, sp: bool, lp: bool = False) -> None:
     """Megatron's pairs in each block of ``examples/llama.py``; torchtitan's sequence parallelism
-    (``torchtitan/models/llama3/parallelize.py``) when ``sp``."""
+    (``torchtitan/models/llama3/parallelize.py``) when ``sp``, its loss parallelism (the head's output a
+    DTensor sharded by vocabulary) when ``lp``."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -203,10 +206,17 @@ def tensor_parallel(model, mesh, sp: bool) -> None:
             })
         parallelize_module(layer, mesh, styles)
     top = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq if sp else Replicate()),
-           "output": ColwiseParallel(input_layouts=seq if sp else Replicate(), output_layouts=Replicate())}
+           "output": ColwiseParallel(input_layouts=seq if sp else Replicate(),
+                                     output_layouts=Shard(-1) if lp else Replicate(), use_local_output=not lp)}
     if sp:
         top["norm"] = SequenceParallel()
     parallelize_module(model, mesh, top)
+
+
+@contextlib.contextmanager
+def _both(first, second):
+    with first, second:
+        yield
 
 
 def run_one(case: dict, run: dict, world: int) -> dict:
@@ -229,7 +239,7 @@ def run_one(case: dict, run: dict, world: int) -> dict:
                 if isinstance(blk, block_cls):
                     blk.forward = (lambda f: lambda *a, **k: checkpoint(f, *a, use_reentrant=False, **k))(blk.forward)
         if tp > 1:
-            tensor_parallel(model, mesh["tp"], run.get("sp", False))
+            tensor_parallel(model, mesh["tp"], run.get("sp", False), run.get("lp", False))
         if run["strategy"] == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
@@ -268,6 +278,10 @@ def run_one(case: dict, run: dict, world: int) -> dict:
                     sync = wrapped.no_sync()
                 elif accum > 1 and run["strategy"] != "ddp":
                     model.set_requires_gradient_sync(last_micro)
+                if run.get("lp"):
+                    from torch.distributed.tensor.parallel import loss_parallel
+
+                    sync = _both(sync, loss_parallel())
                 with sync:
                     with torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
                         loss = loss_of(wrapped(*args, **kwargs))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from estimator.errors import UserError
-from estimator.hardware import GPUS, H100_RATIO, MiB, lookup, match_device_name
+from estimator.hardware import GPUS, H100_RATIO, MiB, gpu_links, lookup, match_device_name
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = {"name", "memory_gb", "total_memory_bytes", "bandwidth_gbs", "peak_tflops", "arch", "sms", "clock_mhz",
@@ -68,6 +68,20 @@ def test_hardware_json_round_trips_through_gpu_file(tmp_path):
     mine, table = lookup(str(path)), lookup("RTX-A6000")
     assert (mine.name, mine.capacity, mine.bandwidth, mine.peak, mine.arch, mine.sms, mine.tdp_w) == (
         "My-A6000", table.capacity, table.bandwidth, table.peak, table.arch, table.sms, table.tdp_w)
+    assert gpu_links(mine) == gpu_links(table)  # a renamed copy keeps its system's links
+
+
+def test_gpu_file_links_are_the_planners():
+    """A renamed copy of an SXM card keeps NVLink inside the node (it took PCIe 4, the default of a card the table
+    lacks, before the file carried its links); a file may name other links."""
+    from estimator.hardware import LINKS, gpu_from_json
+
+    entry = lookup("H100").to_json() | {"name": "H100-96GB", "aliases": []}
+    assert [lk.name for lk in gpu_links(gpu_from_json(entry))] == ["nvlink4", "pcie5", "ib-ndr"]
+    entry["links"] = {"intra_node": "pcie5", "inter_node": "eth-100g"}  # host: the default
+    assert gpu_links(gpu_from_json(entry)) == (LINKS["pcie5"], LINKS["pcie4"], LINKS["eth-100g"])
+    del entry["links"]
+    assert gpu_links(gpu_from_json(entry))[0] == LINKS["pcie4"]
 
 
 @pytest.mark.parametrize("text, message", [
@@ -79,6 +93,10 @@ def test_hardware_json_round_trips_through_gpu_file(tmp_path):
     ('{"name": "x", "memory_gb": 48, "bandwidth_gbs": 768, "peak_tflops": {"fp64": 1}}', "unknown dtype 'fp64'"),
     ('{"name": "x", "memory_gb": 48, "bandwidth_gbs": 768, "peak_tflops": {"fp32": 38.7}, "total_memory_bytes": 48}',
      "give bytes"),
+    ('{"name": "x", "memory_gb": 48, "bandwidth_gbs": 768, "peak_tflops": {"fp32": 38.7}, '
+     '"links": {"intra_node": "nvlink9"}}', "links.intra_node must be one of"),
+    ('{"name": "x", "memory_gb": 48, "bandwidth_gbs": 768, "peak_tflops": {"fp32": 38.7}, '
+     '"links": {"intra": "nvlink4"}}', "links has unknown key 'intra'"),
 ])
 def test_gpu_file_errors_are_one_line(tmp_path, text, message):
     path = tmp_path / "gpu.json"

@@ -14,6 +14,7 @@ plans are traced.
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 import io
 import json
 import math
@@ -29,6 +30,7 @@ from estimator import UserError, estimate
 from estimator.hardware import GPU, lookup
 from estimator.memory import CUDA_RESERVE, FRAGMENTATION, simulate
 from estimator.plan import PRECISIONS, STRATEGIES, Planner, compare, plan
+from estimator.plan.layout import Layout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "dist_worker.py")
@@ -69,7 +71,7 @@ def _runs(*specs):
         strategy, precision, ck, *rest = spec
         extra = dict(rest[0]) if rest else {}
         tag = "-".join([strategy + ("-tp" if extra.get("tp") else "") + ("-sp" if extra.get("sp") else "")
-                        + ("-keep" if extra.get("reshard") is False else "")
+                        + ("-lp" if extra.get("lp") else "") + ("-keep" if extra.get("reshard") is False else "")
                         + (f"-accum{extra['accum']}" if extra.get("accum") else ""), precision,
                         "ckpt" if ck else "nockpt"])
         out.append({"id": tag, "strategy": strategy, "precision": precision, "checkpoint": ck, **extra})
@@ -94,7 +96,10 @@ LLAMA_CASE = {"name": "llama", "model": "llama", "world": 4, "ranks": [0, 3], "c
                   ("ddp", "fp32", True), ("fsdp", "fsdp-bf16", True),
                   ("fsdp", "fp32", False, {"tp": 2}), ("fsdp", "fsdp-bf16", True, {"tp": 2}),
                   ("fsdp", "fp32", False, {"tp": 2, "sp": True}), ("fsdp", "fsdp-bf16", True, {"tp": 2, "sp": True}),
-                  ("fsdp", "bf16-mixed", False, {"tp": 2, "sp": True}))}
+                  ("fsdp", "bf16-mixed", False, {"tp": 2, "sp": True}),
+                  # loss parallelism: the logits and their gradient sharded by vocabulary (250 over 2 ranks)
+                  ("fsdp", "fp32", False, {"tp": 2, "lp": True}),
+                  ("fsdp", "fsdp-bf16", True, {"tp": 2, "sp": True, "lp": True}))}
 CASES = [GPT_CASE, LLAMA_CASE]
 RUNS = [(c["name"], r["id"], rank) for c in CASES for r in c["runs"] for rank in c["ranks"]]
 
@@ -139,6 +144,7 @@ def engines(tmp_path_factory):
                 for rank in case["ranks"]:
                     plans[(case["name"], run["id"], rank)] = planner.plan(
                         run["strategy"], case["world"], tp=run.get("tp", 1), sequence_parallel=run.get("sp", False),
+                        loss_parallel=run.get("lp", False),
                         checkpoint=case["checkpoint"] if run["checkpoint"] else None,
                         reshard_after_forward=run.get("reshard", True), rank=rank, solve=())
         real = {}
@@ -187,6 +193,26 @@ def planner_layout(planner, strategy, gpus, **kw):
     from estimator.plan.layout import Layout
 
     return Layout(strategy, gpus, gpus_per_node=planner.gpus_per_node, **kw)
+
+
+def test_loss_parallel_keeps_only_the_local_vocabulary_shard_of_returned_logits():
+    """A Hugging Face decoder returns its logits beside the loss: under loss parallelism they are a DTensor of
+    the global shape whose storage is the local shard.  The step's output is that shard, and the peak falls by
+    more than the full logits' share the rank no longer holds (the real engine's bytes are checked on the
+    example Llama in test_peak_matches_the_real_engine_within_one_percent)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg)
+    ids = torch.zeros(2, 32, dtype=torch.long)
+    planner = Planner(model, {"input_ids": ids, "labels": ids}, gpu="H100", device="cpu", precision="fp32")
+    off, on = (planner.plan("fsdp", 4, tp=2, loss_parallel=lp, solve=()) for lp in (False, True))
+    step = planner.traced(replace(Layout("fsdp", 4, 2), loss_parallel=True))
+    out = sum(step.cap.storage_bytes[s] for s in step.cap.sids["output"])
+    assert out == 2 * 32 * 500 * 4 + 4  # (batch, seq, vocab / tp) fp32 logits, the local shard only; the fp32 loss
+    assert on.per_gpu.peak < off.per_gpu.peak - 2 * 32 * 500 * 4
+    assert "loss parallel" in on.render() and on.to_dict()["loss_parallel"] is True
 
 
 # -- rows, reserve, precision ---------------------------------------------------------------------------------------
@@ -622,6 +648,7 @@ def test_every_option_is_documented_with_an_example():
     (["--gpu", "H100", "--gpus", "2", "--strategy", "zero2", "--precision", "fsdp-bf16"], "MixedPrecisionPolicy"),
     (["--gpu", "H100", "--gpus", "4", "--strategy", "zero2", "--tp", "2"], "hand for tp 1"),
     (["--gpu", "H100", "--gpus", "x"], "comma-separated"),
+    (["--gpu", "H100", "--gpus", "2", "--strategy", "fsdp", "--loss-parallel"], "add --tp 2"),
 ])
 def test_impossible_inputs_are_one_line_errors(tmp_path, argv, needle):
     spec = tmp_path / "m.py"

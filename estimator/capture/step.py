@@ -368,7 +368,9 @@ class Step:
                                 "output is detached; check requires_grad and loss_fn")
             if self.opts.grad_accum > 1:
                 loss = self._guard(lambda: loss / self.opts.grad_accum)  # each micro-batch's share of the mean
-        self.output_sids |= {rec.sid(t) for t in pytree.tree_leaves(self.output) if isinstance(t, torch.Tensor)}
+        # (a DTensor output, such as loss parallelism's vocabulary-sharded logits: its local tensor's storage)
+        self.output_sids |= {rec.sid(storage_of(t)) for t in pytree.tree_leaves(self.output)
+                             if isinstance(t, torch.Tensor)}
         if not self.opts.keep_output:
             # ``loss = model(x).loss``: nothing but the loss is held once it is computed (HF Trainer, Lightning,
             # torchtitan's ``del pred``); what autograd saved stays with the graph
@@ -445,18 +447,19 @@ class Step:
         rec, loss = self.rec, self.loss
         grads = {n: AsIs.local(p.grad) for n, p in self.named_params.items() if p.grad is not None} \
             if self.opts.prepare is not None else {n: p.grad for n, p in self.params.items() if p.grad is not None}
+        sid = lambda t: rec.sid(AsIs.local(t))  # noqa: E731  (an engine's DTensor: its local tensor's storage)
         sids = {
             "parameter": self.param_sids,
-            "buffer": {rec.sid(b) for b in self.buffers.values()},
-            "input": {rec.sid(t) for t in self.flat_inputs},
-            "gradient": {rec.sid(g) for g in grads.values()},
-            "optimizer_state": {rec.sid(t) for st in self.opt_state.values() for t in st.values()},
+            "buffer": {sid(b) for b in self.buffers.values()},
+            "input": {sid(t) for t in self.flat_inputs},
+            "gradient": {sid(g) for g in grads.values()},
+            "optimizer_state": {sid(t) for st in self.opt_state.values() for t in st.values()},
             "saved": set(self.saved) | self.saved_all,
             # the loss, and what its graph keeps alive with it (the loop holds the loss into the next step)
-            "loss": ({rec.sid(loss)} | {rec.sid(g) for g in self._leaf_grads_held_by(loss)}) if loss is not None
+            "loss": ({sid(loss)} | {sid(g) for g in self._leaf_grads_held_by(loss)}) if loss is not None
             else set(),
             # the model's output tensors (held to the end of the step when the loop keeps them; see estimator.memory)
-            "output": self.output_sids | {rec.sid(t) for t in pytree.tree_leaves(self.output)
+            "output": self.output_sids | {sid(t) for t in pytree.tree_leaves(self.output)
                                           if isinstance(t, torch.Tensor)},
         }
         if self.opts.prepare is not None:

@@ -112,6 +112,9 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--sequence-parallel", action="store_true",
                    help="with --tp: sequence parallelism (norms and the residual stream on sequence shards), "
                         "e.g. --tp 4 --sequence-parallel")
+    p.add_argument("--loss-parallel", action="store_true",
+                   help="with --tp: the head's logits stay sharded by vocabulary and the cross-entropy runs under "
+                        "torch's loss_parallel() (torchtitan's default), e.g. --tp 8 --loss-parallel")
     p.add_argument("--reduce-dtype", choices=("fp32", "bf16", "fp16"),
                    help="with --precision fsdp-*: MixedPrecisionPolicy's reduce_dtype (default: the param dtype), "
                         "e.g. --reduce-dtype fp32")
@@ -206,11 +209,13 @@ def run_plan(args: argparse.Namespace) -> int:
         budget = dict(tokens=args.tokens, samples=args.samples, steps=steps, mfu=args.mfu)
         if args.compare or len(gpus_names) > 1 or len(args.gpus) > 1:
             result = planner.compare(args.gpus, strategies=None if args.compare else [args.strategy], tp=args.tp,
-                                     sequence_parallel=args.sequence_parallel, checkpoint=args.checkpoint or None,
+                                     sequence_parallel=args.sequence_parallel, loss_parallel=args.loss_parallel,
+                                     checkpoint=args.checkpoint or None,
                                      offload=args.offload, gpu=gpus_names, with_checkpointing=args.compare,
                                      **budget)
         else:
             result = planner.plan(args.strategy, args.gpus[0], tp=args.tp, sequence_parallel=args.sequence_parallel,
+                                  loss_parallel=args.loss_parallel,
                                   checkpoint=args.checkpoint or None, offload=args.offload,
                                   solve=("batch", *args.solve), reshard_after_forward=args.reshard_after_forward,
                                   rank=args.rank, **budget)

@@ -14,7 +14,7 @@ from .report import Comparison, Plan
 
 
 def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, strategy: str = "ddp", tp: int = 1,
-         sequence_parallel: bool = False, optimizer: Any = "adamw", optimizer_kwargs: Mapping[str, Any] | None = None,
+         sequence_parallel: bool = False, loss_parallel: bool = False, optimizer: Any = "adamw", optimizer_kwargs: Mapping[str, Any] | None = None,
          loss_fn=None, precision: str = "bf16-mixed", reduce_dtype: str | None = None, checkpoint: Any = None,
          offload: str | None = None, wrap: Any = None, tokens: float | None = None, samples: float | None = None,
          steps: int | None = None, mfu: float | None = None, solve: Sequence[str] | str = ("batch",),
@@ -31,7 +31,8 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
     Returns a :class:`~estimator.plan.results.Plan`: per-GPU memory of rank ``rank`` (rows that add up
     to the peak), fits or not (and the smallest layouts that fit when not), the largest micro-batch
     (``solve`` may add ``"seq"``; searched when the given size fits, or always with ``solve_unfit``),
-    step time from the traced schedule, time to train for the budget.
+    step time from the traced schedule, time to train for the budget.  ``loss_parallel`` (with ``tp``):
+    the head's logits kept sharded by vocabulary, the loss under torch's ``loss_parallel()`` (torchtitan's).
     ``precision`` (default ``bf16-mixed``): see :func:`~estimator.plan.layout.parse_plan_precision`.
     ``device="cpu"`` plans exact bytes without CUDA rounding (tests).  ``trace``: as
     :func:`estimator.estimate`'s (``"auto"``, ``"fake"`` or ``"real"``).  The training loop as
@@ -49,7 +50,8 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
                       zero_semantics=zero_semantics, model_name=model_name, progress=progress, trace=trace,
                       keep_output=keep_output, grad_accum=grad_accum, checkpoint_policy=checkpoint_policy,
                       replicate=replicate, compile=compile, float8=float8)
-    return planner.plan(strategy, gpus, tp=tp, sequence_parallel=sequence_parallel, checkpoint=checkpoint,
+    return planner.plan(strategy, gpus, tp=tp, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel,
+                        checkpoint=checkpoint,
                         offload=offload, tokens=tokens, samples=samples, steps=steps, mfu=mfu, solve=solve,
                         reshard_after_forward=reshard_after_forward, rank=rank, confirm=confirm,
                         solve_unfit=solve_unfit)

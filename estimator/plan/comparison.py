@@ -56,7 +56,7 @@ def for_strategy(planner: Any, strategy: str) -> Any:
 
 
 def compare_layouts(planner: Any, gpus: int | Sequence[int], *, strategies: Sequence[str] | None = None,
-                    tp: int = 1, sequence_parallel: bool = False, checkpoint: Any = None, offload: str | None = None,
+                    tp: int = 1, sequence_parallel: bool = False, loss_parallel: bool = False, checkpoint: Any = None, offload: str | None = None,
                     tokens=None, samples=None, steps=None, mfu=None, confirm: bool = False,
                     gpu: str | GPU | Sequence[str | GPU] | None = None, with_checkpointing: bool = True) -> Comparison:
     """Plans side by side: every GPU type x GPU count x strategy, without and with activation checkpointing
@@ -81,7 +81,8 @@ def compare_layouts(planner: Any, gpus: int | Sequence[int], *, strategies: Sequ
         sub = for_strategy(planner, s) if len(set(names)) > 1 else planner  # one strategy: as asked
         sub.progress = lambda stage, detail="", _row=row: outer(f"{_row}: {stage}", detail)  # noqa: E731
         try:
-            plans.append(sub.plan(s, n, tp=tp, sequence_parallel=sequence_parallel, checkpoint=list(ckset) or None,
+            plans.append(sub.plan(s, n, tp=tp, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel,
+                                  checkpoint=list(ckset) or None,
                                   offload=offload, tokens=tokens, samples=samples, steps=steps, mfu=mfu,
                                   confirm=confirm, gpu=g))
         except UserError as exc:

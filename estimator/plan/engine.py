@@ -187,7 +187,8 @@ def build(model: torch.nn.Module, layout: Layout, precision: PlanPrecision, unit
     if layout.tp > 1:
         if tp_plan is None or tp_plan.empty:
             raise UserError(f"--tp {layout.tp}: no Linear layer pairs to split were found in the blocks; use --tp 1")
-        apply_tp(m, tp_plan, _submesh(mesh, ("tp",)), layout.sequence_parallel)
+        apply_tp(m, tp_plan, _submesh(mesh, ("tp",)), layout.sequence_parallel,
+                 layout.loss_parallel and tp_plan.head is not None)
     if layout.strategy in ("fsdp", "hsdp"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -244,6 +245,21 @@ def accumulate_gradients(module: torch.nn.Module, micro_step: int, last: bool) -
     return contextlib.nullcontext()
 
 
+def under_loss_parallel(accumulate: Any) -> Any:
+    """Around each micro-step's forward, loss and backward: ``loss_parallel()`` (its cross-entropy on the
+    vocabulary-sharded logits; torch asks for the backward under it too, as torchtitan's ``train_context``
+    runs both), inside ``accumulate``'s context when there is one."""
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    @contextlib.contextmanager
+    def around(module: torch.nn.Module, micro_step: int, last: bool) -> Iterator[None]:
+        with (accumulate(module, micro_step, last) if accumulate is not None else contextlib.nullcontext()):
+            with loss_parallel():
+                yield
+
+    return around
+
+
 def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision: PlanPrecision,
                  options: StepOptions, unit_paths: list[str], tp_plan: TPPlan | None, device: str,
                  value: int | None = None, progress=None) -> Step:
@@ -285,6 +301,8 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
         try:
             with one_sequence_per_sample():
                 accumulate = accumulate_gradients if options.grad_accum > 1 else None
+                if layout.loss_parallel and tp_plan is not None and tp_plan.head is not None:
+                    accumulate = under_loss_parallel(accumulate)
                 # DDP buckets every gradient of the model (25 MiB each) once, at construction: its buffers and
                 # all-reduces depend on how many blocks there are, so its blocks are all traced
                 replicate = options.replicate and not (layout.strategy == "ddp" and layout.dp > 1)
@@ -292,8 +310,10 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
                                                      replicate=replicate), progress=progress)
         except UserError as exc:
             if layout.tp > 1:
+                lp = ("; under --loss-parallel the loss must be cross-entropy on the logits, the only loss torch's "
+                      "loss_parallel supports") if layout.loss_parallel else ""
                 raise UserError(f"{exc} (under tensor parallelism{' with sequence parallelism' if layout.sequence_parallel else ''}: "
-                                f"the forward must run on local shards, e.g. views with -1 for the head count)") from exc
+                                f"the forward must run on local shards, e.g. views with -1 for the head count{lp})") from exc
             raise
         collectives = find_collectives(cap, layout.gpus_per_node)
     streams = {i: stream_names.get(n.meta["stream"], "side") for i, n in enumerate(cap.nodes) if "stream" in n.meta}

@@ -45,6 +45,7 @@ class Layout:
     rank: int = 0  # global rank traced (0 holds the most real rows of every unevenly split dimension)
     reshard_after_forward: bool = True
     offload: str | None = None
+    loss_parallel: bool = False  # the head's logits kept vocabulary-sharded, the loss under loss_parallel()
 
     @property
     def dp(self) -> int:
@@ -80,7 +81,9 @@ class Layout:
     def describe(self) -> str:
         text = self.strategy
         if self.tp > 1:
-            text += f" x tp {self.tp}" + (" (sequence parallel)" if self.sequence_parallel else "")
+            extras = [w for w, on in (("sequence parallel", self.sequence_parallel),
+                                       ("loss parallel", self.loss_parallel)) if on]
+            text += f" x tp {self.tp}" + (f" ({', '.join(extras)})" if extras else "")
         return text
 
 
@@ -160,6 +163,8 @@ def check_layout(layout: Layout, precision: PlanPrecision) -> None:
                         f"keep tensor parallelism inside a node (--tp <= {layout.gpus_per_node})")
     if layout.sequence_parallel and tp == 1:
         raise UserError("--sequence-parallel needs tensor parallelism: add --tp 2 (or more)")
+    if layout.loss_parallel and tp == 1:
+        raise UserError("--loss-parallel shards the head's logits over the tensor-parallel ranks: add --tp 2 (or more)")
     if s != "ddp" and layout.dp < 2:
         raise UserError(f"{s} with {layout.dp} data-parallel GPU{'s' if layout.dp != 1 else ''} shards nothing: "
                         f"use --strategy ddp, or at least {2 * tp} GPUs")

@@ -333,12 +333,13 @@ class Planner:
              checkpoint: Any = None, offload: str | None = None, tokens: float | None = None,
              samples: float | None = None, steps: int | None = None, mfu: float | None = None,
              solve: Sequence[str] | str = ("batch",), reshard_after_forward: bool = True, rank: int = 0,
-             confirm: bool = True, gpu: str | GPU | None = None, solve_unfit: bool = False) -> Plan:
+             confirm: bool = True, gpu: str | GPU | None = None, solve_unfit: bool = False,
+             loss_parallel: bool = False) -> Plan:
         """One plan (:func:`plan`).  ``solve_unfit``: search the largest size that fits even when the given
         one does not (``estimate --gpu``'s question); a plan that does not fit otherwise suggests layouts."""
         target = self.gpu if gpu is None else (gpu if isinstance(gpu, GPU) else lookup(gpu))
         layout = Layout(strategy.lower(), gpus, tp, sequence_parallel, self.gpus_per_node, rank,
-                        reshard_after_forward, offload)
+                        reshard_after_forward, offload, loss_parallel)
         check_layout(layout, self.precision)
         check_budget(tokens, samples, steps, mfu)
         if tp > 1:
@@ -378,7 +379,7 @@ class Planner:
                          saved_activations=step.tally.activations_bytes, host=mem.host)
         config = Config(
             model=self.model_name, gpu=target.name, gpus=gpus, strategy=layout.strategy, tp=tp,
-            sequence_parallel=sequence_parallel, dp=layout.dp, shard_group=layout.shard, rank=rank,
+            sequence_parallel=sequence_parallel, loss_parallel=loss_parallel, dp=layout.dp, shard_group=layout.shard, rank=rank,
             precision=self.precision.name, optimizer=step.cap.optimizer_name, checkpoint=[c.__name__ for c in ckpt],
             offload=offload, wrap=[c.__name__ for c in self.wrap], micro_batch=self.batch,
             global_batch=self.batch * layout.dp * self.options.grad_accum if self.batch else None, seq=self.seq,
@@ -398,7 +399,9 @@ class Planner:
             parts += f" (MixedPrecisionPolicy param {str(self.precision.param_dtype).removeprefix('torch.')}" \
                      f", reduce {str(self.precision.reduce_dtype or self.precision.param_dtype).removeprefix('torch.')})"
         if layout.tp > 1:
-            parts += " + parallelize_module" + (" (sequence parallel)" if layout.sequence_parallel else "")
+            extras = [w for w, on in (("sequence parallel", layout.sequence_parallel),
+                                       ("loss parallel", layout.loss_parallel)) if on]
+            parts += " + parallelize_module" + (f" ({', '.join(extras)})" if extras else "")
         return f"traced: {parts} on a fake process group of {layout.gpus} ranks"
 
     def _notes(self, layout: Layout, mem: _Memory) -> list[str]:
@@ -411,6 +414,11 @@ class Planner:
                          f"layers (Megatron pairs found in the traced dataflow), embedding "
                          f"{plan.embedding or 'replicated'}, head {plan.head or 'replicated'}")
             notes.extend(plan.notes)
+            if layout.loss_parallel:
+                notes.append("loss parallel: the logits stay sharded by vocabulary and the cross-entropy runs under "
+                             "torch's loss_parallel() (all-reduces of the row maxima, sums and target logits)"
+                             if plan.head else "--loss-parallel: the head is replicated (its weight is tied to the "
+                             "embedding), so the loss is computed on full logits as without it")
         if not layout.traced:
             notes.append(f"{layout.strategy}: PyTorch has no ZeRO engine; {self.zero_semantics} semantics "
                          f"(--zero-semantics deepspeed|paper; see estimator/plan/zero.py)")

@@ -135,6 +135,7 @@ class Config:
     strategy: str
     tp: int
     sequence_parallel: bool
+    loss_parallel: bool
     dp: int
     shard_group: int
     rank: int

@@ -22,6 +22,13 @@ on sequence shards (``SequenceParallel``), the rowwise Linears reduce-scatter to
 colwise Linears (at their closest common module, as ``PrepareModuleInput`` does); the embedding
 reduce-scatters its output and the head gathers its input.
 
+**Loss parallelism** (``torch.distributed.tensor.parallel.loss_parallel``), as torchtitan applies it:
+the head's logits stay sharded by vocabulary (``ColwiseParallel(output_layouts=Shard(-1),
+use_local_output=False)``) and the step's forward, loss and backward run under ``loss_parallel()``,
+whose cross-entropy computes the log-softmax and the NLL on the local vocabulary shard with
+all-reduces of the row maxima, sums and picked logits: no rank holds the full-vocabulary logits or
+their gradient.
+
 A model whose forward does not run on local shards (a view with a fixed head count, a
 position embedding added to sequence shards) fails its trace: the planner reports it in one line.
 """
@@ -153,8 +160,9 @@ def _forward_modules(cap: Capture, after: int) -> set[str]:
     return {n.meta.get("module", "") for n in cap.nodes[after:] if n.meta.get("phase") == "forward"}
 
 
-def apply_tp(model: torch.nn.Module, plan: TPPlan, mesh, sequence_parallel: bool) -> None:
-    """``parallelize_module`` ``model`` (built on meta) over the 1-D ``mesh`` with ``plan``."""
+def apply_tp(model: torch.nn.Module, plan: TPPlan, mesh, sequence_parallel: bool, loss_parallel: bool = False) -> None:
+    """``parallelize_module`` ``model`` (built on meta) over the 1-D ``mesh`` with ``plan``; ``loss_parallel``:
+    the head's output left a DTensor sharded by vocabulary (the step then runs under ``loss_parallel()``)."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -175,7 +183,8 @@ def apply_tp(model: torch.nn.Module, plan: TPPlan, mesh, sequence_parallel: bool
                                                  else Replicate())
     if plan.head:
         styles[plan.head] = ColwiseParallel(input_layouts=seq if sequence_parallel else Replicate(),
-                                            output_layouts=Replicate())
+                                            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                                            use_local_output=not loss_parallel)
     if sequence_parallel:
         for p in plan.norms:
             styles[p] = SequenceParallel()
