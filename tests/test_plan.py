@@ -381,6 +381,19 @@ def test_largest_batch_under_fsdp_is_confirmed():
         assert other.fits is fits, (value, other.verdict.needed)
 
 
+def test_a_micro_batch_too_large_still_gets_the_largest_that_fits():
+    """The given micro-batch does not fit: the search still answers the largest that does, confirmed by
+    independent plans at it (fits) and one more (does not)."""
+    cfg = {"vocab_size": 256, "block_size": 64, "n_layer": 2, "n_head": 4, "n_embd": 64}
+    fits_at = lambda b: Planner(*_gpt(cfg, b, 64), gpu="H100", precision="fp32").plan(  # noqa: E731
+        "fsdp", 4, solve=(), gpu=gpu)
+    gpu = _gpu_fitting(Planner(*_gpt(cfg, 3, 64), gpu="H100", precision="fp32").plan("fsdp", 4, solve=()).per_gpu.peak, 0)
+    p = Planner(*_gpt(cfg, 8, 64), gpu="H100", precision="fp32").plan("fsdp", 4, gpu=gpu)
+    assert not p.fits and p.max_batch >= 1 and p.batch.confirmed
+    assert fits_at(p.max_batch).fits and not fits_at(p.max_batch + 1).fits
+    assert f"a micro-batch of {p.max_batch} fits" in p.render().splitlines()[0]
+
+
 def test_longest_sequence_is_confirmed_by_tracing():
     cfg = {"vocab_size": 256, "block_size": 4096, "n_layer": 2, "n_head": 4, "n_embd": 64}
     model, inputs = _gpt(cfg, 2, 32)
@@ -397,10 +410,14 @@ def test_a_plan_that_does_not_fit_names_the_smallest_layout_that_does():
     x = torch.empty(2, 4096, device="meta")
     planner = Planner(big, x, gpu="L4", precision="fp32")
     gpu = _gpu_fitting(3 << 30, 0)  # 3 GiB of peak allowed
-    p = planner.plan("fsdp", 2, gpu=gpu)
-    assert not p.fits and p.max_batch is None and p.time_to_train_s is None
+    p = planner.plan("fsdp", 2, gpu=gpu, steps=1000)
+    assert not p.fits and p.max_batch == 0 and p.time_to_train_s is None  # the model states alone do not fit
     best = p.verdict.suggestions[0]
     assert best.strategy == "fsdp" and best.gpus > 2
+    # its step time and time to train are those of its own plan
+    own = planner.plan("fsdp", best.gpus, solve=(), gpu=gpu, steps=1000)
+    assert (best.step_time_s, best.time_to_train_s) == (own.step_time_s, own.time_to_train_s)
+    assert best.time_to_train_s == pytest.approx(1000 * own.step_time_s)
     # Independently: it fits on that many GPUs and not on the candidate below (a multiple of 8 GPUs above 8).
     assert planner.plan("fsdp", best.gpus, solve=(), gpu=gpu).fits
     below = best.gpus - 8 if best.gpus > 8 else best.gpus // 2
@@ -618,7 +635,8 @@ def test_cli_a_plan_that_does_not_fit_is_an_answer(tmp_path):
                          "--precision", "fp32"])
     assert rc == 0, err
     assert out.startswith("DOES NOT FIT on 1 x L4") and "Time to train" not in out
-    assert "Largest micro-batch" not in out
+    # the answer a user needs next: the largest micro-batch that fits this layout (searched though 512 does not)
+    assert "; a micro-batch of " in out.splitlines()[0] and "Largest micro-batch that fits" in out
 
 
 def test_every_option_is_documented_with_an_example():

@@ -29,9 +29,10 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
     parallelism) are traced on PyTorch's own engines over a fake process group; ZeRO stages
     ``zero1``-``zero3`` are laid out by hand (``zero_semantics``: ``"deepspeed"`` or ``"paper"``).
     Returns a :class:`~estimator.plan.results.Plan`: per-GPU memory of rank ``rank`` (rows that add up
-    to the peak), fits or not (and the smallest layouts that fit when not), the largest micro-batch
-    (``solve`` may add ``"seq"``; searched when the given size fits, or always with ``solve_unfit``),
-    step time from the traced schedule, time to train for the budget.  ``loss_parallel`` (with ``tp``):
+    to the peak), fits or not (and, when not, the smallest layouts that fit with their step time and time to
+    train), the largest micro-batch that fits (searched whether the given one fits or not; ``solve`` may add
+    ``"seq"``, searched when the given size fits, or always with ``solve_unfit``), step time from the traced
+    schedule, time to train for the budget.  ``loss_parallel`` (with ``tp``):
     the head's logits kept sharded by vocabulary, the loss under torch's ``loss_parallel()`` (torchtitan's).
     ``precision`` (default ``bf16-mixed``): see :func:`~estimator.plan.layout.parse_plan_precision`.
     ``device="cpu"`` plans exact bytes without CUDA rounding (tests).  ``trace``: as

@@ -266,9 +266,11 @@ class Planner:
         return largest_fitting(what, base, interpolated, traced, points, confirm, model_limit=limit,
                                real=any(s.cap.fallback_reason for s in steps))
 
-    def suggestions(self, layout: Layout, checkpoint: tuple[type, ...], gpu: GPU) -> list[Suggestion]:
+    def suggestions(self, layout: Layout, checkpoint: tuple[type, ...], gpu: GPU,
+                    timed: Any = None) -> list[Suggestion]:
         """The smallest layouts that fit when ``layout`` does not: the fewest GPUs for its strategy (fsdp
-        for ddp, which shards nothing), and the same with activation checkpointing of the wrap class."""
+        for ddp, which shards nothing), and the same with activation checkpointing of the wrap class.
+        ``timed(layout, step)``: (step time, time to train) of a suggestion (None: not timed)."""
         out: list[Suggestion] = []
         strategy = layout.strategy if layout.strategy != "ddp" else "fsdp"
         options = [checkpoint] + ([tuple(self.wrap)] if not checkpoint and self.wrap else [])
@@ -289,7 +291,9 @@ class Planner:
                 at = replace(lay, gpus=n)
                 st = self.traced(at, ckpt)
                 peak = self.memory(at, st).peak.total
-                out.append(Suggestion(strategy, n, lay.tp, [c.__name__ for c in ckpt], peak, self.needed(peak, at, st)))
+                step_s, train_s = timed(at, st) if timed is not None else (None, None)
+                out.append(Suggestion(strategy, n, lay.tp, [c.__name__ for c in ckpt], peak, self.needed(peak, at, st),
+                                      step_s, train_s))
         out.sort(key=lambda s: (s.gpus, bool(s.checkpoint)))
         return out
 
@@ -335,8 +339,9 @@ class Planner:
              solve: Sequence[str] | str = ("batch",), reshard_after_forward: bool = True, rank: int = 0,
              confirm: bool = True, gpu: str | GPU | None = None, solve_unfit: bool = False,
              loss_parallel: bool = False) -> Plan:
-        """One plan (:func:`plan`).  ``solve_unfit``: search the largest size that fits even when the given
-        one does not (``estimate --gpu``'s question); a plan that does not fit otherwise suggests layouts."""
+        """One plan (:func:`plan`).  The largest micro-batch is searched whether the given one fits or not;
+        ``solve_unfit``: the longest sequence too (``estimate --gpu``'s question); a plan that does not fit
+        suggests the smallest layouts that do, each with its step time and time to train."""
         target = self.gpu if gpu is None else (gpu if isinstance(gpu, GPU) else lookup(gpu))
         layout = Layout(strategy.lower(), gpus, tp, sequence_parallel, self.gpus_per_node, rank,
                         reshard_after_forward, offload, loss_parallel)
@@ -357,10 +362,9 @@ class Planner:
         needed = pk.total + sum(reserve.values())
         fits = needed <= target.capacity
         notes = list(step.notes)
-        suggestions = [] if fits else self.suggestions(layout, ckpt, target)
         batch_solve = seq_solve = None
         solve = (solve,) if isinstance(solve, str) else tuple(solve or ())
-        if (fits or solve_unfit) and "batch" in solve:
+        if "batch" in solve:  # also when the given micro-batch does not fit: the largest that does
             batch_solve = self.solve("batch", layout, ckpt, target, confirm)
         if (fits or solve_unfit) and "seq" in solve:
             seq_solve = self.solve("seq", layout, ckpt, target, confirm)
@@ -371,6 +375,15 @@ class Planner:
         mfu_est = model_flops / (time.step_time_s * peak_flops) if time.step_time_s > 0 else None
         training = self._training(layout, time, model_flops, peak_flops, tokens, samples, steps, mfu)
         flops = self._flops(model_flops, dtype, peak_flops, mfu_est)
+
+        def timed(at: Layout, st: Step) -> tuple[float, float | None]:
+            """A suggested layout's step time and the budget's time to train on it (the same micro-batch per GPU
+            and tensor-parallel degree: the same model FLOPs per GPU)."""
+            t = self._time(at, st, target)
+            return t.step_time_s, self._training(at, t, model_flops, peak_flops, tokens, samples, steps,
+                                                 mfu).time_to_train_s
+
+        suggestions = [] if fits else self.suggestions(layout, ckpt, target, timed)
         node = step.cap.nodes[pk.index] if pk.index >= 0 else None
         per_gpu = PerGpu(rows=dict(pk.by_row), peak=pk.total, peak_phase=node.meta.get("phase", "") if node else "start",
                          peak_module=node.meta.get("module", "") if node else "",

@@ -32,6 +32,8 @@ def fmt_duration(s: float | None) -> str:
 def _fmt_solve(solve: Solve | None) -> str:
     if solve is None or solve.value is None:
         return "-" if solve is None else solve.reason or "no limit found"
+    if solve.value == 0:
+        return f"none: a {'micro-batch' if solve.what == 'batch' else 'sequence length'} of 1 does not fit this layout"
     text = f"{solve.value}"
     if solve.limited_by:
         text += f" (the model's limit, {solve.limited_by}; memory allows {solve.memory_allows})"
@@ -47,9 +49,15 @@ def headline(p: PlanData) -> str:
     if p.fits:
         return f"FITS on {c.gpus} x {c.gpu}: {needs}, {fmt_bytes(v.margin)} to spare"
     over = f"DOES NOT FIT on {c.gpus} x {c.gpu}: {needs}, {fmt_bytes(-v.margin)} over its {fmt_bytes(v.capacity)}"
+    if p.batch is not None and p.batch.value:
+        over += f"; a micro-batch of {p.batch.value} fits"
     if v.suggestions:
-        over += f"; fits on {v.suggestions[0].describe()}"
+        over += f"; {'or ' if p.batch is not None and p.batch.value else ''}fits on {v.suggestions[0].describe()}"
     return over
+
+
+def _hours(h: float) -> str:
+    return f"{h:,.0f}" if h >= 10 else f"{h:.2g}"
 
 
 def render_plan(p: PlanData, tablefmt: str = "simple") -> str:
@@ -74,14 +82,17 @@ def render_plan(p: PlanData, tablefmt: str = "simple") -> str:
     parts = [headline(p), title,
              "Memory at the peak (rows add up to the peak)\n" + tabulate(mem, tablefmt=tablefmt, disable_numparse=True),
              tabulate(states, tablefmt=tablefmt, disable_numparse=True)]
-    if p.fits:
+    if p.fits or p.batch is not None:
         sizes = [("Largest micro-batch that fits", _fmt_solve(p.batch))]
         if p.seq is not None:
             sizes.append(("Longest sequence that fits", _fmt_solve(p.seq)))
         parts.append(tabulate(sizes, tablefmt=tablefmt, disable_numparse=True))
-    elif p.verdict.suggestions:
+    if not p.fits and p.verdict.suggestions:
         parts.append("Smallest layouts that fit:\n" + "\n".join(
-            f"  - {s.describe()}: needs {fmt_bytes(s.needed)}" for s in p.verdict.suggestions))
+            f"  - {s.describe()}: needs {fmt_bytes(s.needed)}" + (f", step {s.step_time_s * 1e3:,.0f} ms"
+                                                                  if s.step_time_s else "")
+            + (f", time to train {fmt_duration(s.time_to_train_s)} ({_hours(s.time_to_train_s * s.gpus / 3600)} "
+               f"GPU-hours)" if s.time_to_train_s else "") for s in p.verdict.suggestions))
     tm = [("Micro-batch per GPU / global batch", f"{c.micro_batch} / {c.global_batch}"),
           ("Compute", f"{t.compute_s * 1e3:.2f} ms"),
           ("Communication (exposed)", f"{t.comm_s * 1e3:.2f} ms ({t.exposed_comm_s * 1e3:.2f} ms) over "

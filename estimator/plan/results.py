@@ -69,6 +69,8 @@ class Suggestion:
     checkpoint: list[str]
     peak: int
     needed: int
+    step_time_s: float | None = None  # its step time (the same micro-batch per GPU)
+    time_to_train_s: float | None = None  # the budget's time on it (None: no --tokens/--samples/--steps)
 
     def describe(self) -> str:
         ck = f", checkpoint {', '.join(self.checkpoint)}" if self.checkpoint else ""
@@ -177,7 +179,7 @@ class PlanData:
 
     @property
     def max_batch(self) -> int | None:
-        return self.batch.value if self.batch is not None else None  # searched when it fits (or solve_unfit)
+        return self.batch.value if self.batch is not None else None  # searched whether the given size fits or not
 
     @property
     def max_seq(self) -> int | None:
