@@ -1,4 +1,4 @@
-"""torchtitan's published Llama 3.1 8B rows on 8 H100s, eager, compiled and float8, planned against them.
+"""torchtitan's published Llama 3.1 8B rows on 8 and 128 H100s, eager, compiled and float8, planned against them.
 
 torchtitan docs/performance.md, Table 1 (1D parallelism): Llama 3.1 8B, 8 GPUs, FSDP, local batch 2 (global
 16), sequence 8,192, selective activation checkpointing (torchtitan's per-op policy), on Grand Teton hosts:
@@ -8,6 +8,12 @@ H100 96 GB HBM2e at 2.4 TB/s, default 500 W power limit, NVLink inside the host.
     | FSDP                           |   5,762 |         82.4 |
     | FSDP + torch.compile           |   6,667 |         77.0 |
     | FSDP + torch.compile + Float8  |   8,532 |         76.8 |
+
+Table 3, the same on 128 GPUs (16 hosts, 400 Gb/s RDMA per GPU between them), global batch 256:
+
+    | FSDP                           |   5,605 |         67.0 |
+    | FSDP + torch.compile           |   6,514 |         62.0 |
+    | FSDP + torch.compile + Float8  |   8,380 |         61.8 |
 
 The plan: FSDP2 on each decoder layer and the root with torchtitan's bf16 MixedPrecisionPolicy (fp32 reduce,
 ``--precision fsdp-bf16``), every decoder layer under the ``op`` checkpoint policy, AdamW, torch.compile per
@@ -32,9 +38,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-PUBLISHED = {"eager": (5762, 82.4), "compile": (6667, 77.0), "compile+float8": (8532, 76.8)}
+PUBLISHED = {8: {"eager": (5762, 82.4), "compile": (6667, 77.0), "compile+float8": (8532, 76.8)},
+             128: {"eager": (5605, 67.0), "compile": (6514, 62.0), "compile+float8": (8380, 61.8)}}
 ROWS = {"eager": {}, "compile": {"compile": "block"}, "compile+float8": {"compile": "block", "float8": "tensorwise"}}
-SEQ, LOCAL_BATCH, GPUS = 8192, 2, 8
+SEQ, LOCAL_BATCH = 8192, 2
 
 
 def gpu_file(folder: str) -> str:
@@ -50,7 +57,7 @@ def gpu_file(folder: str) -> str:
     return str(path)
 
 
-def run(layers: int, row: str, gpu: str) -> dict:
+def run(layers: int, row: str, gpu: str, gpus: int) -> dict:
     from estimator.plan import Planner
     from estimator.specs import load
 
@@ -59,7 +66,7 @@ def run(layers: int, row: str, gpu: str) -> dict:
         num_key_value_heads=8, vocab_size=128256, max_position_embeddings=SEQ))
     start = time.perf_counter()
     p = Planner(model, inputs, gpu=gpu, precision="fsdp-bf16", checkpoint_policy="op", **ROWS[row]).plan(
-        "fsdp", GPUS, checkpoint="LlamaDecoderLayer", solve=())
+        "fsdp", gpus, checkpoint="LlamaDecoderLayer", solve=())
     tps = LOCAL_BATCH * SEQ / p.step_time_s
     reserved = (p.verdict.needed - p.verdict.reserve.get("cuda_context", 0)) / 2**30
     return {"row": row, "layers": layers, "tps_per_gpu": tps, "reserved_gib": reserved,
@@ -71,20 +78,22 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--rows", nargs="*", default=list(ROWS))
+    ap.add_argument("--gpus", nargs="*", type=int, default=list(PUBLISHED), choices=list(PUBLISHED))
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
         gpu = gpu_file(folder)
-        print(f"Llama 3.1 8B shape ({args.layers} layers), 8 x H100 96GB 500 W, FSDP, local batch 2 x 8192, "
+        print(f"Llama 3.1 8B shape ({args.layers} layers), H100 96GB 500 W, FSDP, local batch 2 x 8192, "
               f"op checkpointing")
-        print(f"{'row':16s} {'TPS/GPU':>8s} {'published':>9s} {'ratio':>6s}   {'GiB':>6s} {'published':>9s} "
+        print(f"{'GPUs':>4s} {'row':16s} {'TPS/GPU':>8s} {'published':>9s} {'ratio':>6s}   {'GiB':>6s} {'published':>9s} "
               f"{'ratio':>6s}   planned in")
-        for row in args.rows:
-            r = run(args.layers, row, gpu)
-            tps, mem = PUBLISHED[row]
-            print(f"{row:16s} {r['tps_per_gpu']:8,.0f} {tps:9,} {r['tps_per_gpu'] / tps:6.3f}   "
-                  f"{r['reserved_gib']:6.1f} {mem:9.1f} {r['reserved_gib'] / mem:6.3f}   {r['plan_seconds']:.0f} s "
-                  f"(step {r['step_time_s'] * 1e3:.0f} ms: compute {r['compute_s'] * 1e3:.0f} ms, exposed "
-                  f"communication {r['exposed_comm_s'] * 1e3:.0f} ms)", flush=True)
+        for gpus in args.gpus:
+            for row in args.rows:
+                r = run(args.layers, row, gpu, gpus)
+                tps, mem = PUBLISHED[gpus][row]
+                print(f"{gpus:4d} {row:16s} {r['tps_per_gpu']:8,.0f} {tps:9,} {r['tps_per_gpu'] / tps:6.3f}   "
+                      f"{r['reserved_gib']:6.1f} {mem:9.1f} {r['reserved_gib'] / mem:6.3f}   {r['plan_seconds']:.0f} s "
+                      f"(step {r['step_time_s'] * 1e3:.0f} ms: compute {r['compute_s'] * 1e3:.0f} ms, exposed "
+                      f"communication {r['exposed_comm_s'] * 1e3:.0f} ms)", flush=True)
     return 0
 
 
