@@ -71,6 +71,7 @@ import re
 from dataclasses import dataclass
 
 from .errors import UserError
+from .gpu_file import LINK_ROLES
 
 GB = 10**9
 GiB = 2**30
@@ -276,8 +277,17 @@ def gpu_from_json(d: dict, source: str = "") -> GPU:
                int(total) if total else int(memory * H100_RATIO), d.get("sms"), d.get("clock_mhz"), d.get("tdp_w"),
                d.get("l2_mb"), _threads(arch), d.get("process_nm") or PROCESS_NM.get(arch), why,
                source=source or "a user's file",
-               links=tuple(d["links"].get(role, default) for role, default in zip(LINK_ROLES, DEFAULT_LINKS))
-               if d.get("links") else None)
+               links=_links_of(d.get("links"), source))
+
+
+def _links_of(links: dict | None, source: str) -> tuple[str, str, str] | None:
+    """A GPU file's ``links`` as (intra-node, host, inter-node) names, a missing one the default's."""
+    if not links:
+        return None
+    for role, name in links.items():
+        if name not in LINKS:
+            raise UserError(f"--gpu {source}: links.{role} must be one of {', '.join(LINKS)}, not {name!r}")
+    return tuple(links.get(role, default) for role, default in zip(LINK_ROLES, DEFAULT_LINKS))
 
 
 def match_device_name(device_name: str) -> GPU | None:
@@ -389,7 +399,6 @@ GPU_LINKS: dict[str, tuple[str, str, str]] = {
     "MI250X": ("xgmi", "pcie4", "ib-hdr"), "MI300X": ("xgmi", "pcie5", "ib-ndr"),
 }
 DEFAULT_LINKS = ("pcie4", "pcie4", "ib-ndr")  # a GPU not in GPU_LINKS
-LINK_ROLES = ("intra_node", "host", "inter_node")  # the keys of a GPU file's "links"
 
 
 def link(name: str) -> Link:
