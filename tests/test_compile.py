@@ -280,3 +280,23 @@ def test_checkpointed_compiled_blocks_save_only_their_inputs():
                   and "mm" in str(n.target)]
     assert recomputed  # the compiled graphs run in backward (recomputed forward and the backward graph)
     assert any("use_cache=False" in note for note in caps["block"].assumptions)
+
+
+def test_tensor_parallel_plan_of_compiled_blocks_splits_what_the_eager_one_splits():
+    """The Megatron pairs are read from the eager step (a compiled graph's ops run in its region's module, not in
+    their Linear layers, and the MLP's pair went unseen, left replicated: the compiled plan held more parameters
+    per rank and, under sequence parallelism, failed).  With compiled blocks the plan shards every Linear the eager
+    plan shards, each rank holds the same parameter bytes, and sequence parallelism traces."""
+    pytest.importorskip("transformers")
+    from estimator.plan import Planner
+
+    _, model, inputs, _ = llama_case(compiled=False)
+    planners = {c: Planner(model, inputs, gpu="H100", device="cpu", precision="fsdp-bf16", compile=c)
+                for c in (None, "block")}
+    eager, compiled = planners[None].tp_plan(), planners["block"].tp_plan()
+    assert (compiled.colwise, compiled.rowwise) == (eager.colwise, eager.rowwise)
+    assert any("mlp" in p for p in compiled.rowwise)
+    for sp in (False, True):
+        plans = {c: p.plan("fsdp", 4, tp=2, sequence_parallel=sp, solve=()) for c, p in planners.items()}
+        assert plans["block"].per_gpu.parameters == plans[None].per_gpu.parameters
+        assert plans["block"].per_gpu.saved_activations < plans[None].per_gpu.saved_activations

@@ -151,20 +151,22 @@ class Planner:
         return value
 
     def single(self, checkpoint: tuple[type, ...] = (), what: str | None = None, value: int | None = None,
-               zero: bool = False) -> Step:
+               zero: bool = False, eager: bool = False) -> Step:
         """The single-device step (no engine): ZeRO's base and the reference for FLOPs and TP pairs.
-        ``zero``: with a mixed policy, the model cast to the low dtype as DeepSpeed runs it."""
+        ``zero``: with a mixed policy, the model cast to the low dtype as DeepSpeed runs it; ``eager``: without
+        torch.compile (the tensor-parallel pairs are read from the modules each op runs in)."""
         from ..precision import parse_precision
 
         precision = self.options.precision
         if zero and self.precision.master:
             precision = parse_precision({torch.bfloat16: "bf16", torch.float16: "fp16"}[self.precision.low])
         what, value = self._size_key(what, value)
-        key = ("single", checkpoint, what, value, precision.name)
+        compiled = None if eager else self.options.compile
+        key = ("single", checkpoint, what, value, precision.name, compiled)
         hit = self._steps.get(key)
         if hit is None:
             self.progress("tracing the step on one device", f"{what or 'as given'} {value or ''}".strip())
-            opts = replace(self.options, checkpoint=checkpoint, precision=precision)
+            opts = replace(self.options, checkpoint=checkpoint, precision=precision, compile=compiled)
             with one_sequence_per_sample():
                 cap = capture(self.model, self.inputs_at(what, value), opts, mode=self.trace_mode,
                               progress=self.progress)
@@ -178,7 +180,8 @@ class Planner:
 
     def tp_plan(self) -> TPPlan:
         if self._tp_plan is None:
-            self._tp_plan = derive_tp_plan(self.model, self.single().cap, self.unit_paths)
+            # from the eager step: a compiled graph's ops run in its region's module, not in their Linear layers
+            self._tp_plan = derive_tp_plan(self.model, self.single(eager=True).cap, self.unit_paths)
         return self._tp_plan
 
     def traced(self, layout: Layout, checkpoint: tuple[type, ...] = (), what: str | None = None,
