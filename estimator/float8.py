@@ -11,8 +11,9 @@ GPU's float8 tensor-core rate.
 
 Which layers convert: torchtitan's filter, the default of its float8 converter: every ``nn.Linear`` whose
 input and output sizes are multiples of 16 (what ``_scaled_mm`` accepts), except the output head
-(``lm_head`` / ``output``: its logits stay in high precision).  Not modelled: float8 all-gather under FSDP2
-(``enable_fsdp_float8_all_gather``; the plan gathers high-precision weights), delayed scaling.
+(``lm_head`` / ``output``: its logits stay in high precision).  Under FSDP2 the plan may gather those weights
+in float8 (``--float8-all-gather``: torchao's ``enable_fsdp_float8_all_gather``, traced as FSDP2 runs torchao's
+``fsdp_pre_all_gather`` / ``fsdp_post_all_gather`` hooks).  Not modelled: delayed scaling.
 torchao is an optional extra (``pip install 'estimator[float8]'``).
 """
 
@@ -50,9 +51,11 @@ def _meta_copy(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def converted(model: torch.nn.Module, recipe: str) -> tuple[torch.nn.Module, list[str]]:
+def converted(model: torch.nn.Module, recipe: str, fsdp_all_gather: bool = False) -> tuple[torch.nn.Module, list[str]]:
     """A meta copy of ``model`` with torchao's Float8Linear in place of the Linear layers torchtitan converts,
-    and what to say about it."""
+    and what to say about it.  ``fsdp_all_gather``: torchao's ``enable_fsdp_float8_all_gather`` (tensorwise only):
+    FSDP2 casts each converted weight to float8 before its all-gather (torchao's ``fsdp_pre_all_gather``), so
+    the gathered weights and their all-gather are one byte per element."""
     try:
         with _quiet("torchao", "torch.utils._pytree"):  # its import warns about optional CUDA kernels and triton
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -70,7 +73,15 @@ def converted(model: torch.nn.Module, recipe: str) -> tuple[torch.nn.Module, lis
             return False
         return True
 
-    convert_to_float8_training(twin, config=Float8LinearConfig.from_recipe_name(recipe), module_filter_fn=convert)
+    if fsdp_all_gather and recipe != "tensorwise":
+        raise UserError(f"--float8-all-gather needs --float8 tensorwise (torchao gathers float8 weights with one "
+                        f"scale per tensor), not {recipe}")
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    if fsdp_all_gather:
+        import dataclasses
+
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+    convert_to_float8_training(twin, config=config, module_filter_fn=convert)
     done = sum(1 for m in twin.modules() if type(m).__name__ == "Float8Linear")
     if not done:
         raise UserError("--float8 converts no layer: no nn.Linear with input and output sizes that are multiples "
@@ -78,6 +89,9 @@ def converted(model: torch.nn.Module, recipe: str) -> tuple[torch.nn.Module, lis
     notes = [f"float8 {recipe} (torchao {_version()} convert_to_float8_training): {done} Linear layers in float8, "
              f"{len(kept)} kept in high precision ({', '.join(kept[:3])}{', ...' if len(kept) > 3 else ''}: "
              f"the output head, or sizes not multiples of 16)"]
+    if fsdp_all_gather:
+        notes.append("float8 all-gather: FSDP2 gathers the float8 Linears' weights in float8 "
+                     "(torchao's enable_fsdp_float8_all_gather), their scales computed per step from the shards")
     return twin, notes
 
 

@@ -4,7 +4,7 @@ Run as ``python tests/dist_worker.py RANK WORLD_SIZE INIT_FILE OUT_JSON CONFIG_J
 starts one process per rank.  ``CONFIG_JSON``: ``{"cases": [{"name", "model": "gpt" | "llama",
 "config": {...}, "batch", "seq", "runs": [{"id", "strategy": "ddp" | "fsdp", "precision": "fp32" |
 "bf16-mixed" | "fsdp-bf16", "checkpoint": bool, "tp": int, "sp": bool, "lp": bool, "reshard": bool,
-"accum": int}]}]}``.
+"accum": int, "f8": "tensorwise" | "all-gather"}]}]}``.
 Independent of estimator's code: nothing from ``estimator`` is imported here; the tensor-parallel
 plan is written out by hand (Megatron's pairs for a Llama block, torchtitan's sequence parallelism).
 
@@ -219,6 +219,21 @@ def _both(first, second):
         yield
 
 
+def float8(model, how: str) -> None:
+    """torchao's float8 training as torchtitan converts a model: tensorwise scaling on every Linear whose sizes
+    are multiples of 16 but the output head; ``how="all-gather"``: with ``enable_fsdp_float8_all_gather`` (FSDP2
+    gathers those weights in float8)."""
+    import dataclasses
+
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    config = Float8LinearConfig.from_recipe_name("tensorwise")
+    if how == "all-gather":
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+    convert_to_float8_training(model, config=config, module_filter_fn=lambda m, fqn: (
+        fqn.rpartition(".")[2] not in ("output", "lm_head") and m.in_features % 16 == 0 and m.out_features % 16 == 0))
+
+
 def run_one(case: dict, run: dict, world: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -227,6 +242,8 @@ def run_one(case: dict, run: dict, world: int) -> dict:
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp")) if tp > 1 else \
         init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
     model, args, kwargs, loss_of, block_cls = build(case, run)
+    if run.get("f8"):
+        float8(model, run["f8"])
     tracker = ResizeAwareTracker()
     autocast = run["precision"] == "bf16-mixed"
     with tracker:

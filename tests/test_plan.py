@@ -71,7 +71,8 @@ def _runs(*specs):
         strategy, precision, ck, *rest = spec
         extra = dict(rest[0]) if rest else {}
         tag = "-".join([strategy + ("-tp" if extra.get("tp") else "") + ("-sp" if extra.get("sp") else "")
-                        + ("-lp" if extra.get("lp") else "") + ("-keep" if extra.get("reshard") is False else "")
+                        + ("-lp" if extra.get("lp") else "") + (f"-f8{extra['f8']}" if extra.get("f8") else "")
+                        + ("-keep" if extra.get("reshard") is False else "")
                         + (f"-accum{extra['accum']}" if extra.get("accum") else ""), precision,
                         "ckpt" if ck else "nockpt"])
         out.append({"id": tag, "strategy": strategy, "precision": precision, "checkpoint": ck, **extra})
@@ -99,7 +100,9 @@ LLAMA_CASE = {"name": "llama", "model": "llama", "world": 4, "ranks": [0, 3], "c
                   ("fsdp", "bf16-mixed", False, {"tp": 2, "sp": True}),
                   # loss parallelism: the logits and their gradient sharded by vocabulary (250 over 2 ranks)
                   ("fsdp", "fp32", False, {"tp": 2, "lp": True}),
-                  ("fsdp", "fsdp-bf16", True, {"tp": 2, "sp": True, "lp": True}))}
+                  ("fsdp", "fsdp-bf16", True, {"tp": 2, "sp": True, "lp": True}),
+                  # torchao's float8 (tensorwise), the weights gathered in bf16 or in float8 (all-gather)
+                  ("fsdp", "fsdp-bf16", False, {"f8": "tensorwise"}), ("fsdp", "fsdp-bf16", True, {"f8": "all-gather"}))}
 CASES = [GPT_CASE, LLAMA_CASE]
 RUNS = [(c["name"], r["id"], rank) for c in CASES for r in c["runs"] for rank in c["ranks"]]
 
@@ -136,11 +139,13 @@ def engines(tmp_path_factory):
             model, inputs = build(case["config"], case["batch"], case["seq"])
             planners = {}
             for run in case["runs"]:
-                key = (run["precision"], run.get("accum", 1))
+                key = (run["precision"], run.get("accum", 1), run.get("f8"))
                 planner = planners.get(key)
                 if planner is None:
                     planner = planners[key] = Planner(model, inputs, gpu="H100", device="cpu",
-                                                      precision=run["precision"], grad_accum=key[1])
+                                                      precision=run["precision"], grad_accum=key[1],
+                                                      float8="tensorwise" if key[2] else None,
+                                                      float8_all_gather=key[2] == "all-gather")
                 for rank in case["ranks"]:
                     plans[(case["name"], run["id"], rank)] = planner.plan(
                         run["strategy"], case["world"], tp=run.get("tp", 1), sequence_parallel=run.get("sp", False),

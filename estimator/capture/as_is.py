@@ -53,9 +53,17 @@ class AsIs:
 
     @staticmethod
     def local(t: torch.Tensor) -> torch.Tensor:
-        """The local tensor of a DTensor (this rank's shard); any other tensor as it is."""
+        """The tensor holding the memory: a DTensor's local tensor (this rank's shard), the one tensor a wrapper
+        subclass wraps (torchao's float8 weights under FSDP2), recursively; any other tensor as it is."""
         inner = getattr(t, "_local_tensor", None)
-        return inner if isinstance(inner, torch.Tensor) else t
+        if isinstance(inner, torch.Tensor):
+            return AsIs.local(inner)
+        flatten = getattr(t, "__tensor_flatten__", None)
+        if flatten is not None and type(t) not in (torch.Tensor, torch.nn.Parameter):
+            names, _ = flatten()
+            if len(names) == 1 and isinstance(getattr(t, names[0], None), torch.Tensor):
+                return AsIs.local(getattr(t, names[0]))
+        return t
 
     @staticmethod
     def prepare(model: torch.nn.Module, prepare: Callable, fake_mode: Any):

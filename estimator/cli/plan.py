@@ -112,6 +112,9 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--sequence-parallel", action="store_true",
                    help="with --tp: sequence parallelism (norms and the residual stream on sequence shards), "
                         "e.g. --tp 4 --sequence-parallel")
+    p.add_argument("--float8-all-gather", action="store_true",
+                   help="with --float8 tensorwise and fsdp/hsdp: FSDP2 gathers the float8 Linears' weights in float8 "
+                        "(torchao's enable_fsdp_float8_all_gather), e.g. --float8 tensorwise --float8-all-gather")
     p.add_argument("--loss-parallel", action="store_true",
                    help="with --tp: the head's logits stay sharded by vocabulary and the cross-entropy runs under "
                         "torch's loss_parallel() (torchtitan's default), e.g. --tp 8 --loss-parallel")
@@ -205,7 +208,7 @@ def run_plan(args: argparse.Namespace) -> int:
                           zero_semantics=args.zero_semantics, model_name=loaded.title, progress=progress,
                           keep_output=args.keep_output, grad_accum=grad_accum,
                           checkpoint_policy=args.checkpoint_policy, compile=args.compile,
-                          float8=args.float8)
+                          float8=args.float8, float8_all_gather=args.float8_all_gather)
         budget = dict(tokens=args.tokens, samples=args.samples, steps=steps, mfu=args.mfu)
         if args.compare or len(gpus_names) > 1 or len(args.gpus) > 1:
             result = planner.compare(args.gpus, strategies=None if args.compare else [args.strategy], tp=args.tp,

@@ -22,7 +22,8 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
          zero_semantics: str = "deepspeed", reshard_after_forward: bool = True, device: str = "cuda", rank: int = 0,
          confirm: bool = True, model_name: str | None = None, progress: Progress | None = None,
          trace: str = "auto", solve_unfit: bool = False, keep_output: bool = False, grad_accum: int = 1,
-         checkpoint_policy: Any = "full", replicate: bool = True, compile: Any = None, float8: Any = None) -> Plan:
+         checkpoint_policy: Any = "full", replicate: bool = True, compile: Any = None, float8: Any = None,
+         float8_all_gather: bool = False) -> Plan:
     """Plan a training step of ``model`` on ``gpus`` GPUs called ``gpu`` with ``strategy``.
 
     ``inputs`` are one GPU's micro-batch.  ``ddp``, ``fsdp`` and ``hsdp`` (with ``tp`` tensor
@@ -42,7 +43,8 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
     run it; the global batch is micro-batch x data-parallel ranks x ``grad_accum``) and
     ``checkpoint_policy`` for the ``checkpoint`` classes.  ``compile``: the step as torch.compile runs it
     (``"block"`` or ``"model"``, as :func:`estimator.estimate` takes it); ``float8``: ``"tensorwise"`` or
-    ``"rowwise"`` (torchao's float8 training, :mod:`estimator.float8`).  Raises
+    ``"rowwise"`` (torchao's float8 training, :mod:`estimator.float8`); ``float8_all_gather`` (tensorwise, fsdp or
+    hsdp): FSDP2 gathers the float8 weights in float8 (torchao's ``enable_fsdp_float8_all_gather``).  Raises
     :class:`~estimator.errors.UserError` for impossible combinations.
     """
     planner = Planner(model, inputs, gpu=gpu, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs,
@@ -50,7 +52,7 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
                       gpus_per_node=gpus_per_node, interconnect=interconnect, inter_node=inter_node,
                       zero_semantics=zero_semantics, model_name=model_name, progress=progress, trace=trace,
                       keep_output=keep_output, grad_accum=grad_accum, checkpoint_policy=checkpoint_policy,
-                      replicate=replicate, compile=compile, float8=float8)
+                      replicate=replicate, compile=compile, float8=float8, float8_all_gather=float8_all_gather)
     return planner.plan(strategy, gpus, tp=tp, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel,
                         checkpoint=checkpoint,
                         offload=offload, tokens=tokens, samples=samples, steps=steps, mfu=mfu, solve=solve,
@@ -66,7 +68,7 @@ def compare(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU | Sequence[st
             zero_semantics: str = "deepspeed", device: str = "cuda", confirm: bool = False,
             model_name: str | None = None, progress: Progress | None = None, keep_output: bool = False,
             grad_accum: int = 1, checkpoint_policy: Any = "full", compile: Any = None,
-            float8: Any = None) -> Comparison:
+            float8: Any = None, float8_all_gather: bool = False) -> Comparison:
     """Plans side by side: strategies x (no checkpointing, checkpointing) for each GPU type and count,
     with the recommended row (the fastest that fits)."""
     gpu_list = [gpu] if isinstance(gpu, (str, GPU)) else list(gpu)
@@ -74,6 +76,6 @@ def compare(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU | Sequence[st
                       wrap=wrap, device=device, gpus_per_node=gpus_per_node, interconnect=interconnect,
                       inter_node=inter_node, zero_semantics=zero_semantics, model_name=model_name, progress=progress,
                       keep_output=keep_output, grad_accum=grad_accum, checkpoint_policy=checkpoint_policy,
-                      compile=compile, float8=float8)
+                      compile=compile, float8=float8, float8_all_gather=float8_all_gather)
     return planner.compare(gpus, strategies=strategies, tp=tp, checkpoint=checkpoint, offload=offload, tokens=tokens,
                            samples=samples, steps=steps, mfu=mfu, confirm=confirm, gpu=gpu_list)

@@ -130,7 +130,9 @@ def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
     with _disable_current_modes():
         for t in itertools.chain(model.parameters(), model.buffers()):
             if id(t) not in memo:
-                meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+                # a tensor subclass (torchao's float8 weights that FSDP2 gathers in float8) keeps its class
+                meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") \
+                    if type(t) in (torch.Tensor, torch.nn.Parameter) else torch.empty_like(t, device="meta")
                 memo[id(t)] = torch.nn.Parameter(meta, requires_grad=t.requires_grad) \
                     if isinstance(t, torch.nn.Parameter) else meta
     try:

@@ -83,7 +83,7 @@ class Planner:
                  interconnect: str | None = None, inter_node: str | None = None, zero_semantics: str = "deepspeed",
                  model_name: str | None = None, progress: Progress | None = None, trace: str = "auto",
                  keep_output: bool = False, grad_accum: int = 1, checkpoint_policy: Any = "full",
-                 replicate: bool = True, compile: Any = None, float8: Any = None):
+                 replicate: bool = True, compile: Any = None, float8: Any = None, float8_all_gather: bool = False):
         if not isinstance(model, torch.nn.Module):
             raise UserError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         if device not in ("cuda", "cpu"):
@@ -95,8 +95,11 @@ class Planner:
         from ..float8 import check_recipe, converted
 
         recipe, self.float8_notes = check_recipe(float8), []
+        if float8_all_gather and recipe is None:
+            raise UserError("--float8-all-gather gathers float8 weights: add --float8 tensorwise")
+        self.float8_all_gather = bool(float8_all_gather)
         if recipe is not None:  # torchao's Float8Linear on a meta copy (see estimator.float8)
-            model, self.float8_notes = converted(model, recipe)
+            model, self.float8_notes = converted(model, recipe, self.float8_all_gather)
         self.model, self.inputs, self.device = model, inputs, device
         self.gpu = gpu if isinstance(gpu, GPU) else lookup(gpu)
         self.model_name = model_name or type(model).__name__
@@ -349,6 +352,9 @@ class Planner:
         layout = Layout(strategy.lower(), gpus, tp, sequence_parallel, self.gpus_per_node, rank,
                         reshard_after_forward, offload, loss_parallel)
         check_layout(layout, self.precision)
+        if self.float8_all_gather and layout.strategy not in ("fsdp", "hsdp"):
+            raise UserError(f"--float8-all-gather is FSDP2's all-gather in float8: use --strategy fsdp or hsdp, "
+                            f"not {layout.strategy}")
         check_budget(tokens, samples, steps, mfu)
         if tp > 1:
             heads = model_heads(self.model)
