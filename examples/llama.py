@@ -96,7 +96,9 @@ class Llama(nn.Module):
         self.norm = RMSNorm(cfg.dim)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """The next-token loss against ``targets``; the logits (B, T, vocab) without them (a pipeline's
+        last stage returns them to its schedule's loss function)."""
         B, T = idx.shape
         head_dim = self.cfg.dim // self.cfg.n_heads
         inv_freq = 1.0 / self.cfg.rope_theta ** (torch.arange(0, head_dim, 2, device=idx.device) / head_dim)
@@ -106,6 +108,8 @@ class Llama(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin)
         logits = self.output(self.norm(x))
+        if targets is None:
+            return logits
         return F.cross_entropy(logits.view(B * T, -1).float(), targets.view(B * T))
 
 

@@ -28,6 +28,7 @@ EPILOG_PLAN = """examples:
 PLAN_PRECISIONS = ("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed", "fsdp-bf16", "fsdp-fp16")
 PLAN_FORMATS = ("table", "json", "markdown", "html")
 PLAN_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp")
+PLAN_PP_SCHEDULES = ("gpipe", "1f1b")  # estimator.plan.layout.PP_SCHEDULES
 _COUNT_SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
 
 
@@ -80,6 +81,24 @@ def _ints(text: str) -> list[int]:
     return sorted(set(values), key=values.index)
 
 
+def _add_model_parallel_options(p: argparse.ArgumentParser) -> None:
+    """--tp, --sequence-parallel, --pp, --pp-schedule, --microbatches: how the model itself is split."""
+    p.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="tensor-parallel degree inside a node (parallelize_module, Megatron's colwise/rowwise "
+                        "pairs) (default: 1), e.g. --tp 2")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="with --tp: sequence parallelism (norms and the residual stream on sequence shards), "
+                        "e.g. --tp 4 --sequence-parallel")
+    p.add_argument("--pp", type=int, default=1, metavar="N",
+                   help="pipeline-parallel stages (torch.distributed.pipelining; the stack of blocks split by layer "
+                        "as torchtitan splits it; ddp, fsdp or hsdp inside each stage) (default: 1), e.g. --pp 4")
+    p.add_argument("--pp-schedule", default="1f1b", choices=PLAN_PP_SCHEDULES,
+                   help="with --pp: the schedule (default: 1f1b), e.g. --pp-schedule gpipe")
+    p.add_argument("--microbatches", type=int, default=0, metavar="M",
+                   help="with --pp: micro-batches the local batch is split into (default: one sample each, as "
+                        "torchtitan), e.g. --microbatches 8")
+
+
 def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``estimator plan`` on ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
     p = subparsers.add_parser(
@@ -106,12 +125,7 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
                    help="data parallelism: ddp, fsdp (FSDP2 fully_shard), hsdp (sharded in a node, replicated "
                         "across nodes): traced on PyTorch's engines; zero1, zero2, zero3: laid out by hand "
                         "(default: ddp), e.g. --strategy fsdp")
-    p.add_argument("--tp", type=int, default=1, metavar="N",
-                   help="tensor-parallel degree inside a node (parallelize_module, Megatron's colwise/rowwise "
-                        "pairs) (default: 1), e.g. --tp 2")
-    p.add_argument("--sequence-parallel", action="store_true",
-                   help="with --tp: sequence parallelism (norms and the residual stream on sequence shards), "
-                        "e.g. --tp 4 --sequence-parallel")
+    _add_model_parallel_options(p)
     p.add_argument("--float8-all-gather", action="store_true",
                    help="with --float8 tensorwise and fsdp/hsdp: FSDP2 gathers the float8 Linears' weights in float8 "
                         "(torchao's enable_fsdp_float8_all_gather), e.g. --float8 tensorwise --float8-all-gather")
@@ -211,6 +225,8 @@ def run_plan(args: argparse.Namespace) -> int:
                           float8=args.float8, float8_all_gather=args.float8_all_gather)
         budget = dict(tokens=args.tokens, samples=args.samples, steps=steps, mfu=args.mfu)
         if args.compare or len(gpus_names) > 1 or len(args.gpus) > 1:
+            if args.pp > 1:
+                raise UserError("--pp plans one layout: give one --gpu and one --gpus count, without --compare")
             result = planner.compare(args.gpus, strategies=None if args.compare else [args.strategy], tp=args.tp,
                                      sequence_parallel=args.sequence_parallel, loss_parallel=args.loss_parallel,
                                      checkpoint=args.checkpoint or None,
@@ -218,7 +234,8 @@ def run_plan(args: argparse.Namespace) -> int:
                                      **budget)
         else:
             result = planner.plan(args.strategy, args.gpus[0], tp=args.tp, sequence_parallel=args.sequence_parallel,
-                                  loss_parallel=args.loss_parallel,
+                                  loss_parallel=args.loss_parallel, pp=args.pp, pp_schedule=args.pp_schedule,
+                                  microbatches=args.microbatches,
                                   checkpoint=args.checkpoint or None, offload=args.offload,
                                   solve=("batch", *args.solve), reshard_after_forward=args.reshard_after_forward,
                                   rank=args.rank, **budget)

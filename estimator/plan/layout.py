@@ -22,6 +22,7 @@ from ..errors import UserError
 from ..precision import Precision, parse_precision
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp")
+PP_SCHEDULES = ("gpipe", "1f1b")  # pipeline schedules planned (estimator.plan.pipeline)
 ENGINE_STRATEGIES = frozenset({"ddp", "fsdp", "hsdp"})  # traced on torch's engines
 ZERO_STRATEGIES = frozenset({"zero1", "zero2", "zero3"})  # laid out by hand (DeepSpeed or paper)
 SHARDED_PARAMS = frozenset({"zero3", "fsdp", "hsdp"})
@@ -46,10 +47,13 @@ class Layout:
     reshard_after_forward: bool = True
     offload: str | None = None
     loss_parallel: bool = False  # the head's logits kept vocabulary-sharded, the loss under loss_parallel()
+    pp: int = 1  # pipeline stages (estimator.plan.pipeline); the data-parallel ranks are gpus / (tp x pp)
+    pp_schedule: str = "1f1b"
+    microbatches: int = 0  # micro-batches per step under pipeline parallelism (0: one per sample)
 
     @property
     def dp(self) -> int:
-        return self.gpus // self.tp
+        return self.gpus // (self.tp * self.pp)
 
     @property
     def shard(self) -> int:
@@ -84,6 +88,8 @@ class Layout:
             extras = [w for w, on in (("sequence parallel", self.sequence_parallel),
                                        ("loss parallel", self.loss_parallel)) if on]
             text += f" x tp {self.tp}" + (f" ({', '.join(extras)})" if extras else "")
+        if self.pp > 1:
+            text += f" x pp {self.pp} ({self.pp_schedule})"
         return text
 
 
@@ -158,6 +164,20 @@ def check_layout(layout: Layout, precision: PlanPrecision) -> None:
     if gpus % tp:
         raise UserError(f"--tp {tp} does not divide --gpus {gpus}: the GPUs form dp x tp groups; "
                         f"use a multiple of {tp} GPUs")
+    if layout.pp < 1:
+        raise UserError(f"--pp must be >= 1, not {layout.pp}")
+    if layout.pp > 1:
+        if gpus % (tp * layout.pp):
+            raise UserError(f"--pp {layout.pp} x --tp {tp} does not divide --gpus {gpus}: the GPUs form "
+                            f"pp x dp x tp groups; use a multiple of {tp * layout.pp} GPUs")
+        if layout.pp_schedule not in PP_SCHEDULES:
+            raise UserError(f"--pp-schedule must be one of {', '.join(PP_SCHEDULES)}, not {layout.pp_schedule!r}")
+        if layout.microbatches < 0:
+            raise UserError(f"--microbatches must be >= 1, not {layout.microbatches}")
+        if s not in ENGINE_STRATEGIES:
+            raise UserError(f"--pp traces each stage on PyTorch's engines: use --strategy ddp, fsdp or hsdp, not {s}")
+        if tp > 1:
+            raise UserError("--pp with --tp is not planned yet: use one of them")
     if tp > layout.gpus_per_node:
         raise UserError(f"--tp {tp} spans more than one node of {layout.gpus_per_node} GPUs; "
                         f"keep tensor parallelism inside a node (--tp <= {layout.gpus_per_node})")

@@ -344,13 +344,14 @@ class Planner:
              samples: float | None = None, steps: int | None = None, mfu: float | None = None,
              solve: Sequence[str] | str = ("batch",), reshard_after_forward: bool = True, rank: int = 0,
              confirm: bool = True, gpu: str | GPU | None = None, solve_unfit: bool = False,
-             loss_parallel: bool = False) -> Plan:
+             loss_parallel: bool = False, pp: int = 1, pp_schedule: str = "1f1b", microbatches: int = 0) -> Plan:
         """One plan (:func:`plan`).  The largest micro-batch is searched whether the given one fits or not;
         ``solve_unfit``: the longest sequence too (``estimate --gpu``'s question); a plan that does not fit
         suggests the smallest layouts that do, each with its step time and time to train."""
         target = self.gpu if gpu is None else (gpu if isinstance(gpu, GPU) else lookup(gpu))
         layout = Layout(strategy.lower(), gpus, tp, sequence_parallel, self.gpus_per_node, rank,
-                        reshard_after_forward, offload, loss_parallel)
+                        reshard_after_forward, offload, loss_parallel, pp, str(pp_schedule).lower(),
+                        microbatches or 0)
         check_layout(layout, self.precision)
         if self.float8_all_gather and layout.strategy not in ("fsdp", "hsdp"):
             raise UserError(f"--float8-all-gather is FSDP2's all-gather in float8: use --strategy fsdp or hsdp, "
@@ -364,6 +365,11 @@ class Planner:
                 raise UserError(f"--tp {tp} does not divide the {bad[0]} attention heads ({where}); "
                                 f"use a divisor of {bad[0]}")
         ckpt = resolve_classes(self.model, checkpoint, "--checkpoint")
+        if layout.pp > 1:  # every stage traced and composed with its schedule (estimator.plan.pipeline)
+            from .pipeline import plan_pipeline
+
+            return plan_pipeline(self, layout, ckpt, target,
+                                 dict(tokens=tokens, samples=samples, steps=steps, mfu=mfu))
         step = self.traced(layout, ckpt)
         mem = self.memory(layout, step)
         pk = mem.peak

@@ -151,6 +151,9 @@ class Config:
     seq: int | None
     engine: str  # how the layout was obtained: "traced: ..." or "ZeRO (DeepSpeed semantics)" ...
     device: str
+    pp: int = 1  # pipeline stages
+    pp_schedule: str | None = None
+    microbatches: int | None = None
 
 
 @dataclass
@@ -168,6 +171,7 @@ class PlanData:
     seq: Solve | None = None
     checkpoint_size: dict[str, int] = field(default_factory=dict)  # full, per_rank
     notes: list[str] = field(default_factory=list)
+    pipeline: dict[str, Any] | None = None  # under pipeline parallelism: the schedule and every stage's peak
 
     @property
     def fits(self) -> bool:
@@ -208,6 +212,7 @@ class PlanData:
                                        else None),
             "time": asdict(self.time), "training": asdict(self.training) if self.training else None,
             "flops": asdict(self.flops), "checkpoint_size": dict(self.checkpoint_size), "notes": list(self.notes),
+            "pipeline": self.pipeline,
         }
 
 
