@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -366,31 +366,13 @@ def schedule_peak(peaks: StagePeaks, schedule: str, stage: int, pp: int, microba
     return total + extra_at[group] * peaks.held + buffers + sent_at[group], rows, where
 
 
-def plan_pipeline(planner: Any, layout: Any, checkpoint: tuple[type, ...], gpu: Any, budget: dict[str, Any]) -> Any:
-    """The plan of ``layout`` with ``layout.pp`` stages (see the module docstring): every stage traced, the stage
-    with the highest peak reported, the step time with the bubble."""
-    from dataclasses import replace
-
-    from ..render.units import fmt_bytes
+def _trace_stages(planner: Any, layout: Any, group: Any, split: Split, inputs: Any, checkpoint: tuple[type, ...],
+                  gpu: Any, microbatches: int, micro: int) -> tuple[list[dict[str, Any]], Any]:
+    """Every stage traced on ``group`` (its own ranks) and composed with the schedule: one dict per stage, and
+    the link between stages."""
     from .engine import trace_engine
-    from .report import Plan
-    from .results import Config, PerGpu, Verdict
-    from .schedule import matmul_flops
-    from .search import resize_inputs
 
     pp, schedule = layout.pp, layout.pp_schedule
-    batch = planner.base("batch")
-    microbatches = layout.microbatches or batch  # torchtitan's default micro-batch: one sample
-    if batch % microbatches:
-        raise UserError(f"--microbatches {microbatches} does not divide the local batch of {batch}: use a divisor "
-                        f"of {batch}")
-    if schedule == "1f1b" and microbatches < pp:
-        raise UserError(f"1F1B runs at least one micro-batch per stage: --microbatches {microbatches} < --pp {pp}; "
-                        f"use --microbatches {pp} or more (a larger --batch)")
-    micro = batch // microbatches
-    split = find_split(planner.model, planner.single().cap)
-    inputs = resize_inputs(planner.inputs, 0, batch, micro) if micro != batch else planner.inputs
-    group = replace(layout, gpus=layout.gpus // pp, pp=1, microbatches=0)  # a stage's own ranks
     accumulate = microbatches * planner.options.grad_accum
     intra, _, inter = planner.links(gpu)
     hop = inter if layout.gpus // pp >= planner.gpus_per_node else intra  # stages placed outermost
@@ -417,6 +399,32 @@ def plan_pipeline(planner: Any, layout: Any, checkpoint: tuple[type, ...], gpu: 
                        "rows": rows, "at": where, "in_flight": in_flight(schedule, s, pp, microbatches),
                        "recv_buffers": buffers, "step_s": time.step_time_s, "per_microbatch_s": per_micro,
                        "_step": step, "_time": time})
+    return stages, hop
+
+
+def plan_pipeline(planner: Any, layout: Any, checkpoint: tuple[type, ...], gpu: Any, budget: dict[str, Any]) -> Any:
+    """The plan of ``layout`` with ``layout.pp`` stages (see the module docstring): every stage traced, the stage
+    with the highest peak reported, the step time with the bubble."""
+    from ..render.units import fmt_bytes
+    from .report import Plan
+    from .results import Config, PerGpu, Verdict
+    from .schedule import matmul_flops
+    from .search import resize_inputs
+
+    pp, schedule = layout.pp, layout.pp_schedule
+    batch = planner.base("batch")
+    microbatches = layout.microbatches or batch  # torchtitan's default micro-batch: one sample
+    if batch % microbatches:
+        raise UserError(f"--microbatches {microbatches} does not divide the local batch of {batch}: use a divisor "
+                        f"of {batch}")
+    if schedule == "1f1b" and microbatches < pp:
+        raise UserError(f"1F1B runs at least one micro-batch per stage: --microbatches {microbatches} < --pp {pp}; "
+                        f"use --microbatches {pp} or more (a larger --batch)")
+    micro = batch // microbatches
+    split = find_split(planner.model, planner.single().cap)
+    inputs = resize_inputs(planner.inputs, 0, batch, micro) if micro != batch else planner.inputs
+    group = replace(layout, gpus=layout.gpus // pp, pp=1, microbatches=0)  # a stage's own ranks
+    stages, hop = _trace_stages(planner, layout, group, split, inputs, checkpoint, gpu, microbatches, micro)
     worst = max(stages, key=lambda st: st["peak"])
     step, time = worst["_step"], worst["_time"]
     step_s = bubble_time([st["step_s"] for st in stages], [st["per_microbatch_s"] for st in stages], pp)
