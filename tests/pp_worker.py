@@ -2,7 +2,9 @@
 
 Run as ``python tests/pp_worker.py RANK WORLD_SIZE INIT_FILE OUT_JSON CONFIG_JSON``; the test starts one process
 per rank (one pipeline stage each).  ``CONFIG_JSON``: ``{"config": {...} (examples/llama.py's LlamaConfig),
-"batch", "seq", "microbatches", "schedules": ["gpipe", "1f1b"]}``.  Independent of estimator's code: nothing from
+"batch", "seq", "microbatches", "schedules": ["gpipe", "1f1b"], "tp": int, "sp": bool}``: with ``tp`` > 1 the
+ranks form a (pp, tp) mesh, each stage split by tests/dist_worker.py's Megatron plan for the example Llama
+(torchtitan's sequence parallelism with ``sp``), the stages talking over the mesh's pp groups.  Independent of estimator's code: nothing from
 ``estimator`` is imported here.
 
 For each schedule the rank builds the example Llama with real weights and keeps its stage, as torchtitan's
@@ -40,16 +42,16 @@ import llama  # noqa: E402
 class Stage(torch.nn.Module):
     """Layers ``lo``..``hi`` of the example Llama, with its embedding when first and its norm and head when last."""
 
-    def __init__(self, model: llama.Llama, lo: int, hi: int, first: bool, last: bool):
+    def __init__(self, model: llama.Llama, lo: int, hi: int, first: bool, last: bool, seq: int):
         super().__init__()
-        self.cfg = model.cfg
+        self.cfg, self.seq = model.cfg, seq
         self.tok_embeddings = model.tok_embeddings if first else None
         self.layers = torch.nn.ModuleList(model.layers[lo:hi])
         self.norm = model.norm if last else None
         self.output = model.output if last else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        T = x.shape[1]
+        T = self.seq  # (a later stage's input is a sequence shard under sequence parallelism)
         head_dim = self.cfg.dim // self.cfg.n_heads
         inv_freq = 1.0 / self.cfg.rope_theta ** (torch.arange(0, head_dim, 2) / head_dim)
         angles = torch.outer(torch.arange(T, dtype=torch.float32), inv_freq)  # as examples/llama.py
@@ -68,17 +70,26 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def run(rank: int, world: int, cfg: dict, schedule_name: str) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+    tp = cfg.get("tp", 1)
+    stages = world // tp
+    mesh = init_device_mesh("cpu", (stages, tp), mesh_dim_names=("pp", "tp"))
+    s = rank // tp  # this rank's stage
     torch.manual_seed(0)
     model = llama.Llama(llama.LlamaConfig(**cfg["config"]))
-    per = cfg["config"]["n_layers"] // world
-    module = Stage(model, rank * per, (rank + 1) * per, rank == 0, rank == world - 1)
+    per = cfg["config"]["n_layers"] // stages
+    module = Stage(model, s * per, (s + 1) * per, s == 0, s == stages - 1, cfg["seq"])
     del model
     idx = torch.randint(0, cfg["config"]["vocab_size"], (cfg["batch"], cfg["seq"]))
     tracker = ResizeAwareTracker()
     with tracker:
-        stage = PipelineStage(module, rank, world, torch.device("cpu"))
+        if tp > 1:
+            from dist_worker import tensor_parallel
+
+            tensor_parallel(module, mesh["tp"], cfg.get("sp", False))
+        stage = PipelineStage(module, s, stages, torch.device("cpu"), group=mesh["pp"].get_group())
         schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule_name](stage, cfg["microbatches"],
                                                                                  loss_fn=loss_fn)
         opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
@@ -92,9 +103,9 @@ def run(rank: int, world: int, cfg: dict, schedule_name: str) -> dict:
                         if isinstance(v, torch.Tensor):
                             tracker.register(v)
                 tracker.reset_peak()
-            if rank == 0:
+            if s == 0:
                 schedule.step(idx)
-            elif rank == world - 1:
+            elif s == stages - 1:
                 schedule.step(target=idx, losses=[], return_outputs=False)
             else:
                 schedule.step()

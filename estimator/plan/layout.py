@@ -176,8 +176,7 @@ def check_layout(layout: Layout, precision: PlanPrecision) -> None:
             raise UserError(f"--microbatches must be >= 1, not {layout.microbatches}")
         if s not in ENGINE_STRATEGIES:
             raise UserError(f"--pp traces each stage on PyTorch's engines: use --strategy ddp, fsdp or hsdp, not {s}")
-        if tp > 1:
-            raise UserError("--pp with --tp is not planned yet: use one of them")
+
     if tp > layout.gpus_per_node:
         raise UserError(f"--tp {tp} spans more than one node of {layout.gpus_per_node} GPUs; "
                         f"keep tensor parallelism inside a node (--tp <= {layout.gpus_per_node})")

@@ -28,7 +28,9 @@ How ``torch.distributed.pipelining`` runs a model over ``pp`` stages, and how th
 
 The plan reports the stage with the highest peak.  Checked against real ``torch.distributed.pipelining`` runs
 (tests/test_pipeline.py: 3 stages on gloo, GPipe and 1F1B): model states exact, every stage's peak within 1 %.
-Not modelled: interleaved and zero-bubble schedules, tensor parallelism inside a stage, context parallelism,
+Tensor parallelism inside a stage: the whole model's plan with each stage's Linears (the activations between
+stages are sequence shards under sequence parallelism).  Not modelled: interleaved and zero-bubble schedules,
+context parallelism,
 stages of unequal cost beyond the slowest one's bubble, the allocator's fragmentation of the composed peak
 (its first guess).
 """
@@ -207,9 +209,11 @@ def _dtype_of(cap: Any, path: str) -> torch.dtype:
     return spec.dtype if spec is not None else torch.float32
 
 
-def stage_model(model: torch.nn.Module, split: Split, stage: int, pp: int, batch: int | None = None) -> StageModel:
+def stage_model(model: torch.nn.Module, split: Split, stage: int, pp: int, batch: int | None = None,
+                shards: int = 1) -> StageModel:
     """A copy of ``model`` (sharing nothing the step changes: its own module objects, the same parameter
-    tensors) as stage ``stage`` of ``pp`` runs it; ``batch``: the micro-batch (the recorded shapes' dim 0)."""
+    tensors) as stage ``stage`` of ``pp`` runs it; ``batch``: the micro-batch (the recorded shapes' dim 0);
+    ``shards``: the activation received holds 1/shards of the sequence (sequence parallelism)."""
     lo, hi = stage_ranges(split.repeats.count, pp)[stage]
     if hi <= lo:
         raise UserError(f"--pp {pp}: more stages than the {split.repeats.count} blocks; use --pp "
@@ -240,7 +244,9 @@ def stage_model(model: torch.nn.Module, split: Split, stage: int, pp: int, batch
 
         def receive(module, args, kwargs):
             anchor = torch.empty(0, requires_grad=True)
-            received = _Received.apply(anchor, resized(shape), dtype)
+            local = resized(shape)
+            local = (local[0], local[1] // shards, *local[2:]) if shards > 1 and len(local) > 1 else local
+            received = _Received.apply(anchor, local, dtype)
             if args:
                 return (received, *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": received}
@@ -257,12 +263,12 @@ def stage_model(model: torch.nn.Module, split: Split, stage: int, pp: int, batch
     return StageModel(m)
 
 
-def recv_buffers(split: Split, stage: int, pp: int, microbatches: int, batch: int) -> int:
+def recv_buffers(split: Split, stage: int, pp: int, microbatches: int, batch: int, shards: int = 1) -> int:
     """Bytes of the receive buffers ``PipelineStage`` allocates once, one per micro-batch, and keeps: the
     input activation (every stage but the first) and the output's gradient (every stage but the last),
     ``stage.py``: ``_prepare_forward_infra`` / ``_prepare_backward_infra``."""
     shape, dtype = split.block_input
-    one = math.prod((batch, *shape[1:])) * torch.empty((), dtype=dtype).element_size()
+    one = math.prod((batch, *shape[1:])) // shards * torch.empty((), dtype=dtype).element_size()
     return microbatches * one * ((stage > 0) + (stage < pp - 1))
 
 
@@ -366,6 +372,35 @@ def schedule_peak(peaks: StagePeaks, schedule: str, stage: int, pp: int, microba
     return total + extra_at[group] * peaks.held + buffers + sent_at[group], rows, where
 
 
+def stage_tp_plan(plan: Any, split: Split, stage: int, pp: int) -> Any:
+    """The tensor-parallel plan of the whole model (module paths) for stage ``stage``: its blocks' Linears
+    renumbered as the stage numbers them, the embedding on the first stage, the head and the norms after the
+    stack on the last (``StageModel`` holds the model as ``model``)."""
+    from dataclasses import replace as with_fields
+
+    lo, hi = stage_ranges(split.repeats.count, pp)[stage]
+    first, last = stage == 0, stage == pp - 1
+
+    def moved(path: str | None) -> str | None:
+        if path is None:
+            return None
+        hit = split.repeats.block_of(path)
+        if hit is not None:
+            index, rest = hit
+            return f"model.{split.repeats.path}.{index - lo}" + (f".{rest}" if rest else "") if lo <= index < hi \
+                else None
+        if path in split.before or any(path.startswith(p + ".") for p in split.before):
+            return f"model.{path}" if first else None
+        return f"model.{path}" if last else None
+
+    def moved_all(paths: list[str]) -> list[str]:
+        return [q for q in (moved(p) for p in paths) if q is not None]
+
+    return with_fields(plan, colwise=moved_all(plan.colwise), rowwise=moved_all(plan.rowwise),
+                       embedding=moved(plan.embedding), head=moved(plan.head), norms=moved_all(plan.norms),
+                       gather_at=moved_all(plan.gather_at))
+
+
 def _trace_stages(planner: Any, layout: Any, group: Any, split: Split, inputs: Any, checkpoint: tuple[type, ...],
                   gpu: Any, microbatches: int, micro: int) -> tuple[list[dict[str, Any]], Any]:
     """Every stage traced on ``group`` (its own ranks) and composed with the schedule: one dict per stage, and
@@ -376,20 +411,26 @@ def _trace_stages(planner: Any, layout: Any, group: Any, split: Split, inputs: A
     accumulate = microbatches * planner.options.grad_accum
     intra, _, inter = planner.links(gpu)
     hop = inter if layout.gpus // pp >= planner.gpus_per_node else intra  # stages placed outermost
+    shards = layout.tp if layout.sequence_parallel else 1  # the activations between stages: sequence shards
+    ranges = stage_ranges(split.repeats.count, pp)
+    traced: dict[tuple, tuple] = {}  # stages alike (as many blocks, neither first nor last) traced once
     stages = []
     for s in range(pp):
-        model = stage_model(planner.model, split, s, pp, batch=micro)
-        units = [p for p, m in model.named_modules() if p and isinstance(m, tuple(planner.wrap))]
-        options = replace(planner.options, checkpoint=checkpoint, keep_output=True, grad_accum=accumulate,
-                          loss_fn=planner.options.loss_fn if s == pp - 1 else sent_loss)
-        planner.progress(f"tracing pipeline stage {s + 1} of {pp}", "")
-        step = trace_engine(model, inputs, group, planner.precision, options, units, None, planner.device)
-        buffers = recv_buffers(split, s, pp, microbatches, micro)
+        key = (ranges[s][1] - ranges[s][0], s == 0, s == pp - 1)
+        if key not in traced:
+            model = stage_model(planner.model, split, s, pp, batch=micro, shards=shards)
+            units = [p for p, m in model.named_modules() if p and isinstance(m, tuple(planner.wrap))]
+            options = replace(planner.options, checkpoint=checkpoint, keep_output=True, grad_accum=accumulate,
+                              loss_fn=planner.options.loss_fn if s == pp - 1 else sent_loss)
+            planner.progress(f"tracing pipeline stage {s + 1} of {pp}", "")
+            tp_plan = stage_tp_plan(planner.tp_plan(), split, s, pp) if layout.tp > 1 else None
+            step = trace_engine(model, inputs, group, planner.precision, options, units, tp_plan, planner.device)
+            traced[key] = (step, stage_peaks(step, planner.device), planner._time(group, step, gpu))
+        step, peaks, time = traced[key]
+        buffers = recv_buffers(split, s, pp, microbatches, micro, shards)
         shape, dtype = split.block_input
-        sent = math.prod((micro, *shape[1:])) * torch.empty((), dtype=dtype).element_size()  # one activation
-        total, rows, where = schedule_peak(stage_peaks(step, planner.device), schedule, s, pp, microbatches, buffers,
-                                           sent)
-        time = planner._time(group, step, gpu)
+        sent = math.prod((micro, *shape[1:])) // shards * torch.empty((), dtype=dtype).element_size()
+        total, rows, where = schedule_peak(peaks, schedule, s, pp, microbatches, buffers, sent)
         optimizer = time.by_phase_s.get("optimizer", 0.0)
         per_micro = (time.step_time_s - optimizer) / accumulate + 2 * sent / hop.bandwidth * (s < pp - 1)
         t = step.tally
