@@ -336,8 +336,9 @@ def with_position_ids(model: torch.nn.Module, inputs: Any) -> tuple[Any, bool]:
 
     if not isinstance(inputs, dict) or "position_ids" in inputs:
         return inputs, False
-    try:
-        takes = "position_ids" in inspect.signature(model.forward).parameters
+    try:  # (a pipeline stage states the signature of the model it runs)
+        signature = getattr(model, "forward_signature", None) or inspect.signature(model.forward)
+        takes = "position_ids" in signature.parameters
     except (TypeError, ValueError):
         return inputs, False
     ids = inputs.get("input_ids")

@@ -38,6 +38,7 @@ stages of unequal cost beyond the slowest one's bubble, the allocator's fragment
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -138,6 +139,8 @@ class StageModel(torch.nn.Module):
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model
+        # the model's own signature (the planner passes position ids to a model that takes them)
+        self.forward_signature = inspect.signature(model.forward)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         try:
