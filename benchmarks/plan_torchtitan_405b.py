@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{tps:,.0f} TPS/GPU (published {PUBLISHED[0]}, {tps / PUBLISHED[0]:.3f}), {reserved:.1f} GiB on the highest "
           f"stage {p.pipeline['worst_stage']} (published {PUBLISHED[1]}, {reserved / PUBLISHED[1]:.3f}); step "
           f"{p.step_time_s:.1f} s, bubble {p.pipeline['bubble_s']:.1f} s; planned in {seconds:.0f} s")
+    print("  rows of the highest stage: " + ", ".join(f"{k} {v / 2**30:.1f}" for k, v in p.per_gpu.rows.items() if v)
+          + f" GiB; at {p.per_gpu.peak_phase}")
     for st in p.pipeline["per_stage"]:
         print(f"  stage {st['stage']}: blocks {st['blocks'][0]}-{st['blocks'][1] - 1}, peak {st['peak'] / 2**30:.1f} "
               f"GiB, {st['in_flight']} in flight, own step {st['step_s']:.1f} s")

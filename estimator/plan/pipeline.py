@@ -98,13 +98,13 @@ class _Zeros(torch.nn.Module):
 
 
 class _Received(torch.autograd.Function):
-    """The activation a stage receives, in one of the stage's receive buffers (counted apart, see
-    :func:`recv_buffers`: here a broadcast zero of one element); its gradient is what the stage sends back
-    (made by the first block's backward, freed once sent)."""
+    """The activation a stage receives: the traced micro-batch's receive buffer (the schedule's others are
+    composed, see :func:`schedule_peak`); its gradient is what the stage sends back (made by the first block's
+    backward, freed once sent)."""
 
     @staticmethod
     def forward(ctx, anchor: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return torch.zeros((), dtype=dtype).expand(shape)
+        return torch.empty(shape, dtype=dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -113,7 +113,7 @@ class _Received(torch.autograd.Function):
 
 class _Sent(torch.autograd.Function):
     """A stage's output sent on: the loss of a stage before the last (a scalar), whose backward is the
-    gradient the stage receives, in one of its receive buffers (counted apart, see :func:`recv_buffers`)."""
+    gradient the stage receives: the traced micro-batch's receive buffer (the others composed)."""
 
     @staticmethod
     def forward(ctx, output: torch.Tensor) -> torch.Tensor:
@@ -122,7 +122,7 @@ class _Sent(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        return torch.zeros((), dtype=ctx.dtype).expand(ctx.shape)
+        return torch.empty(ctx.shape, dtype=ctx.dtype)
 
 
 def sent_loss(output: Any) -> torch.Tensor:
@@ -213,10 +213,12 @@ def _dtype_of(cap: Any, path: str) -> torch.dtype:
 
 
 def stage_model(model: torch.nn.Module, split: Split, stage: int, pp: int, batch: int | None = None,
-                shards: int = 1) -> StageModel:
+                shards: int = 1, dtype: torch.dtype | None = None) -> StageModel:
     """A copy of ``model`` (sharing nothing the step changes: its own module objects, the same parameter
     tensors) as stage ``stage`` of ``pp`` runs it; ``batch``: the micro-batch (the recorded shapes' dim 0);
-    ``shards``: the activation received holds 1/shards of the sequence (sequence parallelism)."""
+    ``shards``: the activation received holds 1/shards of the sequence (sequence parallelism); ``dtype``: its
+    dtype where the engine's differs from the single-device step's (FSDP2's MixedPrecisionPolicy computes in
+    its ``param_dtype``)."""
     lo, hi = stage_ranges(split.repeats.count, pp)[stage]
     if hi <= lo:
         raise UserError(f"--pp {pp}: more stages than the {split.repeats.count} blocks; use --pp "
@@ -241,9 +243,10 @@ def stage_model(model: torch.nn.Module, split: Split, stage: int, pp: int, batch
         (m.get_submodule(owner_path) if owner_path else m)._modules[name] = new
 
     if not first:
-        for path, (shape, dtype) in split.before.items():
-            put(path, _Zeros(resized(shape), dtype))
-        shape, dtype = split.block_input
+        for path, (shape, made) in split.before.items():
+            put(path, _Zeros(resized(shape), dtype or made))
+        shape, recorded = split.block_input
+        dtype = dtype or recorded
 
         def receive(module, args, kwargs):
             anchor = torch.empty(0, requires_grad=True)
@@ -266,13 +269,14 @@ def stage_model(model: torch.nn.Module, split: Split, stage: int, pp: int, batch
     return StageModel(m)
 
 
-def recv_buffers(split: Split, stage: int, pp: int, microbatches: int, batch: int, shards: int = 1) -> int:
-    """Bytes of the receive buffers ``PipelineStage`` allocates once, one per micro-batch, and keeps: the
-    input activation (every stage but the first) and the output's gradient (every stage but the last),
-    ``stage.py``: ``_prepare_forward_infra`` / ``_prepare_backward_infra``."""
-    shape, dtype = split.block_input
-    one = math.prod((batch, *shape[1:])) // shards * torch.empty((), dtype=dtype).element_size()
-    return microbatches * one * ((stage > 0) + (stage < pp - 1))
+def recv_sizes(split: Split, stage: int, pp: int, batch: int, shards: int = 1,
+               dtype: torch.dtype | None = None) -> tuple[int, int]:
+    """Bytes of one micro-batch's receive buffers ``PipelineStage`` allocates once per micro-batch and keeps
+    (``stage.py``: ``_prepare_forward_infra`` / ``_prepare_backward_infra``): (its input activation, every stage
+    but the first; its output's gradient, every stage but the last)."""
+    shape, recorded = split.block_input
+    one = math.prod((batch, *shape[1:])) // shards * torch.empty((), dtype=dtype or recorded).element_size()
+    return one * (stage > 0), one * (stage < pp - 1)
 
 
 def bubble_time(step_times: list[float], per_microbatch: list[float], pp: int) -> float:
@@ -299,7 +303,8 @@ class StagePeaks:
 def stage_peaks(step: Any, device: str) -> StagePeaks:
     """The running live bytes of ``step`` (as :func:`.traced.replay` counts them: the optimizer state live from
     the start, CUDA's block rounding), their maximum in each phase, and the bytes the first micro-step's
-    forward leaves held (its saved activations, its output, what else it keeps for its backward)."""
+    forward makes and still holds at its end (its saved activations, autocast's weight copies, its output, the
+    activation it received), which every other micro-batch in flight holds too."""
     from ..memory import CUDA_BLOCK
     from .traced import ROWS, Timeline
 
@@ -341,17 +346,27 @@ def stage_peaks(step: Any, device: str) -> StagePeaks:
         by_row["workspaces"] += library
         peaks[group] = (running[k] + library, by_row)
     held = 0
-    if first_forward is not None:
-        before = running[first_forward - 1] if first_forward > 0 else int(start_rows.sum())
-        held = running[last_forward] - before
+    if first_forward is not None:  # what the first micro-batch's forward made and still holds at its end
+        alive: set[int] = set()
+        sids, signs, skip = tl.sid.tolist(), tl.sign.tolist(), tl.skip.tolist()
+        for k in range(first_forward, last_forward + 1):
+            if skip[k]:
+                continue
+            (alive.add if signs[k] > 0 else alive.discard)(sids[k])
+        # its own tensors only: parameters gathered by the engine, gradients, buffers of collectives and the
+        # libraries' workspaces are the stage's, not one per micro-batch in flight
+        own = {"activations", "temporaries", "weight_copies", "inputs_and_buffers"}
+        held = sum(int(size[sid]) for sid in alive if step.rows[sid] in own)
     return StagePeaks(peaks, held)
 
 
 def schedule_peak(peaks: StagePeaks, schedule: str, stage: int, pp: int, microbatches: int,
-                  buffers: int, input_grad: int) -> tuple[int, dict[str, int], str]:
+                  sizes: tuple[int, int], input_grad: int) -> tuple[int, dict[str, int], str]:
     """A stage's peak under ``schedule``: each traced phase's peak with the micro-batches the schedule holds
-    in flight at that moment (beyond the traced one) and the receive buffers; in 1F1B's steady state a stage
-    after the first also holds the input gradient it sent for the previous micro-batch (``input_grad`` bytes:
+    in flight at that moment (beyond the traced one) and the receive buffers of the others (``sizes``: one
+    micro-batch's, :func:`recv_sizes`; the traced micro-batch's are in the trace, a received activation held
+    with its micro-batch, a received gradient during its backward); in 1F1B's steady state a stage after the
+    first also holds the input gradient it sent for the previous micro-batch (``input_grad`` bytes:
     ``Schedule1F1B`` keeps its send ops, and the tensor, until the next backward's replace them);
     (bytes, rows, where)."""
     k = in_flight(schedule, stage, pp, microbatches)
@@ -365,14 +380,21 @@ def schedule_peak(peaks: StagePeaks, schedule: str, stage: int, pp: int, microba
             extra_at[group] = microbatches - 1 if group[0] == 0 else max(0, microbatches - 2)
         else:  # 1F1B: k in flight at the first backward and in the steady state
             extra_at[group] = k - 1
-    group = max(peaks.peaks, key=lambda g: peaks.peaks[g][0] + extra_at[g] * peaks.held + sent_at[g])
+    act, grad = sizes
+
+    def buffers(g: Any) -> int:  # the receive buffers not in the trace at that moment
+        if g == "optimizer":
+            return microbatches * (act + grad)
+        return act * (microbatches - 1 - extra_at[g]) + grad * (microbatches - (g[1] == "backward"))
+
+    group = max(peaks.peaks, key=lambda g: peaks.peaks[g][0] + extra_at[g] * peaks.held + sent_at[g] + buffers(g))
     total, rows = peaks.peaks[group]
     rows = dict(rows)
     rows["activations"] = rows.get("activations", 0) + extra_at[group] * peaks.held
-    rows["comm_buffers"] = rows.get("comm_buffers", 0) + buffers + sent_at[group]
+    rows["comm_buffers"] = rows.get("comm_buffers", 0) + buffers(group) + sent_at[group]
     where = group if group == "optimizer" else f"{group[1]} of micro-batch {1 + group[0]} (traced), " \
                                                f"{1 + extra_at[group]} in flight"
-    return total + extra_at[group] * peaks.held + buffers + sent_at[group], rows, where
+    return total + extra_at[group] * peaks.held + buffers(group) + sent_at[group], rows, where
 
 
 def stage_tp_plan(plan: Any, split: Split, stage: int, pp: int) -> Any:
@@ -415,13 +437,14 @@ def _trace_stages(planner: Any, layout: Any, group: Any, split: Split, inputs: A
     intra, _, inter = planner.links(gpu)
     hop = inter if layout.gpus // pp >= planner.gpus_per_node else intra  # stages placed outermost
     shards = layout.tp if layout.sequence_parallel else 1  # the activations between stages: sequence shards
+    policy = planner.precision.param_dtype if layout.strategy in ("fsdp", "hsdp") else None  # FSDP2 computes in it
     ranges = stage_ranges(split.repeats.count, pp)
     traced: dict[tuple, tuple] = {}  # stages alike (as many blocks, neither first nor last) traced once
     stages = []
     for s in range(pp):
         key = (ranges[s][1] - ranges[s][0], s == 0, s == pp - 1)
         if key not in traced:
-            model = stage_model(planner.model, split, s, pp, batch=micro, shards=shards)
+            model = stage_model(planner.model, split, s, pp, batch=micro, shards=shards, dtype=policy)
             units = [p for p, m in model.named_modules() if p and isinstance(m, tuple(planner.wrap))]
             options = replace(planner.options, checkpoint=checkpoint, keep_output=True, grad_accum=accumulate,
                               loss_fn=planner.options.loss_fn if s == pp - 1 else sent_loss)
@@ -430,10 +453,10 @@ def _trace_stages(planner: Any, layout: Any, group: Any, split: Split, inputs: A
             step = trace_engine(model, inputs, group, planner.precision, options, units, tp_plan, planner.device)
             traced[key] = (step, stage_peaks(step, planner.device), planner._time(group, step, gpu))
         step, peaks, time = traced[key]
-        buffers = recv_buffers(split, s, pp, microbatches, micro, shards)
-        shape, dtype = split.block_input
-        sent = math.prod((micro, *shape[1:])) // shards * torch.empty((), dtype=dtype).element_size()
-        total, rows, where = schedule_peak(peaks, schedule, s, pp, microbatches, buffers, sent)
+        sizes = recv_sizes(split, s, pp, micro, shards, policy)
+        buffers = microbatches * sum(sizes)
+        sent = max(sizes)  # one activation (or its gradient) between stages
+        total, rows, where = schedule_peak(peaks, schedule, s, pp, microbatches, sizes, sent)
         optimizer = time.by_phase_s.get("optimizer", 0.0)
         per_micro = (time.step_time_s - optimizer) / accumulate + 2 * sent / hop.bandwidth * (s < pp - 1)
         t = step.tally
