@@ -16,6 +16,11 @@ checkpointed, torch.compile per block, float8 tensorwise.  Not expressible: the 
 asynchronous TP, torchao's float8 tensor-parallel styles.  Memory as torchtitan logs it (reserved: the plan's
 need less the CUDA context).  Printed, not asserted: the published runs judge the planner, never fit it.
 
+Measured on 2026-11-27 (2 cores, 164 s): 84 TPS/GPU (0.837 of 100), 110.4 GiB on stage 0 (1.338 of 82.5).  The
+memory miss: compiled blocks under tensor parallelism and checkpointing keep two sequence all-gathers and the
+attention output alive from their forward to their backward (0.53 GiB of the 0.56 GiB a micro-batch holds per
+block here; eager: 0.03 GiB), each of the 8 micro-batches in flight on stage 0 holding them: not yet explained.
+
     .venv/bin/python benchmarks/plan_torchtitan_405b.py
     .venv/bin/python benchmarks/plan_torchtitan_405b.py --eager    # without compile and float8
 """
