@@ -139,8 +139,10 @@ class StageModel(torch.nn.Module):
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model
-        # the model's own signature (the planner passes position ids to a model that takes them)
+        # the model's own signature (the planner passes position ids to a model that takes them) and configuration
+        # (the capture turns a transformers model's KV cache off under checkpointing, as transformers does)
         self.forward_signature = inspect.signature(model.forward)
+        self.config = getattr(model, "config", None)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         try:
