@@ -2,9 +2,10 @@
 
 Run as ``python tests/pp_worker.py RANK WORLD_SIZE INIT_FILE OUT_JSON CONFIG_JSON``; the test starts one process
 per rank (one pipeline stage each).  ``CONFIG_JSON``: ``{"config": {...} (examples/llama.py's LlamaConfig),
-"batch", "seq", "microbatches", "schedules": ["gpipe", "1f1b"], "tp": int, "sp": bool}``: with ``tp`` > 1 the
-ranks form a (pp, tp) mesh, each stage split by tests/dist_worker.py's Megatron plan for the example Llama
-(torchtitan's sequence parallelism with ``sp``), the stages talking over the mesh's pp groups.  Independent of estimator's code: nothing from
+"batch", "seq", "microbatches", "schedules": ["gpipe", "1f1b"], "tp": int, "sp": bool, "dp": int}``: with ``tp``
+> 1 the ranks form a (pp, tp) mesh, each stage split by tests/dist_worker.py's Megatron plan for the example
+Llama (torchtitan's sequence parallelism with ``sp``); with ``dp`` > 1 a (pp, dp) mesh, each stage's layers and
+the stage itself under FSDP2's ``fully_shard``; the stages talk over the mesh's pp groups.  Independent of estimator's code: nothing from
 ``estimator`` is imported here.
 
 For each schedule the rank builds the example Llama with real weights and keeps its stage, as torchtitan's
@@ -75,10 +76,11 @@ def run(rank: int, world: int, cfg: dict, schedule_name: str) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    tp = cfg.get("tp", 1)
-    stages = world // tp
-    mesh = init_device_mesh("cpu", (stages, tp), mesh_dim_names=("pp", "tp"))
-    s = rank // tp  # this rank's stage
+    tp, dp = cfg.get("tp", 1), cfg.get("dp", 1)
+    stages = world // (tp * dp)
+    inner, name = (dp, "dp") if dp > 1 else (tp, "tp")
+    mesh = init_device_mesh("cpu", (stages, inner), mesh_dim_names=("pp", name))
+    s = rank // inner  # this rank's stage
     torch.manual_seed(0)
     model = llama.Llama(llama.LlamaConfig(**cfg["config"]))
     per = cfg["config"]["n_layers"] // stages
@@ -91,6 +93,12 @@ def run(rank: int, world: int, cfg: dict, schedule_name: str) -> dict:
             from dist_worker import tensor_parallel
 
             tensor_parallel(module, mesh["tp"], cfg.get("sp", False))
+        if dp > 1:  # FSDP2 on each layer and the stage, as torchtitan shards a stage
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in module.layers:
+                fully_shard(layer, mesh=mesh["dp"])
+            fully_shard(module, mesh=mesh["dp"])
         stage = PipelineStage(module, s, stages, torch.device("cpu"), group=mesh["pp"].get_group())
         schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule_name](stage, cfg["microbatches"],
                                                                                  loss_fn=loss_fn)

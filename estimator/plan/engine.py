@@ -302,7 +302,8 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
 
         try:
             with one_sequence_per_sample():
-                accumulate = accumulate_gradients if options.grad_accum > 1 else None
+                # (a pipeline stage brings its schedule's own: estimator.plan.pipeline.stage_backward)
+                accumulate = (options.accumulate or accumulate_gradients) if options.grad_accum > 1 else None
                 if layout.loss_parallel and tp_plan is not None and tp_plan.head is not None:
                     accumulate = under_loss_parallel(accumulate)
                 # DDP buckets every gradient of the model (25 MiB each) once, at construction: its buffers and

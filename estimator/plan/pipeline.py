@@ -14,9 +14,9 @@ How ``torch.distributed.pipelining`` runs a model over ``pp`` stages, and how th
   its send ops until the next backward).
 * **Each stage's step is traced** like any layout's rank (its engine, precision, checkpointing and optimizer)
   on one micro-batch (the local batch split into ``microbatches``), with gradients accumulating over the
-  micro-batches (two micro-steps traced, as gradient accumulation is; under FSDP2 the reduce-scatter on the
-  last only, as the schedules run ``set_requires_gradient_sync``) and the stage's output held until its
-  backward (the schedules keep it in ``fwd_cache``).
+  micro-batches (two micro-steps traced, as gradient accumulation is; under FSDP2 neither the reduce-scatter
+  nor the resharding after backward but on the last, as ``PipelineStage.backward_maybe_with_nosync`` runs it)
+  and the stage's output held until its backward (the schedules keep it in ``fwd_cache``).
 * **The schedule's micro-batches in flight** (``schedules.py``): GPipe runs every forward, then every backward,
   so a stage holds ``M`` micro-batches' activations at the first backward; 1F1B keeps ``min(M, pp - s)`` in
   flight on stage ``s``.  A stage's peak is its traced peak with the other micro-batches in flight held (the
@@ -123,6 +123,24 @@ class _Sent(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         return torch.empty(ctx.shape, dtype=ctx.dtype)
+
+
+def stage_backward(module: torch.nn.Module, micro_step: int, last: bool) -> Any:
+    """Around one micro-batch of a stage, as ``PipelineStage.backward_maybe_with_nosync`` runs its backward: DDP's
+    ``no_sync()`` but on the last micro-batch; FSDP2 neither reduce-scatters nor reshards after backward but on the
+    last (``set_requires_gradient_sync``, ``set_reshard_after_backward``, ``set_is_last_backward``), so the
+    stage's unsharded parameters and gradients stay from its first backward to its last."""
+    import contextlib
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(module, DistributedDataParallel):
+        return contextlib.nullcontext() if last else module.no_sync()
+    for name in ("set_is_last_backward", "set_reshard_after_backward", "set_requires_gradient_sync"):
+        setter = getattr(module, name, None)
+        if setter is not None:
+            setter(last)
+    return contextlib.nullcontext()
 
 
 def sent_loss(output: Any) -> torch.Tensor:
@@ -449,7 +467,7 @@ def _trace_stages(planner: Any, layout: Any, group: Any, split: Split, inputs: A
             model = stage_model(planner.model, split, s, pp, batch=micro, shards=shards, dtype=policy)
             units = [p for p, m in model.named_modules() if p and isinstance(m, tuple(planner.wrap))]
             options = replace(planner.options, checkpoint=checkpoint, keep_output=True, grad_accum=accumulate,
-                              loss_fn=planner.options.loss_fn if s == pp - 1 else sent_loss)
+                              loss_fn=planner.options.loss_fn if s == pp - 1 else sent_loss, accumulate=stage_backward)
             planner.progress(f"tracing pipeline stage {s + 1} of {pp}", "")
             tp_plan = stage_tp_plan(planner.tp_plan(), split, s, pp) if layout.tp > 1 else None
             step = trace_engine(model, inputs, group, planner.precision, options, units, tp_plan, planner.device)
