@@ -16,13 +16,12 @@ checkpointed, torch.compile per block, float8 tensorwise.  Not expressible: the 
 asynchronous TP, torchao's float8 tensor-parallel styles.  Memory as torchtitan logs it (reserved: the plan's
 need less the CUDA context).  Printed, not asserted: the published runs judge the planner, never fit it.
 
-Measured on 2026-11-27 (2 cores, 164 s): 84 TPS/GPU (0.837 of 100), 110.4 GiB on stage 0 (1.338 of 82.5).  The
-memory miss: compiled blocks under tensor parallelism and checkpointing keep two sequence all-gathers and the
-attention output alive from their forward to their backward (0.53 GiB of the 0.56 GiB a micro-batch holds per
-block here; eager: 0.03 GiB), each of the 8 micro-batches in flight on stage 0 holding them: not yet explained.
-
-    .venv/bin/python benchmarks/plan_torchtitan_405b.py
-    .venv/bin/python benchmarks/plan_torchtitan_405b.py --eager    # without compile and float8
+Measured on 2026-11-27 (2 cores, 159 s): 88 TPS/GPU (0.875 of 100), 45.6 GiB on stage 0 (0.553 of 82.5): the
+memory is well under the published figure, which the plan does not explain (stage 0 at the forward of a later
+micro-batch: sharded states 9.3 GiB, the stage's unsharded bf16 parameters 12.4 GiB and unreduced gradients kept
+from the first backward to the last, 8 micro-batches of checkpointed inputs 4.3 GiB; candidates: asynchronous
+TP's symmetric-memory buffers, float8 all-gather buffers, the allocator's fragmentation at these sizes, which the
+pipeline's composed peak takes as the 2.5 % first guess).
 """
 
 from __future__ import annotations
