@@ -48,7 +48,6 @@ import torch
 from ..capture.blocks import Repeats, find_repeats
 from ..errors import UserError
 
-from .layout import PP_SCHEDULES as SCHEDULES  # noqa: F401  (re-exported: the schedules planned)
 
 
 def stage_ranges(blocks: int, pp: int) -> list[tuple[int, int]]:
@@ -187,7 +186,6 @@ def find_split(model: torch.nn.Module, cap: Any) -> Split:
         raise UserError("--pp splits a stack of identical blocks (a transformer's layers) into stages; this "
                         "model has none: drop --pp")
     order: dict[str, int] = {}
-    spec: dict[str, Any] = {}
     for i, node in enumerate(cap.nodes):
         if node.meta.get("phase") != "forward":
             continue
@@ -210,7 +208,6 @@ def find_split(model: torch.nn.Module, cap: Any) -> Split:
             continue
         if first < start:
             shapes = cap.module_outputs.get(path)
-            spec[path] = first
             if not shapes:
                 raise UserError(f"--pp: the output of {path} (before the stack of blocks) was not recorded")
             before[path] = (tuple(shapes[0]), _dtype_of(cap, path))
@@ -304,9 +301,6 @@ def bubble_time(step_times: list[float], per_microbatch: list[float], pp: int) -
     stage (the fill and drain of GPipe and 1F1B alike)."""
     return max(step_times) + (pp - 1) * max(per_microbatch)
 
-
-def send_seconds(nbytes: float, bandwidth: float) -> float:
-    return nbytes / bandwidth if bandwidth > 0 else math.inf
 
 
 # -- a stage's peaks, and the plan ---------------------------------------------------------------------------
