@@ -117,6 +117,16 @@ def find_repeats(model: nn.Module, minimum: int = MIN_BLOCKS) -> Repeats | None:
     return best[1] if best is not None else None
 
 
+def shortened(stack: nn.Module, start: int, stop: int) -> nn.Module:
+    """A stack (``nn.ModuleList`` or ``nn.Sequential``, or a subclass) of blocks ``start``..``stop`` of ``stack``:
+    the same block objects, the same class and attributes (a subclass keeps its own forward)."""
+    kids = list(stack._modules.values())[start:stop]
+    short = nn.Sequential(*kids) if isinstance(stack, nn.Sequential) else nn.ModuleList(kids)
+    short.__class__ = type(stack)
+    short.__dict__.update({k: v for k, v in stack.__dict__.items() if k not in short.__dict__})
+    return short
+
+
 @contextlib.contextmanager
 def truncated(model: nn.Module, repeats: Repeats, keep: int = TRACED_BLOCKS) -> Iterator[None]:
     """The model with only the first ``keep`` blocks of the stack (the same module objects), put back
@@ -124,11 +134,7 @@ def truncated(model: nn.Module, repeats: Repeats, keep: int = TRACED_BLOCKS) -> 
     parent_path, _, attr = repeats.path.rpartition(".")
     parent = model.get_submodule(parent_path) if parent_path else model
     original = parent._modules[attr]
-    kids = list(original._modules.values())[:keep]
-    short = nn.Sequential(*kids) if isinstance(original, nn.Sequential) else nn.ModuleList(kids)
-    short.__class__ = type(original)  # a subclass of ModuleList / Sequential keeps its own forward
-    short.__dict__.update({k: v for k, v in original.__dict__.items() if k not in short.__dict__})
-    parent._modules[attr] = short
+    parent._modules[attr] = shortened(original, 0, keep)
     try:
         yield
     finally:

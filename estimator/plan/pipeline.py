@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from ..capture.blocks import Repeats, find_repeats
+from ..capture.blocks import Repeats, find_repeats, shortened
 from ..errors import UserError
 
 
@@ -245,12 +245,7 @@ def stage_model(model: torch.nn.Module, split: Split, stage: int, pp: int, batch
     m = copy.deepcopy(model, memo)  # modules copied, tensors shared (the engine copies them to meta after)
     parent_path, _, attr = split.repeats.path.rpartition(".")
     parent = m.get_submodule(parent_path) if parent_path else m
-    original = parent._modules[attr]
-    kids = list(original._modules.values())[lo:hi]
-    stack = torch.nn.Sequential(*kids) if isinstance(original, torch.nn.Sequential) else torch.nn.ModuleList(kids)
-    stack.__class__ = type(original)
-    stack.__dict__.update({k: v for k, v in original.__dict__.items() if k not in stack.__dict__})
-    parent._modules[attr] = stack
+    stack = parent._modules[attr] = shortened(parent._modules[attr], lo, hi)
 
     def resized(shape: tuple[int, ...]) -> tuple[int, ...]:
         return (batch, *shape[1:]) if batch is not None and shape else shape
@@ -319,18 +314,12 @@ def stage_peaks(step: Any, device: str) -> StagePeaks:
     the start, CUDA's block rounding), their maximum in each phase, and the bytes the first micro-step's
     forward makes and still holds at its end (its saved activations, autocast's weight copies, its output, the
     activation it received), which every other micro-batch in flight holds too."""
-    from ..memory import CUDA_BLOCK
-    from .traced import ROWS, Timeline
+    from .traced import ROWS, Timeline, running_bytes
 
     cap = step.cap
     tl = Timeline(cap, step.rows)
-    size = torch.as_tensor(cap.storage_bytes, dtype=torch.long)
-    if device == "cuda":
-        size = torch.where(size > 0, (size + CUDA_BLOCK - 1) // CUDA_BLOCK * CUDA_BLOCK, size)
-    start_rows = torch.zeros(len(ROWS), dtype=torch.long).index_add(0, tl.row[tl.pre], size[tl.pre])
-    deltas = size[tl.sid] * tl.sign
-    deltas[tl.skip] = 0
-    running = (int(start_rows.sum()) + torch.cumsum(deltas, 0)).tolist()
+    start_rows, deltas, live = running_bytes(tl, cap.storage_bytes, device)
+    running = live.tolist()
     library = step.library_bytes(device)
 
     def key(index: int) -> Any:
@@ -361,16 +350,17 @@ def stage_peaks(step: Any, device: str) -> StagePeaks:
         peaks[group] = (running[k] + library, by_row)
     held = 0
     if first_forward is not None:  # what the first micro-batch's forward made and still holds at its end
-        alive: set[int] = set()
-        sids, signs, skip = tl.sid.tolist(), tl.sign.tolist(), tl.skip.tolist()
+        alive: dict[int, int] = {}  # storage -> its (rounded) bytes
+        sids, changes = tl.sid.tolist(), deltas.tolist()
         for k in range(first_forward, last_forward + 1):
-            if skip[k]:
-                continue
-            (alive.add if signs[k] > 0 else alive.discard)(sids[k])
+            if changes[k] > 0:
+                alive[sids[k]] = changes[k]
+            elif changes[k] < 0:
+                alive.pop(sids[k], None)
         # its own tensors only: parameters gathered by the engine, gradients, buffers of collectives and the
         # libraries' workspaces are the stage's, not one per micro-batch in flight
         own = {"activations", "temporaries", "weight_copies", "inputs_and_buffers"}
-        held = sum(int(size[sid]) for sid in alive if step.rows[sid] in own)
+        held = sum(b for sid, b in alive.items() if step.rows[sid] in own)
     return StagePeaks(peaks, held)
 
 

@@ -192,14 +192,12 @@ class Timeline:
         self.row = torch.tensor([ROWS.index(r) for r in rows], dtype=torch.long)
 
 
-def replay(timeline: Timeline, sizes: Sequence[float], device: str, extra: dict[str, float] | None = None,
-           drop: frozenset[str] = frozenset()) -> Peak:
-    """The steady-state peak of a timeline with each storage of ``sizes`` bytes, by row.
-
-    As :func:`estimator.memory.simulate`: the optimizer state is live from the start, each size is
-    rounded as the CUDA caching allocator does for ``device="cuda"`` (:func:`~estimator.memory.round_cuda`),
-    the peak is the first maximum.  ``extra`` adds storages live for the whole step (bytes by row);
-    rows in ``drop`` live elsewhere (host memory) and count 0."""
+def running_bytes(timeline: Timeline, sizes: Sequence[float], device: str, extra: dict[str, float] | None = None,
+                  drop: frozenset[str] = frozenset()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(bytes by row live from the start, each event's change, the live bytes after each event) of a timeline
+    with each storage of ``sizes`` bytes: the optimizer state live from the start, each size rounded as the CUDA
+    caching allocator does for ``device="cuda"``; ``extra``: storages live for the whole step (bytes by row);
+    rows in ``drop`` count 0."""
     size = torch.round(torch.clamp(torch.as_tensor(sizes, dtype=torch.float64), min=0)).to(torch.long)
     if device == "cuda":
         size = torch.where(size > 0, (size + CUDA_BLOCK - 1) // CUDA_BLOCK * CUDA_BLOCK, size)
@@ -209,13 +207,24 @@ def replay(timeline: Timeline, sizes: Sequence[float], device: str, extra: dict[
     for r, b in (extra or {}).items():
         extra_rows[ROWS.index(r)] += round_cuda(int(round(b))) if device == "cuda" else int(round(b))
     start_rows = extra_rows.index_add(0, timeline.row[timeline.pre], size[timeline.pre])
-    start = int(start_rows.sum())
     deltas = size[timeline.sid] * timeline.sign
     deltas[timeline.skip] = 0
+    return start_rows, deltas, int(start_rows.sum()) + torch.cumsum(deltas, 0)
+
+
+def replay(timeline: Timeline, sizes: Sequence[float], device: str, extra: dict[str, float] | None = None,
+           drop: frozenset[str] = frozenset()) -> Peak:
+    """The steady-state peak of a timeline with each storage of ``sizes`` bytes, by row.
+
+    As :func:`estimator.memory.simulate`: the optimizer state is live from the start, each size is
+    rounded as the CUDA caching allocator does for ``device="cuda"`` (:func:`~estimator.memory.round_cuda`),
+    the peak is the first maximum.  ``extra`` adds storages live for the whole step (bytes by row);
+    rows in ``drop`` live elsewhere (host memory) and count 0."""
+    start_rows, deltas, running = running_bytes(timeline, sizes, device, extra, drop)
+    start = int(start_rows.sum())
     best_index, best_rows = -1, start_rows
     total = start
     if len(deltas):
-        running = start + torch.cumsum(deltas, 0)
         k = int(torch.argmax(running))
         if int(running[k]) > start:
             total = int(running[k])
