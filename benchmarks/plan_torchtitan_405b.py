@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-PUBLISHED = (100, 82.5)  # 1F1B: TPS/GPU, GiB
+PUBLISHED = {"1f1b": (100, 82.5), "interleaved-1f1b": (128, 72.7)}  # TPS/GPU, GiB
 SEQ, LOCAL_BATCH, GPUS, TP, PP = 8192, 32, 512, 8, 8
 
 
@@ -48,31 +48,40 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=126)
     ap.add_argument("--eager", action="store_true", help="without torch.compile and float8")
+    ap.add_argument("--schedule", choices=sorted(PUBLISHED), action="append",
+                    help="the published rows to plan (default: both)")
     args = ap.parse_args(argv)
     extra = {} if args.eager else {"compile": "block", "float8": "tensorwise"}
-    with tempfile.TemporaryDirectory() as folder:
-        gpu = gpu_file(folder)
-        model, inputs = load("hf:llama", batch=LOCAL_BATCH, seq=SEQ, overrides=dict(
-            hidden_size=16384, intermediate_size=53248, num_hidden_layers=args.layers, num_attention_heads=128,
-            num_key_value_heads=8, vocab_size=128256, max_position_embeddings=SEQ))
-        start = time.perf_counter()
-        p = Planner(model, inputs, gpu=gpu, precision="fsdp-bf16", **extra).plan(
-            "fsdp", GPUS, tp=TP, sequence_parallel=True, loss_parallel=True, pp=PP, pp_schedule="1f1b",
-            microbatches=LOCAL_BATCH, checkpoint="LlamaDecoderLayer", solve=())
-        seconds = time.perf_counter() - start
+    for schedule in args.schedule or list(PUBLISHED):
+        with tempfile.TemporaryDirectory() as folder:
+            gpu = gpu_file(folder)
+            model, inputs = load("hf:llama", batch=LOCAL_BATCH, seq=SEQ, overrides=dict(
+                hidden_size=16384, intermediate_size=53248, num_hidden_layers=args.layers, num_attention_heads=128,
+                num_key_value_heads=8, vocab_size=128256, max_position_embeddings=SEQ))
+            start = time.perf_counter()
+            p = Planner(model, inputs, gpu=gpu, precision="fsdp-bf16", **extra).plan(
+                "fsdp", GPUS, tp=TP, sequence_parallel=True, loss_parallel=True, pp=PP, pp_schedule=schedule,
+                microbatches=LOCAL_BATCH, checkpoint="LlamaDecoderLayer", solve=())
+            seconds = time.perf_counter() - start
+        _report(p, schedule, args, seconds)
+    return 0
+
+
+def _report(p, schedule: str, args, seconds: float) -> None:
+    published = PUBLISHED[schedule]
     tps = LOCAL_BATCH * SEQ / (TP * PP) / p.step_time_s  # a pp x tp group of 64 GPUs shares one local batch
     reserved = (p.verdict.needed - p.verdict.reserve.get("cuda_context", 0)) / 2**30
-    print(f"Llama 3.1 405B shape ({args.layers} layers), 512 x H100 96GB 500 W, FSDP 8 x TP 8 x PP 8 (1F1B, 32 "
-          f"micro-batches), {'eager' if args.eager else 'compile + float8'}")
-    print(f"{tps:,.0f} TPS/GPU (published {PUBLISHED[0]}, {tps / PUBLISHED[0]:.3f}), {reserved:.1f} GiB on the highest "
-          f"stage {p.pipeline['worst_stage']} (published {PUBLISHED[1]}, {reserved / PUBLISHED[1]:.3f}); step "
+    print(f"Llama 3.1 405B shape ({args.layers} layers), 512 x H100 96GB 500 W, FSDP 8 x TP 8 x PP 8 ({schedule}, "
+          f"32 micro-batches), {'eager' if args.eager else 'compile + float8'}")
+    print(f"{tps:,.0f} TPS/GPU (published {published[0]}, {tps / published[0]:.3f}), {reserved:.1f} GiB on the "
+          f"highest rank {p.pipeline['worst_rank']} (published {published[1]}, {reserved / published[1]:.3f}); step "
           f"{p.step_time_s:.1f} s, bubble {p.pipeline['bubble_s']:.1f} s; planned in {seconds:.0f} s")
-    print("  rows of the highest stage: " + ", ".join(f"{k} {v / 2**30:.1f}" for k, v in p.per_gpu.rows.items() if v)
+    print("  rows of the highest rank: " + ", ".join(f"{k} {v / 2**30:.1f}" for k, v in p.per_gpu.rows.items() if v)
           + f" GiB; at {p.per_gpu.peak_phase}")
-    for st in p.pipeline["per_stage"]:
-        print(f"  stage {st['stage']}: blocks {st['blocks'][0]}-{st['blocks'][1] - 1}, peak {st['peak'] / 2**30:.1f} "
-              f"GiB, {st['in_flight']} in flight, own step {st['step_s']:.1f} s")
-    return 0
+    for rk in p.pipeline["per_rank"]:
+        blocks = ", ".join(f"{lo}-{hi - 1}" for lo, hi in rk["blocks"])
+        print(f"  rank {rk['rank']}: stages {rk['stages']} (blocks {blocks}), peak {rk['peak'] / 2**30:.1f} GiB, "
+              f"{rk['in_flight']} in flight, busy {rk['busy_s']:.1f} s")
 
 
 if __name__ == "__main__":

@@ -72,39 +72,67 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
+def layer_ranges(n_layers: int, n_stages: int) -> list[tuple[int, int]]:
+    """torchtitan's ``generate_llm_fqn_per_model_part`` with its default weights: the embedding and the head
+    count as one layer each, ``n_layers + 2`` dealt evenly, the first stages one more when uneven."""
+    per, extra = divmod(n_layers + 2, n_stages)
+    sizes = [per + (i < extra) for i in range(n_stages)]
+    sizes[0] -= 1
+    sizes[-1] -= 1
+    bounds = [0]
+    for size in sizes:
+        bounds.append(bounds[-1] + size)
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+MULTI = {"interleaved-1f1b": "loop", "zbv": "v"}  # torchtitan's two stages per rank
+
+
 def run(rank: int, world: int, cfg: dict, schedule_name: str) -> dict:
+    """Why this length: one real pipelined training run, set up as torchtitan sets it up (split, parallelize,
+    stage, schedule, optimizer) and measured over its steady-state steps, reads best in one piece."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import PipelineStage, schedules
 
     tp, dp = cfg.get("tp", 1), cfg.get("dp", 1)
-    stages = world // (tp * dp)
+    pp = world // (tp * dp)
     inner, name = (dp, "dp") if dp > 1 else (tp, "tp")
-    mesh = init_device_mesh("cpu", (stages, inner), mesh_dim_names=("pp", name))
-    s = rank // inner  # this rank's stage
+    mesh = init_device_mesh("cpu", (pp, inner), mesh_dim_names=("pp", name))
+    r = rank // inner  # this rank's place in the pipeline
+    style = MULTI.get(schedule_name)
+    n_stages = pp * (2 if style else 1)
+    mine = (r, 2 * pp - 1 - r) if style == "v" else (r, r + pp) if style else (r,)
     torch.manual_seed(0)
     model = llama.Llama(llama.LlamaConfig(**cfg["config"]))
-    per = cfg["config"]["n_layers"] // stages
-    module = Stage(model, s * per, (s + 1) * per, s == 0, s == stages - 1, cfg["seq"])
+    ranges = layer_ranges(cfg["config"]["n_layers"], n_stages)
+    modules = [Stage(model, *ranges[s], s == 0, s == n_stages - 1, cfg["seq"]) for s in mine]
     del model
     idx = torch.randint(0, cfg["config"]["vocab_size"], (cfg["batch"], cfg["seq"]))
     tracker = ResizeAwareTracker()
     with tracker:
-        if tp > 1:
-            from dist_worker import tensor_parallel
+        for module in modules:
+            if tp > 1:
+                from dist_worker import tensor_parallel
 
-            tensor_parallel(module, mesh["tp"], cfg.get("sp", False))
-        if dp > 1:  # FSDP2 on each layer and the stage, as torchtitan shards a stage
-            from torch.distributed.fsdp import fully_shard
+                tensor_parallel(module, mesh["tp"], cfg.get("sp", False))
+            if dp > 1:  # FSDP2 on each layer and the stage, as torchtitan shards a stage (its default policy
+                from torch.distributed.fsdp import fully_shard  # under pp: not resharded after forward)
 
-            for layer in module.layers:
-                fully_shard(layer, mesh=mesh["dp"])
-            fully_shard(module, mesh=mesh["dp"])
-        stage = PipelineStage(module, s, stages, torch.device("cpu"), group=mesh["pp"].get_group())
-        schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule_name](stage, cfg["microbatches"],
-                                                                                 loss_fn=loss_fn)
-        opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
-        for p in module.parameters():
+                keep = cfg.get("reshard_after_forward", False)
+                for layer in module.layers:
+                    fully_shard(layer, mesh=mesh["dp"], reshard_after_forward=keep)
+                fully_shard(module, mesh=mesh["dp"], reshard_after_forward=keep)
+        stages = [PipelineStage(m, s, n_stages, torch.device("cpu"), group=mesh["pp"].get_group())
+                  for m, s in zip(modules, mine)]
+        cls = {"gpipe": schedules.ScheduleGPipe, "1f1b": schedules.Schedule1F1B,
+               "interleaved-1f1b": schedules.ScheduleInterleaved1F1B,
+               "zbv": schedules.ScheduleZBVZeroBubble}[schedule_name]
+        schedule = cls(stages if style else stages[0], cfg["microbatches"], loss_fn=loss_fn)
+        params = [p for m in modules for p in m.parameters()]
+        opt = torch.optim.AdamW(params, lr=1e-3)
+        for p in params:
             tracker.register(p)
+        first, last = 0 in mine, n_stages - 1 in mine
         out: dict = {}
         peaks = []
         for it in range(5):
@@ -115,17 +143,12 @@ def run(rank: int, world: int, cfg: dict, schedule_name: str) -> dict:
                             tracker.register(v)
             if it >= 2:
                 tracker.reset_peak()
-            if s == 0:
-                schedule.step(idx)
-            elif s == stages - 1:
-                schedule.step(target=idx, losses=[], return_outputs=False)
-            else:
-                schedule.step()
+            schedule.step(*((idx,) if first else ()), **(dict(target=idx, losses=[], return_outputs=False)
+                                                        if last else {}))
             opt.step()
             if it >= 2:
                 peaks.append((tracker.peak, tracker.peak_op))
             if it == 4:
-                params = list(module.parameters())
                 peak, op = min(peaks)
                 out = {"peak": peak, "peak_op": op, "peaks": [p for p, _ in peaks],
                        "parameters": _distinct_bytes(params),

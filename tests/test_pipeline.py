@@ -1,11 +1,12 @@
 """Pipeline parallelism (estimator.plan.pipeline) against real runs of torch.distributed.pipelining.
 
-The truth: tests/pp_worker.py trains the example Llama (6 layers) split into 3 stages, one process each on CPU
-(gloo), with ScheduleGPipe and Schedule1F1B over 4 micro-batches, and measures each rank's parameters, gradients
-and optimizer state from the real tensors and its peak of live bytes over a steady-state step.  The plan of the
-same layout (the model on the meta device, ``device="cpu"``: exact bytes) must give every stage's model states
-exactly and its peak within 1 % (alone, and with tensor and sequence parallelism inside the stages); with FSDP2
-inside the stages, within 2 % for GPipe and 10 % for 1F1B (see FSDP_TOLERANCE).
+The truth: tests/pp_worker.py trains the example Llama (6 layers) split as torchtitan splits it, one process per
+rank on CPU (gloo), with ScheduleGPipe and Schedule1F1B (3 ranks of one stage) and ScheduleInterleaved1F1B and
+ScheduleZBVZeroBubble (2 ranks of two stages) over 4 micro-batches, and measures each rank's parameters,
+gradients and optimizer state from the real tensors and its peak of live bytes over a steady-state step.  The
+plan of the same layout (the model on the meta device, ``device="cpu"``: exact bytes) must give every rank's
+model states exactly and its peak within 1 % (alone, with tensor and sequence parallelism inside the stages, and
+with FSDP2 inside them under torchtitan's policy), zero-bubble within 2 % (ZBV_TOLERANCE).
 """
 
 from __future__ import annotations
@@ -31,6 +32,15 @@ CONFIG = {"vocab_size": 256, "dim": 64, "hidden_dim": 96, "n_layers": 6, "n_head
           "max_seq_len": 64}
 WORLD, BATCH, SEQ, MICRO = 3, 8, 32, 4
 SCHEDULES = ("gpipe", "1f1b")
+MULTI = ("interleaved-1f1b", "zbv")  # two stages per rank
+# Measured on 2026-11-27: zero-bubble -1.03 % and -0.85 % alone, -0.48 % and -0.91 % with tensor parallelism
+# (its input-gradient pass is composed from the traced backward: the graph kept, the output gradients of the
+# weight GEMMs kept for the weight pass, the weight gradients left out)
+ZBV_TOLERANCE = 0.02
+# Measured on 2026-11-27: interleaved 1F1B with FSDP2 inside the stages, rank 1 (stages 1 and 3) -1.09 %: its
+# real peak is at an FSDP unshard (a storage resize before the all-gather's copy-out) that the composed
+# schedule does not place; rank 0 +0.05 %
+FSDP_INTERLEAVED_TOLERANCE = 0.02
 
 
 def _loss(logits: torch.Tensor) -> torch.Tensor:
@@ -46,7 +56,7 @@ def _planner(config: dict | None = None, seq: int = SEQ, **kw) -> Planner:
 
 
 def _real_and_planned(directory, pp: int, tp: int = 1, sp: bool = False, dp: int = 1, config: dict | None = None,
-                      seq: int = SEQ):
+                      seq: int = SEQ, schedules: tuple[str, ...] = SCHEDULES):
     """The real runs (started first, running while the plans are traced) and the plans: (real by rank, plans by
     schedule)."""
     import torch.distributed as dist
@@ -58,14 +68,14 @@ def _real_and_planned(directory, pp: int, tp: int = 1, sp: bool = False, dp: int
         env["GLOO_SOCKET_IFNAME"] = "lo"
     world = pp * tp * dp
     cfg = json.dumps({"config": config or CONFIG, "batch": BATCH, "seq": seq, "microbatches": MICRO,
-                      "schedules": SCHEDULES, "tp": tp, "sp": sp, "dp": dp})
+                      "schedules": schedules, "tp": tp, "sp": sp, "dp": dp})
     procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "pp_worker.py"), str(r), str(world),
                                str(directory / "init"), str(directory / f"r{r}.json"), cfg], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
     try:
         planner = _planner(config, seq)
         plans = {s: planner.plan("fsdp" if dp > 1 else "ddp", world, tp=tp, sequence_parallel=sp, pp=pp,
-                                 pp_schedule=s, microbatches=MICRO, solve=()) for s in SCHEDULES}
+                                 pp_schedule=s, microbatches=MICRO, solve=()) for s in schedules}
         for r, p in enumerate(procs):
             _, err = p.communicate(timeout=420)
             assert p.returncode == 0, f"rank {r} failed:\n{err[-4000:]}"
@@ -82,81 +92,124 @@ def runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def multi_runs(tmp_path_factory):
+    """2 ranks of two stages each (4 stages: 1, 2, 2 and 1 layers), interleaved (stages 0/2 and 1/3) and V-shaped
+    (stages 0/3 and 1/2)."""
+    return _real_and_planned(tmp_path_factory.mktemp("pp_multi"), 2, schedules=MULTI)
+
+
+@pytest.fixture(scope="module")
 def tp_runs(tmp_path_factory):
-    """2 stages x tensor parallelism 2 with sequence parallelism (4 ranks; each stage's 2 ranks measured)."""
-    return _real_and_planned(tmp_path_factory.mktemp("pp_tp"), 2, tp=2, sp=True)
+    """2 ranks x tensor parallelism 2 with sequence parallelism (4 processes; each rank's 2 TP ranks measured)."""
+    return _real_and_planned(tmp_path_factory.mktemp("pp_tp"), 2, tp=2, sp=True, schedules=SCHEDULES + MULTI)
 
 
 @pytest.fixture(scope="module")
 def fsdp_runs(tmp_path_factory):
-    """2 stages x FSDP2 over 2 ranks (4 ranks), a wide model on short sequences (the parameters outweigh the
-    activations): the schedules keep each stage's parameters unsharded and its gradients unreduced from its first
-    backward to its last (backward_maybe_with_nosync), 3 x 1.6 MiB per stage here."""
+    """2 ranks x FSDP2 over 2 (4 processes), a wide model on short sequences (the parameters outweigh the
+    activations), FSDP2 as torchtitan applies it under pipeline parallelism (not resharded after forward): the
+    schedules keep each stage's parameters unsharded and its gradients unreduced from its first backward to its
+    last (backward_maybe_with_nosync)."""
     wide = {**CONFIG, "dim": 256, "hidden_dim": 512, "n_heads": 4, "n_kv_heads": 4}
-    return _real_and_planned(tmp_path_factory.mktemp("pp_fsdp"), 2, dp=2, config=wide, seq=8)
+    return _real_and_planned(tmp_path_factory.mktemp("pp_fsdp"), 2, dp=2, config=wide, seq=8,
+                             schedules=SCHEDULES + ("interleaved-1f1b",))
 
 
-# Measured on 2026-11-27: GPipe -1.64 % (stage 0) and -0.66 % (stage 1); 1F1B -8.1 % and -8.3 %, the real
-# peak in the forward of a later micro-batch about one layer's unsharded parameters (2.6 MB here) above the
-# plan's: not explained yet, so those are held to 10 %, the others to 2 %.
-FSDP_TOLERANCE = {"gpipe": 0.02, "1f1b": 0.10}
+def _check(real: dict, planned: dict, schedule: str, tolerance: float = 0.01) -> None:
+    """One rank: its model states exactly, its peak within ``tolerance`` (zero-bubble: ZBV_TOLERANCE)."""
+    assert (planned["parameters"], planned["gradients"], planned["optimizer_state"]) == (
+        real["parameters"], real["gradients"], real["optimizer_state"])
+    assert planned["peak"] == pytest.approx(real["peak"], rel=ZBV_TOLERANCE if schedule == "zbv" else tolerance), (
+        planned["peak"], real["peak"], real["peak_op"], planned["at"])
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("schedule", SCHEDULES + ("interleaved-1f1b",))
 @pytest.mark.parametrize("rank", range(4))
-def test_stages_under_fsdp_match_the_real_ranks(fsdp_runs, schedule, rank):
+def test_ranks_under_fsdp_match_the_real_ranks(fsdp_runs, schedule, rank):
     real, plans = fsdp_runs
-    x, g = real[rank][schedule], plans[schedule].pipeline["per_stage"][rank // 2]
-    assert (g["parameters"], g["gradients"], g["optimizer_state"]) == (
-        x["parameters"], x["gradients"], x["optimizer_state"])
-    assert g["peak"] == pytest.approx(x["peak"], rel=FSDP_TOLERANCE[schedule]), (g["peak"], x["peak"], x["peak_op"],
-                                                                              g["at"])
+    _check(real[rank][schedule], plans[schedule].pipeline["per_rank"][rank // 2], schedule,
+           FSDP_INTERLEAVED_TOLERANCE if schedule == "interleaved-1f1b" else 0.01)
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("schedule", SCHEDULES + MULTI)
 @pytest.mark.parametrize("rank", range(4))
-def test_stages_under_tensor_parallelism_match_the_real_ranks(tp_runs, schedule, rank):
-    """Each rank of a (pp 2, tp 2) mesh: its stage's model states exactly, its peak within 1 % (rank 0 of each
-    stage is planned: the TP ranks of a stage differ by a few bytes of uneven splits at most)."""
+def test_ranks_under_tensor_parallelism_match_the_real_ranks(tp_runs, schedule, rank):
+    """Each process of a (pp 2, tp 2) mesh: its pipeline rank's model states exactly, its peak within 1 % (the
+    first TP rank of each pipeline rank is planned: the TP ranks differ by a few bytes of uneven splits at most)."""
     real, plans = tp_runs
-    x, g = real[rank][schedule], plans[schedule].pipeline["per_stage"][rank // 2]
-    assert (g["parameters"], g["gradients"], g["optimizer_state"]) == (
-        x["parameters"], x["gradients"], x["optimizer_state"])
-    assert g["peak"] == pytest.approx(x["peak"], rel=0.01), (g["peak"], x["peak"], x["peak_op"], g["at"])
+    _check(real[rank][schedule], plans[schedule].pipeline["per_rank"][rank // 2], schedule)
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("stage", range(WORLD))
-def test_each_stage_holds_the_real_model_states(runs, schedule, stage):
+def test_each_stage_matches_the_real_schedule(runs, schedule, stage):
     real, plans = runs
-    x, g = real[stage][schedule], plans[schedule].pipeline["per_stage"][stage]
-    assert (g["parameters"], g["gradients"], g["optimizer_state"]) == (
-        x["parameters"], x["gradients"], x["optimizer_state"])
+    _check(real[stage][schedule], plans[schedule].pipeline["per_rank"][stage], schedule)
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize("stage", range(WORLD))
-def test_each_stage_peak_within_one_percent_of_the_real_schedule(runs, schedule, stage):
-    real, plans = runs
-    x, g = real[stage][schedule], plans[schedule].pipeline["per_stage"][stage]
-    assert g["peak"] == pytest.approx(x["peak"], rel=0.01), (g["peak"], x["peak"], x["peak_op"], g["at"])
+@pytest.mark.parametrize("schedule", MULTI)
+@pytest.mark.parametrize("rank", range(2))
+def test_ranks_of_two_stages_match_the_real_schedule(multi_runs, schedule, rank):
+    real, plans = multi_runs
+    got = plans[schedule].pipeline["per_rank"][rank]
+    assert got["stages"] == ([rank, rank + 2] if schedule == "interleaved-1f1b" else [rank, 3 - rank])
+    assert sum(got["rows"].values()) == got["peak"]  # the rows add up, the resting stage's in its rows
+    _check(real[rank][schedule], got, schedule)
 
 
-def test_the_plan_reports_the_stage_with_the_highest_peak_and_the_bubble(runs):
+def test_the_plan_reports_the_rank_with_the_highest_peak_and_the_bubble(runs):
     """GPipe holds every micro-batch at the first backward, 1F1B at most pp - stage of them: its peaks are
-    lower; the reported peak is the highest stage's; the step is the slowest stage's plus pp - 1 slots."""
+    lower; the reported peak is the highest rank's; the step is the simulated schedule's."""
     real, plans = runs
     for schedule, p in plans.items():
-        stages = p.pipeline["per_stage"]
-        worst = max(stages, key=lambda st: st["peak"])
-        assert p.per_gpu.peak == worst["peak"] and p.pipeline["worst_stage"] == worst["stage"]
-        slowest = max(st["step_s"] for st in stages)
-        assert p.step_time_s == pytest.approx(slowest + (WORLD - 1) * max(st["per_microbatch_s"] for st in stages))
+        ranks = p.pipeline["per_rank"]
+        worst = max(ranks, key=lambda rk: rk["peak"])
+        assert p.per_gpu.peak == worst["peak"] and p.pipeline["worst_rank"] == worst["rank"]
+        assert all(sum(rk["rows"].values()) == rk["peak"] for rk in ranks)
+        assert p.step_time_s > max(rk["busy_s"] + rk["optimizer_s"] for rk in ranks)
         assert p.pipeline["bubble_s"] > 0 and f"{WORLD} pipeline stages ({schedule}" in p.config.engine
-    assert [st["in_flight"] for st in plans["1f1b"].pipeline["per_stage"]] == [3, 2, 1]
-    assert all(a["peak"] < b["peak"] for a, b in zip(plans["1f1b"].pipeline["per_stage"],
-                                                     plans["gpipe"].pipeline["per_stage"]))
+    assert [rk["in_flight"] for rk in plans["1f1b"].pipeline["per_rank"]] == [[3], [2], [1]]
+    assert all(a["peak"] < b["peak"] for a, b in zip(plans["1f1b"].pipeline["per_rank"],
+                                                     plans["gpipe"].pipeline["per_rank"]))
     assert all(real[s]["1f1b"]["peak"] < real[s]["gpipe"]["peak"] for s in range(WORLD))  # the truth agrees
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES + MULTI)
+def test_every_rank_runs_each_micro_batch_once_per_stage(schedule):
+    """The orders (PyTorch's own for the multi-stage schedules): each stage's forward and backward (or input and
+    weight gradients) of every micro-batch exactly once, on the rank that holds the stage."""
+    from estimator.plan.pipeline_schedule import orders, rank_stages
+
+    pp, m = 4, 8
+    kinds = ("F", "I", "W") if schedule == "zbv" else ("F", "B")
+    for rank, acts in orders(schedule, pp, m).items():
+        mine = rank_stages(schedule, pp, rank)
+        assert sorted((a.stage, a.kind, a.microbatch) for a in acts) == sorted(
+            (s, k, i) for s in mine for k in kinds for i in range(m))
+
+
+@pytest.mark.parametrize("pp,m", [(2, 4), (4, 8), (4, 16)])
+def test_the_simulated_step_matches_the_schedules_closed_forms(pp, m):
+    """Equal stages, a backward twice its forward, free sends.  GPipe and 1F1B: (M + pp - 1) (F + B)
+    (Huang et al. 2019; Narayanan et al. 2021, section 2.2).  Interleaved 1F1B with v stages per rank, each
+    1/v of the rank's work: M (F + B) + (pp - 1) (F + B) / v (Narayanan et al. 2021, section 2.2.1).  ZBV no
+    slower than interleaved."""
+    from estimator.plan.pipeline_schedule import orders, rank_stages, simulate
+
+    f, b = 1.0, 2.0
+    for schedule in SCHEDULES + MULTI:
+        v = 1 if schedule in SCHEDULES else 2
+        n = pp * v
+        rank_of = {s: r for r in range(pp) for s in rank_stages(schedule, pp, r)}
+        seconds = {s: {"F": f / v, "B": b / v, "I": b / v / 2, "W": b / v / 2} for s in range(n)}
+        step, busy = simulate(orders(schedule, pp, m), rank_of, seconds, dict.fromkeys(range(n), 0.0))
+        assert all(t == pytest.approx(m * (f + b)) for t in busy.values())
+        if v == 1:
+            assert step == pytest.approx((m + pp - 1) * (f + b)), schedule
+        elif schedule == "interleaved-1f1b":
+            assert step == pytest.approx(m * (f + b) + (pp - 1) * (f + b) / v)
+        else:
+            assert step <= m * (f + b) + (pp - 1) * (f + b) / v + 1e-9
 
 
 @pytest.mark.parametrize("kwargs,needle", [
@@ -164,7 +217,8 @@ def test_the_plan_reports_the_stage_with_the_highest_peak_and_the_bubble(runs):
     (dict(strategy="zero2", gpus=4, pp=2), "use --strategy ddp, fsdp or hsdp"),
     (dict(strategy="ddp", gpus=2, pp=2, microbatches=3), "does not divide the local batch of 8"),
     (dict(strategy="ddp", gpus=2, pp=2, pp_schedule="zb"), "--pp-schedule must be one of"),
-    (dict(strategy="ddp", gpus=8, pp=8), "more stages than the 6 blocks"),
+    (dict(strategy="ddp", gpus=8, pp=8), "more stages than the 6 blocks fill"),
+    (dict(strategy="ddp", gpus=4, pp=4, pp_schedule="interleaved-1f1b"), "use --pp 2 or fewer"),
 ])
 def test_impossible_pipelines_are_one_line_errors(kwargs, needle):
     from estimator.cli.plan import PLAN_PP_SCHEDULES

@@ -28,7 +28,7 @@ EPILOG_PLAN = """examples:
 PLAN_PRECISIONS = ("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed", "fsdp-bf16", "fsdp-fp16")
 PLAN_FORMATS = ("table", "json", "markdown", "html")
 PLAN_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp")
-PLAN_PP_SCHEDULES = ("gpipe", "1f1b")  # estimator.plan.layout.PP_SCHEDULES
+PLAN_PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zbv")  # estimator.plan.layout.PP_SCHEDULES
 _COUNT_SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
 
 
@@ -93,7 +93,8 @@ def _add_model_parallel_options(p: argparse.ArgumentParser) -> None:
                    help="pipeline-parallel stages (torch.distributed.pipelining; the stack of blocks split by layer "
                         "as torchtitan splits it; ddp, fsdp or hsdp inside each stage) (default: 1), e.g. --pp 4")
     p.add_argument("--pp-schedule", default="1f1b", choices=PLAN_PP_SCHEDULES,
-                   help="with --pp: the schedule (default: 1f1b), e.g. --pp-schedule gpipe")
+                   help="with --pp: the schedule; interleaved-1f1b and zbv hold two stages per rank, as torchtitan's "
+                        "default (default: 1f1b), e.g. --pp-schedule interleaved-1f1b")
     p.add_argument("--microbatches", type=int, default=0, metavar="M",
                    help="with --pp: micro-batches the local batch is split into (default: one sample each, as "
                         "torchtitan), e.g. --microbatches 8")
@@ -170,9 +171,10 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--inter-node", metavar="LINK",
                    help="link between nodes, per GPU (each GPU's share of its node's NICs); default from the "
                         "GPU (A100: ib-hdr, H100: ib-ndr), e.g. --inter-node ib-ndr")
-    p.add_argument("--reshard-after-forward", type=_bool, default=True, metavar="BOOL",
+    p.add_argument("--reshard-after-forward", type=_bool, default=None, metavar="BOOL",
                    help="FSDP: free gathered parameters after forward (true, ZeRO-3-like) or keep them for "
-                        "backward (false, ZeRO-2-like) (default: true), e.g. --reshard-after-forward false")
+                        "backward (false, ZeRO-2-like) (default: true, false with --pp as torchtitan's default "
+                        "policy), e.g. --reshard-after-forward false")
     p.add_argument("--rank", type=int, default=0, metavar="R",
                    help="the rank whose memory is planned (default: 0, which holds the most rows of unevenly "
                         "split tensors), e.g. --rank 7")

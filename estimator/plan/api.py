@@ -20,8 +20,8 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
          offload: str | None = None, wrap: Any = None, tokens: float | None = None, samples: float | None = None,
          steps: int | None = None, mfu: float | None = None, solve: Sequence[str] | str = ("batch",),
          gpus_per_node: int = 8, interconnect: str | None = None, inter_node: str | None = None,
-         zero_semantics: str = "deepspeed", reshard_after_forward: bool = True, device: str = "cuda", rank: int = 0,
-         confirm: bool = True, model_name: str | None = None, progress: Progress | None = None,
+         zero_semantics: str = "deepspeed", reshard_after_forward: bool | None = None, device: str = "cuda",
+         rank: int = 0, confirm: bool = True, model_name: str | None = None, progress: Progress | None = None,
          trace: str = "auto", solve_unfit: bool = False, keep_output: bool = False, grad_accum: int = 1,
          checkpoint_policy: Any = "full", replicate: bool = True, compile: Any = None, float8: Any = None,
          float8_all_gather: bool = False) -> Plan:
@@ -36,9 +36,10 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
     ``"seq"``, searched when the given size fits, or always with ``solve_unfit``), step time from the traced
     schedule, time to train for the budget.  ``loss_parallel`` (with ``tp``):
     the head's logits kept sharded by vocabulary, the loss under torch's ``loss_parallel()`` (torchtitan's).
-    ``pp`` pipeline stages with ``pp_schedule`` (``"gpipe"`` or ``"1f1b"``) over ``microbatches`` micro-batches
-    (0: one sample each): each stage traced, the stage with the highest peak reported
-    (:mod:`estimator.plan.pipeline`).
+    ``pp`` pipeline ranks with ``pp_schedule`` (``"gpipe"``, ``"1f1b"``, or ``"interleaved-1f1b"`` and ``"zbv"``
+    with two stages per rank) over ``microbatches`` micro-batches (0: one sample each): each stage traced, the
+    rank with the highest peak reported (:mod:`estimator.plan.pipeline`).  ``reshard_after_forward`` (FSDP2):
+    None is torchtitan's default policy (True, False under ``pp``).
     ``precision`` (default ``bf16-mixed``): see :func:`~estimator.plan.layout.parse_plan_precision`.
     ``device="cpu"`` plans exact bytes without CUDA rounding (tests).  ``trace``: as
     :func:`estimator.estimate`'s (``"auto"``, ``"fake"`` or ``"real"``).  The training loop as

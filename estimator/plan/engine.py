@@ -197,7 +197,7 @@ def build(model: torch.nn.Module, layout: Layout, precision: PlanPrecision, unit
         dp_mesh = _submesh(mesh, ("replicate", "shard") if layout.strategy == "hsdp" else ("dp",))
         policy = MixedPrecisionPolicy(param_dtype=precision.param_dtype, reduce_dtype=precision.reduce_dtype)
         modules = dict(m.named_modules())
-        keep = {} if layout.reshard_after_forward else {"reshard_after_forward": False}
+        keep = {} if layout.reshards_after_forward else {"reshard_after_forward": False}
         for path in unit_paths:  # inner units first would not matter: FSDP2 groups each call's own params
             if path in modules:  # (a model traced with fewer of its repeated blocks has fewer units)
                 fully_shard(modules[path], mesh=dp_mesh, mp_policy=policy, **keep)

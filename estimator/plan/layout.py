@@ -22,7 +22,7 @@ from ..errors import UserError
 from ..precision import Precision, parse_precision
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp")
-PP_SCHEDULES = ("gpipe", "1f1b")  # pipeline schedules planned (estimator.plan.pipeline)
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zbv")  # pipeline schedules planned (plan.pipeline_schedule)
 ENGINE_STRATEGIES = frozenset({"ddp", "fsdp", "hsdp"})  # traced on torch's engines
 ZERO_STRATEGIES = frozenset({"zero1", "zero2", "zero3"})  # laid out by hand (DeepSpeed or paper)
 SHARDED_PARAMS = frozenset({"zero3", "fsdp", "hsdp"})
@@ -44,12 +44,18 @@ class Layout:
     sequence_parallel: bool = False
     gpus_per_node: int = 8
     rank: int = 0  # global rank traced (0 holds the most real rows of every unevenly split dimension)
-    reshard_after_forward: bool = True
+    reshard_after_forward: bool | None = None  # None: torchtitan's "default" policy, True unless pp > 1
     offload: str | None = None
     loss_parallel: bool = False  # the head's logits kept vocabulary-sharded, the loss under loss_parallel()
     pp: int = 1  # pipeline stages (estimator.plan.pipeline); the data-parallel ranks are gpus / (tp x pp)
     pp_schedule: str = "1f1b"
     microbatches: int = 0  # micro-batches per step under pipeline parallelism (0: one per sample)
+
+    @property
+    def reshards_after_forward(self) -> bool:
+        """FSDP2's ``reshard_after_forward``: as asked, else torchtitan's default (``fsdp_reshard_after_forward =
+        "default"``: not under pipeline parallelism, where each micro-batch would gather the stage again)."""
+        return self.pp == 1 if self.reshard_after_forward is None else self.reshard_after_forward
 
     @property
     def dp(self) -> int:

@@ -1,38 +1,29 @@
 """Pipeline parallelism: each stage's step traced on its own layers, composed with its schedule.
 
-How ``torch.distributed.pipelining`` runs a model over ``pp`` stages, and how the plan follows it:
+How ``torch.distributed.pipelining`` runs a model over ``pp`` ranks, and how the plan follows it:
 
-* **Stages split by layer**, as torchtitan's ``pipeline_llm`` splits a decoder: the stack of identical blocks
-  divided into ``pp`` contiguous runs (the first stages take one more when they do not divide evenly); the
-  modules that run before the stack (embeddings) belong to the first stage, those after it (final norm, head,
-  loss) to the last.  A stage is the model with only its run of blocks (as torchtitan deletes the others), the
-  other stages' modules replaced by stand-ins without parameters; a stage after the first starts from the
-  activation it receives (whose gradient it sends back), a stage before the last stops after its last block
-  and sends its output.  ``PipelineStage`` receives into buffers it allocates once, one per micro-batch
-  (``_prepare_forward_infra`` / ``_prepare_backward_infra``): they are counted for the whole step; in 1F1B's
-  steady state a stage also holds the input gradient it sent for the previous micro-batch (the schedule keeps
-  its send ops until the next backward).
-* **Each stage's step is traced** like any layout's rank (its engine, precision, checkpointing and optimizer)
-  on one micro-batch (the local batch split into ``microbatches``), with gradients accumulating over the
-  micro-batches (two micro-steps traced, as gradient accumulation is; under FSDP2 neither the reduce-scatter
-  nor the resharding after backward but on the last, as ``PipelineStage.backward_maybe_with_nosync`` runs it)
-  and the stage's output held until its backward (the schedules keep it in ``fwd_cache``).
-* **The schedule's micro-batches in flight** (``schedules.py``): GPipe runs every forward, then every backward,
-  so a stage holds ``M`` micro-batches' activations at the first backward; 1F1B keeps ``min(M, pp - s)`` in
-  flight on stage ``s``.  A stage's peak is its traced peak with the other micro-batches in flight held (the
-  bytes one micro-batch holds from its forward to its backward: saved activations, the output, the received
-  input), each phase's peak (forward, backward; first micro-step, later ones) with its own count in flight.
-* **Time**: each stage's traced step (its ``M`` micro-steps, collectives and optimizer); the pipeline adds
-  the bubble, ``pp - 1`` micro-batch slots of the slowest stage (GPipe and 1F1B alike), and the activation
-  and gradient sends between stages of each micro-batch on the critical path.
+* **Stages split by layer**, as torchtitan's ``pipeline_llm`` splits a decoder (:func:`stage_ranges`): one stage
+  per rank for GPipe and 1F1B, two for interleaved 1F1B and ZBV (torchtitan's default); the embedding counts as
+  a block on the first stage, the final norm and head as one on the last.  A stage is the model with only its
+  run of blocks (as torchtitan deletes the others), the other stages' modules replaced by stand-ins without
+  parameters; a stage after the first starts from the activation it receives (whose gradient it sends back), a
+  stage before the last stops after its last block and sends its output.  ``PipelineStage`` receives into
+  buffers it allocates once, one per micro-batch (``_prepare_forward_infra`` / ``_prepare_backward_infra``).
+* **Each stage's step is traced** like any layout's rank (its engine, precision, checkpointing and optimizer;
+  FSDP2 not resharded after forward unless asked, torchtitan's default under pipeline parallelism) on one
+  micro-batch (the local batch split into ``microbatches``), with gradients accumulating over the micro-batches
+  (two micro-steps traced, as gradient accumulation is; under FSDP2 neither the reduce-scatter nor the
+  resharding after backward but on the last, as ``PipelineStage.backward_maybe_with_nosync`` runs it) and the
+  stage's output held until its backward (the schedules keep it in ``fwd_cache``).
+* **Each rank composed with its schedule** (:mod:`.pipeline_schedule`): the order of actions PyTorch's schedule
+  runs on that rank, the micro-batches each of its stages holds in flight at each action, its other stage at
+  rest, the receive buffers and the sends not yet waited on; the step's time from the same orders simulated
+  over all ranks with the sends between them.
 
-The plan reports the stage with the highest peak.  Checked against real ``torch.distributed.pipelining`` runs
-(tests/test_pipeline.py: 3 stages on gloo, GPipe and 1F1B): model states exact, every stage's peak within 1 %.
-Tensor parallelism inside a stage: the whole model's plan with each stage's Linears (the activations between
-stages are sequence shards under sequence parallelism).  Not modelled: interleaved and zero-bubble schedules,
-context parallelism,
-stages of unequal cost beyond the slowest one's bubble, the allocator's fragmentation of the composed peak
-(its first guess).
+The plan reports the rank with the highest peak.  Checked against real ``torch.distributed.pipelining`` runs
+(tests/test_pipeline.py, gloo): model states exact, every rank's peak within 1 % (GPipe, 1F1B, interleaved 1F1B,
+with tensor and sequence parallelism inside the stages).  Not modelled: context parallelism, stages whose
+blocks differ, the allocator's fragmentation of the composed peak (its first guess).
 """
 
 from __future__ import annotations
@@ -50,22 +41,27 @@ from ..errors import UserError
 
 
 
-def stage_ranges(blocks: int, pp: int) -> list[tuple[int, int]]:
-    """Contiguous runs of ``blocks`` blocks for ``pp`` stages, the first ones one longer when uneven."""
-    base, extra = divmod(blocks, pp)
+def stage_ranges(blocks: int, stages: int, input_weight: int = 1, output_weight: int = 1) -> list[tuple[int, int]]:
+    """Contiguous runs of ``blocks`` blocks for ``stages`` stages as torchtitan's ``generate_llm_fqn_per_model_part``
+    deals them: the embedding counts as ``input_weight`` blocks on the first stage, the norm and head as
+    ``output_weight`` on the last (``pipeline_parallel_first_stage_less_layers`` / ``..._last_stage_less_layers``,
+    1 each by default), the ``blocks + input_weight + output_weight`` evenly, the first stages one more when
+    uneven."""
+    if stages == 1:
+        return [(0, blocks)]
+    per, extra = divmod(blocks + input_weight + output_weight, stages)
+    if per < max(1, input_weight, output_weight):
+        raise UserError(f"--pp: {stages} stages of {blocks} blocks (the embedding and the head count as one each, "
+                        f"as torchtitan deals them) leave a stage empty; use {max(1, (blocks + 2) // 2)} stages "
+                        f"or fewer")
+    sizes = [per + (s < extra) for s in range(stages)]
+    sizes[0] -= input_weight
+    sizes[-1] -= output_weight
     out, lo = [], 0
-    for s in range(pp):
-        hi = lo + base + (1 if s < extra else 0)
-        out.append((lo, hi))
-        lo = hi
+    for size in sizes:
+        out.append((lo, lo + size))
+        lo += size
     return out
-
-
-def in_flight(schedule: str, stage: int, pp: int, microbatches: int) -> int:
-    """Micro-batches whose activations ``stage`` holds at its first backward (``schedules.py``)."""
-    if schedule == "gpipe":
-        return microbatches
-    return min(microbatches, pp - stage)
 
 
 class _StageOutput(Exception):
@@ -291,29 +287,17 @@ def recv_sizes(split: Split, stage: int, pp: int, batch: int, shards: int = 1,
     return one * (stage > 0), one * (stage < pp - 1)
 
 
-def bubble_time(step_times: list[float], per_microbatch: list[float], pp: int) -> float:
-    """The pipeline's step: the slowest stage's own step plus ``pp - 1`` micro-batch slots of the slowest
-    stage (the fill and drain of GPipe and 1F1B alike)."""
-    return max(step_times) + (pp - 1) * max(per_microbatch)
-
-
 
 # -- a stage's peaks, and the plan ---------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class StagePeaks:
-    """A traced stage step's peaks by phase (``(micro_step, "forward"|"backward")`` and ``"optimizer"``), each
-    with its rows, and the bytes one micro-batch holds from its forward to its backward."""
-
-    peaks: dict[Any, tuple[int, dict[str, int]]]
-    held: int
-
-
-def stage_peaks(step: Any, device: str) -> StagePeaks:
-    """The running live bytes of ``step`` (as :func:`.traced.replay` counts them: the optimizer state live from
-    the start, CUDA's block rounding), their maximum in each phase, and the bytes the first micro-step's
+def stage_peaks(step: Any, device: str, recv: tuple[int, int], sent: int) -> Any:
+    """What the schedule's composition needs of a traced stage step (``pipeline_schedule.StageBytes``): the
+    running live bytes of ``step`` (as :func:`.traced.replay` counts them: the optimizer state live from the
+    start, CUDA's block rounding), their maximum in each phase with its rows; the bytes the first micro-step's
     forward makes and still holds at its end (its saved activations, autocast's weight copies, its output, the
-    activation it received), which every other micro-batch in flight holds too."""
+    activation it received), which every other micro-batch in flight holds too; the stage at rest (before any
+    forward, after the first forward less that micro-batch, after the first backward)."""
+    from .pipeline_schedule import StageBytes
     from .traced import ROWS, Timeline, running_bytes
 
     cap = step.cap
@@ -332,27 +316,31 @@ def stage_peaks(step: Any, device: str) -> StagePeaks:
         return meta.get("micro_step", 0), "backward" if phase == "backward" else "forward"
 
     best: dict[Any, int] = {}
-    first_forward = last_forward = None
+    last: dict[Any, int] = {}
+    first_forward = None
     for k, index in enumerate(tl.index):
         group = key(index)
         if group is None:
             continue
         if group not in best or running[k] > running[best[group]]:
             best[group] = k
-        if group == (0, "forward"):
-            first_forward = k if first_forward is None else first_forward
-            last_forward = k
+        last[group] = k
+        if group == (0, "forward") and first_forward is None:
+            first_forward = k
+    def rows_at(k: int) -> dict[str, int]:
+        rows = start_rows.index_add(0, tl.row[tl.sid[:k + 1]], deltas[:k + 1])
+        return {r: int(rows[i]) for i, r in enumerate(ROWS)}
+
     peaks = {}
     for group, k in best.items():
-        rows = start_rows.index_add(0, tl.row[tl.sid[:k + 1]], deltas[:k + 1])
-        by_row = {r: int(rows[i]) for i, r in enumerate(ROWS)}
+        by_row = rows_at(k)
         by_row["workspaces"] += library
         peaks[group] = (running[k] + library, by_row)
-    held = 0
+    held: dict[str, int] = {}
     if first_forward is not None:  # what the first micro-batch's forward made and still holds at its end
         alive: dict[int, int] = {}  # storage -> its (rounded) bytes
         sids, changes = tl.sid.tolist(), deltas.tolist()
-        for k in range(first_forward, last_forward + 1):
+        for k in range(first_forward, last[(0, "forward")] + 1):
             if changes[k] > 0:
                 alive[sids[k]] = changes[k]
             elif changes[k] < 0:
@@ -360,45 +348,55 @@ def stage_peaks(step: Any, device: str) -> StagePeaks:
         # its own tensors only: parameters gathered by the engine, gradients, buffers of collectives and the
         # libraries' workspaces are the stage's, not one per micro-batch in flight
         own = {"activations", "temporaries", "weight_copies", "inputs_and_buffers"}
-        held = sum(b for sid, b in alive.items() if step.rows[sid] in own)
-    return StagePeaks(peaks, held)
+        for sid, b in alive.items():
+            if step.rows[sid] in own:
+                held[step.rows[sid]] = held.get(step.rows[sid], 0) + b
+    retained = intermediates = 0
+    if held and (0, "backward") in last:
+        window = range(next(k for k in range(len(tl.index)) if key(int(tl.index[k])) == (0, "backward")),
+                       last[(0, "backward")] + 1)
+        retained, intermediates = _zero_bubble_bytes(step, window, sids, changes, running, set(alive) & {
+            sid for sid in alive if step.rows[sid] in own})
+        retained = max(0, retained + library - peaks[(0, "backward")][0])
+    start = {r: int(start_rows[i]) for i, r in enumerate(ROWS)}
+    after_forward = {r: b - held.get(r, 0) for r, b in rows_at(last[(0, "forward")]).items()} \
+        if (0, "forward") in last else start
+    after_backward = rows_at(last[(0, "backward")]) if (0, "backward") in last else after_forward
+    return StageBytes(peaks, held, (start, after_forward, after_backward), recv, sent, retained, intermediates)
 
 
-def schedule_peak(peaks: StagePeaks, schedule: str, stage: int, pp: int, microbatches: int,
-                  sizes: tuple[int, int], input_grad: int) -> tuple[int, dict[str, int], str]:
-    """A stage's peak under ``schedule``: each traced phase's peak with the micro-batches the schedule holds
-    in flight at that moment (beyond the traced one) and the receive buffers of the others (``sizes``: one
-    micro-batch's, :func:`recv_sizes`; the traced micro-batch's are in the trace, a received activation held
-    with its micro-batch, a received gradient during its backward); in 1F1B's steady state a stage after the
-    first also holds the input gradient it sent for the previous micro-batch (``input_grad`` bytes:
-    ``Schedule1F1B`` keeps its send ops, and the tensor, until the next backward's replace them);
-    (bytes, rows, where)."""
-    k = in_flight(schedule, stage, pp, microbatches)
-    extra_at: dict[Any, int] = {}
-    sent_at = {g: input_grad if schedule == "1f1b" and stage > 0 and g != "optimizer" and g[0] > 0 else 0
-               for g in peaks.peaks}
-    for group in peaks.peaks:
-        if group == "optimizer":
-            extra_at[group] = 0
-        elif schedule == "gpipe":  # every forward before any backward; backward j with M - j still held
-            extra_at[group] = microbatches - 1 if group[0] == 0 else max(0, microbatches - 2)
-        else:  # 1F1B: k in flight at the first backward and in the steady state
-            extra_at[group] = k - 1
-    act, grad = sizes
-
-    def buffers(g: Any) -> int:  # the receive buffers not in the trace at that moment
-        if g == "optimizer":
-            return microbatches * (act + grad)
-        return act * (microbatches - 1 - extra_at[g]) + grad * (microbatches - (g[1] == "backward"))
-
-    group = max(peaks.peaks, key=lambda g: peaks.peaks[g][0] + extra_at[g] * peaks.held + sent_at[g] + buffers(g))
-    total, rows = peaks.peaks[group]
-    rows = dict(rows)
-    rows["activations"] = rows.get("activations", 0) + extra_at[group] * peaks.held
-    rows["comm_buffers"] = rows.get("comm_buffers", 0) + buffers(group) + sent_at[group]
-    where = group if group == "optimizer" else f"{group[1]} of micro-batch {1 + group[0]} (traced), " \
-                                               f"{1 + extra_at[group]} in flight"
-    return total + extra_at[group] * peaks.held + buffers(group) + sent_at[group], rows, where
+def _zero_bubble_bytes(step: Any, window: range, sids: list[int], changes: list[int], running: list[int],
+                       saved: set[int]) -> tuple[int, int]:
+    """What zero-bubble's input-gradient pass (``stage_backward_input``) holds of the first micro-step's backward
+    (``window``: its events): the top of the backward with none of the forward's ``saved`` storages freed (the
+    graph is kept, ``retain_graph=True``) nor the output gradients its weight gradients will read (the
+    "intermediates" whose gradients it stores for ``stage_backward_weight``), without the weight gradients
+    themselves (``autograd.grad`` for the inputs only); and those output gradients' bytes, held until the
+    weight-gradient pass.  An output gradient is a GEMM operand made in backward whose other operand is a saved
+    activation (``dW = dY^T X``)."""
+    gemms = ("aten.mm.default", "aten.addmm.default")
+    kept: set[int] = set()
+    skipped = {sid for sid, row in enumerate(step.rows) if row == "gradients"}
+    for node in step.cap.nodes:
+        meta = node.meta
+        if meta.get("phase") != "backward" or meta.get("micro_step", 0) != 0 or str(node.target) not in gemms:
+            continue
+        operands = [a.meta["storage"][0] for a in node.args if getattr(a, "meta", None) and a.meta.get("storage")]
+        if any(sid in saved for sid in operands):
+            kept.update(sid for sid in operands if sid not in saved and step.rows[sid] != "parameters")
+            skipped.update(meta.get("storage") or ())  # the weight gradient: not made by the input pass
+    freed = top = skipped_live = 0
+    sizes: dict[int, int] = {}
+    for k in window:
+        sid, change = sids[k], changes[k]
+        if change > 0 and sid in kept:
+            sizes[sid] = max(sizes.get(sid, 0), change)
+        if sid in skipped and sid not in kept:
+            skipped_live += change
+        elif change < 0 and (sid in saved or sid in kept):
+            freed -= change
+        top = max(top, running[k] + freed - skipped_live)
+    return top, sum(sizes.values())
 
 
 def stage_tp_plan(plan: Any, split: Split, stage: int, pp: int) -> Any:
@@ -431,58 +429,95 @@ def stage_tp_plan(plan: Any, split: Split, stage: int, pp: int) -> Any:
 
 
 def _trace_stages(planner: Any, layout: Any, group: Any, split: Split, inputs: Any, checkpoint: tuple[type, ...],
-                  gpu: Any, microbatches: int, micro: int) -> tuple[list[dict[str, Any]], Any]:
-    """Every stage traced on ``group`` (its own ranks) and composed with the schedule: one dict per stage, and
-    the link between stages."""
+                  gpu: Any, microbatches: int, micro: int, n_stages: int) -> tuple[list[dict[str, Any]], Any]:
+    """Every stage traced on ``group`` (its own ranks): one dict per stage (its traced step and time, what the
+    schedule's composition needs of it), and the link between stages."""
     from .engine import trace_engine
+    from .pipeline_schedule import rank_stages
 
-    pp, schedule = layout.pp, layout.pp_schedule
+    pp = layout.pp
     accumulate = microbatches * planner.options.grad_accum
     intra, _, inter = planner.links(gpu)
     hop = inter if layout.gpus // pp >= planner.gpus_per_node else intra  # stages placed outermost
     shards = layout.tp if layout.sequence_parallel else 1  # the activations between stages: sequence shards
     policy = planner.precision.param_dtype if layout.strategy in ("fsdp", "hsdp") else None  # FSDP2 computes in it
-    ranges = stage_ranges(split.repeats.count, pp)
+    ranges = stage_ranges(split.repeats.count, n_stages)
+    rank_of = {s: r for r in range(pp) for s in rank_stages(layout.pp_schedule, pp, r)}
     traced: dict[tuple, tuple] = {}  # stages alike (as many blocks, neither first nor last) traced once
     stages = []
-    for s in range(pp):
-        key = (ranges[s][1] - ranges[s][0], s == 0, s == pp - 1)
+    for s in range(n_stages):
+        key = (ranges[s][1] - ranges[s][0], s == 0, s == n_stages - 1)
         if key not in traced:
-            model = stage_model(planner.model, split, s, pp, batch=micro, shards=shards, dtype=policy)
+            model = stage_model(planner.model, split, s, n_stages, batch=micro, shards=shards, dtype=policy)
             units = [p for p, m in model.named_modules() if p and isinstance(m, tuple(planner.wrap))]
             options = replace(planner.options, checkpoint=checkpoint, keep_output=True, grad_accum=accumulate,
-                              loss_fn=planner.options.loss_fn if s == pp - 1 else sent_loss, accumulate=stage_backward)
-            planner.progress(f"tracing pipeline stage {s + 1} of {pp}", "")
-            tp_plan = stage_tp_plan(planner.tp_plan(), split, s, pp) if layout.tp > 1 else None
+                              loss_fn=planner.options.loss_fn if s == n_stages - 1 else sent_loss,
+                              accumulate=stage_backward)
+            planner.progress(f"tracing pipeline stage {s + 1} of {n_stages}", "")
+            tp_plan = stage_tp_plan(planner.tp_plan(), split, s, n_stages) if layout.tp > 1 else None
             step = trace_engine(model, inputs, group, planner.precision, options, units, tp_plan, planner.device)
-            traced[key] = (step, stage_peaks(step, planner.device), planner._time(group, step, gpu))
-        step, peaks, time = traced[key]
-        sizes = recv_sizes(split, s, pp, micro, shards, policy)
-        buffers = microbatches * sum(sizes)
+            traced[key] = (step, planner._time(group, step, gpu))
+        step, time = traced[key]
+        sizes = recv_sizes(split, s, n_stages, micro, shards, policy)
         sent = max(sizes)  # one activation (or its gradient) between stages
-        total, rows, where = schedule_peak(peaks, schedule, s, pp, microbatches, sizes, sent)
         optimizer = time.by_phase_s.get("optimizer", 0.0)
-        per_micro = (time.step_time_s - optimizer) / accumulate + 2 * sent / hop.bandwidth * (s < pp - 1)
+        work = (time.step_time_s - optimizer) / accumulate  # one micro-batch's forward and backward
+        fwd, bwd = time.by_phase_s.get("forward", 0.0), time.by_phase_s.get("backward", 0.0)
+        f = work * fwd / (fwd + bwd) if fwd + bwd > 0 else work / 3
+        w = min(f, (work - f) / 2)  # zero-bubble's weight gradient: its forward GEMMs' FLOPs again
         t = step.tally
-        stages.append({"stage": s, "blocks": list(stage_ranges(split.repeats.count, pp)[s]), "peak": total,
+        stages.append({"stage": s, "rank": rank_of[s], "blocks": list(ranges[s]),
                        "parameters": t.parameters_bytes, "gradients": t.gradients_bytes,
-                       "optimizer_state": t.optimizer_state_bytes,
-                       "rows": rows, "at": where, "in_flight": in_flight(schedule, s, pp, microbatches),
-                       "recv_buffers": buffers, "step_s": time.step_time_s, "per_microbatch_s": per_micro,
-                       "_step": step, "_time": time})
+                       "optimizer_state": t.optimizer_state_bytes, "recv_buffers": microbatches * sum(sizes),
+                       "step_s": time.step_time_s, "optimizer_s": optimizer,
+                       "seconds": {"F": f, "B": work - f, "I": work - f - w if s else 0.0,  # the first stage:
+                                   "W": w if s else work - f},  # its W is the whole backward (stage.py)
+                       "send_s": sent / hop.bandwidth if s < n_stages - 1 else 0.0,
+                       "_bytes": stage_peaks(step, planner.device, sizes, sent), "_step": step, "_time": time})
     return stages, hop
 
 
+def _compose_ranks(stages: list[dict[str, Any]], layout: Any, microbatches: int,
+                   grad_accum: int) -> tuple[list[dict[str, Any]], float, float]:
+    """Each pipeline rank's peak over its schedule's actions and the step's time (:mod:`.pipeline_schedule`):
+    (one dict per rank, step seconds, bubble seconds)."""
+    from .pipeline_schedule import orders, rank_peak, simulate
+
+    pp, schedule, n_stages = layout.pp, layout.pp_schedule, len(stages)
+    acts = orders(schedule, pp, microbatches)
+    makespan, busy = simulate(acts, {st["stage"]: st["rank"] for st in stages},
+                              {st["stage"]: st["seconds"] for st in stages}, {st["stage"]: st["send_s"] for st in stages})
+    ranks = []
+    for r in range(pp):
+        mine = [st for st in stages if st["rank"] == r]
+        total, rows, where, most = rank_peak(acts[r], {st["stage"]: st["_bytes"] for st in mine}, schedule,
+                                             microbatches, n_stages)
+        ranks.append({"rank": r, "stages": [st["stage"] for st in mine], "blocks": [st["blocks"] for st in mine],
+                      "peak": total, "rows": rows, "at": where, "in_flight": [most[st["stage"]] for st in mine],
+                      **{k: sum(st[k] for st in mine) for k in ("parameters", "gradients", "optimizer_state",
+                                                                 "recv_buffers")},
+                      "busy_s": busy[r] * grad_accum, "optimizer_s": sum(st["optimizer_s"] for st in mine)})
+    step_s = makespan * grad_accum + max(rk["optimizer_s"] for rk in ranks)
+    bubble = step_s - max(rk["busy_s"] + rk["optimizer_s"] for rk in ranks)
+    return ranks, step_s, bubble
+
+
 def plan_pipeline(planner: Any, layout: Any, checkpoint: tuple[type, ...], gpu: Any, budget: dict[str, Any]) -> Any:
-    """The plan of ``layout`` with ``layout.pp`` stages (see the module docstring): every stage traced, the stage
-    with the highest peak reported, the step time with the bubble."""
+    """The plan of ``layout`` with ``layout.pp`` pipeline ranks (see the module docstring): every stage traced,
+    each rank composed with its schedule, the rank with the highest peak reported, the step time simulated.
+
+    Why this length: the plan's every field (config, per-GPU rows, verdict, time, notes, the pipeline's
+    table) is filled from the composed ranks here, once."""
     from ..render.units import fmt_bytes
+    from .pipeline_schedule import stages_per_rank
     from .report import Plan
     from .results import Config, PerGpu, Verdict
     from .schedule import matmul_flops
     from .search import resize_inputs
 
     pp, schedule = layout.pp, layout.pp_schedule
+    v = stages_per_rank(schedule)
+    n_stages = pp * v
     batch = planner.base("batch")
     microbatches = layout.microbatches or batch  # torchtitan's default micro-batch: one sample
     if batch % microbatches:
@@ -493,28 +528,42 @@ def plan_pipeline(planner: Any, layout: Any, checkpoint: tuple[type, ...], gpu: 
                         f"use --microbatches {pp} or more (a larger --batch)")
     micro = batch // microbatches
     split = find_split(planner.model, planner.single().cap)
+    def fills(stages: int) -> bool:  # every stage holds a block (a stage of the embedding alone is not planned)
+        try:
+            return all(hi > lo for lo, hi in stage_ranges(split.repeats.count, stages))
+        except UserError:
+            return False
+
+    if not fills(n_stages):
+        most = max((p for p in range(1, split.repeats.count + 1) if fills(p * v)), default=1)
+        fix = f"use --pp {most} or fewer" if most > 1 else "use --pp-schedule 1f1b (one stage per rank)"
+        raise UserError(f"--pp {pp} ({schedule}: {n_stages} stages) makes more stages than the {split.repeats.count} "
+                        f"blocks fill (the embedding and the head count as a block each, as torchtitan deals them); "
+                        f"{fix}")
     inputs = resize_inputs(planner.inputs, 0, batch, micro) if micro != batch else planner.inputs
-    group = replace(layout, gpus=layout.gpus // pp, pp=1, microbatches=0)  # a stage's own ranks
-    stages, hop = _trace_stages(planner, layout, group, split, inputs, checkpoint, gpu, microbatches, micro)
-    worst = max(stages, key=lambda st: st["peak"])
-    step, time = worst["_step"], worst["_time"]
-    step_s = bubble_time([st["step_s"] for st in stages], [st["per_microbatch_s"] for st in stages], pp)
-    bubble = step_s - max(st["step_s"] for st in stages)
-    time = replace(time, step_time_s=step_s)
+    group = replace(layout, gpus=layout.gpus // pp, pp=1, microbatches=0,  # a stage's own ranks
+                    reshard_after_forward=layout.reshards_after_forward)
+    stages, hop = _trace_stages(planner, layout, group, split, inputs, checkpoint, gpu, microbatches, micro, n_stages)
+    ranks, step_s, bubble = _compose_ranks(stages, layout, microbatches, planner.options.grad_accum)
+    worst = max(ranks, key=lambda rk: rk["peak"])
+    first = next(st for st in stages if st["rank"] == worst["rank"])
+    step, time = first["_step"], replace(first["_time"], step_time_s=step_s)
     reserve = planner.reserve(worst["peak"])  # composed, not simulated: the allocator's first guess
     needed = worst["peak"] + sum(reserve.values())
     fits = needed <= gpu.capacity
     model_flops, dtype = matmul_flops(planner.single())
-    model_flops /= pp  # each stage's GPUs run 1/pp of the model's matmuls (even stages)
+    model_flops /= pp  # each rank's GPUs run 1/pp of the model's matmuls (even stages)
     peak_flops = gpu.peak_flops(dtype) or gpu.peak_flops("fp32")
     mfu = model_flops / (step_s * peak_flops) if step_s > 0 else None
     training = planner._training(layout, time, model_flops, peak_flops, **budget)
     flops = planner._flops(model_flops, dtype, peak_flops, mfu)
-    t = step.tally
+    saved = sum(st["_step"].tally.activations_bytes * n for st, n in
+                zip((st for st in stages if st["rank"] == worst["rank"]), worst["in_flight"]))
     per_gpu = PerGpu(rows=worst["rows"], peak=worst["peak"], peak_phase=worst["at"],
-                     peak_module=f"stage {worst['stage']}", peak_op="", parameters=t.parameters_bytes,
-                     gradients=t.gradients_bytes, optimizer_state=t.optimizer_state_bytes,
-                     saved_activations=t.activations_bytes * worst["in_flight"], host=0)
+                     peak_module=f"pipeline rank {worst['rank']}", peak_op="", parameters=worst["parameters"],
+                     gradients=worst["gradients"], optimizer_state=worst["optimizer_state"],
+                     saved_activations=saved, host=0)
+    shape = f"{pp} pipeline stages" if v == 1 else f"{n_stages} pipeline stages, {v} per rank"
     config = Config(
         model=planner.model_name, gpu=gpu.name, gpus=layout.gpus, strategy=layout.strategy, tp=layout.tp,
         sequence_parallel=False, loss_parallel=False, dp=layout.dp, shard_group=group.shard, rank=0,
@@ -522,22 +571,30 @@ def plan_pipeline(planner: Any, layout: Any, checkpoint: tuple[type, ...], gpu: 
         offload=layout.offload, wrap=[c.__name__ for c in planner.wrap], micro_batch=batch,
         global_batch=batch * layout.dp * planner.options.grad_accum, seq=planner.seq,
         engine=(planner._engine_text(group) if group.gpus > 1 else "traced: one GPU per stage")
-        + f", {pp} pipeline stages ({schedule}, torch.distributed.pipelining's schedule composed)",
+        + f", {shape} ({schedule}, torch.distributed.pipelining's schedule composed)",
         device=planner.device, pp=pp, pp_schedule=schedule, microbatches=microbatches)
     notes = list(step.notes) + [
-        f"pipeline: {pp} stages of {split.repeats.count} blocks ({split.repeats.path}) split as torchtitan splits "
-        f"them, the modules before them on the first stage, after them on the last; {microbatches} micro-batches "
-        f"of {micro} ({schedule}: the stage holds "
-        + ", ".join(f"{st['in_flight']}" for st in stages) + " in flight, stage by stage)",
-        "pipeline: per stage peak " + ", ".join(f"{st['stage']}: {fmt_bytes(st['peak'])}" for st in stages)
-        + f"; the highest, stage {worst['stage']}, is reported",
-        f"pipeline: bubble {bubble * 1e3:.1f} ms of the {step_s * 1e3:.1f} ms step (pp - 1 micro-batch slots of the "
-        f"slowest stage, with the activation and gradient sends over {hop.name})",
-        "pipeline: the stage's peak composes its traced micro-batch with the schedule's others in flight and the "
-        "receive buffers PipelineStage keeps (one per micro-batch); its allocator reserve is the first guess",
-    ] + planner.float8_notes
-    pipeline = {"schedule": schedule, "stages": pp, "microbatches": microbatches, "micro_batch": micro,
-                "bubble_s": bubble, "worst_stage": worst["stage"],
-                "per_stage": [{k: v for k, v in st.items() if not k.startswith("_")} for st in stages]}
+        f"pipeline: {n_stages} stages of {split.repeats.count} blocks ({split.repeats.path}) split as torchtitan "
+        f"splits them (the embedding and the head count as a block each, on the first and the last stage); "
+        f"{microbatches} micro-batches of {micro} ({schedule}"
+        + (f", stages {', '.join('/'.join(map(str, rk['stages'])) for rk in ranks)} on ranks 0-{pp - 1}" if v > 1
+           else "") + ")",
+        "pipeline: per rank peak " + ", ".join(f"{rk['rank']}: {fmt_bytes(rk['peak'])}" for rk in ranks)
+        + f"; the highest, rank {worst['rank']}, is reported",
+        f"pipeline: bubble {bubble * 1e3:.1f} ms of the {step_s * 1e3:.1f} ms step (the schedule's actions simulated "
+        f"on every rank, with the activation and gradient sends over {hop.name})",
+        "pipeline: a rank's peak composes each stage's traced micro-batch with the schedule's others in flight, "
+        "its resting stages, the receive buffers PipelineStage keeps (one per micro-batch) and the sends not yet "
+        "waited on; its allocator reserve is the first guess",
+    ] + (["pipeline: zero-bubble's input gradient (I) keeps its micro-batch's graph and the output gradients of "
+          "its weight GEMMs until the weight gradient (W); W assumed to take the forward's time (a weight "
+          "gradient GEMM has its forward GEMM's FLOPs)"] if schedule == "zbv" else []) \
+        + (["pipeline: FSDP2 keeps each stage's parameters gathered after forward (reshard_after_forward false, "
+            "torchtitan's default under pipeline parallelism; --reshard-after-forward true to change it)"]
+           if layout.strategy != "ddp" and layout.reshard_after_forward is None else []) + planner.float8_notes
+    pipeline = {"schedule": schedule, "stages": n_stages, "ranks": pp, "stages_per_rank": v,
+                "microbatches": microbatches, "micro_batch": micro, "bubble_s": bubble, "worst_rank": worst["rank"],
+                "per_rank": ranks,
+                "per_stage": [{k: val for k, val in st.items() if not k.startswith("_")} for st in stages]}
     return Plan(config, per_gpu, Verdict(fits, gpu.capacity, reserve, needed, gpu.capacity - needed, []), time, flops,
                 training, None, None, {}, notes, pipeline)

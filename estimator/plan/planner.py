@@ -342,7 +342,7 @@ class Planner:
     def plan(self, strategy: str = "ddp", gpus: int = 1, *, tp: int = 1, sequence_parallel: bool = False,
              checkpoint: Any = None, offload: str | None = None, tokens: float | None = None,
              samples: float | None = None, steps: int | None = None, mfu: float | None = None,
-             solve: Sequence[str] | str = ("batch",), reshard_after_forward: bool = True, rank: int = 0,
+             solve: Sequence[str] | str = ("batch",), reshard_after_forward: bool | None = None, rank: int = 0,
              confirm: bool = True, gpu: str | GPU | None = None, solve_unfit: bool = False,
              loss_parallel: bool = False, pp: int = 1, pp_schedule: str = "1f1b", microbatches: int = 0) -> Plan:
         """One plan (:func:`plan`).  The largest micro-batch is searched whether the given one fits or not;

@@ -82,7 +82,10 @@ def render_plan(p: PlanData, tablefmt: str = "simple") -> str:
     parts = [headline(p), title,
              "Memory at the peak (rows add up to the peak)\n" + tabulate(mem, tablefmt=tablefmt, disable_numparse=True),
              tabulate(states, tablefmt=tablefmt, disable_numparse=True)]
-    if p.fits or p.batch is not None:
+    if p.pipeline is not None and p.batch is None:  # each stage traced at the given micro-batch only
+        parts.append(tabulate([("Largest micro-batch that fits", "not searched under --pp (each stage is traced at "
+                                 "the given micro-batch)")], tablefmt=tablefmt, disable_numparse=True))
+    elif p.fits or p.batch is not None:
         sizes = [("Largest micro-batch that fits", _fmt_solve(p.batch))]
         if p.seq is not None:
             sizes.append(("Longest sequence that fits", _fmt_solve(p.seq)))
