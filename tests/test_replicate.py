@@ -118,6 +118,18 @@ def test_a_replicated_plan_equals_the_full_trace(layout, expanded):
     assert _same(ours.to_dict(), full.to_dict()) == []
 
 
+@pytest.mark.parametrize("kw", [dict(device="cpu", grad_accum=2),
+                                dict(device="cuda", precision="bf16-mixed", grad_accum=3, keep_output=True)],
+                         ids=["cpu-accumulate-2", "cuda-accumulate-3"])
+def test_gradient_accumulation_replicates_each_micro_step(kw, expanded):
+    """Each micro-step's forward and backward is a pass of its own over the blocks (block_layout)."""
+    model, inputs = _llama()
+    ours = estimate(model, inputs, **kw)
+    assert expanded, "the blocks were traced in full"
+    full = estimate(model, inputs, replicate=False, **kw)
+    assert _same(ours.to_dict(), full.to_dict()) == []
+
+
 def test_ddp_traces_every_block():
     """DDP buckets the gradients of the whole model at construction (its buffers and all-reduces depend on
     the number of blocks): its traces are never replicated, and its plan is the full trace's."""

@@ -63,45 +63,44 @@ class Layout:
 
     def _segments(self) -> None:
         """Forward: block k's segment runs from after block k-1's last op to its own last op; backward
-        likewise in reverse block order; optimizer: runs of ops on one block's tensors."""
+        likewise in reverse block order; each micro-step of gradient accumulation its own pass ("fwd",
+        "bwd"; "fwd1", "bwd1"; ...); optimizer: runs of ops on one block's tensors."""
         cap, n = self.cap, self.n
-        fwd: dict[int, list[int]] = {}
-        bwd: dict[int, list[int]] = {}
+        passes: dict[str, dict[int, list[int]]] = {}
         for i, node in enumerate(cap.nodes):
-            if node.meta.get("micro_step"):
-                raise NotReplicable("gradient accumulation")
             b = self._block(node)
             if b is None:
                 continue
             phase = node.meta.get("phase")
-            (bwd if phase == "backward" else fwd if phase in ("forward", "loss") else {}).setdefault(b, []).append(i)
-        if sorted(fwd) != list(range(n)):
-            raise NotReplicable("a block runs no forward op")
-        self.training = bool(bwd)
-        if self.training and sorted(bwd) != list(range(n)):
-            raise NotReplicable("a block runs no backward op")
-        for k in range(n):
-            start = fwd[k][0] if k == 0 else fwd[k - 1][-1] + 1
-            if k and fwd[k][0] <= fwd[k - 1][-1]:
-                raise NotReplicable("blocks interleave in forward")
-            for i in range(start, fwd[k][-1] + 1):
-                self.segment_of_node[i] = ("fwd", k)
-        for k in reversed(range(n)) if self.training else ():
-            start = bwd[k][0] if k == n - 1 else bwd[k + 1][-1] + 1
-            if k < n - 1 and bwd[k][0] <= bwd[k + 1][-1]:
-                raise NotReplicable("blocks interleave in backward")
-            for i in range(start, bwd[k][-1] + 1):
-                if self.segment_of_node[i] is not None:
-                    raise NotReplicable("forward and backward segments overlap")
-                self.segment_of_node[i] = ("bwd", k)
+            kind = "bwd" if phase == "backward" else "fwd" if phase in ("forward", "loss") else None
+            if kind is not None:
+                step = node.meta.get("micro_step") or 0
+                passes.setdefault(f"{kind}{step or ''}", {}).setdefault(b, []).append(i)
+        if not passes or any(sorted(blocks) != list(range(n)) for blocks in passes.values()):
+            raise NotReplicable("a block runs no op in a pass")
+        self.training = any(kind.startswith("bwd") for kind in passes)
+        for kind, ops in passes.items():
+            backward = kind.startswith("bwd")
+            order = list(reversed(range(n))) if backward else list(range(n))
+            for j, k in enumerate(order):
+                before = order[j - 1] if j else None
+                start = ops[k][0] if before is None else ops[before][-1] + 1
+                if before is not None and ops[k][0] <= ops[before][-1]:
+                    raise NotReplicable(f"blocks interleave in a pass ({kind})")
+                for i in range(start, ops[k][-1] + 1):
+                    if self.segment_of_node[i] is not None:
+                        raise NotReplicable("passes overlap")
+                    self.segment_of_node[i] = (kind, k)
         # The blocks that start a pass (block 0 in forward, block n-1 in backward) have no block before
         # them, so their segment would start at their first op; an engine's ops for them (the all-gather of
         # their parameters) run in the head's region.  Their segments take as many ops before them as a
         # middle block's has (unless those belong to another segment), so that what the next block frees of
         # theirs is theirs.
-        self._extend_back("fwd", 0, fwd[0][0], len(self.nodes_of("fwd", 1)))
-        if self.training:
-            self._extend_back("bwd", n - 1, bwd[n - 1][0], len(self.nodes_of("bwd", n - 3)))
+        for kind, ops in passes.items():
+            if kind.startswith("bwd"):
+                self._extend_back(kind, n - 1, ops[n - 1][0], len(self.nodes_of(kind, n - 3)))
+            else:
+                self._extend_back(kind, 0, ops[0][0], len(self.nodes_of(kind, 1)))
 
     def _extend_back(self, kind: str, block: int, first: int, length: int) -> None:
         end = max(i for i, seg in enumerate(self.segment_of_node) if seg == (kind, block))

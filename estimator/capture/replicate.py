@@ -248,7 +248,8 @@ class _Expansion:
         template = {kind: [u for u in units if layout.segment_of_record.get(id(u[0])) == (kind, t)]
                     for kind in layout.kinds()}
         last = {kind: max(layout.nodes_of(kind, t)) for kind in layout.kinds()}
-        first_bwd = min(layout.nodes_of("bwd", t)) if "bwd" in template else None
+        # a backward pass's copies go before block t's segment (blocks run in reverse), the others' after it
+        first_bwd = {min(layout.nodes_of(kind, t)): kind for kind in template if kind.startswith("bwd")}
         for p in (r for r in cap.records if r.op == "placeholder"):  # every copy has all of block t's parameters
             owner = layout.rec_owner.get(id(p))
             if owner is not None and owner[0] == t and owner[1][0] in PARAM_KINDS:
@@ -274,8 +275,8 @@ class _Expansion:
         for node, getitems in units:
             i = index[id(node)]
             where = seg[i]
-            if i == first_bwd:
-                emit_copies("bwd", range(t + m, t, -1))
+            if i in first_bwd:
+                emit_copies(first_bwd[i], range(t + m, t, -1))
             if where is not None:
                 ctx, e = where[1], self.expanded(where[1])
                 node_events = [(self.map_sid(s, ctx, e), d) for s, d in events.get(i, ())]
@@ -289,7 +290,7 @@ class _Expansion:
                 node.args, node.kwargs = self.shared_args(node.args), self.shared_args(node.kwargs)
                 emit(node, getitems, self._shared_events(events.get(i, [])))
             for kind, end in last.items():
-                if kind != "bwd" and i == end:
+                if not kind.startswith("bwd") and i == end:
                     emit_copies(kind, range(t + 1, t + m + 1))
         return self._assemble(records, nodes, new_events)
 

@@ -154,7 +154,7 @@ def _replicated(model: torch.nn.Module, args: tuple, kw: dict, opts: StepOptions
     """The step traced with four blocks of the model's stack of identical blocks and the rest replicated
     (:mod:`.replicate`); None where there is no such stack, or the blocks do not run alike (a full
     trace follows)."""
-    repeats = find_repeats(model) if opts.replicate and opts.grad_accum == 1 else None
+    repeats = find_repeats(model) if opts.replicate else None
     if repeats is None or repeats.count <= TRACED_BLOCKS:
         return None
     try:

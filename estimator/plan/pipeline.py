@@ -73,10 +73,15 @@ class _StageOutput(Exception):
 
 
 class _Unused(torch.nn.Module):
-    """A module of another stage: no parameters; the stage never runs it."""
+    """A module of a later stage, without parameters: the first of them to run stops the stage with its input
+    (the output of the last block), so that every hook of the last block has run (an engine's post-forward)
+    and a capture that traces a few blocks of a long stack (and replicates the rest) stops alike."""
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - stopped before
-        raise RuntimeError("a module of another pipeline stage ran")
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        if first is None:  # pragma: no cover - a module after the stack that takes no tensor
+            raise RuntimeError("a module of another pipeline stage ran")
+        raise _StageOutput(first)
 
 
 class _Zeros(torch.nn.Module):
@@ -157,7 +162,11 @@ class StageModel(torch.nn.Module):
         self.forward_signature = inspect.signature(model.forward)
         self.config = getattr(model, "config", None)
 
+    receive: Any = None  # makes the activation the stage receives, before its first block runs
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.receive is not None:
+            self.receive()
         try:
             return self.model(*args, **kwargs)
         except _StageOutput as out:
@@ -256,25 +265,33 @@ def stage_model(model: torch.nn.Module, split: Split, stage: int, pp: int, batch
         shape, recorded = split.block_input
         dtype = dtype or recorded
 
-        def receive(module, args, kwargs):
+        box: dict[str, torch.Tensor] = {}
+
+        def receive() -> None:  # at the start of the stage's forward, as PipelineStage receives before it runs
             anchor = torch.empty(0, requires_grad=True)
             local = resized(shape)
             local = (local[0], local[1] // shards, *local[2:]) if shards > 1 and len(local) > 1 else local
-            received = _Received.apply(anchor, local, dtype)
+            box["received"] = _Received.apply(anchor, local, dtype)
+
+        def substitute(module, args, kwargs):  # the first block takes it in place of the stand-ins' output
+            received = box.pop("received")
             if args:
                 return (received, *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": received}
 
-        stack[0].register_forward_pre_hook(receive, with_kwargs=True)
+        stack[0].register_forward_pre_hook(substitute, with_kwargs=True)
     if not last:
-        for path in split.after:
-            put(path, _Unused())
+        for path in split.after:  # the first to run stops the stage: after every hook of the last block (an
+            put(path, _Unused())  # engine's post-forward: FSDP2's reshard) has run, as in the real stage
+        if not split.after:
+            def stop(module, args, output):
+                raise _StageOutput(output)
 
-        def stop(module, args, output):
-            raise _StageOutput(output)
-
-        stack[len(stack) - 1].register_forward_hook(stop)
-    return StageModel(m)
+            stack[len(stack) - 1].register_forward_hook(stop)
+    stage = StageModel(m)
+    if not first:
+        stage.receive = receive
+    return stage
 
 
 def recv_sizes(split: Split, stage: int, pp: int, batch: int, shards: int = 1,
