@@ -294,10 +294,15 @@ def offsets_to_indices(call):
     return call.out.numel
 
 
+def fma(call):
+    """2 FLOPs per output element: a * b + c (Inductor's fused multiply-add prim, one multiply-add)."""
+    return 2 * call.out.numel
+
+
 def register_inductor_prims() -> None:
     """Inductor defines these prims when it is imported (a torch.compile estimate imports it)."""
     for name, rule in (("_low_memory_max_pool_with_offsets", low_memory_max_pool),
-                       ("_low_memory_max_pool_offsets_to_indices", offsets_to_indices)):
+                       ("_low_memory_max_pool_offsets_to_indices", offsets_to_indices), ("fma", fma)):
         op = _prims_op(name)
         if op is not None and lookup(op) is None:
             register(op, kind=OTHER)(rule)

@@ -30,3 +30,21 @@ def test_replicated_pipeline_stages_equal_their_full_traces(layout, expanded):
     assert len(expanded) >= 1 + stages, expanded  # the whole model's trace and every stage's
     full = plan(model, (idx, idx), replicate=False, **kw)
     assert _same(ours.to_dict(), full.to_dict()) == []
+
+
+def test_a_tensor_parallel_transformers_stage_replicates(expanded):
+    """A transformers Llama as torchtitan runs it (FSDP2 x TP 2 with sequence and loss parallelism), pipelined: its rotary embedding, computed before the first layer, stays shared
+    rather than the first layer's (block_layout._extend_back), so each stage replicates, and the plan equals the
+    full trace's."""
+    pytest.importorskip("transformers")
+    from estimator.plan import Planner
+    from estimator.specs import load
+
+    model, inputs = load("hf:llama", batch=4, seq=64, overrides=dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=16, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=256, max_position_embeddings=64))
+    kw = dict(gpus=8, tp=2, sequence_parallel=True, loss_parallel=True, pp=2, microbatches=4, solve=(), tokens=1e9)
+    ours = Planner(model, inputs, gpu="H100", precision="fsdp-bf16").plan("fsdp", **kw)
+    full = Planner(model, inputs, gpu="H100", precision="fsdp-bf16", replicate=False).plan("fsdp", **kw)
+    assert len(expanded) >= 3, expanded  # the whole model's single-device trace and both stages'
+    assert _same(ours.to_dict(), full.to_dict()) == []

@@ -220,3 +220,19 @@ def test_a_gradient_that_views_a_larger_one_holds_its_whole_storage():
                 for p in model.parameters()}.values())
     model.zero_grad(set_to_none=True)
     assert estimate(model, (ids,), device="cpu").to_dict()["memory"]["gradients"] == held
+
+
+def test_inductors_fused_multiply_add_is_a_multiply_and_an_add():
+    """``prims.fma`` (Inductor defines it when imported; its compiled graphs hold it): a * b + c, which a real
+    call computes, costs what the mul and the add cost on the same shapes (one multiply-add, 2 FLOPs)."""
+    import torch._inductor.inductor_prims  # noqa: F401  (defines prims.fma)
+
+    a, b, c = torch.randn(3, 5), torch.randn(3, 5), torch.randn(3, 5)
+    fma = torch.ops.prims.fma.default
+    assert torch.allclose(fma(a, b, c), a * b + c)
+    rule = lookup(fma)
+    assert rule is not None  # registered on first sight of the prims namespace
+    mul, add = lookup(aten.mul.Tensor), lookup(aten.add.Tensor)
+    expected = mul.fn(_call(aten.mul, dict(self=a, other=b), (3, 5))) + add.fn(_call(aten.add, dict(self=a, other=c),
+                                                                                       (3, 5)))
+    assert rule.fn(_call(torch.ops.prims.fma, dict(a=a, b=b, c=c), (3, 5))) == expected == 30

@@ -103,9 +103,14 @@ class Layout:
                 self._extend_back(kind, 0, ops[0][0], len(self.nodes_of(kind, 1)))
 
     def _extend_back(self, kind: str, block: int, first: int, length: int) -> None:
+        """Block ``block``'s segment of ``kind`` extended back over the ops before ``first`` (up to ``length`` in
+        all), as long as they are the stack's container's (an engine's hooks on the block run there), not
+        another module's (a rotary embedding computed before the first block is shared by all)."""
         end = max(i for i, seg in enumerate(self.segment_of_node) if seg == (kind, block))
+        container = self.repeats.path
         for i in range(first - 1, max(-1, end - length), -1):
-            if self.segment_of_node[i] is not None:
+            module = self.cap.nodes[i].meta.get("module", "")
+            if self.segment_of_node[i] is not None or not (module == "" or container.startswith(module + ".")):
                 break
             self.segment_of_node[i] = (kind, block)
 
