@@ -37,9 +37,10 @@ MULTI = ("interleaved-1f1b", "zbv")  # two stages per rank
 # (its input-gradient pass is composed from the traced backward: the graph kept, the output gradients of the
 # weight GEMMs kept for the weight pass, the weight gradients left out)
 ZBV_TOLERANCE = 0.02
-# Measured on 2026-11-27: interleaved 1F1B with FSDP2 inside the stages, rank 1 (stages 1 and 3) -1.09 %: its
-# real peak is at an FSDP unshard (a storage resize before the all-gather's copy-out) that the composed
-# schedule does not place; rank 0 +0.05 %
+# Measured on 2026-11-27: interleaved 1F1B with FSDP2 inside the stages, +0.56 % on rank 0 (stages 0 and 2) and
+# -1.31 % on rank 1 (stages 1 and 3), whose real peak is at an FSDP unshard (a storage resize before the
+# all-gather's copy-out) that the composed schedule does not place; the backwards between a stage's first and
+# last are composed from the traced first (no micro-step between them is traced)
 FSDP_INTERLEAVED_TOLERANCE = 0.02
 
 

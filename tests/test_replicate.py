@@ -68,9 +68,9 @@ MODELS = {
     "hf_gpt2": lambda: _hf("gpt2", "AutoModelForCausalLM", vocab_size=256, n_embd=64, n_layer=8, n_head=4,
                            n_positions=64),
     "hf_bert": lambda: _hf("bert", "AutoModelForMaskedLM", vocab_size=256, hidden_size=64, intermediate_size=128,
-                           num_hidden_layers=7, num_attention_heads=4),
+                           num_hidden_layers=8, num_attention_heads=4),
     "hf_mixtral": lambda: _hf("mixtral", "AutoModelForCausalLM", vocab_size=256, hidden_size=64, intermediate_size=96,
-                              num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                              num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
                               num_experts_per_tok=2),
 }
 VARIANTS = {
@@ -141,8 +141,8 @@ def test_ddp_traces_every_block():
 
 def test_what_is_not_replicated():
     """Fewer than seven blocks, blocks of different shapes, or one module called several times: no stack."""
-    assert find_repeats(_llama(6)[0]) is None  # 6 blocks: traced in full (TRACED_BLOCKS + 1 at least)
-    assert TRACED_BLOCKS == 5 and find_repeats(_llama(7)[0]).count == 7
+    assert find_repeats(_llama(7)[0]) is None  # 7 blocks: traced in full (TRACED_BLOCKS + 2 at least)
+    assert TRACED_BLOCKS == 6 and find_repeats(_llama(8)[0]).count == 8
     shared = torch.nn.Linear(4, 4)
     assert find_repeats(torch.nn.Sequential(*[shared] * 8)) is None
     mixed = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(7)] + [torch.nn.Linear(4, 8)])

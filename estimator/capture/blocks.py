@@ -20,11 +20,13 @@ from typing import Iterator
 
 from torch import nn
 
-MIN_BLOCKS = 7  # fewer: a full trace costs little more than the traced head plus five blocks
-# traced: the first, two in the middle (one to copy, the one before to check it against) and the last two (in
-# backward an engine's block waits for the collective of the block before it: the first block in backward
-# has none, so the copied block needs two after it)
-TRACED_BLOCKS = 5
+MIN_BLOCKS = 8  # fewer: a full trace costs little more than the traced head plus six blocks
+# traced: the first two, two in the middle (one to copy, the one before to check it against) and the last two.
+# The first block may run apart (a pipeline stage's first block takes the activation it receives, a compiled
+# region saves its input differently), so the checked block has a middle block before it; in backward an
+# engine's block waits for the collective of the block before it (the first block in backward has none), so
+# the copied block has two after it.
+TRACED_BLOCKS = 6
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,9 @@ class StepOptions:
     # backward (an engine's gradient sync off but on the last: DDP's no_sync, FSDP2's
     # set_requires_gradient_sync); None: nothing
     accumulate: Callable[[Any, int, bool], Any] | None = None
-    # Trace four of a stack of identical blocks and replicate the rest (estimator.capture.replicate): the same
-    # capture as a full trace, in a fraction of the time; False: always trace every block
+    # Trace six of a stack of identical blocks and replicate the rest (estimator.capture.replicate; each
+    # micro-step of gradient accumulation a pass of its own): the same capture as a full trace, in a fraction
+    # of the time; False: always trace every block
     replicate: bool = True
     target: str = "cpu"  # "cuda": the kernels CUDA runs where they differ (see estimator.target)
     cuda: CudaTarget | None = None  # the CUDA target's GPU and versions (None: an H100 with this torch)

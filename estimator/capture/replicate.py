@@ -1,23 +1,24 @@
-"""A step of ``L`` identical blocks from a trace of four of them: the records of a middle block
-copied ``L - 4`` times, as a trace of the whole model would have recorded them.
+"""A step of ``L`` identical blocks from a trace of six of them (``blocks.TRACED_BLOCKS``): the records of a
+middle block copied ``L - 6`` times, as a trace of the whole model would have recorded them.
 
 A model's step runs its stack of identical blocks (:mod:`.blocks`) as the same op sequence, block
 after block in forward and in reverse in backward; everything a block makes or reads is either
 its own (its parameters, what its ops produce), a neighbour's at a fixed distance (the residual
 stream it takes from the block before, the gradient it takes from the block after, an engine's
 prefetch of the next block's parameters) or shared by all (position embeddings, the attention
-mask).  So the capture traces the first four blocks and builds the step of all ``L``:
+mask).  So the capture traces the first six blocks and builds the step of all ``L``:
 
 * each record, storage and event of a block's segments (its forward ops, with the gap before them:
-  an engine's all-gather; its backward ops, likewise) is described relative to the block: "the
+  an engine's all-gather; its backward ops, likewise; under gradient accumulation each micro-step's forward
+  and backward are passes of their own) is described relative to the block: "the
   k-th storage made in my forward", "my parameter ``mlp.up.weight``", "the j-th record of the
   previous block's forward", or an absolute reference to something shared;
-* the two middle blocks (1 and 2) must have the same descriptions, op for op and event for event,
+* the two middle blocks (2 and 3) must have the same descriptions, op for op and event for event,
   else nothing is replicated (a full trace is taken instead): that is the proof that a block's
   step does not depend on its index;
-* block 2's segments are copied ``L - 4`` times between block 2 and block 3, each reference
+* block 3's segments are copied ``L - 6`` times between block 3 and block 4, each reference
   resolved against the copy's own neighbours; the last block now reads from the last copy; the
-  optimizer's per-parameter ops of block 2 are copied likewise, and its multi-tensor (foreach)
+  optimizer's per-parameter ops of block 3 are copied likewise, and its multi-tensor (foreach)
   ops get the copies' tensors in their lists;
 * storage ids are renumbered in order of allocation and records renamed in order, as a full trace
   numbers them.

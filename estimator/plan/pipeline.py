@@ -305,116 +305,7 @@ def recv_sizes(split: Split, stage: int, pp: int, batch: int, shards: int = 1,
 
 
 
-# -- a stage's peaks, and the plan ---------------------------------------------------------------------------
-
-def stage_peaks(step: Any, device: str, recv: tuple[int, int], sent: int) -> Any:
-    """What the schedule's composition needs of a traced stage step (``pipeline_schedule.StageBytes``): the
-    running live bytes of ``step`` (as :func:`.traced.replay` counts them: the optimizer state live from the
-    start, CUDA's block rounding), their maximum in each phase with its rows; the bytes the first micro-step's
-    forward makes and still holds at its end (its saved activations, autocast's weight copies, its output, the
-    activation it received), which every other micro-batch in flight holds too; the stage at rest (before any
-    forward, after the first forward less that micro-batch, after the first backward)."""
-    from .pipeline_schedule import StageBytes
-    from .traced import ROWS, Timeline, running_bytes
-
-    cap = step.cap
-    tl = Timeline(cap, step.rows)
-    start_rows, deltas, live = running_bytes(tl, cap.storage_bytes, device)
-    running = live.tolist()
-    library = step.library_bytes(device)
-
-    def key(index: int) -> Any:
-        if index < 0:
-            return None
-        meta = cap.nodes[index].meta
-        phase = meta.get("phase", "forward")
-        if phase == "optimizer":
-            return "optimizer"
-        return meta.get("micro_step", 0), "backward" if phase == "backward" else "forward"
-
-    best: dict[Any, int] = {}
-    last: dict[Any, int] = {}
-    first_forward = None
-    for k, index in enumerate(tl.index):
-        group = key(index)
-        if group is None:
-            continue
-        if group not in best or running[k] > running[best[group]]:
-            best[group] = k
-        last[group] = k
-        if group == (0, "forward") and first_forward is None:
-            first_forward = k
-    def rows_at(k: int) -> dict[str, int]:
-        rows = start_rows.index_add(0, tl.row[tl.sid[:k + 1]], deltas[:k + 1])
-        return {r: int(rows[i]) for i, r in enumerate(ROWS)}
-
-    peaks = {}
-    for group, k in best.items():
-        by_row = rows_at(k)
-        by_row["workspaces"] += library
-        peaks[group] = (running[k] + library, by_row)
-    held: dict[str, int] = {}
-    if first_forward is not None:  # what the first micro-batch's forward made and still holds at its end
-        alive: dict[int, int] = {}  # storage -> its (rounded) bytes
-        sids, changes = tl.sid.tolist(), deltas.tolist()
-        for k in range(first_forward, last[(0, "forward")] + 1):
-            if changes[k] > 0:
-                alive[sids[k]] = changes[k]
-            elif changes[k] < 0:
-                alive.pop(sids[k], None)
-        # its own tensors only: parameters gathered by the engine, gradients, buffers of collectives and the
-        # libraries' workspaces are the stage's, not one per micro-batch in flight
-        own = {"activations", "temporaries", "weight_copies", "inputs_and_buffers"}
-        for sid, b in alive.items():
-            if step.rows[sid] in own:
-                held[step.rows[sid]] = held.get(step.rows[sid], 0) + b
-    retained = intermediates = 0
-    if held and (0, "backward") in last:
-        window = range(next(k for k in range(len(tl.index)) if key(int(tl.index[k])) == (0, "backward")),
-                       last[(0, "backward")] + 1)
-        retained, intermediates = _zero_bubble_bytes(step, window, sids, changes, running, set(alive) & {
-            sid for sid in alive if step.rows[sid] in own})
-        retained = max(0, retained + library - peaks[(0, "backward")][0])
-    start = {r: int(start_rows[i]) for i, r in enumerate(ROWS)}
-    after_forward = {r: b - held.get(r, 0) for r, b in rows_at(last[(0, "forward")]).items()} \
-        if (0, "forward") in last else start
-    after_backward = rows_at(last[(0, "backward")]) if (0, "backward") in last else after_forward
-    return StageBytes(peaks, held, (start, after_forward, after_backward), recv, sent, retained, intermediates)
-
-
-def _zero_bubble_bytes(step: Any, window: range, sids: list[int], changes: list[int], running: list[int],
-                       saved: set[int]) -> tuple[int, int]:
-    """What zero-bubble's input-gradient pass (``stage_backward_input``) holds of the first micro-step's backward
-    (``window``: its events): the top of the backward with none of the forward's ``saved`` storages freed (the
-    graph is kept, ``retain_graph=True``) nor the output gradients its weight gradients will read (the
-    "intermediates" whose gradients it stores for ``stage_backward_weight``), without the weight gradients
-    themselves (``autograd.grad`` for the inputs only); and those output gradients' bytes, held until the
-    weight-gradient pass.  An output gradient is a GEMM operand made in backward whose other operand is a saved
-    activation (``dW = dY^T X``)."""
-    gemms = ("aten.mm.default", "aten.addmm.default")
-    kept: set[int] = set()
-    skipped = {sid for sid, row in enumerate(step.rows) if row == "gradients"}
-    for node in step.cap.nodes:
-        meta = node.meta
-        if meta.get("phase") != "backward" or meta.get("micro_step", 0) != 0 or str(node.target) not in gemms:
-            continue
-        operands = [a.meta["storage"][0] for a in node.args if getattr(a, "meta", None) and a.meta.get("storage")]
-        if any(sid in saved for sid in operands):
-            kept.update(sid for sid in operands if sid not in saved and step.rows[sid] != "parameters")
-            skipped.update(meta.get("storage") or ())  # the weight gradient: not made by the input pass
-    freed = top = skipped_live = 0
-    sizes: dict[int, int] = {}
-    for k in window:
-        sid, change = sids[k], changes[k]
-        if change > 0 and sid in kept:
-            sizes[sid] = max(sizes.get(sid, 0), change)
-        if sid in skipped and sid not in kept:
-            skipped_live += change
-        elif change < 0 and (sid in saved or sid in kept):
-            freed -= change
-        top = max(top, running[k] + freed - skipped_live)
-    return top, sum(sizes.values())
-
+# -- the plan ----------------------------------------------------------------------------------------------
 
 def stage_tp_plan(plan: Any, split: Split, stage: int, pp: int) -> Any:
     """The tensor-parallel plan of the whole model (module paths) for stage ``stage``: its blocks' Linears
@@ -451,6 +342,7 @@ def _trace_stages(planner: Any, layout: Any, group: Any, split: Split, inputs: A
     schedule's composition needs of it), and the link between stages."""
     from .engine import trace_engine
     from .pipeline_schedule import rank_stages
+    from .stage_bytes import stage_bytes
 
     pp = layout.pp
     accumulate = microbatches * planner.options.grad_accum
@@ -490,7 +382,7 @@ def _trace_stages(planner: Any, layout: Any, group: Any, split: Split, inputs: A
                        "seconds": {"F": f, "B": work - f, "I": work - f - w if s else 0.0,  # the first stage:
                                    "W": w if s else work - f},  # its W is the whole backward (stage.py)
                        "send_s": sent / hop.bandwidth if s < n_stages - 1 else 0.0,
-                       "_bytes": stage_peaks(step, planner.device, sizes, sent), "_step": step, "_time": time})
+                       "_bytes": stage_bytes(step, planner.device, sizes, sent), "_step": step, "_time": time})
     return stages, hop
 
 

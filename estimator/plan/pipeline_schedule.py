@@ -33,6 +33,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..errors import UserError
+from .stage_bytes import StageBytes
 
 SINGLE_STAGE = ("gpipe", "1f1b")
 MULTI_STAGE = ("interleaved-1f1b", "zbv")
@@ -99,21 +100,6 @@ def _torch_orders(schedule: str, pp: int, microbatches: int) -> dict[int, list[A
     return out
 
 
-@dataclass(frozen=True)
-class StageBytes:
-    """What the composition needs of one stage's traced micro-batch (see ``pipeline.stage_peaks``); bytes by
-    row of the per-GPU table."""
-
-    peaks: dict[Any, tuple[int, dict[str, int]]]  # (micro_step, "forward"|"backward") and "optimizer"
-    held: dict[str, int]  # one micro-batch from its forward to its backward
-    # the stage at rest: before any forward, after forwards only (less their micro-batches), after a backward
-    idle: tuple[dict[str, int], dict[str, int], dict[str, int]]
-    recv: tuple[int, int]  # one micro-batch's receive buffers: (activation, gradient)
-    sent: int  # one tensor sent (an activation or its gradient)
-    retained: int = 0  # an input gradient (I) that keeps the graph: bytes above the backward's peak
-    intermediates: int = 0  # the output gradients an input gradient keeps for its weight gradient (W)
-
-
 def _plus(*parts: tuple[dict[str, int], int]) -> dict[str, int]:
     """The sum of ``k`` times each rows."""
     out: dict[str, int] = {}
@@ -121,6 +107,26 @@ def _plus(*parts: tuple[dict[str, int], int]) -> dict[str, int]:
         for row, b in rows.items():
             out[row] = out.get(row, 0) + k * b
     return out
+
+
+def _phase_rows(st: StageBytes, a: Action, before: int, microbatches: int) -> dict[str, int]:
+    """The traced phase that stands for action ``a`` (``before``: the stage's backwards done before it): a
+    forward before any backward is the first micro-step's, a later one the second's; the first backward is
+    the first micro-step's and the last the second's (the traced last micro-step: gradients accumulated, then
+    the engine's gradient sync and resharding).  A backward between them accumulates as the last does without
+    its sync: the last's rows with the first's communication buffers, the gradients as the first backward left
+    them (FSDP2 reduces them only on the last), the parameters still gathered as after the first."""
+    if a.kind == "F":
+        return st.peaks[(0 if before == 0 or (1, "forward") not in st.peaks else 1, "forward")][1]
+    first = st.peaks[(0, "backward")][1]
+    if before == 0 or (1, "backward") not in st.peaks:
+        return first
+    last = st.peaks[(1, "backward")][1]
+    if before >= microbatches - 1:
+        return last
+    return {**last, "comm_buffers": first.get("comm_buffers", 0),
+            "gradients": min(last.get("gradients", 0), st.idle[2].get("gradients", 0)),
+            "gathered_parameters": max(first.get("gathered_parameters", 0), last.get("gathered_parameters", 0))}
 
 
 def rank_peak(actions: list[Action], stages: dict[int, StageBytes], schedule: str, microbatches: int,
@@ -169,10 +175,10 @@ def rank_peak(actions: list[Action], stages: dict[int, StageBytes], schedule: st
         if a.kind == "I" and a.stage == 0:  # the first stage has no input gradient: its W runs the whole backward
             done_b[a.stage] += 1
             continue
-        phase = (0 if done_b[a.stage] == 0 else 1, "forward" if a.kind == "F" else "backward")
         others = done_f[a.stage] - done_w[a.stage] - (a.kind != "F")  # its stage's other micro-batches in flight
         waiting = done_b[a.stage] - done_w[a.stage] - (a.kind == "W")  # ... between their I and W
-        rows = _plus((st.peaks[phase if phase in st.peaks else (0, phase[1])][1], 1), (st.held, others),
+        rows = _plus((_phase_rows(st, a, done_b[a.stage] if a.kind != "W" else done_w[a.stage], microbatches), 1),
+                     (st.held, others),
                      ({"activations": st.intermediates}, waiting), ({"activations": st.retained}, a.kind == "I"),
                      ({"comm_buffers": sum(buffers(t, a) + sends(t, a) for t in stages)}, 1),
                      *((resting(t), 1) for t in stages if t != a.stage))

@@ -1,0 +1,133 @@
+"""What one traced pipeline stage holds, as the schedule's composition (:mod:`.pipeline_schedule`) needs it:
+each phase's peak by row, what one micro-batch holds from its forward to its backward, the stage at rest, and
+what zero-bubble's input-gradient pass keeps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .traced import ROWS, Timeline, running_bytes
+
+
+@dataclass(frozen=True)
+class StageBytes:
+    """What the composition needs of one stage's traced micro-batch (see :func:`stage_bytes`); bytes by
+    row of the per-GPU table."""
+
+    peaks: dict[Any, tuple[int, dict[str, int]]]  # (micro_step, "forward"|"backward") and "optimizer"
+    held: dict[str, int]  # one micro-batch from its forward to its backward
+    # the stage at rest: before any forward, after forwards only (less their micro-batches), after a backward
+    idle: tuple[dict[str, int], dict[str, int], dict[str, int]]
+    recv: tuple[int, int]  # one micro-batch's receive buffers: (activation, gradient)
+    sent: int  # one tensor sent (an activation or its gradient)
+    retained: int = 0  # an input gradient (I) that keeps the graph: bytes above the backward's peak
+    intermediates: int = 0  # the output gradients an input gradient keeps for its weight gradient (W)
+
+
+def stage_bytes(step: Any, device: str, recv: tuple[int, int], sent: int) -> StageBytes:
+    """What the schedule's composition needs of a traced stage step (:class:`StageBytes`): the
+    running live bytes of ``step`` (as :func:`.traced.replay` counts them: the optimizer state live from the
+    start, CUDA's block rounding), their maximum in each phase with its rows; the bytes the first micro-step's
+    forward makes and still holds at its end (its saved activations, autocast's weight copies, its output, the
+    activation it received), which every other micro-batch in flight holds too; the stage at rest (before any
+    forward, after the first forward less that micro-batch, after the first backward)."""
+    cap = step.cap
+    tl = Timeline(cap, step.rows)
+    start_rows, deltas, live = running_bytes(tl, cap.storage_bytes, device)
+    running = live.tolist()
+    library = step.library_bytes(device)
+
+    def key(index: int) -> Any:
+        if index < 0:
+            return None
+        meta = cap.nodes[index].meta
+        phase = meta.get("phase", "forward")
+        if phase == "optimizer":
+            return "optimizer"
+        return meta.get("micro_step", 0), "backward" if phase == "backward" else "forward"
+
+    best: dict[Any, int] = {}
+    last: dict[Any, int] = {}
+    first_forward = None
+    for k, index in enumerate(tl.index):
+        group = key(index)
+        if group is None:
+            continue
+        if group not in best or running[k] > running[best[group]]:
+            best[group] = k
+        last[group] = k
+        if group == (0, "forward") and first_forward is None:
+            first_forward = k
+    def rows_at(k: int) -> dict[str, int]:
+        rows = start_rows.index_add(0, tl.row[tl.sid[:k + 1]], deltas[:k + 1])
+        return {r: int(rows[i]) for i, r in enumerate(ROWS)}
+
+    peaks = {}
+    for group, k in best.items():
+        by_row = rows_at(k)
+        by_row["workspaces"] += library
+        peaks[group] = (running[k] + library, by_row)
+    held: dict[str, int] = {}
+    if first_forward is not None:  # what the first micro-batch's forward made and still holds at its end
+        alive: dict[int, int] = {}  # storage -> its (rounded) bytes
+        sids, changes = tl.sid.tolist(), deltas.tolist()
+        for k in range(first_forward, last[(0, "forward")] + 1):
+            if changes[k] > 0:
+                alive[sids[k]] = changes[k]
+            elif changes[k] < 0:
+                alive.pop(sids[k], None)
+        # its own tensors only: parameters gathered by the engine, gradients, buffers of collectives and the
+        # libraries' workspaces are the stage's, not one per micro-batch in flight
+        own = {"activations", "temporaries", "weight_copies", "inputs_and_buffers"}
+        for sid, b in alive.items():
+            if step.rows[sid] in own:
+                held[step.rows[sid]] = held.get(step.rows[sid], 0) + b
+    retained = intermediates = 0
+    if held and (0, "backward") in last:
+        window = range(next(k for k in range(len(tl.index)) if key(int(tl.index[k])) == (0, "backward")),
+                       last[(0, "backward")] + 1)
+        retained, intermediates = _zero_bubble_bytes(step, window, sids, changes, running, set(alive) & {
+            sid for sid in alive if step.rows[sid] in own})
+        retained = max(0, retained + library - peaks[(0, "backward")][0])
+    start = {r: int(start_rows[i]) for i, r in enumerate(ROWS)}
+    after_forward = {r: b - held.get(r, 0) for r, b in rows_at(last[(0, "forward")]).items()} \
+        if (0, "forward") in last else start
+    after_backward = rows_at(last[(0, "backward")]) if (0, "backward") in last else after_forward
+    return StageBytes(peaks, held, (start, after_forward, after_backward), recv, sent, retained, intermediates)
+
+
+def _zero_bubble_bytes(step: Any, window: range, sids: list[int], changes: list[int], running: list[int],
+                       saved: set[int]) -> tuple[int, int]:
+    """What zero-bubble's input-gradient pass (``stage_backward_input``) holds of the first micro-step's backward
+    (``window``: its events): the top of the backward with none of the forward's ``saved`` storages freed (the
+    graph is kept, ``retain_graph=True``) nor the output gradients its weight gradients will read (the
+    "intermediates" whose gradients it stores for ``stage_backward_weight``), without the weight gradients
+    themselves (``autograd.grad`` for the inputs only); and those output gradients' bytes, held until the
+    weight-gradient pass.  An output gradient is a GEMM operand made in backward whose other operand is a saved
+    activation (``dW = dY^T X``)."""
+    gemms = ("aten.mm.default", "aten.addmm.default")
+    kept: set[int] = set()
+    skipped = {sid for sid, row in enumerate(step.rows) if row == "gradients"}
+    for node in step.cap.nodes:
+        meta = node.meta
+        if meta.get("phase") != "backward" or meta.get("micro_step", 0) != 0 or str(node.target) not in gemms:
+            continue
+        operands = [a.meta["storage"][0] for a in node.args if getattr(a, "meta", None) and a.meta.get("storage")]
+        if any(sid in saved for sid in operands):
+            kept.update(sid for sid in operands if sid not in saved and step.rows[sid] != "parameters")
+            skipped.update(meta.get("storage") or ())  # the weight gradient: not made by the input pass
+    freed = top = skipped_live = 0
+    sizes: dict[int, int] = {}
+    for k in window:
+        sid, change = sids[k], changes[k]
+        if change > 0 and sid in kept:
+            sizes[sid] = max(sizes.get(sid, 0), change)
+        if sid in skipped and sid not in kept:
+            skipped_live += change
+        elif change < 0 and (sid in saved or sid in kept):
+            freed -= change
+        top = max(top, running[k] + freed - skipped_live)
+    return top, sum(sizes.values())
