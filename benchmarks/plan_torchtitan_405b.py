@@ -1,4 +1,4 @@
-"""torchtitan's published Llama 3.1 405B 3D row on 512 H100s (FSDP 8 x TP 8 x PP 8, 1F1B), planned against it.
+"""torchtitan's published Llama 3.1 405B 3D rows on 512 H100s (FSDP 8 x TP 8 x PP 8, 1F1B and interleaved 1F1B).
 
 torchtitan docs/performance.md, Table 5 (3D parallelism + torch.compile + Float8 + AsyncTP): Llama 3.1 405B,
 512 GPUs (FSDP 8, TP 8, PP 8), local batch 32 (global 256), sequence 8,192, full activation checkpointing, on
@@ -9,19 +9,25 @@ Grand Teton hosts (H100 96 GB HBM2e, 2.4 TB/s, 500 W, NVLink inside the host, 40
     | Interleaved 1F1B |     128 |         72.7 |
 
 "Different PP ranks can have different peak memory usages. We take the maximum across all GPUs."  The plan:
-the 126 decoder layers split over 8 stages (16, 16, 16, 16, 16, 16, 15, 15), 1F1B over 32 micro-batches of one
-sequence (torchtitan's default micro-batch), tensor parallelism 8 with sequence and loss parallelism, FSDP2 over
-the 8 data-parallel ranks of each stage with torchtitan's bf16 MixedPrecisionPolicy, every decoder layer
-checkpointed, torch.compile per block, float8 tensorwise.  Not expressible: the interleaved schedule,
-asynchronous TP, torchao's float8 tensor-parallel styles.  Memory as torchtitan logs it (reserved: the plan's
-need less the CUDA context).  Printed, not asserted: the published runs judge the planner, never fit it.
+the 126 decoder layers dealt as torchtitan deals them (the embedding and the head count as a layer each: 8
+stages of 15, 16 x 6, 15 for 1F1B; 16 stages of 7, 8 x 14, 7 for interleaved, two per rank), 32 micro-batches of
+one sequence (torchtitan's default micro-batch), tensor parallelism 8 with sequence and loss parallelism, FSDP2
+over the 8 data-parallel ranks of each stage with torchtitan's bf16 MixedPrecisionPolicy, not resharded after
+forward (torchtitan's default under pipeline parallelism), every decoder layer checkpointed, torch.compile per
+block, float8 tensorwise.  Not expressible: asynchronous TP, torchao's float8 tensor-parallel styles.  Memory as
+torchtitan logs it (reserved: the plan's need less the CUDA context).  Printed, not asserted: the published
+runs judge the planner, never fit it.
 
-Measured on 2026-11-27 (2 cores, 159 s): 88 TPS/GPU (0.875 of 100), 45.6 GiB on stage 0 (0.553 of 82.5): the
-memory is well under the published figure, which the plan does not explain (stage 0 at the forward of a later
-micro-batch: sharded states 9.3 GiB, the stage's unsharded bf16 parameters 12.4 GiB and unreduced gradients kept
-from the first backward to the last, 8 micro-batches of checkpointed inputs 4.3 GiB; candidates: asynchronous
-TP's symmetric-memory buffers, float8 all-gather buffers, the allocator's fragmentation at these sizes, which the
-pipeline's composed peak takes as the 2.5 % first guess).
+Measured on 2026-11-27 (2 cores): 1F1B 112 TPS/GPU (1.118 of 100), 43.7 GiB on rank 0 (0.530 of 82.5), planned in
+84 s; interleaved 1F1B 124 TPS/GPU (0.967 of 128), 49.7 GiB on rank 0 (0.684 of 72.7), 83 s.  The step is the
+schedule's actions simulated on every rank (bubble 6.5 s of 36.6 s for 1F1B, 3.0 s of 33.1 s interleaved); the
+published runs gain 28 % from interleaving where the plan gains 11 %, the bubble's (pp - 1)/(v M) share.  The
+memory is well under the published figures, which the plan does not explain (rank 0 of 1F1B at its second
+backward with 8 micro-batches in flight: sharded states 8.7 GiB, the stage's unsharded bf16 parameters 11.6 GiB,
+unreduced gradients and temporaries 17.1 GiB, checkpointed inputs 4.2 GiB; candidates: asynchronous TP's
+symmetric-memory buffers, float8 all-gather buffers, the allocator's reserve at these sizes, which the composed
+peak takes as its 2.5 % first guess); and the published interleaved row uses less memory than 1F1B where the
+plan's uses more (twice the receive buffers and the runtime's sends, held to the end of the step).
 """
 
 from __future__ import annotations
