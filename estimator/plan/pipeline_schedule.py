@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
 
 from ..errors import UserError
 from .stage_bytes import StageBytes
