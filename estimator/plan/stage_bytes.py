@@ -47,18 +47,18 @@ def stage_bytes(step: Any, device: str, recv: tuple[int, int], sent: int) -> Sta
             return "optimizer"
         return meta.get("micro_step", 0), "backward" if phase == "backward" else "forward"
 
-    best: dict[Any, int] = {}
+    best: dict[Any, int] = {}  # each phase's peak, first and last event
+    first: dict[Any, int] = {}
     last: dict[Any, int] = {}
-    first_forward = None
     for k, index in enumerate(tl.index):
         group = key(index)
         if group is None:
             continue
         if group not in best or running[k] > running[best[group]]:
             best[group] = k
+        first.setdefault(group, k)
         last[group] = k
-        if group == (0, "forward") and first_forward is None:
-            first_forward = k
+
     def rows_at(k: int) -> dict[str, int]:
         rows = start_rows.index_add(0, tl.row[tl.sid[:k + 1]], deltas[:k + 1])
         return {r: int(rows[i]) for i, r in enumerate(ROWS)}
@@ -69,26 +69,24 @@ def stage_bytes(step: Any, device: str, recv: tuple[int, int], sent: int) -> Sta
         by_row["workspaces"] += library
         peaks[group] = (running[k] + library, by_row)
     held: dict[str, int] = {}
-    if first_forward is not None:  # what the first micro-batch's forward made and still holds at its end
-        alive: dict[int, int] = {}  # storage -> its (rounded) bytes
-        sids, changes = tl.sid.tolist(), deltas.tolist()
-        for k in range(first_forward, last[(0, "forward")] + 1):
+    saved: dict[int, int] = {}  # what the first micro-batch's forward made and still holds at its end
+    sids, changes = tl.sid.tolist(), deltas.tolist()
+    if (0, "forward") in first:
+        for k in range(first[(0, "forward")], last[(0, "forward")] + 1):
             if changes[k] > 0:
-                alive[sids[k]] = changes[k]
+                saved[sids[k]] = changes[k]
             elif changes[k] < 0:
-                alive.pop(sids[k], None)
+                saved.pop(sids[k], None)
         # its own tensors only: parameters gathered by the engine, gradients, buffers of collectives and the
         # libraries' workspaces are the stage's, not one per micro-batch in flight
         own = {"activations", "temporaries", "weight_copies", "inputs_and_buffers"}
-        for sid, b in alive.items():
-            if step.rows[sid] in own:
-                held[step.rows[sid]] = held.get(step.rows[sid], 0) + b
+        saved = {sid: b for sid, b in saved.items() if step.rows[sid] in own}
+        for sid, b in saved.items():
+            held[step.rows[sid]] = held.get(step.rows[sid], 0) + b
     retained = intermediates = 0
     if held and (0, "backward") in last:
-        window = range(next(k for k in range(len(tl.index)) if key(int(tl.index[k])) == (0, "backward")),
-                       last[(0, "backward")] + 1)
-        retained, intermediates = _zero_bubble_bytes(step, window, sids, changes, running, set(alive) & {
-            sid for sid in alive if step.rows[sid] in own})
+        window = range(first[(0, "backward")], last[(0, "backward")] + 1)
+        retained, intermediates = _zero_bubble_bytes(step, window, sids, changes, running, set(saved))
         retained = max(0, retained + library - peaks[(0, "backward")][0])
     start = {r: int(start_rows[i]) for i, r in enumerate(ROWS)}
     after_forward = {r: b - held.get(r, 0) for r, b in rows_at(last[(0, "forward")]).items()} \
