@@ -237,6 +237,8 @@ ACTIVATIONS = {
     "hardshrink": (2, "|x| > lambda ? x : 0: abs-compare, select"),
     "softshrink": (3, "x > l ? x - l : x < -l ? x + l : 0: 2 compares, add/sub"),
     "log_sigmoid_forward": (6, "min(x, 0) - log1p(exp(-|x|)): abs, neg, exp, log1p, min, sub"),
+    # (seen undecomposed where a tensor subclass's handler calls F.logsigmoid: torch's ring attention merge)
+    "log_sigmoid": (6, "min(x, 0) - log1p(exp(-|x|)): abs, neg, exp, log1p, min, sub"),
     "_prelu_kernel": (2, "x > 0 ? x : w*x: compare, mul"),
     "glu": (2, "a * sigmoid(b) on the two halves: sigmoid, mul"),
 }

@@ -4,7 +4,7 @@ Run as ``python tests/dist_worker.py RANK WORLD_SIZE INIT_FILE OUT_JSON CONFIG_J
 starts one process per rank.  ``CONFIG_JSON``: ``{"cases": [{"name", "model": "gpt" | "llama",
 "config": {...}, "batch", "seq", "runs": [{"id", "strategy": "ddp" | "fsdp", "precision": "fp32" |
 "bf16-mixed" | "fsdp-bf16", "checkpoint": bool, "tp": int, "sp": bool, "lp": bool, "reshard": bool,
-"accum": int, "f8": "tensorwise" | "all-gather"}]}]}``.
+"accum": int, "f8": "tensorwise" | "all-gather", "cp": int}]}]}``.
 Independent of estimator's code: nothing from ``estimator`` is imported here; the tensor-parallel
 plan is written out by hand (Megatron's pairs for a Llama block, torchtitan's sequence parallelism).
 
@@ -22,7 +22,13 @@ For each run the rank
    and the loss under ``torch.autocast("cpu", torch.bfloat16)``; ``accum`` > 1: gradient accumulation
    over that many micro-steps (each loss divided by it), the gradient sync on the last only, as a
    training script writes it: DDP's ``no_sync()`` around the others' forward and backward, FSDP2's
-   ``set_requires_gradient_sync(False)`` before them and ``(True)`` before the last;
+   ``set_requires_gradient_sync(False)`` before them and ``(True)`` before the last; ``cp`` > 1:
+   context parallelism as torchtitan applies it: a (dp, cp) mesh, FSDP2 over the flattened dp x cp
+   ranks (``dp_shard_cp``), DDP over all of them, and each micro-step's forward and backward under
+   ``context_parallel(mesh["cp"], buffers=[inputs, targets], buffer_seq_dims=[1, 1],
+   no_restore_buffers=...)`` on a batch drawn for it (a data loader's), torch's ring attention
+   with its default all-gather rotation; torch's ring attention handles only the CUDA attention
+   kernels, so the flash kernel's op is given a CPU kernel here (:func:`flash_attention_on_cpu`);
 3. builds ``torch.optim.AdamW``, runs iterations (forward + loss, ``backward()``, ``step()``,
    ``zero_grad(set_to_none=True)``) and records the peak of live bytes over the last one (steady
    state: optimizer state allocated, gradients ``None`` at the start): the second, the third for
@@ -157,6 +163,44 @@ def in_place_reduce_scatter():
     return InPlaceReduceScatter()
 
 
+def flash_attention_on_cpu() -> None:
+    """``aten::_scaled_dot_product_flash_attention`` (the CUDA flash kernel's op, which torch's ring attention
+    dispatches) and its backward computed on the CPU by the CPU flash kernels, with the outputs the op's meta
+    kernel gives (the random-state tensors empty); ``F.scaled_dot_product_attention`` calls it, as CUDA's
+    dispatch does for causal attention in half precision.  Once per process."""
+    import torch.nn.functional as F
+
+    if getattr(flash_attention_on_cpu, "done", False):
+        return
+    aten = torch.ops.aten
+
+    def forward(q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, scale=scale)
+        # the random state: CPU tensors (a meta one, as the meta kernel makes, would send backward to Meta), the
+        # second a scalar (DTensor asks it of an output without placement)
+        seed, offset = torch.empty(0, dtype=torch.uint64), torch.empty((), dtype=torch.uint64)
+        return out, lse, None, None, q.size(2), k.size(2), seed, offset, torch.empty(0, dtype=q.dtype)
+
+    def backward(grad, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, dropout_p, is_causal, seed, offset, *,
+                 scale=None):
+        return aten._scaled_dot_product_flash_attention_for_cpu_backward(grad.contiguous(), q, k, v, out, lse,
+                                                                         dropout_p, is_causal, scale=scale)
+
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("_scaled_dot_product_flash_attention", forward, "CPU")
+    lib.impl("_scaled_dot_product_flash_attention_backward", backward, "CPU")
+    flash_attention_on_cpu.lib = lib  # (kept alive: the registration lasts as long as the library object)
+
+    def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                     scale=None, enable_gqa=False):
+        assert attn_mask is None
+        return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False,
+                                                        scale=scale)[0]
+
+    F.scaled_dot_product_attention = scaled_dot_product_attention
+    flash_attention_on_cpu.done = True
+
+
 def build(case: dict, run: dict):
     """(model, inputs, loss of the output, block class) with real weights."""
     torch.manual_seed(0)
@@ -238,18 +282,24 @@ def float8(model, how: str) -> None:
 def run_one(case: dict, run: dict, world: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
-    tp = run.get("tp", 1)
+    tp, cp = run.get("tp", 1), run.get("cp", 1)
     dp = world // tp
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp")) if tp > 1 else \
         init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    dp_mesh = mesh["dp"] if cp == 1 else None
+    if cp > 1:  # torchtitan's mesh: FSDP2 over dp x cp flattened ("dp_shard_cp")
+        mesh = init_device_mesh("cpu", (world // cp, cp), mesh_dim_names=("dp", "cp"))
+        dp_mesh = mesh["cp"] if world == cp else mesh["dp", "cp"]._flatten("dp_cp")
+        flash_attention_on_cpu()
     model, args, kwargs, loss_of, block_cls = build(case, run)
     if run.get("f8"):
         float8(model, run["f8"])
     tracker = ResizeAwareTracker()
     autocast = run["precision"] == "bf16-mixed"
     with tracker:
-        for t in pytree.tree_leaves((args, kwargs)):
-            tracker.register(t)
+        if cp == 1:  # (under cp each micro-step draws its own batch, see below)
+            for t in pytree.tree_leaves((args, kwargs)):
+                tracker.register(t)
         if run["checkpoint"]:
             from torch.utils.checkpoint import checkpoint
 
@@ -270,7 +320,7 @@ def run_one(case: dict, run: dict, world: int) -> dict:
             keep = {} if run.get("reshard", True) else {"reshard_after_forward": False}
             units = [m for m in model.modules() if isinstance(m, block_cls)] + [model]
             for m in units:
-                fully_shard(m, mesh=mesh["dp"], mp_policy=policy, **keep)
+                fully_shard(m, mesh=dp_mesh, mp_policy=policy, **keep)
             for m in units:
                 m.set_custom_reduce_scatter(in_place_reduce_scatter())
             wrapped = model
@@ -300,9 +350,16 @@ def run_one(case: dict, run: dict, world: int) -> dict:
                     from torch.distributed.tensor.parallel import loss_parallel
 
                     sync = _both(sync, loss_parallel())
-                with sync:
+                batch, ring = args, contextlib.nullcontext()
+                if cp > 1:  # a fresh batch, sharded in place on its sequence dimension (torchtitan's train_context)
+                    from torch.distributed.tensor.experimental import context_parallel
+
+                    batch = tuple(torch.randint(0, 250, a.shape) for a in args)
+                    ring = context_parallel(mesh["cp"], buffers=list(batch), buffer_seq_dims=[1] * len(batch),
+                                            no_restore_buffers=set(batch))
+                with sync, ring:
                     with torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
-                        loss = loss_of(wrapped(*args, **kwargs))
+                        loss = loss_of(wrapped(*batch, **kwargs))
                     if accum > 1:
                         loss = loss / accum
                     loss.backward()

@@ -29,6 +29,7 @@ PLAN_PRECISIONS = ("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed", "fsdp-bf1
 PLAN_FORMATS = ("table", "json", "markdown", "html")
 PLAN_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp")
 PLAN_PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zbv")  # estimator.plan.layout.PP_SCHEDULES
+PLAN_CP_ROTATE = ("allgather", "alltoall")  # estimator.plan.context.ROTATE_METHODS (imported lazily there)
 _COUNT_SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
 
 
@@ -82,13 +83,21 @@ def _ints(text: str) -> list[int]:
 
 
 def _add_model_parallel_options(p: argparse.ArgumentParser) -> None:
-    """--tp, --sequence-parallel, --pp, --pp-schedule, --microbatches: how the model itself is split."""
+    """--tp, --sequence-parallel, --cp, --cp-rotate, --pp, --pp-schedule, --microbatches: how the model itself
+    is split."""
     p.add_argument("--tp", type=int, default=1, metavar="N",
                    help="tensor-parallel degree inside a node (parallelize_module, Megatron's colwise/rowwise "
                         "pairs) (default: 1), e.g. --tp 2")
     p.add_argument("--sequence-parallel", action="store_true",
                    help="with --tp: sequence parallelism (norms and the residual stream on sequence shards), "
                         "e.g. --tp 4 --sequence-parallel")
+    p.add_argument("--cp", type=int, default=1, metavar="N",
+                   help="context-parallel degree: each sequence split over N ranks, attention as torch's ring "
+                        "attention (context_parallel, load-balanced causal); FSDP2 shards over dp x cp "
+                        "(default: 1), e.g. --cp 4")
+    p.add_argument("--cp-rotate", default="allgather", choices=PLAN_CP_ROTATE,
+                   help="with --cp: the ring's key/value exchange, torchtitan's context_parallel_rotate_method "
+                        "(default: allgather), e.g. --cp-rotate alltoall")
     p.add_argument("--pp", type=int, default=1, metavar="N",
                    help="pipeline-parallel stages (torch.distributed.pipelining; the stack of blocks split by layer "
                         "as torchtitan splits it; ddp, fsdp or hsdp inside each stage) (default: 1), e.g. --pp 4")
@@ -227,8 +236,9 @@ def run_plan(args: argparse.Namespace) -> int:
                           float8=args.float8, float8_all_gather=args.float8_all_gather)
         budget = dict(tokens=args.tokens, samples=args.samples, steps=steps, mfu=args.mfu)
         if args.compare or len(gpus_names) > 1 or len(args.gpus) > 1:
-            if args.pp > 1:
-                raise UserError("--pp plans one layout: give one --gpu and one --gpus count, without --compare")
+            if args.pp > 1 or args.cp > 1:
+                raise UserError(f"--{'pp' if args.pp > 1 else 'cp'} plans one layout: give one --gpu and one --gpus "
+                                f"count, without --compare")
             result = planner.compare(args.gpus, strategies=None if args.compare else [args.strategy], tp=args.tp,
                                      sequence_parallel=args.sequence_parallel, loss_parallel=args.loss_parallel,
                                      checkpoint=args.checkpoint or None,
@@ -237,7 +247,7 @@ def run_plan(args: argparse.Namespace) -> int:
         else:
             result = planner.plan(args.strategy, args.gpus[0], tp=args.tp, sequence_parallel=args.sequence_parallel,
                                   loss_parallel=args.loss_parallel, pp=args.pp, pp_schedule=args.pp_schedule,
-                                  microbatches=args.microbatches,
+                                  microbatches=args.microbatches, cp=args.cp, cp_rotate=args.cp_rotate,
                                   checkpoint=args.checkpoint or None, offload=args.offload,
                                   solve=("batch", *args.solve), reshard_after_forward=args.reshard_after_forward,
                                   rank=args.rank, **budget)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+import warnings
 from dataclasses import replace
 from typing import Any, Iterator
 
@@ -39,6 +40,7 @@ from ..capture import StepOptions, capture
 from ..errors import UserError
 from ..memory import simulate
 from ..tally import tally
+from .context import cp_notes, ring_attention
 from .layout import Layout, PlanPrecision
 from .tp import TPPlan, apply_tp
 from .traced import Step, find_collectives, storage_rows
@@ -180,6 +182,33 @@ def _submesh(mesh, names: tuple[str, ...]):
     return mesh[present] if len(present) > 1 else mesh[present[0]]
 
 
+def data_parallel_mesh(mesh, layout: Layout):
+    """The mesh FSDP2 shards over (2-D for HSDP: replicate x shard) or DDP averages over.  Under context
+    parallelism the cp dimension is flattened into the sharded one, as torchtitan's ``dp_shard_cp``: the ranks
+    that share a sequence share the parameters' shards and average their gradients."""
+    outer, inner = (("replicate",), "shard") if layout.strategy == "hsdp" else ((), "dp")
+    if layout.cp == 1:
+        return _submesh(mesh, outer + (inner,))
+    names = mesh.mesh_dim_names
+    parts = tuple(n for n in names if n.rpartition(".")[0] in (inner, "cp"))
+    flat = mesh[parts[0]] if len(parts) == 1 else _flattened(mesh, parts)
+    rep = tuple(n for n in names if n.rpartition(".")[0] in outer)
+    if not rep:
+        return flat
+    with warnings.catch_warnings():  # ("slicing a flattened dim from root mesh will be deprecated": torchtitan's
+        warnings.simplefilter("ignore", UserWarning)  # HSDP mesh is sliced so, world_mesh["dp_replicate", ...])
+        return mesh[rep + flat.mesh_dim_names]
+
+
+def _flattened(mesh, parts: tuple[str, ...]):
+    """``mesh[parts]`` flattened into one dimension, once per mesh (the engine may be built on it again)."""
+    made = mesh.__dict__.setdefault("_estimator_flattened", {})
+    if parts not in made:
+        world = parts[0].rpartition(".")[2]
+        made[parts] = mesh[parts]._flatten("_".join(p.rpartition(".")[0] for p in parts) + f".{world}")
+    return made[parts]
+
+
 def build(model: torch.nn.Module, layout: Layout, precision: PlanPrecision, unit_paths: list[str],
           tp_plan: TPPlan | None, mesh) -> torch.nn.Module:
     """The meta copy of ``model`` with the layout's engines applied (outside any fake mode)."""
@@ -194,7 +223,7 @@ def build(model: torch.nn.Module, layout: Layout, precision: PlanPrecision, unit
     if layout.strategy in ("fsdp", "hsdp"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        dp_mesh = _submesh(mesh, ("replicate", "shard") if layout.strategy == "hsdp" else ("dp",))
+        dp_mesh = data_parallel_mesh(mesh, layout)
         policy = MixedPrecisionPolicy(param_dtype=precision.param_dtype, reduce_dtype=precision.reduce_dtype)
         modules = dict(m.named_modules())
         keep = {} if layout.reshards_after_forward else {"reshard_after_forward": False}
@@ -291,13 +320,13 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
                     if lazy_init is not None:  # pads the shards now rather than in the traced forward
                         lazy_init()
                     stream_names.update(fsdp_streams(state))
-                elif layout.strategy == "ddp" and layout.dp > 1:
+                elif layout.strategy == "ddp" and layout.grad_group > 1:
                     from torch.nn.parallel import DistributedDataParallel
 
-                    dp_mesh = _submesh(mesh, ("dp",))
-                    kwargs = {"device_mesh": dp_mesh} if layout.tp > 1 else {}
+                    kwargs = {"device_mesh": data_parallel_mesh(mesh, layout)} if layout.tp > 1 or layout.cp > 1 \
+                        else {}
                     call = DistributedDataParallel(m, init_sync=False, **kwargs)
-                    call.register_comm_hook(None, _ddp_allreduce_hook(layout.dp))
+                    call.register_comm_hook(None, _ddp_allreduce_hook(layout.grad_group))
             return m, call
 
         try:
@@ -308,9 +337,12 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
                     accumulate = under_loss_parallel(accumulate)
                 # DDP buckets every gradient of the model (25 MiB each) once, at construction: its buffers and
                 # all-reduces depend on how many blocks there are, so its blocks are all traced
-                replicate = options.replicate and not (layout.strategy == "ddp" and layout.dp > 1)
-                cap = capture(model, inputs, replace(options, prepare=prepare, accumulate=accumulate,
-                                                     replicate=replicate), progress=progress)
+                replicate = options.replicate and not (layout.strategy == "ddp" and layout.grad_group > 1)
+                ring = ring_attention(_submesh(mesh, ("cp",)), device, layout.cp_rotate) if layout.cp > 1 \
+                    else contextlib.nullcontext()
+                with ring:
+                    cap = capture(model, inputs, replace(options, prepare=prepare, accumulate=accumulate,
+                                                         replicate=replicate), progress=progress)
         except UserError as exc:
             if layout.tp > 1:
                 lp = ("; under --loss-parallel the loss must be cross-entropy on the logits, the only loss torch's "
@@ -326,6 +358,8 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
     if cap.fallback_reason:
         step.notes.append(cap.fallback_reason)
     step.notes.extend(n for n in cap.assumptions if n not in step.notes)  # torch.compile's regions, LayerDrop
+    if layout.cp > 1:
+        step.notes.extend(cp_notes(layout.cp, layout.cp_rotate, device))
     return step
 
 

@@ -1,11 +1,16 @@
 """Strategies, layouts and precision policies: what one plan asks for, and which combinations exist.
 
 A :class:`Layout` is a data-parallel strategy over ``gpus`` GPUs, optionally with tensor
-parallelism inside a node.  The GPUs form a mesh (outer to inner dimension):
+parallelism inside a node, context parallelism and pipeline stages.  The GPUs form a mesh (outer
+to inner dimension, torchtitan's order):
 
-* ``ddp`` / ``fsdp`` / ``zero1-3``: ``(dp, tp)``, ``dp = gpus / tp``;
-* ``hsdp``: ``(replicate, shard, tp)``, sharded within a node (``gpus_per_node / tp`` ranks)
-  and replicated across nodes (PyTorch's HSDP: ``fully_shard`` on a 2-D data-parallel mesh).
+* ``ddp`` / ``fsdp`` / ``zero1-3``: ``(dp, cp, tp)``, ``dp = gpus / (tp x cp x pp)``;
+* ``hsdp``: ``(replicate, shard, cp, tp)``, sharded within a node (``gpus_per_node / (tp x cp)``
+  ranks) and replicated across nodes (PyTorch's HSDP: ``fully_shard`` on a 2-D data-parallel mesh).
+
+Under context parallelism the ranks of a ``cp`` group hold one sequence between them, so FSDP2
+shards the parameters over ``dp x cp`` ranks (torchtitan's ``dp_shard_cp`` mesh) and DDP
+averages the gradients over them.
 
 ``ddp``, ``fsdp`` and ``hsdp`` (and ``tp``) are traced on PyTorch's own engines
 (:mod:`estimator.plan.engine`); ZeRO stages 1-3 have no engine in PyTorch and are laid out by
@@ -50,6 +55,8 @@ class Layout:
     pp: int = 1  # pipeline stages (estimator.plan.pipeline); the data-parallel ranks are gpus / (tp x pp)
     pp_schedule: str = "1f1b"
     microbatches: int = 0  # micro-batches per step under pipeline parallelism (0: one per sample)
+    cp: int = 1  # context-parallel ranks sharing each sequence (estimator.plan.context)
+    cp_rotate: str = "allgather"  # the ring's key/value exchange (torchtitan's context_parallel_rotate_method)
 
     @property
     def reshards_after_forward(self) -> bool:
@@ -59,16 +66,23 @@ class Layout:
 
     @property
     def dp(self) -> int:
-        return self.gpus // (self.tp * self.pp)
+        """Data-parallel ranks: groups of ``tp x cp x pp`` GPUs that each see their own samples."""
+        return self.gpus // (self.tp * self.pp * self.cp)
 
     @property
     def shard(self) -> int:
-        """Ranks a parameter is sharded over (1: replicated)."""
+        """Data-parallel ranks a parameter is sharded over (1: replicated); FSDP2 shards over ``shard x cp``."""
         if self.strategy == "ddp":
             return 1
         if self.strategy == "hsdp":
-            return max(1, min(self.dp, self.gpus_per_node // self.tp))
+            return max(1, min(self.dp, self.gpus_per_node // (self.tp * self.cp)))
         return self.dp
+
+    @property
+    def grad_group(self) -> int:
+        """Ranks whose gradients are averaged: the data-parallel ranks and, under context parallelism, the
+        ranks that share their sequences."""
+        return self.dp * self.cp
 
     @property
     def replicate(self) -> int:
@@ -83,9 +97,9 @@ class Layout:
     def mesh(self) -> tuple[tuple[str, int], ...]:
         """(dimension name, size) of the device mesh, outer first; size-1 dimensions left out."""
         if self.strategy == "hsdp":
-            dims = (("replicate", self.replicate), ("shard", self.shard), ("tp", self.tp))
+            dims = (("replicate", self.replicate), ("shard", self.shard), ("cp", self.cp), ("tp", self.tp))
         else:
-            dims = (("dp", self.dp), ("tp", self.tp))
+            dims = (("dp", self.dp), ("cp", self.cp), ("tp", self.tp))
         return tuple((n, s) for n, s in dims if s > 1) or (("dp", 1),)
 
     def describe(self) -> str:
@@ -94,6 +108,8 @@ class Layout:
             extras = [w for w, on in (("sequence parallel", self.sequence_parallel),
                                        ("loss parallel", self.loss_parallel)) if on]
             text += f" x tp {self.tp}" + (f" ({', '.join(extras)})" if extras else "")
+        if self.cp > 1:
+            text += f" x cp {self.cp}"
         if self.pp > 1:
             text += f" x pp {self.pp} ({self.pp_schedule})"
         return text
@@ -172,6 +188,18 @@ def check_layout(layout: Layout, precision: PlanPrecision) -> None:
                         f"use a multiple of {tp} GPUs")
     if layout.pp < 1:
         raise UserError(f"--pp must be >= 1, not {layout.pp}")
+    if layout.cp < 1:
+        raise UserError(f"--cp must be >= 1, not {layout.cp}")
+    if layout.cp > 1:
+        if gpus % (tp * layout.pp * layout.cp):
+            raise UserError(f"--cp {layout.cp} x --tp {tp}{f' x --pp {layout.pp}' if layout.pp > 1 else ''} does not "
+                            f"divide --gpus {gpus}: use a multiple of {tp * layout.pp * layout.cp} GPUs")
+        if s not in ENGINE_STRATEGIES:
+            raise UserError(f"--cp runs torch's context_parallel on the traced engines: use --strategy ddp, fsdp or "
+                            f"hsdp, not {s}")
+        if layout.pp > 1:
+            raise UserError("--cp with --pp is not planned yet: plan the pipeline without context parallelism, or "
+                            "context parallelism without --pp")
     if layout.pp > 1:
         if gpus % (tp * layout.pp):
             raise UserError(f"--pp {layout.pp} x --tp {tp} does not divide --gpus {gpus}: the GPUs form "
@@ -190,10 +218,10 @@ def check_layout(layout: Layout, precision: PlanPrecision) -> None:
         raise UserError("--sequence-parallel needs tensor parallelism: add --tp 2 (or more)")
     if layout.loss_parallel and tp == 1:
         raise UserError("--loss-parallel shards the head's logits over the tensor-parallel ranks: add --tp 2 (or more)")
-    if s != "ddp" and layout.dp < 2:
+    if s != "ddp" and layout.dp * layout.cp < 2:
         raise UserError(f"{s} with {layout.dp} data-parallel GPU{'s' if layout.dp != 1 else ''} shards nothing: "
                         f"use --strategy ddp, or at least {2 * tp} GPUs")
-    if s == "hsdp" and layout.dp <= max(1, layout.gpus_per_node // tp):
+    if s == "hsdp" and layout.dp <= max(1, layout.gpus_per_node // (tp * layout.cp)):
         raise UserError(f"hsdp shards within a node and replicates across nodes: with {layout.dp} data-parallel "
                         f"GPUs and {layout.gpus_per_node} per node it is fsdp; use --strategy fsdp or more GPUs")
     if s in ZERO_STRATEGIES and tp > 1:

@@ -25,6 +25,7 @@ from ..memory import CUDA_RESERVE, FRAGMENTATION, simulate
 from ..rules.registry import MATMUL
 from ..tally import tally
 from ..target import CudaTarget
+from .context import shard_sequence
 from .engine import one_sequence_per_sample, trace_engine
 from .layout import Layout, check_layout, parse_plan_precision
 from .report import Comparison, Plan
@@ -202,8 +203,11 @@ class Planner:
             def progress(stage: str, detail: str = "") -> None:
                 self.progress(f"{stage} ({label})", detail)
 
+            inputs = self.inputs_at(what, value)
+            if layout.cp > 1:  # each rank of a context-parallel group holds 1/cp of every sequence
+                inputs = shard_sequence(inputs, value if what == "seq" else self.seq, layout.cp)
             hit = self._steps[key] = trace_engine(
-                self.model, self.inputs_at(what, value), layout, self.precision,
+                self.model, inputs, layout, self.precision,
                 replace(self.options, checkpoint=checkpoint), self.unit_paths,
                 self.tp_plan() if layout.tp > 1 else None, self.device, value, progress)
         return hit
@@ -344,14 +348,15 @@ class Planner:
              samples: float | None = None, steps: int | None = None, mfu: float | None = None,
              solve: Sequence[str] | str = ("batch",), reshard_after_forward: bool | None = None, rank: int = 0,
              confirm: bool = True, gpu: str | GPU | None = None, solve_unfit: bool = False,
-             loss_parallel: bool = False, pp: int = 1, pp_schedule: str = "1f1b", microbatches: int = 0) -> Plan:
+             loss_parallel: bool = False, pp: int = 1, pp_schedule: str = "1f1b", microbatches: int = 0,
+             cp: int = 1, cp_rotate: str = "allgather") -> Plan:
         """One plan (:func:`plan`).  The largest micro-batch is searched whether the given one fits or not;
         ``solve_unfit``: the longest sequence too (``estimate --gpu``'s question); a plan that does not fit
         suggests the smallest layouts that do, each with its step time and time to train."""
         target = self.gpu if gpu is None else (gpu if isinstance(gpu, GPU) else lookup(gpu))
         layout = Layout(strategy.lower(), gpus, tp, sequence_parallel, self.gpus_per_node, rank,
                         reshard_after_forward, offload, loss_parallel, pp, str(pp_schedule).lower(),
-                        microbatches or 0)
+                        microbatches or 0, cp, str(cp_rotate).lower())
         check_layout(layout, self.precision)
         if self.float8_all_gather and layout.strategy not in ("fsdp", "hsdp"):
             raise UserError(f"--float8-all-gather is FSDP2's all-gather in float8: use --strategy fsdp or hsdp, "
@@ -407,11 +412,12 @@ class Planner:
                          saved_activations=step.tally.activations_bytes, host=mem.host)
         config = Config(
             model=self.model_name, gpu=target.name, gpus=gpus, strategy=layout.strategy, tp=tp,
-            sequence_parallel=sequence_parallel, loss_parallel=loss_parallel, dp=layout.dp, shard_group=layout.shard, rank=rank,
+            sequence_parallel=sequence_parallel, loss_parallel=loss_parallel, dp=layout.dp,
+            shard_group=layout.shard * (layout.cp if layout.strategy != "ddp" else 1), rank=rank,
             precision=self.precision.name, optimizer=step.cap.optimizer_name, checkpoint=[c.__name__ for c in ckpt],
             offload=offload, wrap=[c.__name__ for c in self.wrap], micro_batch=self.batch,
             global_batch=self.batch * layout.dp * self.options.grad_accum if self.batch else None, seq=self.seq,
-            engine=self._engine_text(layout), device=self.device)
+            engine=self._engine_text(layout), device=self.device, cp=layout.cp)
         notes += self._notes(layout, mem) + self.float8_notes
         return Plan(config, per_gpu, Verdict(fits, target.capacity, reserve, needed, target.capacity - needed,
                                              suggestions), time, flops, training, batch_solve, seq_solve,
@@ -430,6 +436,8 @@ class Planner:
             extras = [w for w, on in (("sequence parallel", layout.sequence_parallel),
                                        ("loss parallel", layout.loss_parallel)) if on]
             parts += " + parallelize_module" + (f" ({', '.join(extras)})" if extras else "")
+        if layout.cp > 1:
+            parts += f" + context_parallel over {layout.cp} ranks (ring attention)"
         return f"traced: {parts} on a fake process group of {layout.gpus} ranks"
 
     def _notes(self, layout: Layout, mem: _Memory) -> list[str]:

@@ -154,6 +154,7 @@ class Config:
     pp: int = 1  # pipeline stages
     pp_schedule: str | None = None
     microbatches: int | None = None
+    cp: int = 1  # context-parallel ranks per sequence
 
 
 @dataclass

@@ -1,0 +1,109 @@
+"""Context parallelism: torch's ring attention (``context_parallel``) inside the traced step.
+
+Under ``--cp N`` the ``N`` ranks of a context-parallel group hold one batch of sequences between
+them, each a ``1/N`` shard of every sequence (torchtitan: ``context_parallel`` over the ``cp``
+mesh dimension, the inputs, labels and position buffers sharded on their sequence dimension).
+Everything but attention runs on the local shard as it would on a shorter sequence; attention
+is torch's own ring attention (``torch/distributed/tensor/experimental/_context_parallel/
+_attention.py``), traced here as it runs:
+
+* ``F.scaled_dot_product_attention`` is wrapped (torch's monkey-patch dispatch): the query, key
+  and value become DTensors sharded on the sequence, and the fused attention kernel (flash,
+  memory-efficient or cuDNN) is dispatched to ``_templated_ring_attention``;
+* the ring's key/value exchange is torch's default rotation (``_RotateMethod.ALL_GATHER``, also
+  torchtitan's ``context_parallel_rotate_method = "allgather"``): one all-gather of the local
+  keys and values per attention layer in forward and again in backward; the key/value
+  gradients go round the ring by all-to-all (``permute_tensor``), ``N - 1`` times;
+* causal attention is load-balanced (torch's head-tail split, ``_cp_options.enable_load_balance``):
+  each rank holds two chunks of every sequence, so the sequence must divide by ``2 x N``;
+* the partial outputs and log-sum-exps are merged in float32 (``_SDPAMerger``,
+  ``_cp_options.convert_to_f32``), the gradients accumulated in float32.
+
+The kernels, buffers, collectives and saved tensors are therefore torch's, one rank's worth, on
+the fake process group.  torch's ring attention handles only the CUDA attention kernels; a plan
+traced for a CPU (``device="cpu"``, the exact-bytes mode the tests use) routes attention to the
+flash kernel's op (its shapes from the meta kernel) and says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Iterator
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..errors import UserError
+from .search import _plain, resize_inputs
+
+ROTATE_METHODS = ("allgather", "alltoall")  # torchtitan's context_parallel_rotate_method
+
+
+def shard_sequence(inputs: Any, seq: int | None, cp: int) -> Any:
+    """``inputs`` as ``context_parallel(buffers=...)`` leaves them on each rank of the group: every tensor's
+    sequence dimension (dim 1 of size ``seq``) cut to the rank's ``seq / cp``, in place (``resize_``), so each
+    keeps its full-length storage."""
+    if seq is None:
+        raise UserError(f"--cp {cp} shards the sequence: the inputs have no sequence dimension (dimension 1)")
+    if seq % (2 * cp):
+        raise UserError(f"--cp {cp} splits each sequence into 2 x {cp} chunks (torch's load-balanced causal ring "
+                        f"attention): the sequence {seq} must be a multiple of {2 * cp}")
+    made: dict[int, torch.Tensor] = {}
+
+    def one(t: torch.Tensor) -> torch.Tensor:
+        if t.ndim < 2 or t.shape[1] != seq or t.requires_grad:
+            return t if t.ndim < 2 or t.shape[1] != seq else resize_inputs(t, 1, seq, seq // cp)
+        if id(t) not in made:
+            shape = (t.shape[0], seq // cp, *t.shape[2:])
+            storage = torch.empty(t.numel(), dtype=t.dtype, device="meta")  # the full-length storage kept
+            made[id(t)] = storage[:math.prod(shape)].view(shape)
+        return made[id(t)]
+
+    return pytree.tree_map_only(torch.Tensor, one, _plain(inputs))
+
+
+def _flash_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """``F.scaled_dot_product_attention`` as the flash kernel's op (what CUDA runs for a causal, unmasked call in
+    half precision): the op torch's ring attention takes over."""
+    if attn_mask is not None:
+        raise UserError("--cp: the model passes an attention mask; torch's ring attention takes causal or "
+                        "unmasked attention only (is_causal=True, no attn_mask)")
+    return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False,
+                                                              scale=scale)[0]
+
+
+_flash_sdpa.__name__ = "scaled_dot_product_attention"  # torch's patch replaces the function of this name
+
+
+@contextlib.contextmanager
+def ring_attention(mesh: Any, device: str, rotate: str = "allgather") -> Iterator[None]:
+    """torch's context-parallel dispatch for the duration of a trace: scaled-dot-product attention over the
+    ``mesh`` (the cp dimension) as ring attention, load-balanced, with the ``rotate`` key/value exchange."""
+    import torch.nn.functional as F
+    from torch.distributed.tensor.experimental._context_parallel import _attention as cp
+
+    if rotate not in ROTATE_METHODS:
+        raise UserError(f"--cp-rotate must be one of {', '.join(ROTATE_METHODS)}, not {rotate!r}")
+    options = cp._cp_options
+    saved = (options.enable_load_balance, options.rotate_method, F.scaled_dot_product_attention)
+    options.enable_load_balance = True
+    options.rotate_method = cp._RotateMethod.ALL_GATHER if rotate == "allgather" else cp._RotateMethod.ALL_TO_ALL
+    if device == "cpu":
+        F.scaled_dot_product_attention = _flash_sdpa
+    cp._enable_context_parallel_dispatcher_impl(seq_dim=2, mesh=mesh)
+    try:
+        yield
+    finally:
+        cp._disable_context_parallel_dispatcher_impl()
+        options.enable_load_balance, options.rotate_method, F.scaled_dot_product_attention = saved
+
+
+def cp_notes(cp: int, rotate: str, device: str) -> list[str]:
+    notes = [f"context parallelism: each sequence split over {cp} ranks (2 x {cp} load-balanced chunks), attention "
+             f"as torch's ring attention ({rotate} key/value exchange, float32 merge); FSDP2 shards and DDP averages "
+             f"over the data-parallel x context-parallel ranks"]
+    if device == "cpu":
+        notes.append("context parallelism on device cpu: attention traced as the CUDA flash kernel (torch's ring "
+                     "attention has no CPU kernel)")
+    return notes
