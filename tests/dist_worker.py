@@ -287,9 +287,10 @@ def run_one(case: dict, run: dict, world: int) -> dict:
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp")) if tp > 1 else \
         init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
     dp_mesh = mesh["dp"] if cp == 1 else None
-    if cp > 1:  # torchtitan's mesh: FSDP2 over dp x cp flattened ("dp_shard_cp")
-        mesh = init_device_mesh("cpu", (world // cp, cp), mesh_dim_names=("dp", "cp"))
-        dp_mesh = mesh["cp"] if world == cp else mesh["dp", "cp"]._flatten("dp_cp")
+    if cp > 1:  # torchtitan's mesh (dp, cp[, tp]): FSDP2 over dp x cp flattened ("dp_shard_cp")
+        inner = ((tp,), ("tp",)) if tp > 1 else ((), ())
+        mesh = init_device_mesh("cpu", (world // (cp * tp), cp, *inner[0]), mesh_dim_names=("dp", "cp", *inner[1]))
+        dp_mesh = mesh["cp"] if world == cp * tp else mesh["dp", "cp"]._flatten("dp_cp")
         flash_attention_on_cpu()
     model, args, kwargs, loss_of, block_cls = build(case, run)
     if run.get("f8"):

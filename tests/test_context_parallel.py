@@ -4,12 +4,14 @@ The truth: tests/dist_worker.py trains the example Llama on 2 CPU processes (glo
 ``context_parallel`` as torchtitan applies it (each sequence split over the 2 ranks, load-balanced; FSDP2 over
 the flattened dp x cp ranks, or DDP), torch's ring attention running for real (its key/value all-gather, its
 all-to-all of the key/value gradients, its float32 merge), the flash kernel's op computed by the CPU flash
-kernels (torch's ring attention dispatches only CUDA kernels), and measures each rank's model states from the
+kernels (torch's ring attention dispatches only CUDA kernels), also with tensor parallelism inside (a (cp, tp)
+mesh of 4 processes), and measures each rank's model states from the
 real tensors and its peak of live bytes over a steady-state step.  The plan of the same layout (``device="cpu"``:
 exact bytes) must give the model states exactly and the peak within 1 %.
 
 Measured on 2026-11-27 (plan against real, ranks 0 and 1): FSDP2 -0.15 % and -0.15 %, FSDP2 with every block
-checkpointed -0.20 % and -0.20 %, DDP -0.13 % and -0.13 %; the two ranks' peaks differ (rank 0 and the last
+checkpointed -0.20 % and -0.20 %, DDP -0.13 % and -0.13 %, FSDP2 x tensor parallelism 2 (4 processes) -0.21 %
+on ranks 0 and 3; the ranks' peaks differ (rank 0 and the last
 rank take different halves of the load-balanced chunks in the ring) and the plan follows each.  The inputs are
 counted as ``context_parallel`` leaves them: sharded in place by ``resize_``, each keeping its full-length storage.
 """
@@ -41,6 +43,12 @@ CASE = {"name": "llama", "model": "llama", "config": CONFIG, "batch": 8, "seq": 
     {"id": "fsdp-cp2-ckpt", "strategy": "fsdp", "precision": "fp32", "checkpoint": True, "cp": 2},
     {"id": "ddp-cp2", "strategy": "ddp", "precision": "fp32", "checkpoint": False, "cp": 2}]}
 WORLD = 2
+# 4 processes: a (cp 2, tp 2) mesh, FSDP2 over the 2 cp ranks, Megatron's pairs on the 2 tp ranks (ranks 0 and 3:
+# the first and the last of the ring)
+TP_CASE = {**CASE, "name": "llama-tp", "runs": [
+    {"id": "fsdp-cp2-tp2", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "cp": 2, "tp": 2}]}
+TP_WORLD = 4
+RANKS = {"llama": [0, 1], "llama-tp": [0, 3]}
 
 
 def _planner(config: dict = CONFIG, seq: int = 64) -> Planner:
@@ -50,6 +58,16 @@ def _planner(config: dict = CONFIG, seq: int = 64) -> Planner:
     return Planner(model, (idx, idx.clone()), gpu="H100", device="cpu", precision="fp32")
 
 
+def _launch(case: dict, world: int, directory) -> list[subprocess.Popen]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if sys.platform.startswith("linux"):
+        env["GLOO_SOCKET_IFNAME"] = "lo"
+    config = json.dumps({"cases": [case]})
+    return [subprocess.Popen([sys.executable, WORKER, str(r), str(world), str(directory / "init"),
+                              str(directory / f"r{r}.json"), config], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for r in range(world)]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The real runs (started first, running while the plans are traced) and the plans, by run id and rank."""
@@ -57,34 +75,32 @@ def runs(tmp_path_factory):
 
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
-    directory = tmp_path_factory.mktemp("cp")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    if sys.platform.startswith("linux"):
-        env["GLOO_SOCKET_IFNAME"] = "lo"
-    config = json.dumps({"cases": [CASE]})
-    procs = [subprocess.Popen([sys.executable, WORKER, str(r), str(WORLD), str(directory / "init"),
-                               str(directory / f"r{r}.json"), config], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(WORLD)]
+    launches = [(CASE, WORLD, tmp_path_factory.mktemp("cp")), (TP_CASE, TP_WORLD, tmp_path_factory.mktemp("cp_tp"))]
+    procs = [(case, world, d, _launch(case, world, d)) for case, world, d in launches]
     try:
         planner = _planner()
-        plans = {(run["id"], rank): planner.plan(run["strategy"], WORLD, cp=run["cp"], rank=rank, solve=(),
+        plans = {(run["id"], rank): planner.plan(run["strategy"], world, cp=run["cp"], tp=run.get("tp", 1),
+                                                 rank=rank, solve=(),
                                                  checkpoint="Block" if run["checkpoint"] else None)
-                 for run in CASE["runs"] for rank in range(WORLD)}
-        for r, p in enumerate(procs):
-            _, err = p.communicate(timeout=420)
-            assert p.returncode == 0, f"rank {r} failed:\n{err[-4000:]}"
+                 for case, world, _ in launches for run in case["runs"] for rank in RANKS[case["name"]]}
+        for case, world, _, started in procs:
+            for r, p in enumerate(started):
+                _, err = p.communicate(timeout=420)
+                assert p.returncode == 0, f"{case['name']} rank {r} failed:\n{err[-4000:]}"
     except BaseException:
-        for p in procs:
-            p.kill()
+        for *_, started in procs:
+            for p in started:
+                p.kill()
         raise
     real = {}
-    for r in range(WORLD):
-        for key, value in json.loads((directory / f"r{r}.json").read_text())["runs"].items():
-            real[(key.split("/")[1], r)] = value
+    for case, world, d in launches:
+        for r in RANKS[case["name"]]:
+            for key, value in json.loads((d / f"r{r}.json").read_text())["runs"].items():
+                real[(key.split("/")[1], r)] = value
     return real, plans
 
 
-RUNS = [(run["id"], rank) for run in CASE["runs"] for rank in range(WORLD)]
+RUNS = [(run["id"], rank) for case in (CASE, TP_CASE) for run in case["runs"] for rank in RANKS[case["name"]]]
 
 
 @pytest.mark.parametrize("run,rank", RUNS)
