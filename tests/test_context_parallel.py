@@ -173,3 +173,20 @@ def test_cli_passes_cp_to_the_planner(monkeypatch, capsys):
     assert main(["plan", spec, "--gpu", "H100", "--gpus", "4", "--cp", "2", "--compare"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "--cp plans one layout" in err
+
+
+def test_the_longest_sequence_is_searched_in_whole_chunks():
+    """``--solve seq`` under cp: every length traced splits into 2 x cp chunks; the answer fits and the next
+    multiple does not (both traced), on a card sized to what the given length needs plus 1 MiB."""
+    from dataclasses import replace
+
+    from estimator.hardware import lookup
+
+    planner = _planner()
+    needed = planner.plan("fsdp", 2, cp=2, solve=()).verdict.needed
+    card = replace(lookup("H100"), name="test-gpu", memory=needed + 2**20, total_memory=None)
+    p = planner.plan("fsdp", 2, cp=2, solve=("seq",), gpu=card)
+    assert p.max_seq is not None and p.max_seq % 4 == 0 and p.max_seq >= CASE["seq"], p.seq
+    assert all(v % 4 == 0 for v in p.seq.traced) and "in steps of 2 x cp = 4" in p.seq.method
+    if p.seq.limited_by is None:
+        assert p.seq.confirmed, p.seq

@@ -250,16 +250,18 @@ class Planner:
 
     # -- searches -----------------------------------------------------------------------------------------
     def solve(self, what: str, layout: Layout, checkpoint: tuple[type, ...], gpu: GPU, confirm: bool = True) -> Solve:
-        """Largest micro-batch (``what="batch"``) or sequence length that fits one GPU of ``layout``."""
-        base = self.base(what)
+        """Largest micro-batch (``what="batch"``) or sequence length that fits one GPU of ``layout``.  Under
+        context parallelism a sequence is searched in steps of ``2 x cp`` (the load-balanced chunks)."""
+        unit = 2 * layout.cp if what == "seq" and layout.cp > 1 else 1
+        base = self.base(what) // unit
         if what == "batch":
             points = [base, 2 * base]
         else:  # at and below the given length: a model may reject longer sequences
             points = [base // 4, base // 2, base] if base >= 4 else [base, 2 * base, 3 * base]
-        steps = [self.traced(layout, checkpoint, what, v) for v in points]
+        steps = [self.traced(layout, checkpoint, what, v * unit) for v in points]
 
         def traced(v: int) -> tuple[bool, int, int]:
-            st = self.traced(layout, checkpoint, what, v)
+            st = self.traced(layout, checkpoint, what, v * unit)
             pk = self.memory(layout, st).peak.total
             need = self.needed(pk, layout, st)
             return need <= gpu.capacity, pk, need
@@ -272,9 +274,17 @@ class Planner:
                 pk = self.memory(layout, steps[0], lagrange(points, per, v)).peak.total
                 return self.needed(pk) <= gpu.capacity
 
-        limit = position_limit(self.model) if what == "seq" else None
-        return largest_fitting(what, base, interpolated, traced, points, confirm, model_limit=limit,
-                               real=any(s.cap.fallback_reason for s in steps))
+        model_limit = limit = position_limit(self.model) if what == "seq" else None
+        if limit is not None and unit > 1:
+            limit = (limit[0] // unit, limit[1])
+        found = largest_fitting(what, base, interpolated, traced, points, confirm, model_limit=limit,
+                                real=any(s.cap.fallback_reason for s in steps))
+        if unit == 1:
+            return found
+        times = lambda v: None if v is None else v * unit  # noqa: E731
+        return replace(found, value=times(found.value), memory_allows=times(found.memory_allows),
+                       traced=[v * unit for v in found.traced], method=f"{found.method}, in steps of 2 x cp = {unit}",
+                       limited_by=found.limited_by and f"{model_limit[1]} = {model_limit[0]}")
 
     def suggestions(self, layout: Layout, checkpoint: tuple[type, ...], gpu: GPU,
                     timed: Any = None) -> list[Suggestion]:
