@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import replace
 from typing import Any, Iterator
 
 import torch
 import torch.utils._pytree as pytree
 
 from ..errors import UserError
+from .results import Solve
 from .search import _plain, resize_inputs
 
 ROTATE_METHODS = ("allgather", "alltoall")  # torchtitan's context_parallel_rotate_method
@@ -61,6 +63,17 @@ def shard_sequence(inputs: Any, seq: int | None, cp: int) -> Any:
         return made[id(t)]
 
     return pytree.tree_map_only(torch.Tensor, one, _plain(inputs))
+
+
+def in_chunks(found: Solve, unit: int, limit: tuple[int, str] | None) -> Solve:
+    """A sequence search run in units of ``unit`` = 2 x cp positions (every length traced splits into the
+    load-balanced chunks), its lengths given back in positions; ``limit``: the model's own, in positions."""
+    def times(v: int | None) -> int | None:
+        return None if v is None else v * unit
+
+    return replace(found, value=times(found.value), memory_allows=times(found.memory_allows),
+                   traced=[v * unit for v in found.traced], method=f"{found.method}, in steps of 2 x cp = {unit}",
+                   limited_by=found.limited_by and limit and f"{limit[1]} = {limit[0]}")
 
 
 def _flash_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):

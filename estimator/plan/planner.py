@@ -25,7 +25,7 @@ from ..memory import CUDA_RESERVE, FRAGMENTATION, simulate
 from ..rules.registry import MATMUL
 from ..tally import tally
 from ..target import CudaTarget
-from .context import shard_sequence
+from .context import in_chunks, shard_sequence
 from .engine import one_sequence_per_sample, trace_engine
 from .layout import Layout, check_layout, parse_plan_precision
 from .report import Comparison, Plan
@@ -274,17 +274,11 @@ class Planner:
                 pk = self.memory(layout, steps[0], lagrange(points, per, v)).peak.total
                 return self.needed(pk) <= gpu.capacity
 
-        model_limit = limit = position_limit(self.model) if what == "seq" else None
-        if limit is not None and unit > 1:
-            limit = (limit[0] // unit, limit[1])
-        found = largest_fitting(what, base, interpolated, traced, points, confirm, model_limit=limit,
+        limit = position_limit(self.model) if what == "seq" else None
+        found = largest_fitting(what, base, interpolated, traced, points, confirm,
+                                model_limit=limit and (limit[0] // unit, limit[1]),
                                 real=any(s.cap.fallback_reason for s in steps))
-        if unit == 1:
-            return found
-        times = lambda v: None if v is None else v * unit  # noqa: E731
-        return replace(found, value=times(found.value), memory_allows=times(found.memory_allows),
-                       traced=[v * unit for v in found.traced], method=f"{found.method}, in steps of 2 x cp = {unit}",
-                       limited_by=found.limited_by and f"{model_limit[1]} = {model_limit[0]}")
+        return found if unit == 1 else in_chunks(found, unit, limit)
 
     def suggestions(self, layout: Layout, checkpoint: tuple[type, ...], gpu: GPU,
                     timed: Any = None) -> list[Suggestion]:
