@@ -227,9 +227,11 @@ def test_loss_parallel_keeps_only_the_local_vocabulary_shard_of_returned_logits(
 def test_rows_add_up_to_the_peak_for_every_strategy_and_precision(device):
     model, inputs = _llama({"vocab_size": 96, "dim": 32, "hidden_dim": 48, "n_layers": 2, "n_heads": 4,
                             "n_kv_heads": 2, "max_seq_len": 16}, 2, 16)
-    # (CPU: the exact-bytes path on two precisions; every precision on the CUDA path, which adds
-    # the workspaces row)
-    for precision in PRECISIONS if device == "cuda" else ("fp32", "bf16-mixed"):
+    # (CPU: the exact-bytes path on two precisions; on the CUDA path, which adds the workspaces row, every kind
+    # of precision: fp32, a model cast, autocast in both dtypes (fp16 adds GradScaler's state), FSDP2's policy;
+    # fp16 and fsdp-fp16 run the code paths of bf16 and fsdp-bf16)
+    for precision in ("fp32", "bf16", "bf16-mixed", "fp16-mixed", "fsdp-bf16") if device == "cuda" \
+            else ("fp32", "bf16-mixed"):
         planner = Planner(model, inputs, gpu="H100", device=device, precision=precision)
         for strategy in STRATEGIES:
             if precision.startswith("fsdp-") and strategy not in ("fsdp", "hsdp"):
