@@ -190,3 +190,29 @@ def test_the_longest_sequence_is_searched_in_whole_chunks():
     assert all(v % 4 == 0 for v in p.seq.traced) and "in steps of 2 x cp = 4" in p.seq.method
     if p.seq.limited_by is None:
         assert p.seq.confirmed, p.seq
+
+
+class _TinyLM(torch.nn.Module):
+    """Embedding, one attention (torch's SDPA, causal or not, or written out by hand) and a head."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.emb, self.qkv, self.head = torch.nn.Embedding(64, 32), torch.nn.Linear(32, 96), torch.nn.Linear(32, 64)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(self.emb(idx)).unflatten(-1, (3, 2, 16)).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, D)
+        if self.how == "by hand":
+            y = torch.softmax(q @ k.transpose(-1, -2) / 4, dim=-1) @ v
+        else:
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.how == "causal")
+        return self.head(y.transpose(1, 2).flatten(2)).logsumexp(-1).mean()
+
+
+@pytest.mark.parametrize("how,message", [("by hand", "never called torch.nn.functional.scaled_dot_product_attention"),
+                                         ("not causal", "splits causal attention only")])
+def test_attention_the_ring_cannot_take_is_a_one_line_error(how, message):
+    planner = Planner(_TinyLM(how), (torch.zeros(2, 16, dtype=torch.long),), gpu="H100", precision="fp32")
+    assert planner.plan("fsdp", 2, solve=()).per_gpu.peak > 0  # (without --cp it plans)
+    with pytest.raises(UserError, match=message):
+        planner.plan("fsdp", 2, cp=2, solve=())

@@ -86,11 +86,41 @@ def _flash_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fals
                                                               scale=scale)[0]
 
 
-_flash_sdpa.__name__ = "scaled_dot_product_attention"  # torch's patch replaces the function of this name
+class Calls:
+    """``F.scaled_dot_product_attention`` counting its calls (torch's context parallelism wraps it in turn)."""
+
+    __name__ = "scaled_dot_product_attention"  # torch's patch replaces the function of this name
+
+    def __init__(self, sdpa: Any):
+        self.sdpa, self.count = sdpa, 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.count += 1
+        return self.sdpa(*args, **kwargs)
+
+
+def check_ring(calls: Calls) -> None:
+    """A model whose attention never called ``F.scaled_dot_product_attention`` would be planned with each rank
+    attending to its own chunk only: refused."""
+    if not calls.count:
+        raise UserError("--cp: the model never called torch.nn.functional.scaled_dot_product_attention, the function "
+                        "torch's context parallelism turns into ring attention; use a model that does (Hugging Face: "
+                        "attn_implementation='sdpa') or plan without --cp")
+
+
+def cp_error(exc: UserError) -> None:
+    """The one-line errors of attention torch's ring cannot take (raised from ``exc``), else nothing."""
+    text = str(exc)
+    if "Load balancing requires" in text:
+        raise UserError("--cp: torch's context parallelism splits causal attention only (its load-balanced ring); "
+                        "this model's attention is not causal (an encoder?): plan it without --cp") from exc
+    if "attn_bias is not supported" in text or "passes an attention mask" in text:
+        raise UserError("--cp: the model passes an attention mask, which torch's ring attention does not take "
+                        "(causal or unmasked attention only): plan it without --cp") from exc
 
 
 @contextlib.contextmanager
-def ring_attention(mesh: Any, device: str, rotate: str = "allgather") -> Iterator[None]:
+def ring_attention(mesh: Any, device: str, rotate: str = "allgather") -> Iterator[Calls]:
     """torch's context-parallel dispatch for the duration of a trace: scaled-dot-product attention over the
     ``mesh`` (the cp dimension) as ring attention, load-balanced, with the ``rotate`` key/value exchange."""
     import torch.nn.functional as F
@@ -102,11 +132,11 @@ def ring_attention(mesh: Any, device: str, rotate: str = "allgather") -> Iterato
     saved = (options.enable_load_balance, options.rotate_method, F.scaled_dot_product_attention)
     options.enable_load_balance = True
     options.rotate_method = cp._RotateMethod.ALL_GATHER if rotate == "allgather" else cp._RotateMethod.ALL_TO_ALL
-    if device == "cpu":
-        F.scaled_dot_product_attention = _flash_sdpa
+    calls = Calls(_flash_sdpa if device == "cpu" else F.scaled_dot_product_attention)
+    F.scaled_dot_product_attention = calls
     cp._enable_context_parallel_dispatcher_impl(seq_dim=2, mesh=mesh)
     try:
-        yield
+        yield calls
     finally:
         cp._disable_context_parallel_dispatcher_impl()
         options.enable_load_balance, options.rotate_method, F.scaled_dot_product_attention = saved

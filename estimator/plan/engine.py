@@ -40,7 +40,7 @@ from ..capture import StepOptions, capture
 from ..errors import UserError
 from ..memory import simulate
 from ..tally import tally
-from .context import cp_notes, ring_attention
+from .context import check_ring, cp_error, cp_notes, ring_attention
 from .layout import Layout, PlanPrecision
 from .tp import TPPlan, apply_tp
 from .traced import Step, find_collectives, storage_rows
@@ -340,10 +340,14 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
                 replicate = options.replicate and not (layout.strategy == "ddp" and layout.grad_group > 1)
                 ring = ring_attention(_submesh(mesh, ("cp",)), device, layout.cp_rotate) if layout.cp > 1 \
                     else contextlib.nullcontext()
-                with ring:
+                with ring as calls:
                     cap = capture(model, inputs, replace(options, prepare=prepare, accumulate=accumulate,
                                                          replicate=replicate), progress=progress)
+                if layout.cp > 1:
+                    check_ring(calls)
         except UserError as exc:
+            if layout.cp > 1:
+                cp_error(exc)
             if layout.tp > 1:
                 lp = ("; under --loss-parallel the loss must be cross-entropy on the logits, the only loss torch's "
                       "loss_parallel supports") if layout.loss_parallel else ""
