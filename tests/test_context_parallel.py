@@ -216,3 +216,14 @@ def test_attention_the_ring_cannot_take_is_a_one_line_error(how, message):
     assert planner.plan("fsdp", 2, solve=()).per_gpu.peak > 0  # (without --cp it plans)
     with pytest.raises(UserError, match=message):
         planner.plan("fsdp", 2, cp=2, solve=())
+
+
+def test_the_efficient_kernels_padding_is_explained():
+    """fp32 attention on an H100 is the memory-efficient kernel, whose log-sum-exp is padded to 32 positions:
+    torch's ring cannot merge halves of a 16-position shard (a real run fails alike); the error says why."""
+    with torch.device("meta"):
+        model = llama.Llama(llama.LlamaConfig(**CONFIG))
+    idx = torch.zeros(2, 32, dtype=torch.long)
+    planner = Planner(model, (idx, idx.clone()), gpu="H100", precision="fp32")
+    with pytest.raises(UserError, match="multiple of 32 positions"):
+        planner.plan("fsdp", 2, cp=2, solve=())

@@ -114,6 +114,10 @@ def cp_error(exc: UserError) -> None:
     if "Load balancing requires" in text:
         raise UserError("--cp: torch's context parallelism splits causal attention only (its load-balanced ring); "
                         "this model's attention is not causal (an encoder?): plan it without --cp") from exc
+    if "Attempting to broadcast a dimension" in text and "aten.sub" in text:
+        raise UserError("--cp: torch's ring attention could not merge its partial results: with the memory-efficient "
+                        "kernel (fp32 attention on this GPU) each rank's shard must be a multiple of 32 positions (the "
+                        "kernel pads its log-sum-exp to 32); use a sequence that is a multiple of 32 x cp") from exc
     if "attn_bias is not supported" in text or "passes an attention mask" in text:
         raise UserError("--cp: the model passes an attention mask, which torch's ring attention does not take "
                         "(causal or unmasked attention only): plan it without --cp") from exc
