@@ -51,11 +51,15 @@ TP_WORLD = 4
 RANKS = {"llama": [0, 1], "llama-tp": [0, 3]}
 
 
-def _planner(config: dict = CONFIG, seq: int = 64) -> Planner:
+def _model_and_inputs(config: dict = CONFIG, seq: int = 64):
     with torch.device("meta"):
         model = llama.Llama(llama.LlamaConfig(**config))
     idx = torch.zeros(CASE["batch"], seq, dtype=torch.long)
-    return Planner(model, (idx, idx.clone()), gpu="H100", device="cpu", precision="fp32")
+    return model, (idx, idx.clone())
+
+
+def _planner(config: dict = CONFIG, seq: int = 64) -> Planner:
+    return Planner(*_model_and_inputs(config, seq), gpu="H100", device="cpu", precision="fp32")
 
 
 def _launch(case: dict, world: int, directory) -> list[subprocess.Popen]:
@@ -136,7 +140,11 @@ def test_the_ring_exchanges_are_torchs():
 
 
 def test_each_rank_holds_its_share_of_the_sequence():
+    from estimator.plan import plan
+
     plain, ring = (_planner().plan("fsdp", 2, cp=cp, solve=()) for cp in (1, 2))
+    assert plan(*_model_and_inputs(), gpu="H100", gpus=2, strategy="fsdp", cp=2, device="cpu", precision="fp32",
+                solve=()).to_dict() == ring.to_dict()  # the API's plan() takes cp as the Planner does
     assert ring.per_gpu.parameters == plain.per_gpu.parameters  # FSDP2 over dp x cp: the same 2-way shards
     assert ring.config.cp == 2 and ring.to_dict()["cp"] == 2 and "x cp 2" in ring.render().splitlines()[2]
     assert ring.config.global_batch == CASE["batch"]  # one data-parallel rank: the 2 ranks share one batch

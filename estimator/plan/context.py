@@ -13,7 +13,7 @@ _attention.py``), traced here as it runs:
 * the ring's key/value exchange is torch's default rotation (``_RotateMethod.ALL_GATHER``, also
   torchtitan's ``context_parallel_rotate_method = "allgather"``): one all-gather of the local
   keys and values per attention layer in forward and again in backward; the key/value
-  gradients go round the ring by all-to-all (``permute_tensor``), ``N - 1`` times;
+  gradients go round the ring by all-to-all (``permute_tensor``), ``N`` times (one per ring step);
 * causal attention is load-balanced (torch's head-tail split, ``_cp_options.enable_load_balance``):
   each rank holds two chunks of every sequence, so the sequence must divide by ``2 x N``;
 * the partial outputs and log-sum-exps are merged in float32 (``_SDPAMerger``,
@@ -54,8 +54,10 @@ def shard_sequence(inputs: Any, seq: int | None, cp: int) -> Any:
     made: dict[int, torch.Tensor] = {}
 
     def one(t: torch.Tensor) -> torch.Tensor:
-        if t.ndim < 2 or t.shape[1] != seq or t.requires_grad:
-            return t if t.ndim < 2 or t.shape[1] != seq else resize_inputs(t, 1, seq, seq // cp)
+        if t.ndim < 2 or t.shape[1] != seq:
+            return t
+        if t.requires_grad:  # a leaf taking gradients (inputs_embeds): a tensor of its own
+            return resize_inputs(t, 1, seq, seq // cp)
         if id(t) not in made:
             shape = (t.shape[0], seq // cp, *t.shape[2:])
             storage = torch.empty(t.numel(), dtype=t.dtype, device="meta")  # the full-length storage kept
