@@ -235,3 +235,20 @@ def test_the_efficient_kernels_padding_is_explained():
     planner = Planner(model, (idx, idx.clone()), gpu="H100", precision="fp32")
     with pytest.raises(UserError, match="multiple of 32 positions"):
         planner.plan("fsdp", 2, cp=2, solve=())
+
+
+def test_a_layout_that_does_not_fit_suggests_more_gpus_with_the_same_cp():
+    """The suggestions keep context parallelism (the same sequence shards per GPU): sized to what cp 2 needs on 8
+    GPUs (FSDP2 shards the states over 8), the 2-GPU plan does not fit; its suggestions (8 GPUs, or checkpointed
+    blocks on 2) all keep cp 2."""
+    from dataclasses import replace
+
+    from estimator.hardware import lookup
+
+    planner = _planner()
+    needed = planner.plan("fsdp", 8, cp=2, solve=()).verdict.needed
+    card = replace(lookup("H100"), name="test-gpu", memory=needed, total_memory=None)
+    p = planner.plan("fsdp", 2, cp=2, solve=(), gpu=card)
+    assert not p.fits and p.verdict.suggestions, p.verdict
+    assert all(s.cp == 2 and "x cp 2" in s.describe() for s in p.verdict.suggestions), p.verdict.suggestions
+    assert any(s.gpus > 2 for s in p.verdict.suggestions)

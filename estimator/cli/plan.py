@@ -29,7 +29,7 @@ PLAN_PRECISIONS = ("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed", "fsdp-bf1
 PLAN_FORMATS = ("table", "json", "markdown", "html")
 PLAN_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp")
 PLAN_PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zbv")  # estimator.plan.layout.PP_SCHEDULES
-PLAN_CP_ROTATE = ("allgather", "alltoall")  # estimator.plan.context.ROTATE_METHODS (imported lazily there)
+PLAN_CP_ROTATE = ("allgather", "alltoall")  # estimator.plan.layout.CP_ROTATES (imported lazily there)
 _COUNT_SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
 
 

@@ -36,11 +36,9 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..errors import UserError
+from .layout import CP_ROTATES
 from .results import Solve
 from .search import _plain, resize_inputs
-
-ROTATE_METHODS = ("allgather", "alltoall")  # torchtitan's context_parallel_rotate_method
-
 
 def shard_sequence(inputs: Any, seq: int | None, cp: int) -> Any:
     """``inputs`` as ``context_parallel(buffers=...)`` leaves them on each rank of the group: every tensor's
@@ -132,8 +130,8 @@ def ring_attention(mesh: Any, device: str, rotate: str = "allgather") -> Iterato
     import torch.nn.functional as F
     from torch.distributed.tensor.experimental._context_parallel import _attention as cp
 
-    if rotate not in ROTATE_METHODS:
-        raise UserError(f"--cp-rotate must be one of {', '.join(ROTATE_METHODS)}, not {rotate!r}")
+    if rotate not in CP_ROTATES:  # (check_layout says so in its words first)
+        raise ValueError(f"unknown rotation {rotate!r}")
     options = cp._cp_options
     saved = (options.enable_load_balance, options.rotate_method, F.scaled_dot_product_attention)
     options.enable_load_balance = True

@@ -28,6 +28,7 @@ from ..precision import Precision, parse_precision
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zbv")  # pipeline schedules planned (plan.pipeline_schedule)
+CP_ROTATES = ("allgather", "alltoall")  # the ring's key/value exchanges (torchtitan's context_parallel_rotate_method)
 ENGINE_STRATEGIES = frozenset({"ddp", "fsdp", "hsdp"})  # traced on torch's engines
 ZERO_STRATEGIES = frozenset({"zero1", "zero2", "zero3"})  # laid out by hand (DeepSpeed or paper)
 SHARDED_PARAMS = frozenset({"zero3", "fsdp", "hsdp"})
@@ -52,7 +53,7 @@ class Layout:
     reshard_after_forward: bool | None = None  # None: torchtitan's "default" policy, True unless pp > 1
     offload: str | None = None
     loss_parallel: bool = False  # the head's logits kept vocabulary-sharded, the loss under loss_parallel()
-    pp: int = 1  # pipeline stages (estimator.plan.pipeline); the data-parallel ranks are gpus / (tp x pp)
+    pp: int = 1  # pipeline stages (estimator.plan.pipeline); the data-parallel ranks are gpus / (tp x cp x pp)
     pp_schedule: str = "1f1b"
     microbatches: int = 0  # micro-batches per step under pipeline parallelism (0: one per sample)
     cp: int = 1  # context-parallel ranks sharing each sequence (estimator.plan.context)
@@ -191,6 +192,8 @@ def check_layout(layout: Layout, precision: PlanPrecision) -> None:
     if layout.cp < 1:
         raise UserError(f"--cp must be >= 1, not {layout.cp}")
     if layout.cp > 1:
+        if layout.cp_rotate not in CP_ROTATES:
+            raise UserError(f"--cp-rotate must be one of {', '.join(CP_ROTATES)}, not {layout.cp_rotate!r}")
         if gpus % (tp * layout.pp * layout.cp):
             raise UserError(f"--cp {layout.cp} x --tp {tp}{f' x --pp {layout.pp}' if layout.pp > 1 else ''} does not "
                             f"divide --gpus {gpus}: use a multiple of {tp * layout.pp * layout.cp} GPUs")

@@ -307,7 +307,7 @@ class Planner:
                 peak = self.memory(at, st).peak.total
                 step_s, train_s = timed(at, st) if timed is not None else (None, None)
                 out.append(Suggestion(strategy, n, lay.tp, [c.__name__ for c in ckpt], peak, self.needed(peak, at, st),
-                                      step_s, train_s))
+                                      step_s, train_s, lay.cp))
         out.sort(key=lambda s: (s.gpus, bool(s.checkpoint)))
         return out
 

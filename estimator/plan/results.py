@@ -71,11 +71,13 @@ class Suggestion:
     needed: int
     step_time_s: float | None = None  # its step time (the same micro-batch per GPU)
     time_to_train_s: float | None = None  # the budget's time on it (None: no --tokens/--samples/--steps)
+    cp: int = 1
 
     def describe(self) -> str:
         ck = f", checkpoint {', '.join(self.checkpoint)}" if self.checkpoint else ""
         tp = f" x tp {self.tp}" if self.tp > 1 else ""
-        return f"{self.gpus} GPUs, {self.strategy}{tp}{ck}"
+        cp = f" x cp {self.cp}" if self.cp > 1 else ""
+        return f"{self.gpus} GPUs, {self.strategy}{tp}{cp}{ck}"
 
 
 @dataclass(frozen=True)
