@@ -63,7 +63,15 @@ def fake_grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     the meta kernel makes it, in the dtype the CPU kernel returns."""
     from torch._meta_registrations import _create_grouped_mm_output_tensor
 
-    return _create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype or mat_a.dtype)
+    def meta(t):
+        return None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+    # the shape and (padded) strides from the meta kernel's helper, on meta stand-ins; the output made from
+    # mat_a so that it is a fake tensor of the mode (a factory call here, inside the mode's dispatch, would
+    # make a real tensor, which the next op would adopt as a new storage)
+    with _disable_current_modes():
+        shape = _create_grouped_mm_output_tensor(meta(mat_a), meta(mat_b), meta(offs), out_dtype or mat_a.dtype)
+    return mat_a.new_empty_strided(shape.shape, shape.stride(), dtype=shape.dtype)
 
 
 def _contiguous(bound: dict) -> torch.memory_format:
