@@ -165,6 +165,15 @@ def sort(call):
     return sort_flops(x.numel, length)
 
 
+@register(*aten_ops("searchsorted", "bucketize"), kind=OTHER)
+def binary_search(call):
+    """N*ceil(log2(L)) FLOPs: a binary search of each of the N queries (one per output element) among the L
+    sorted values (searchsorted: the last dimension of ``sorted_sequence``; bucketize: ``boundaries``)."""
+    sorted_values = call.get("sorted_sequence") or call.get("boundaries")
+    length = sorted_values.shape[-1] if sorted_values is not None and sorted_values.ndim else 1
+    return sort_flops(call.out.numel, length)
+
+
 @register(*aten_ops("_unique", "_unique2", "unique_dim"), kind=OTHER)
 def unique(call):
     """N*ceil(log2(N)) + N FLOPs: sort the N elements (or rows), then 1 comparison with the neighbour each."""

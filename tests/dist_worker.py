@@ -4,7 +4,8 @@ Run as ``python tests/dist_worker.py RANK WORLD_SIZE INIT_FILE OUT_JSON CONFIG_J
 starts one process per rank.  ``CONFIG_JSON``: ``{"cases": [{"name", "model": "gpt" | "llama",
 "config": {...}, "batch", "seq", "runs": [{"id", "strategy": "ddp" | "fsdp", "precision": "fp32" |
 "bf16-mixed" | "fsdp-bf16", "checkpoint": bool, "tp": int, "sp": bool, "lp": bool, "reshard": bool,
-"accum": int, "f8": "tensorwise" | "all-gather", "cp": int}]}]}``.
+"accum": int, "f8": "tensorwise" | "all-gather", "cp": int, "ep": int}]}]}``; ``"model": "mixtral"``:
+transformers' Mixtral with balanced routing (tests/moe_worker.py), ``ep`` > 1: torchtitan's expert parallelism.
 Independent of estimator's code: nothing from ``estimator`` is imported here; the tensor-parallel
 plan is written out by hand (Megatron's pairs for a Llama block, torchtitan's sequence parallelism).
 
@@ -212,6 +213,12 @@ def build(case: dict, run: dict):
         model = gpt.GPT(gpt.GPTConfig(**case["config"]))
         idx = torch.randint(0, case["config"]["vocab_size"], (b, s))
         return model, (idx, idx.clone()), {}, (lambda out: out), gpt.Block
+    if case["model"] == "mixtral":
+        from moe_worker import build_mixtral
+
+        model, block = build_mixtral(case["config"])
+        idx = torch.randint(0, case["config"]["vocab_size"], (b, s))
+        return model, (), {"input_ids": idx, "labels": idx.clone()}, (lambda out: out.loss), block
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     import llama
 
@@ -293,6 +300,11 @@ def run_one(case: dict, run: dict, world: int) -> dict:
         dp_mesh = mesh["cp"] if world == cp * tp else mesh["dp", "cp"]._flatten("dp_cp")
         flash_attention_on_cpu()
     model, args, kwargs, loss_of, block_cls = build(case, run)
+    ep = run.get("ep", 1)
+    if ep > 1:  # torchtitan's expert region (efsdp, ep): the ep ranks innermost
+        from moe_worker import expert_parallel, shard_experts
+
+        ep_region = init_device_mesh("cpu", (world // ep, ep), mesh_dim_names=("efsdp", "ep"))
     if run.get("f8"):
         float8(model, run["f8"])
     tracker = ResizeAwareTracker()
@@ -309,6 +321,8 @@ def run_one(case: dict, run: dict, world: int) -> dict:
                     blk.forward = (lambda f: lambda *a, **k: checkpoint(f, *a, use_reentrant=False, **k))(blk.forward)
         if tp > 1:
             tensor_parallel(model, mesh["tp"], run.get("sp", False), run.get("lp", False))
+        if ep > 1:
+            experts = expert_parallel(model, ep_region["ep"])
         if run["strategy"] == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
@@ -319,6 +333,8 @@ def run_one(case: dict, run: dict, world: int) -> dict:
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if run["precision"] == "fsdp-bf16" \
                 else MixedPrecisionPolicy()
             keep = {} if run.get("reshard", True) else {"reshard_after_forward": False}
+            if ep > 1:
+                shard_experts(experts, ep_region["efsdp"], ep, policy, in_place_reduce_scatter)
             units = [m for m in model.modules() if isinstance(m, block_cls)] + [model]
             for m in units:
                 fully_shard(m, mesh=dp_mesh, mp_policy=policy, **keep)

@@ -83,7 +83,7 @@ def _ints(text: str) -> list[int]:
 
 
 def _add_model_parallel_options(p: argparse.ArgumentParser) -> None:
-    """--tp, --sequence-parallel, --cp, --cp-rotate, --pp, --pp-schedule, --microbatches: how the model itself
+    """--tp, --sequence-parallel, --cp, --cp-rotate, --ep, --pp, --pp-schedule, --microbatches: how the model itself
     is split."""
     p.add_argument("--tp", type=int, default=1, metavar="N",
                    help="tensor-parallel degree inside a node (parallelize_module, Megatron's colwise/rowwise "
@@ -98,6 +98,10 @@ def _add_model_parallel_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cp-rotate", default="allgather", choices=PLAN_CP_ROTATE,
                    help="with --cp: the ring's key/value exchange, torchtitan's context_parallel_rotate_method "
                         "(default: allgather), e.g. --cp-rotate alltoall")
+    p.add_argument("--ep", type=int, default=1, metavar="N",
+                   help="expert-parallel degree of mixture-of-experts layers: each layer's experts split over N "
+                        "of the sharded data-parallel ranks, tokens dispatched by all-to-all (torchtitan's "
+                        "ExpertParallel; balanced routing assumed; fsdp or hsdp) (default: 1), e.g. --ep 8")
     p.add_argument("--pp", type=int, default=1, metavar="N",
                    help="pipeline-parallel stages (torch.distributed.pipelining; the stack of blocks split by layer "
                         "as torchtitan splits it; ddp, fsdp or hsdp inside each stage) (default: 1), e.g. --pp 4")
@@ -236,8 +240,8 @@ def run_plan(args: argparse.Namespace) -> int:
                           float8=args.float8, float8_all_gather=args.float8_all_gather)
         budget = dict(tokens=args.tokens, samples=args.samples, steps=steps, mfu=args.mfu)
         if args.compare or len(gpus_names) > 1 or len(args.gpus) > 1:
-            if args.pp > 1 or args.cp > 1:
-                raise UserError(f"--{'pp' if args.pp > 1 else 'cp'} plans one layout: give one --gpu and one --gpus "
+            if args.pp > 1 or args.cp > 1 or args.ep > 1:
+                raise UserError(f"--{'pp' if args.pp > 1 else 'cp' if args.cp > 1 else 'ep'} plans one layout: give one --gpu and one --gpus "
                                 f"count, without --compare")
             result = planner.compare(args.gpus, strategies=None if args.compare else [args.strategy], tp=args.tp,
                                      sequence_parallel=args.sequence_parallel, loss_parallel=args.loss_parallel,
@@ -248,7 +252,7 @@ def run_plan(args: argparse.Namespace) -> int:
             result = planner.plan(args.strategy, args.gpus[0], tp=args.tp, sequence_parallel=args.sequence_parallel,
                                   loss_parallel=args.loss_parallel, pp=args.pp, pp_schedule=args.pp_schedule,
                                   microbatches=args.microbatches, cp=args.cp, cp_rotate=args.cp_rotate,
-                                  checkpoint=args.checkpoint or None, offload=args.offload,
+                                  ep=args.ep, checkpoint=args.checkpoint or None, offload=args.offload,
                                   solve=("batch", *args.solve), reshard_after_forward=args.reshard_after_forward,
                                   rank=args.rank, **budget)
         progress.set("writing the plan")

@@ -15,7 +15,8 @@ from .report import Comparison, Plan
 
 def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, strategy: str = "ddp", tp: int = 1,
          sequence_parallel: bool = False, loss_parallel: bool = False, pp: int = 1, pp_schedule: str = "1f1b",
-         microbatches: int = 0, cp: int = 1, cp_rotate: str = "allgather", optimizer: Any = "adamw", optimizer_kwargs: Mapping[str, Any] | None = None,
+         microbatches: int = 0, cp: int = 1, cp_rotate: str = "allgather", ep: int = 1,
+         optimizer: Any = "adamw", optimizer_kwargs: Mapping[str, Any] | None = None,
          loss_fn=None, precision: str = "bf16-mixed", reduce_dtype: str | None = None, checkpoint: Any = None,
          offload: str | None = None, wrap: Any = None, tokens: float | None = None, samples: float | None = None,
          steps: int | None = None, mfu: float | None = None, solve: Sequence[str] | str = ("batch",),
@@ -41,7 +42,8 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
     rank with the highest peak reported (:mod:`estimator.plan.pipeline`).  ``reshard_after_forward`` (FSDP2):
     None is torchtitan's default policy (True, False under ``pp``).  ``cp``: context-parallel ranks per sequence,
     attention as torch's ring attention with the ``cp_rotate`` key/value exchange (``"allgather"`` or
-    ``"alltoall"``; :mod:`estimator.plan.context`).
+    ``"alltoall"``; :mod:`estimator.plan.context`).  ``ep``: expert-parallel ranks per mixture-of-experts layer
+    (fsdp or hsdp; all-to-all dispatch, balanced routing assumed; :mod:`estimator.plan.expert`).
     ``precision`` (default ``bf16-mixed``): see :func:`~estimator.plan.layout.parse_plan_precision`.
     ``device="cpu"`` plans exact bytes without CUDA rounding (tests).  ``trace``: as
     :func:`estimator.estimate`'s (``"auto"``, ``"fake"`` or ``"real"``).  The training loop as
@@ -62,7 +64,7 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
                       replicate=replicate, compile=compile, float8=float8, float8_all_gather=float8_all_gather)
     return planner.plan(strategy, gpus, tp=tp, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel,
                         pp=pp, pp_schedule=pp_schedule, microbatches=microbatches, cp=cp, cp_rotate=cp_rotate,
-                        checkpoint=checkpoint,
+                        ep=ep, checkpoint=checkpoint,
                         offload=offload, tokens=tokens, samples=samples, steps=steps, mfu=mfu, solve=solve,
                         reshard_after_forward=reshard_after_forward, rank=rank, confirm=confirm,
                         solve_unfit=solve_unfit)

@@ -41,6 +41,7 @@ from ..errors import UserError
 from ..memory import simulate
 from ..tally import tally
 from .context import check_ring, cp_error, cp_notes, ring_attention
+from .expert import apply_ep, ep_notes, expert_meshes, find_experts, shard_experts
 from .layout import Layout, PlanPrecision
 from .tp import TPPlan, apply_tp
 from .traced import Step, find_collectives, storage_rows
@@ -220,6 +221,12 @@ def build(model: torch.nn.Module, layout: Layout, precision: PlanPrecision, unit
             raise UserError(f"--tp {layout.tp}: no Linear layer pairs to split were found in the blocks; use --tp 1")
         apply_tp(m, tp_plan, _submesh(mesh, ("tp",)), layout.sequence_parallel,
                  layout.loss_parallel and tp_plan.head is not None)
+    experts: list[str] = []
+    if layout.ep > 1:  # torchtitan's order: tp, ep, (cp, checkpointing,) fsdp
+        experts = find_experts(m, layout.ep)
+        expert_fsdp_mesh, ep_mesh = expert_meshes(layout.replicate if layout.strategy == "hsdp" else 1,
+                                                  layout.efsdp, layout.ep, next(_WORLDS))
+        apply_ep(m, experts, ep_mesh)
     if layout.strategy in ("fsdp", "hsdp"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -227,6 +234,8 @@ def build(model: torch.nn.Module, layout: Layout, precision: PlanPrecision, unit
         policy = MixedPrecisionPolicy(param_dtype=precision.param_dtype, reduce_dtype=precision.reduce_dtype)
         modules = dict(m.named_modules())
         keep = {} if layout.reshards_after_forward else {"reshard_after_forward": False}
+        if experts:  # each experts module on its own mesh, before its block takes the rest of the block's
+            shard_experts(m, experts, expert_fsdp_mesh, layout.ep, layout.grad_group, mp_policy=policy, **keep)
         for path in unit_paths:  # inner units first would not matter: FSDP2 groups each call's own params
             if path in modules:  # (a model traced with fewer of its repeated blocks has fewer units)
                 fully_shard(modules[path], mesh=dp_mesh, mp_policy=policy, **keep)
@@ -364,6 +373,8 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
     step.notes.extend(n for n in cap.assumptions if n not in step.notes)  # torch.compile's regions, LayerDrop
     if layout.cp > 1:
         step.notes.extend(cp_notes(layout.cp, layout.cp_rotate, device))
+    if layout.ep > 1:
+        step.notes.extend(ep_notes(layout.ep))
     return step
 
 

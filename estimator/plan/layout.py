@@ -58,6 +58,7 @@ class Layout:
     microbatches: int = 0  # micro-batches per step under pipeline parallelism (0: one per sample)
     cp: int = 1  # context-parallel ranks sharing each sequence (estimator.plan.context)
     cp_rotate: str = "allgather"  # the ring's key/value exchange (torchtitan's context_parallel_rotate_method)
+    ep: int = 1  # ranks sharing a layer's experts (estimator.plan.expert), borrowed from the sharded ranks x cp
 
     @property
     def reshards_after_forward(self) -> bool:
@@ -90,6 +91,12 @@ class Layout:
         return self.dp // self.shard
 
     @property
+    def efsdp(self) -> int:
+        """Ranks an experts module is sharded over by FSDP2 under expert parallelism (torchtitan's ``efsdp``):
+        the sharded ranks x cp that hold the same experts."""
+        return self.shard * self.cp // self.ep
+
+    @property
     def traced(self) -> bool:
         """Traced on a PyTorch engine (else laid out by hand: ZeRO)."""
         return self.strategy in ENGINE_STRATEGIES
@@ -111,6 +118,8 @@ class Layout:
             text += f" x tp {self.tp}" + (f" ({', '.join(extras)})" if extras else "")
         if self.cp > 1:
             text += f" x cp {self.cp}"
+        if self.ep > 1:
+            text += f" x ep {self.ep}"
         if self.pp > 1:
             text += f" x pp {self.pp} ({self.pp_schedule})"
         return text
@@ -203,6 +212,8 @@ def check_layout(layout: Layout, precision: PlanPrecision) -> None:
         if layout.pp > 1:
             raise UserError("--cp with --pp is not planned yet: plan the pipeline without context parallelism, or "
                             "context parallelism without --pp")
+    if layout.ep != 1:
+        _check_ep(layout)
     if layout.pp > 1:
         if gpus % (tp * layout.pp):
             raise UserError(f"--pp {layout.pp} x --tp {tp} does not divide --gpus {gpus}: the GPUs form "
@@ -241,3 +252,22 @@ def check_layout(layout: Layout, precision: PlanPrecision) -> None:
                         f"hsdp, or --precision {precision.name.removeprefix('fsdp-')}-mixed (autocast)")
     if layout.rank < 0 or layout.rank >= gpus:
         raise UserError(f"rank must be in [0, {gpus}), not {layout.rank}")
+
+
+def _check_ep(layout: Layout) -> None:
+    """Expert parallelism as torchtitan composes it (``ParallelDims``, ``etp = 1``): ep borrows every cp rank and
+    some of the sharded data-parallel ranks; planned with FSDP2 or HSDP, without tp or pp."""
+    ep = layout.ep
+    if ep < 1:
+        raise UserError(f"--ep must be >= 1, not {ep}")
+    if layout.strategy not in ("fsdp", "hsdp"):
+        raise UserError(f"--ep shards the experts as torchtitan does, with FSDP2 over the ranks that hold the same "
+                        f"experts: use --strategy fsdp or hsdp, not {layout.strategy}")
+    if layout.tp > 1 or layout.pp > 1:
+        raise UserError("--ep with --tp or --pp is not planned yet: plan expert parallelism with fsdp or hsdp "
+                        "(and --cp) only")
+    ranks = layout.shard * layout.cp
+    if ranks % ep or ep % layout.cp:
+        raise UserError(f"--ep {ep} borrows from the {ranks} sharded data-parallel ranks{' x cp' if layout.cp > 1 else ''}"
+                        f" (torchtitan's ParallelDims): use an ep that divides {ranks}"
+                        + (f" and is a multiple of --cp {layout.cp}" if layout.cp > 1 else ""))

@@ -26,6 +26,7 @@ from ..rules.registry import MATMUL
 from ..tally import tally
 from ..target import CudaTarget
 from .context import in_chunks, shard_sequence
+from .describe import engine_text, layout_notes
 from .engine import one_sequence_per_sample, trace_engine
 from .layout import Layout, check_layout, parse_plan_precision
 from .report import Comparison, Plan
@@ -307,7 +308,7 @@ class Planner:
                 peak = self.memory(at, st).peak.total
                 step_s, train_s = timed(at, st) if timed is not None else (None, None)
                 out.append(Suggestion(strategy, n, lay.tp, [c.__name__ for c in ckpt], peak, self.needed(peak, at, st),
-                                      step_s, train_s, lay.cp))
+                                      step_s, train_s, lay.cp, lay.ep))
         out.sort(key=lambda s: (s.gpus, bool(s.checkpoint)))
         return out
 
@@ -353,14 +354,14 @@ class Planner:
              solve: Sequence[str] | str = ("batch",), reshard_after_forward: bool | None = None, rank: int = 0,
              confirm: bool = True, gpu: str | GPU | None = None, solve_unfit: bool = False,
              loss_parallel: bool = False, pp: int = 1, pp_schedule: str = "1f1b", microbatches: int = 0,
-             cp: int = 1, cp_rotate: str = "allgather") -> Plan:
+             cp: int = 1, cp_rotate: str = "allgather", ep: int = 1) -> Plan:
         """One plan (:func:`plan`).  The largest micro-batch is searched whether the given one fits or not;
         ``solve_unfit``: the longest sequence too (``estimate --gpu``'s question); a plan that does not fit
         suggests the smallest layouts that do, each with its step time and time to train."""
         target = self.gpu if gpu is None else (gpu if isinstance(gpu, GPU) else lookup(gpu))
         layout = Layout(strategy.lower(), gpus, tp, sequence_parallel, self.gpus_per_node, rank,
                         reshard_after_forward, offload, loss_parallel, pp, str(pp_schedule).lower(),
-                        microbatches or 0, cp, str(cp_rotate).lower())
+                        microbatches or 0, cp, str(cp_rotate).lower(), ep)
         check_layout(layout, self.precision)
         if self.float8_all_gather and layout.strategy not in ("fsdp", "hsdp"):
             raise UserError(f"--float8-all-gather is FSDP2's all-gather in float8: use --strategy fsdp or hsdp, "
@@ -421,7 +422,7 @@ class Planner:
             precision=self.precision.name, optimizer=step.cap.optimizer_name, checkpoint=[c.__name__ for c in ckpt],
             offload=offload, wrap=[c.__name__ for c in self.wrap], micro_batch=self.batch,
             global_batch=self.batch * layout.dp * self.options.grad_accum if self.batch else None, seq=self.seq,
-            engine=self._engine_text(layout), device=self.device, cp=layout.cp)
+            engine=self._engine_text(layout), device=self.device, cp=layout.cp, ep=layout.ep)
         notes += self._notes(layout, mem) + self.float8_notes
         return Plan(config, per_gpu, Verdict(fits, target.capacity, reserve, needed, target.capacity - needed,
                                              suggestions), time, flops, training, batch_solve, seq_solve,
@@ -429,53 +430,10 @@ class Planner:
 
     # -- pieces of a plan -------------------------------------------------------------------------------------
     def _engine_text(self, layout: Layout) -> str:
-        if not layout.traced:
-            return f"ZeRO-{layout.strategy[-1]} laid out by hand, {self.zero_semantics} semantics"
-        parts = {"ddp": "DistributedDataParallel", "fsdp": "FSDP2 fully_shard",
-                 "hsdp": "FSDP2 fully_shard on a 2-D mesh (HSDP)"}[layout.strategy]
-        if self.precision.fsdp_policy:
-            parts += f" (MixedPrecisionPolicy param {str(self.precision.param_dtype).removeprefix('torch.')}" \
-                     f", reduce {str(self.precision.reduce_dtype or self.precision.param_dtype).removeprefix('torch.')})"
-        if layout.tp > 1:
-            extras = [w for w, on in (("sequence parallel", layout.sequence_parallel),
-                                       ("loss parallel", layout.loss_parallel)) if on]
-            parts += " + parallelize_module" + (f" ({', '.join(extras)})" if extras else "")
-        if layout.cp > 1:
-            parts += f" + context_parallel over {layout.cp} ranks (ring attention)"
-        return f"traced: {parts} on a fake process group of {layout.gpus} ranks"
+        return engine_text(layout, self.precision, self.zero_semantics)
 
     def _notes(self, layout: Layout, mem: _Memory) -> list[str]:
-        notes = []
-        if layout.strategy == "hsdp":
-            notes.append(f"hsdp: sharded over {layout.shard} GPUs per node, replicated {layout.replicate} times")
-        if layout.tp > 1:
-            plan = self.tp_plan()
-            notes.append(f"tensor parallelism: {len(plan.colwise)} colwise and {len(plan.rowwise)} rowwise Linear "
-                         f"layers (Megatron pairs found in the traced dataflow), embedding "
-                         f"{plan.embedding or 'replicated'}, head {plan.head or 'replicated'}")
-            notes.extend(plan.notes)
-            if layout.loss_parallel:
-                notes.append("loss parallel: the logits stay sharded by vocabulary and the cross-entropy runs under "
-                             "torch's loss_parallel() (all-reduces of the row maxima, sums and target logits)"
-                             if plan.head else "--loss-parallel: the head is replicated (its weight is tied to the "
-                             "embedding), so the loss is computed on full logits as without it")
-        if not layout.traced:
-            notes.append(f"{layout.strategy}: PyTorch has no ZeRO engine; {self.zero_semantics} semantics "
-                         f"(--zero-semantics deepspeed|paper; see estimator/plan/zero.py)")
-            if self.precision.master:
-                notes.append(f"{layout.strategy} with {self.precision.name}: the model cast to "
-                             f"{str(self.precision.low).removeprefix('torch.')} with fp32 master weights, as "
-                             f"DeepSpeed's bf16/fp16 modes run it")
-        if layout.offload:
-            if layout.traced:
-                notes.append("offload: FSDP2's CPUOffloadPolicy: sharded parameters, gradients and optimizer state "
-                             "in host memory, the optimizer step on the CPU (its time is not modelled)")
-            else:
-                notes.append(f"offload {layout.offload}: DeepSpeed's ZeRO-Offload; the optimizer step runs on the "
-                             f"CPU (its time is not modelled)")
-        if self.device == "cpu":
-            notes.append("device cpu: exact bytes, no CUDA allocator rounding")
-        return notes
+        return layout_notes(self, layout)
 
     def _time(self, layout: Layout, step: Step, gpu: GPU) -> StepTime:
         intra, host, inter = self.links(gpu)

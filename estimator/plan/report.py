@@ -65,6 +65,7 @@ def render_plan(p: PlanData, tablefmt: str = "simple") -> str:
     extras = [w for w, on in (("sequence parallel", c.sequence_parallel), ("loss parallel", c.loss_parallel)) if on]
     tp_text = f" x tp {c.tp}" + (f" ({', '.join(extras)})" if extras else "") if c.tp > 1 else ""
     tp_text += f" x cp {c.cp}" if c.cp > 1 else ""
+    tp_text += f" x ep {c.ep}" if c.ep > 1 else ""
     ck = ", checkpoint " + ", ".join(c.checkpoint) if c.checkpoint else ""
     off = ", offload " + c.offload if c.offload else ""
     title = (f"Plan: {c.model} on {c.gpus} x {c.gpu}, {c.strategy}{tp_text}, {c.precision}{ck}{off}, "

@@ -72,12 +72,14 @@ class Suggestion:
     step_time_s: float | None = None  # its step time (the same micro-batch per GPU)
     time_to_train_s: float | None = None  # the budget's time on it (None: no --tokens/--samples/--steps)
     cp: int = 1
+    ep: int = 1
 
     def describe(self) -> str:
         ck = f", checkpoint {', '.join(self.checkpoint)}" if self.checkpoint else ""
         tp = f" x tp {self.tp}" if self.tp > 1 else ""
         cp = f" x cp {self.cp}" if self.cp > 1 else ""
-        return f"{self.gpus} GPUs, {self.strategy}{tp}{cp}{ck}"
+        ep = f" x ep {self.ep}" if self.ep > 1 else ""
+        return f"{self.gpus} GPUs, {self.strategy}{tp}{cp}{ep}{ck}"
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,7 @@ class Config:
     pp_schedule: str | None = None
     microbatches: int | None = None
     cp: int = 1  # context-parallel ranks per sequence
+    ep: int = 1  # expert-parallel ranks per mixture-of-experts layer
 
 
 @dataclass

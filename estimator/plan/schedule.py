@@ -115,11 +115,24 @@ def collective_time(c: Collective, intra: Link, inter: Link) -> tuple[float, Lin
     volume = ring_bytes(c.kind, c.group_size, c.nbytes)  # bytes each GPU sends
     if volume == 0:
         return 0.0, lk
+    if c.kind == "all_to_all" and c.spans_nodes:
+        return _all_to_all_across_nodes(c, intra, inter), lk
     bw = bus_bandwidth(c, intra, inter)
     ll_bw = bw / (4 if c.spans_nodes or c.kind == "all_reduce" else 3)
     simple = ring_latency(c, intra, "simple") + volume / bw
     ll = ring_latency(c, intra, "ll") + volume / ll_bw
     return min(simple, ll), lk
+
+
+def _all_to_all_across_nodes(c: Collective, intra: Link, inter: Link) -> float:
+    """An all-to-all whose group spans nodes: each GPU sends ``S / n`` to every other rank, the share for ranks in
+    other nodes (``(n - g) / n x S``, ``g`` ranks of the group in its node) through its own NIC rail at NCCL's
+    achieved rate, the rest over the node's link at the same time (NCCL runs all-to-all as grouped point-to-point
+    sends, not a ring, so the node's other rails do not carry this GPU's bytes); plus a ring's latency."""
+    n, g = c.group_size, c.per_node
+    across = (n - g) / n * c.nbytes / (inter.bandwidth * NIC_EFFICIENCY)
+    inside = (g - 1) / n * c.nbytes / intra.bandwidth
+    return ring_latency(c, intra, "simple") + max(across, inside)
 
 
 def _sids_of(value) -> set[int]:

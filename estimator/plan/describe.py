@@ -1,0 +1,64 @@
+"""What a plan says about its layout: the engines traced (the report's title line) and the layout's notes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .layout import Layout, PlanPrecision
+
+
+def engine_text(layout: Layout, precision: PlanPrecision, zero_semantics: str) -> str:
+    """The engines a plan traced (or the hand layout), for the report's title line."""
+    if not layout.traced:
+        return f"ZeRO-{layout.strategy[-1]} laid out by hand, {zero_semantics} semantics"
+    parts = {"ddp": "DistributedDataParallel", "fsdp": "FSDP2 fully_shard",
+             "hsdp": "FSDP2 fully_shard on a 2-D mesh (HSDP)"}[layout.strategy]
+    if precision.fsdp_policy:
+        parts += f" (MixedPrecisionPolicy param {str(precision.param_dtype).removeprefix('torch.')}" \
+                 f", reduce {str(precision.reduce_dtype or precision.param_dtype).removeprefix('torch.')})"
+    if layout.tp > 1:
+        extras = [w for w, on in (("sequence parallel", layout.sequence_parallel),
+                                   ("loss parallel", layout.loss_parallel)) if on]
+        parts += " + parallelize_module" + (f" ({', '.join(extras)})" if extras else "")
+    if layout.cp > 1:
+        parts += f" + context_parallel over {layout.cp} ranks (ring attention)"
+    if layout.ep > 1:
+        parts += f" + expert parallel over {layout.ep} ranks (all-to-all dispatch)"
+    return f"traced: {parts} on a fake process group of {layout.gpus} ranks"
+
+
+def layout_notes(planner: Any, layout: Layout) -> list[str]:
+    """What the layout adds to a plan's notes (its mesh, tensor parallelism, ZeRO's semantics, offload)."""
+    precision, zero_semantics = planner.precision, planner.zero_semantics
+    notes = []
+    if layout.strategy == "hsdp":
+        notes.append(f"hsdp: sharded over {layout.shard} GPUs per node, replicated {layout.replicate} times")
+    if layout.tp > 1:
+        plan = planner.tp_plan()
+        notes.append(f"tensor parallelism: {len(plan.colwise)} colwise and {len(plan.rowwise)} rowwise Linear "
+                     f"layers (Megatron pairs found in the traced dataflow), embedding "
+                     f"{plan.embedding or 'replicated'}, head {plan.head or 'replicated'}")
+        notes.extend(plan.notes)
+        if layout.loss_parallel:
+            notes.append("loss parallel: the logits stay sharded by vocabulary and the cross-entropy runs under "
+                         "torch's loss_parallel() (all-reduces of the row maxima, sums and target logits)"
+                         if plan.head else "--loss-parallel: the head is replicated (its weight is tied to the "
+                         "embedding), so the loss is computed on full logits as without it")
+    if not layout.traced:
+        notes.append(f"{layout.strategy}: PyTorch has no ZeRO engine; {zero_semantics} semantics "
+                     f"(--zero-semantics deepspeed|paper; see estimator/plan/zero.py)")
+        if precision.master:
+            notes.append(f"{layout.strategy} with {precision.name}: the model cast to "
+                         f"{str(precision.low).removeprefix('torch.')} with fp32 master weights, as "
+                         f"DeepSpeed's bf16/fp16 modes run it")
+    if layout.offload:
+        if layout.traced:
+            notes.append("offload: FSDP2's CPUOffloadPolicy: sharded parameters, gradients and optimizer state "
+                         "in host memory, the optimizer step on the CPU (its time is not modelled)")
+        else:
+            notes.append(f"offload {layout.offload}: DeepSpeed's ZeRO-Offload; the optimizer step runs on the "
+                         f"CPU (its time is not modelled)")
+    if planner.device == "cpu":
+        notes.append("device cpu: exact bytes, no CUDA allocator rounding")
+    return notes
+
