@@ -14,8 +14,10 @@
   ``DataDependentOutputException`` on fake tensors, and on meta tensors in some torch
   releases (torchvision's ViT calls it in ``__init__``).
 
-Tensors a constructor makes that are *not* registered as parameters stay ordinary CPU
-tensors, so code such as ``[x.item() for x in torch.linspace(0, 0.1, depth)]`` (stochastic
+A factory call for 256 MiB or more on the host (``torch.empty``, ``zeros``, ``ones``, ``full``,
+``rand``, ``randn``, ``empty_strided``) is made on ``meta`` at once: allocating it first can fail where the
+host cannot commit that much (one expert tensor of DeepSeek-V3 is 30 GB).  Other tensors a constructor makes
+that are *not* registered as parameters stay ordinary CPU tensors, so code such as ``[x.item() for x in torch.linspace(0, 0.1, depth)]`` (stochastic
 depth schedules in torchvision and timm) still runs.  Everything is restored on exit, and
 the stand-in initialisers forward to the real ones whenever no ``empty_weights`` block is
 active, so a module imported inside the block (``from torch.nn.init import normal_``) keeps
@@ -109,6 +111,39 @@ def _uninstall(undo: list[tuple[Any, str, Any]]) -> None:
             obj.__dict__[name] = value
 
 
+# A factory call for at least this many bytes on the CPU (or no device) is made on ``meta`` inside the block: a
+# parameter that size is moved there at registration anyway, and allocating it first can fail (DeepSeek-V3's
+# 256 experts' gate_up_proj is one 30 GB torch.empty, refused where the host has less memory to commit).
+LARGE_FACTORY_BYTES = 256 * 2**20
+_FACTORIES = frozenset({torch.empty, torch.zeros, torch.ones, torch.rand, torch.randn, torch.empty_strided,
+                        torch.full})
+
+
+def _requested_bytes(func: Any, args: tuple, kwargs: dict) -> int:
+    """Bytes a factory call asks for (0 when its size cannot be read): ``torch.empty(2, 3)``,
+    ``torch.empty((2, 3))``, ``torch.full((2, 3), v)``, ``torch.empty_strided((2, 3), (3, 1))``, ``size=``."""
+    varargs = func not in (torch.full, torch.empty_strided) and bool(args) and isinstance(args[0], int)
+    size = args if varargs else (args[0] if args else kwargs.get("size"))
+    if not isinstance(size, (tuple, list, torch.Size)) or not all(isinstance(n, int) for n in size):
+        return 0
+    numel = 1
+    for n in size:
+        numel *= n
+    return numel * (kwargs.get("dtype") or torch.get_default_dtype()).itemsize
+
+
+class _LargeOnMeta(torch.overrides.TorchFunctionMode):
+    """Large host factory calls made on ``meta`` (:data:`LARGE_FACTORY_BYTES`)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _FACTORIES and torch.device(kwargs.get("device") or "cpu").type == "cpu" and \
+                _requested_bytes(func, args, kwargs) >= LARGE_FACTORY_BYTES:
+            kwargs = {**kwargs, "device": "meta"}
+            kwargs.pop("pin_memory", None)
+        return func(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def empty_weights(include_buffers: bool = False) -> Iterator[None]:
     """Build modules with parameters on ``meta`` and ``torch.nn.init`` disabled (see the module doc).
@@ -144,7 +179,8 @@ def empty_weights(include_buffers: bool = False) -> Iterator[None]:
         if include_buffers:
             nn.Module.register_buffer = register_buffer  # type: ignore[method-assign]
     try:
-        yield
+        with _LargeOnMeta():
+            yield
     finally:
         with _lock:
             nn.Module.register_parameter = old_register_parameter  # type: ignore[method-assign]

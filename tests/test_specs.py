@@ -85,6 +85,26 @@ def test_empty_weights_puts_parameters_on_meta_and_restores_everything():
     assert after.weight.device.type == "cpu" and after.weight.abs().sum() > 0
 
 
+class _Huge(nn.Module):
+    """One 4 TiB parameter (2^40 fp32 elements, as DeepSeek-V3's 30 GB expert tensor on a smaller host), made by
+    ``torch.empty`` before it is registered, beside a small host tensor the constructor reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.experts = nn.Parameter(torch.empty(2**10, 2**15, 2**15))
+        self.schedule = torch.linspace(0, 1, 4).tolist()
+
+
+def test_a_parameter_too_large_to_allocate_is_made_on_meta_at_once():
+    modes = torch._C._len_torch_function_stack()
+    with empty_weights():
+        model = _Huge()
+        small = torch.zeros(3)
+    assert model.experts.device.type == "meta" and model.experts.shape == (2**10, 2**15, 2**15)
+    assert model.schedule == torch.linspace(0, 1, 4).tolist() and small.device.type == "cpu"  # small ones stay real
+    assert torch._C._len_torch_function_stack() == modes  # the mode is gone after the block
+
+
 def test_a_leaked_reference_to_an_initialiser_still_initialises(tmp_path):
     # A module first imported inside the block keeps the stand-in it imported by name;
     # outside the block it must behave like the real initialiser.

@@ -240,11 +240,11 @@ def run_plan(args: argparse.Namespace) -> int:
                           float8=args.float8, float8_all_gather=args.float8_all_gather)
         budget = dict(tokens=args.tokens, samples=args.samples, steps=steps, mfu=args.mfu)
         if args.compare or len(gpus_names) > 1 or len(args.gpus) > 1:
-            if args.pp > 1 or args.cp > 1 or args.ep > 1:
-                raise UserError(f"--{'pp' if args.pp > 1 else 'cp' if args.cp > 1 else 'ep'} plans one layout: give one --gpu and one --gpus "
-                                f"count, without --compare")
+            if args.pp > 1:
+                raise UserError("--pp plans one layout: give one --gpu and one --gpus count, without --compare")
             result = planner.compare(args.gpus, strategies=None if args.compare else [args.strategy], tp=args.tp,
                                      sequence_parallel=args.sequence_parallel, loss_parallel=args.loss_parallel,
+                                     cp=args.cp, cp_rotate=args.cp_rotate, ep=args.ep,
                                      checkpoint=args.checkpoint or None,
                                      offload=args.offload, gpu=gpus_names, with_checkpointing=args.compare,
                                      **budget)

@@ -56,13 +56,15 @@ def for_strategy(planner: Any, strategy: str) -> Any:
 
 
 def compare_layouts(planner: Any, gpus: int | Sequence[int], *, strategies: Sequence[str] | None = None,
-                    tp: int = 1, sequence_parallel: bool = False, loss_parallel: bool = False, checkpoint: Any = None, offload: str | None = None,
+                    tp: int = 1, sequence_parallel: bool = False, loss_parallel: bool = False, cp: int = 1,
+                    cp_rotate: str = "allgather", ep: int = 1, checkpoint: Any = None, offload: str | None = None,
                     tokens=None, samples=None, steps=None, mfu=None, confirm: bool = False,
                     gpu: str | GPU | Sequence[str | GPU] | None = None, with_checkpointing: bool = True) -> Comparison:
     """Plans side by side: every GPU type x GPU count x strategy, without and with activation checkpointing
     (``checkpoint`` classes, by default the wrap class); several strategies each in its engine's precision
-    policy (:func:`for_strategy`), one strategy in the precision asked for.  The progress line says which
-    row of how many, and about how long the rest takes at the pace of the rows done."""
+    policy (:func:`for_strategy`), one strategy in the precision asked for.  ``tp``, ``cp`` and ``ep`` hold for
+    every row (a strategy that cannot take them is listed as skipped, with the reason).  The progress line says
+    which row of how many, and about how long the rest takes at the pace of the rows done."""
     gpu_list = [planner.gpu] if gpu is None else ([gpu] if isinstance(gpu, (str, GPU)) else list(gpu))
     counts = [gpus] if isinstance(gpus, int) else list(gpus)
     ck = resolve_classes(planner.model, checkpoint, "--checkpoint") if checkpoint else tuple(planner.wrap)
@@ -82,7 +84,7 @@ def compare_layouts(planner: Any, gpus: int | Sequence[int], *, strategies: Sequ
         sub.progress = lambda stage, detail="", _row=row: outer(f"{_row}: {stage}", detail)  # noqa: E731
         try:
             plans.append(sub.plan(s, n, tp=tp, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel,
-                                  checkpoint=list(ckset) or None,
+                                  cp=cp, cp_rotate=cp_rotate, ep=ep, checkpoint=list(ckset) or None,
                                   offload=offload, tokens=tokens, samples=samples, steps=steps, mfu=mfu,
                                   confirm=confirm, gpu=g))
         except UserError as exc:

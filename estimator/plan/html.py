@@ -36,10 +36,9 @@ def plans_of(result: Any) -> list[PlanData]:
 def label(p: PlanData) -> str:
     """'8 x H100-SXM, fsdp x tp 2, checkpoint Block'."""
     c = p.config
-    tp = f" x tp {c.tp}" if c.tp > 1 else ""
     ck = f", checkpoint {', '.join(c.checkpoint)}" if c.checkpoint else ""
     off = f", offload {c.offload}" if c.offload else ""
-    return f"{c.gpus} x {c.gpu}, {c.strategy}{tp}{ck}{off}"
+    return f"{c.gpus} x {c.gpu}, {c.strategy}{c.model_parallel()}{ck}{off}"
 
 
 def memory_parts(p: PlanData) -> list[tuple[str, int]]:

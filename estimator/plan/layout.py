@@ -10,7 +10,9 @@ to inner dimension, torchtitan's order):
 
 Under context parallelism the ranks of a ``cp`` group hold one sequence between them, so FSDP2
 shards the parameters over ``dp x cp`` ranks (torchtitan's ``dp_shard_cp`` mesh) and DDP
-averages the gradients over them.
+averages the gradients over them.  Expert parallelism (``ep``) borrows its ranks from those sharded
+ranks (torchtitan's ``ParallelDims``): the experts' region is a mesh of its own, ``(replicate,
+efsdp, ep)`` (:mod:`estimator.plan.expert`).
 
 ``ddp``, ``fsdp`` and ``hsdp`` (and ``tp``) are traced on PyTorch's own engines
 (:mod:`estimator.plan.engine`); ZeRO stages 1-3 have no engine in PyTorch and are laid out by

@@ -133,9 +133,8 @@ def render_comparison(cmp: ComparisonData, tablefmt: str = "simple") -> str:
     body = []
     for p in cmp.plans:
         c = p.config
-        tp = f" x tp {c.tp}" if c.tp > 1 else ""
         hours, rate = gpu_hours(p), tokens_per_s_per_gpu(p)
-        body.append([("* " if p is best else "  ") + c.gpu, str(c.gpus), c.strategy + tp,
+        body.append([("* " if p is best else "  ") + c.gpu, str(c.gpus), c.strategy + c.model_parallel(),
                      ", ".join(c.checkpoint) or "-", str(c.micro_batch), str(c.global_batch),
                      fmt_bytes(p.verdict.needed), "yes" if p.fits else "no",
                      "-" if p.max_batch is None else str(p.max_batch),

@@ -161,6 +161,10 @@ class Config:
     cp: int = 1  # context-parallel ranks per sequence
     ep: int = 1  # expert-parallel ranks per mixture-of-experts layer
 
+    def model_parallel(self) -> str:
+        """" x tp 2 x cp 2 x ep 4": the degrees above 1 that split the model or its sequence."""
+        return "".join(f" x {name} {n}" for name, n in (("tp", self.tp), ("cp", self.cp), ("ep", self.ep)) if n > 1)
+
 
 @dataclass
 class PlanData:
@@ -285,7 +289,7 @@ class ComparisonData:
         rows = []
         for p in self.plans:
             c = p.config
-            rows.append({"gpu": c.gpu, "gpus": c.gpus, "strategy": c.strategy, "tp": c.tp,
+            rows.append({"gpu": c.gpu, "gpus": c.gpus, "strategy": c.strategy, "tp": c.tp, "cp": c.cp, "ep": c.ep,
                          "checkpoint": list(c.checkpoint), "micro_batch": c.micro_batch,
                          "global_batch": c.global_batch, "peak": p.per_gpu.peak, "needed": p.verdict.needed,
                          "fits": p.fits, "max_batch": p.max_batch, "step_time_s": p.step_time_s, "mfu": p.flops.mfu,
