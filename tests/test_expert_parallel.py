@@ -229,3 +229,19 @@ def test_compare_keeps_ep_on_every_row_and_says_which_strategies_cannot():
     assert "fsdp x ep 2" in cmp.render()
     for s in ("ddp", "zero1", "zero2", "zero3"):
         assert any(x.startswith(f"{s} on 2 GPUs") and "fsdp or hsdp" in x for x in cmp.skipped), cmp.skipped
+
+
+def test_without_ep_experts_fewer_than_the_ranks_are_sharded_on_dimension_1():
+    """FSDP2 over 8 ranks without ep: the 4 experts' weights are sharded on dimension 1 as torchtitan's apply_fsdp
+    shards them (dimension 0 would give rank 0 a whole expert, twice its share); every other parameter on
+    dimension 0.  Rank 0 holds ceil(size / 8) of each tensor's sharded dimension (FSDP2's padded chunks), fp32."""
+    import math
+
+    model, _ = _model_and_inputs()
+    expected = 0
+    for name, p in model.named_parameters():
+        dim = 1 if ".experts." in name else 0
+        expected += math.ceil(p.shape[dim] / 8) * (p.numel() // p.shape[dim]) * 4
+    plan = _planner().plan("fsdp", 8, solve=())
+    assert plan.per_gpu.parameters == expected
+    assert any("sharded on dimension 1" in n and "4 experts are fewer than the 8" in n for n in plan.notes)

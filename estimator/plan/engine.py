@@ -41,7 +41,7 @@ from ..errors import UserError
 from ..memory import simulate
 from ..tally import tally
 from .context import check_ring, cp_error, cp_notes, ring_attention
-from .expert import apply_ep, ep_notes, expert_meshes, find_experts, shard_experts
+from .expert import apply_ep, dense_expert_placement, ep_notes, expert_meshes, find_experts, shard_experts
 from .layout import Layout, PlanPrecision
 from .tp import TPPlan, apply_tp
 from .traced import Step, find_collectives, storage_rows
@@ -211,8 +211,9 @@ def _flattened(mesh, parts: tuple[str, ...]):
 
 
 def build(model: torch.nn.Module, layout: Layout, precision: PlanPrecision, unit_paths: list[str],
-          tp_plan: TPPlan | None, mesh) -> torch.nn.Module:
-    """The meta copy of ``model`` with the layout's engines applied (outside any fake mode)."""
+          tp_plan: TPPlan | None, mesh, notes: list[str] | None = None) -> torch.nn.Module:
+    """The meta copy of ``model`` with the layout's engines applied (outside any fake mode); what the plan must say
+    about them is appended to ``notes``."""
     m = meta_copy(model)
     if precision.step.cast is not None:
         m.to(precision.step.cast)
@@ -234,6 +235,12 @@ def build(model: torch.nn.Module, layout: Layout, precision: PlanPrecision, unit
         policy = MixedPrecisionPolicy(param_dtype=precision.param_dtype, reduce_dtype=precision.reduce_dtype)
         modules = dict(m.named_modules())
         keep = {} if layout.reshards_after_forward else {"reshard_after_forward": False}
+        if not experts:
+            placement, said = dense_expert_placement(m, layout.shard * layout.cp)
+            if placement is not None:
+                keep["shard_placement_fn"] = placement
+                if notes is not None:
+                    notes.extend(n for n in said if n not in notes)
         if experts:  # each experts module on its own mesh, before its block takes the rest of the block's
             shard_experts(m, experts, expert_fsdp_mesh, layout.ep, layout.grad_group, mp_policy=policy, **keep)
         for path in unit_paths:  # inner units first would not matter: FSDP2 groups each call's own params
@@ -319,7 +326,7 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
         stream_names: dict[int, str] = {}  # id of an FSDP2 stream -> its name (see fsdp_streams)
 
         def prepare(_model: torch.nn.Module, fake) -> tuple[torch.nn.Module, torch.nn.Module]:
-            m = build(model, layout, precision, unit_paths, tp_plan, mesh)
+            m = build(model, layout, precision, unit_paths, tp_plan, mesh, notes)
             call = m
             with fake:
                 to_fake(m)

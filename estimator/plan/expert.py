@@ -169,6 +169,23 @@ def shard_experts(model: torch.nn.Module, paths: list[str], mesh, ep: int, divid
         module.set_gradient_divide_factor(float(divide))
 
 
+def dense_expert_placement(model: torch.nn.Module, ranks: int) -> tuple[Any, list[str]]:
+    """Without expert parallelism, torchtitan's ``apply_fsdp`` shards the experts' weights on dimension 1 when the
+    sharded ranks outnumber the experts (dimension 0 would be padded to the rank count: 8 experts over 32 ranks
+    would leave each rank a whole expert, 1/8 of the tensor instead of 1/32).  (``shard_placement_fn`` or None,
+    notes)."""
+    from torch.distributed.tensor import Shard
+
+    few = [m for m in model.modules() if is_experts(m) and ranks > m.num_experts]
+    if not few:
+        return None, []
+    params = {id(p) for m in few for p in m.parameters(recurse=False)}
+    note = (f"mixture of experts: the experts' weights sharded on dimension 1 (torchtitan's apply_fsdp: their "
+            f"{few[0].num_experts} experts are fewer than the {ranks} sharded ranks, and dimension 0 would be "
+            f"padded to {ranks})")
+    return (lambda p: Shard(1) if id(p) in params else None), [note]
+
+
 def ep_notes(ep: int) -> list[str]:
     return [f"expert parallelism over {ep} ranks: balanced routing assumed (each rank sends tokens x top-k / {ep} "
             f"rows to every rank of its group and receives as many); with uneven routing the busiest rank "
