@@ -230,3 +230,52 @@ def test_impossible_pipelines_are_one_line_errors(kwargs, needle):
     with pytest.raises(UserError, match=needle.replace("(", r"\(")) as info:
         _planner().plan(strategy, gpus, solve=(), **kwargs)
     assert "\n" not in str(info.value)
+
+
+def test_the_largest_local_batch_is_searched_at_the_same_micro_batch():
+    """GPipe over 3 stages, micro-batches of 2: on a card sized halfway between what a local batch of 8 (4
+    micro-batches in flight) and of 16 (8) need, the search composes more micro-batches without tracing again;
+    planning its answer from scratch (a batch of that size, traced) fits, and 2 samples more do not."""
+    from dataclasses import replace
+
+    from estimator.hardware import lookup
+
+    def planned(batch: int, **kw):
+        with torch.device("meta"):
+            model = llama.Llama(llama.LlamaConfig(**CONFIG))
+        planner = Planner(model, (torch.zeros(batch, SEQ, dtype=torch.long),), gpu="H100", device="cpu",
+                          precision="fp32", loss_fn=_loss)
+        return planner.plan("ddp", WORLD, pp=WORLD, pp_schedule="gpipe", microbatches=batch // 2, **kw)
+
+    low, high = (planned(b, solve=()).verdict.needed for b in (8, 16))
+    card = replace(lookup("H100"), name="test-gpu", memory=(low + high) // 2, total_memory=None)
+    p = planned(8, gpu=card)
+    found = p.batch.value
+    assert 8 <= found < 16 and found % 2 == 0, p.batch
+    assert "the schedule composed" in p.batch.method and "Largest local batch that fits" in p.render()
+    assert planned(found, gpu=card, solve=()).fits and not planned(found + 2, gpu=card, solve=()).fits
+
+
+@pytest.mark.parametrize("schedule,limit,expected", [
+    ("gpipe", 37, 37),  # any count
+    ("1f1b", 37, 37),  # 4 or more
+    ("1f1b", 3, 0),  # fewer than pp fit: none
+    ("interleaved-1f1b", 37, 36),  # multiples of pp = 4
+    ("zbv", 4096, None),  # no limit within the search
+])
+def test_the_local_batch_search_keeps_to_the_counts_a_schedule_runs(schedule, limit, expected):
+    """``fits(count)`` true up to ``limit`` micro-batches (of 2 samples): the answer is the largest count the schedule
+    runs (pp = 4) within it, in samples."""
+    from estimator.plan.pipeline_search import largest_local_batch
+
+    asked = []
+
+    def fits(count):
+        asked.append(count)
+        return count <= limit
+
+    found = largest_local_batch(fits, schedule, 4, 2)
+    assert found.value == (None if expected is None else 2 * expected), found
+    step = 4 if schedule in MULTI else 1
+    assert all(c % step == 0 and (c >= 4 or schedule == "gpipe") for c in asked), asked
+    assert len(asked) < 30

@@ -411,9 +411,11 @@ def _compose_ranks(stages: list[dict[str, Any]], layout: Any, microbatches: int,
     return ranks, step_s, bubble
 
 
-def plan_pipeline(planner: Any, layout: Any, checkpoint: tuple[type, ...], gpu: Any, budget: dict[str, Any]) -> Any:
+def plan_pipeline(planner: Any, layout: Any, checkpoint: tuple[type, ...], gpu: Any, budget: dict[str, Any],
+                  search: bool = True) -> Any:
     """The plan of ``layout`` with ``layout.pp`` pipeline ranks (see the module docstring): every stage traced,
-    each rank composed with its schedule, the rank with the highest peak reported, the step time simulated.
+    each rank composed with its schedule, the rank with the highest peak reported, the step time simulated;
+    ``search``: the largest local batch at the same micro-batch size (:mod:`.pipeline_search`).
 
     Why this length: the plan's every field (config, per-GPU rows, verdict, time, notes, the pipeline's
     table) is filled from the composed ranks here, once."""
@@ -454,6 +456,7 @@ def plan_pipeline(planner: Any, layout: Any, checkpoint: tuple[type, ...], gpu: 
                     reshard_after_forward=layout.reshards_after_forward)
     stages, hop = _trace_stages(planner, layout, group, split, inputs, checkpoint, gpu, microbatches, micro, n_stages)
     ranks, step_s, bubble = _compose_ranks(stages, layout, microbatches, planner.options.grad_accum)
+    batch_solve = _search_batch(planner, stages, layout, micro, gpu) if search else None
     worst = max(ranks, key=lambda rk: rk["peak"])
     first = next(st for st in stages if st["rank"] == worst["rank"])
     step, time = first["_step"], replace(first["_time"], step_time_s=step_s)
@@ -506,4 +509,16 @@ def plan_pipeline(planner: Any, layout: Any, checkpoint: tuple[type, ...], gpu: 
                 "per_rank": ranks,
                 "per_stage": [{k: val for k, val in st.items() if not k.startswith("_")} for st in stages]}
     return Plan(config, per_gpu, Verdict(fits, gpu.capacity, reserve, needed, gpu.capacity - needed, []), time, flops,
-                training, None, None, {}, notes, pipeline)
+                training, batch_solve, None, {}, notes, pipeline)
+
+
+def _search_batch(planner: Any, stages: list[dict[str, Any]], layout: Any, micro: int, gpu: Any) -> Any:
+    """The largest local batch whose highest pipeline rank fits ``gpu`` with its reserve (composed, no trace)."""
+    from .pipeline_search import largest_local_batch
+
+    def fits(count: int) -> bool:
+        ranks, _, _ = _compose_ranks(stages, layout, count, planner.options.grad_accum)
+        peak = max(rk["peak"] for rk in ranks)
+        return peak + sum(planner.reserve(peak).values()) <= gpu.capacity
+
+    return largest_local_batch(fits, layout.pp_schedule, layout.pp, micro)

@@ -378,8 +378,8 @@ class Planner:
         if layout.pp > 1:  # every stage traced and composed with its schedule (estimator.plan.pipeline)
             from .pipeline import plan_pipeline
 
-            return plan_pipeline(self, layout, ckpt, target,
-                                 dict(tokens=tokens, samples=samples, steps=steps, mfu=mfu))
+            return plan_pipeline(self, layout, ckpt, target, dict(tokens=tokens, samples=samples, steps=steps, mfu=mfu),
+                                 search="batch" in ((solve,) if isinstance(solve, str) else tuple(solve or ())))
         step = self.traced(layout, ckpt)
         mem = self.memory(layout, step)
         pk = mem.peak

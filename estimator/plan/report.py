@@ -50,7 +50,7 @@ def headline(p: PlanData) -> str:
         return f"FITS on {c.gpus} x {c.gpu}: {needs}, {fmt_bytes(v.margin)} to spare"
     over = f"DOES NOT FIT on {c.gpus} x {c.gpu}: {needs}, {fmt_bytes(-v.margin)} over its {fmt_bytes(v.capacity)}"
     if p.batch is not None and p.batch.value:
-        over += f"; a micro-batch of {p.batch.value} fits"
+        over += f"; a {'local batch' if p.pipeline is not None else 'micro-batch'} of {p.batch.value} fits"
     if v.suggestions:
         over += f"; {'or ' if p.batch is not None and p.batch.value else ''}fits on {v.suggestions[0].describe()}"
     return over
@@ -84,9 +84,12 @@ def render_plan(p: PlanData, tablefmt: str = "simple") -> str:
     parts = [headline(p), title,
              "Memory at the peak (rows add up to the peak)\n" + tabulate(mem, tablefmt=tablefmt, disable_numparse=True),
              tabulate(states, tablefmt=tablefmt, disable_numparse=True)]
-    if p.pipeline is not None and p.batch is None:  # each stage traced at the given micro-batch only
-        parts.append(tabulate([("Largest micro-batch that fits", "not searched under --pp (each stage is traced at "
-                                 "the given micro-batch)")], tablefmt=tablefmt, disable_numparse=True))
+    if p.pipeline is not None:  # the local batch searched at the same micro-batch size (plan.pipeline_search)
+        found = "not searched" if p.batch is None else _fmt_solve(p.batch)
+        if p.batch is not None and p.batch.value:
+            micro = p.pipeline["micro_batch"]
+            found += f" ({p.batch.value // micro} micro-batches of {micro}; the schedule composed, each stage traced once)"
+        parts.append(tabulate([("Largest local batch that fits", found)], tablefmt=tablefmt, disable_numparse=True))
     elif p.fits or p.batch is not None:
         sizes = [("Largest micro-batch that fits", _fmt_solve(p.batch))]
         if p.seq is not None:

@@ -1,0 +1,67 @@
+"""The largest local batch under pipeline parallelism: more micro-batches of the same size, composed.
+
+A pipeline stage is traced once, at its micro-batch (:mod:`.pipeline`); what changes with the local batch at a
+fixed micro-batch size is how many micro-batches the schedule runs: how many a rank keeps in flight (all of them
+under GPipe, at most its distance to the last stage under 1F1B), the receive buffers ``PipelineStage`` keeps
+(one per micro-batch) and the sends not yet waited on.  Those are the schedule's composition, which costs no
+trace: the search composes every rank at each candidate count (:func:`.pipeline._compose_ranks`) and keeps the
+largest whose highest rank fits the card with its reserve.  Candidates are the counts the schedule runs: any for
+GPipe, at least ``pp`` for 1F1B, multiples of ``pp`` for the multi-stage schedules (interleaved 1F1B, ZBV);
+exponential then binary search, up to :data:`MAX_MICROBATCHES`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..errors import UserError
+from .results import Solve
+
+MAX_MICROBATCHES = 4096
+
+
+def _candidates(schedule: str, pp: int) -> tuple[int, int]:
+    """(first count, step): the micro-batch counts ``schedule`` runs are first, first + step, ..."""
+    if schedule == "gpipe":
+        return 1, 1
+    if schedule == "1f1b":
+        return pp, 1
+    return pp, pp
+
+
+def largest_local_batch(fits: Callable[[int], bool], schedule: str, pp: int, micro: int) -> Solve:
+    """The largest local batch (a number of micro-batches of ``micro`` samples) for which ``fits(count)`` holds.
+    Counts are ``first + k x step`` (:func:`_candidates`): ``k`` doubles until a count does not fit (or passes
+    :data:`MAX_MICROBATCHES`), then halves the gap."""
+    first, step = _candidates(schedule, pp)
+    tried: list[int] = []
+
+    def ok(k: int) -> bool:
+        count = first + k * step
+        tried.append(count * micro)
+        try:
+            return fits(count)
+        except UserError:  # a count the schedule refuses
+            return False
+
+    runs = "any count" if (first, step) == (1, 1) else f"{first} or more" if step == 1 else f"multiples of {step}"
+    method = (f"each stage traced once at micro-batch {micro}; the schedule composed with more micro-batches "
+              f"({schedule} runs {runs})")
+    if not ok(0):
+        return Solve("batch", 0, method, tried)
+    top = (MAX_MICROBATCHES - first) // step  # the largest k searched
+    good, bad, k = 0, None, 1
+    while bad is None:
+        if k >= top:
+            if ok(top):
+                return Solve("batch", None, method, tried,
+                             reason=f"no limit found up to {first + top * step} micro-batches of {micro}")
+            bad = top
+        elif ok(k):
+            good, k = k, 2 * k
+        else:
+            bad = k
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if ok(mid) else (good, mid)
+    return Solve("batch", (first + good * step) * micro, method, tried)
