@@ -261,7 +261,7 @@ def test_the_largest_local_batch_is_searched_at_the_same_micro_batch():
     ("1f1b", 37, 37),  # 4 or more
     ("1f1b", 3, 0),  # fewer than pp fit: none
     ("interleaved-1f1b", 37, 36),  # multiples of pp = 4
-    ("zbv", 4096, None),  # no limit within the search
+    ("zbv", 256, None),  # no limit within the search (multi-stage: up to 256)
 ])
 def test_the_local_batch_search_keeps_to_the_counts_a_schedule_runs(schedule, limit, expected):
     """``fits(count)`` true up to ``limit`` micro-batches (of 2 samples): the answer is the largest count the schedule
