@@ -35,10 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 PUBLISHED = (829, 71.9)  # the "2D" row: TPS/GPU, GiB
+PUBLISHED_ASYNC = (876, 67.6)  # "2D + AsyncTP"
 SEQ, LOCAL_BATCH, GPUS, TP = 8192, 16, 256, 8
 
 
-def run(layers: int, gpu: str, loss_parallel: bool, **extra) -> dict:
+def run(layers: int, gpu: str, loss_parallel: bool, async_tp: bool = False, **extra) -> dict:
     from estimator.plan import Planner
     from estimator.specs import load
 
@@ -47,7 +48,8 @@ def run(layers: int, gpu: str, loss_parallel: bool, **extra) -> dict:
         num_key_value_heads=8, vocab_size=128256, max_position_embeddings=SEQ))
     start = time.perf_counter()
     p = Planner(model, inputs, gpu=gpu, precision="fsdp-bf16", **extra).plan(
-        "fsdp", GPUS, tp=TP, sequence_parallel=True, loss_parallel=loss_parallel, checkpoint="LlamaDecoderLayer",
+        "fsdp", GPUS, tp=TP, sequence_parallel=True, loss_parallel=loss_parallel, async_tp=async_tp,
+        checkpoint="LlamaDecoderLayer",
         solve=())
     tokens_per_gpu = LOCAL_BATCH * SEQ / TP  # a TP group of 8 shares one local batch
     return {"tps_per_gpu": tokens_per_gpu / p.step_time_s,
@@ -62,14 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=80)
     args = ap.parse_args(argv)
-    tps, mem = PUBLISHED
     with tempfile.TemporaryDirectory() as folder:
         gpu = gpu_file(folder)
         print(f"Llama 3.1 70B shape ({args.layers} layers), 256 x H100 96GB 500 W, FSDP 32 x TP 8 (sequence "
               f"parallel), local batch 16 x 8192, full checkpointing")
-        rows = [("compile + float8, loss parallel", True, {"compile": "block", "float8": "tensorwise"}),
-                ("eager bf16, loss parallel", True, {}), ("eager bf16, no loss parallel", False, {})]
-        for name, lp, extra in rows:
+        compiled = {"compile": "block", "float8": "tensorwise"}
+        rows = [("compile + float8, loss parallel", True, compiled, PUBLISHED),
+                ("+ async TP", True, {**compiled, "async_tp": True}, PUBLISHED_ASYNC),
+                ("eager bf16, loss parallel", True, {}, PUBLISHED), ("eager bf16, no loss parallel", False, {}, PUBLISHED)]
+        for name, lp, extra, (tps, mem) in rows:
             r = run(args.layers, gpu, lp, **extra)
             print(f"{name:32s}: {r['tps_per_gpu']:6,.0f} TPS/GPU (published {tps}, "
                   f"{r['tps_per_gpu'] / tps:.3f}), {r['reserved_gib']:6.1f} GiB (published {mem}, "

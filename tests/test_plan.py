@@ -384,7 +384,7 @@ def test_largest_batch_under_fsdp_is_confirmed():
     p = planner.plan("fsdp", 4)
     assert p.batch.confirmed and p.max_batch > 2
     for value, fits in ((p.max_batch, True), (p.max_batch + 1, False)):  # an independent plan at that batch
-        other = Planner(*_gpt(cfg, value, 64), gpu="L4").plan("fsdp", 4, solve=())
+        other = Planner(*_gpt(cfg, value, 64), gpu="L4").plan("fsdp", 4, solve=(), suggest=False)
         assert other.fits is fits, (value, other.verdict.needed)
 
 
@@ -393,7 +393,7 @@ def test_a_micro_batch_too_large_still_gets_the_largest_that_fits():
     independent plans at it (fits) and one more (does not)."""
     cfg = {"vocab_size": 256, "block_size": 64, "n_layer": 2, "n_head": 4, "n_embd": 64}
     fits_at = lambda b: Planner(*_gpt(cfg, b, 64), gpu="H100", precision="fp32").plan(  # noqa: E731
-        "fsdp", 4, solve=(), gpu=gpu)
+        "fsdp", 4, solve=(), gpu=gpu, suggest=False)
     gpu = _gpu_fitting(Planner(*_gpt(cfg, 3, 64), gpu="H100", precision="fp32").plan("fsdp", 4, solve=()).per_gpu.peak, 0)
     p = Planner(*_gpt(cfg, 8, 64), gpu="H100", precision="fp32").plan("fsdp", 4, gpu=gpu)
     assert not p.fits and p.max_batch >= 1 and p.batch.confirmed

@@ -146,6 +146,11 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--loss-parallel", action="store_true",
                    help="with --tp: the head's logits stay sharded by vocabulary and the cross-entropy runs under "
                         "torch's loss_parallel() (torchtitan's default), e.g. --tp 8 --loss-parallel")
+    p.add_argument("--async-tp", action="store_true",
+                   help="with --tp, --sequence-parallel and --compile: asynchronous TP, sequence parallelism's "
+                        "all-gathers and reduce-scatters pipelined with their matmuls (torch.compile's "
+                        "micro-pipeline pass, torchtitan's enable_async_tensor_parallel), e.g. --tp 8 "
+                        "--sequence-parallel --compile --async-tp")
     p.add_argument("--reduce-dtype", choices=("fp32", "bf16", "fp16"),
                    help="with --precision fsdp-*: MixedPrecisionPolicy's reduce_dtype (default: the param dtype), "
                         "e.g. --reduce-dtype fp32")
@@ -244,13 +249,15 @@ def run_plan(args: argparse.Namespace) -> int:
                 raise UserError("--pp plans one layout: give one --gpu and one --gpus count, without --compare")
             result = planner.compare(args.gpus, strategies=None if args.compare else [args.strategy], tp=args.tp,
                                      sequence_parallel=args.sequence_parallel, loss_parallel=args.loss_parallel,
+                                     async_tp=args.async_tp,
                                      cp=args.cp, cp_rotate=args.cp_rotate, ep=args.ep,
                                      checkpoint=args.checkpoint or None,
                                      offload=args.offload, gpu=gpus_names, with_checkpointing=args.compare,
                                      **budget)
         else:
             result = planner.plan(args.strategy, args.gpus[0], tp=args.tp, sequence_parallel=args.sequence_parallel,
-                                  loss_parallel=args.loss_parallel, pp=args.pp, pp_schedule=args.pp_schedule,
+                                  loss_parallel=args.loss_parallel, async_tp=args.async_tp, pp=args.pp,
+                                  pp_schedule=args.pp_schedule,
                                   microbatches=args.microbatches, cp=args.cp, cp_rotate=args.cp_rotate,
                                   ep=args.ep, checkpoint=args.checkpoint or None, offload=args.offload,
                                   solve=("batch", *args.solve), reshard_after_forward=args.reshard_after_forward,

@@ -14,7 +14,8 @@ from .report import Comparison, Plan
 
 
 def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, strategy: str = "ddp", tp: int = 1,
-         sequence_parallel: bool = False, loss_parallel: bool = False, pp: int = 1, pp_schedule: str = "1f1b",
+         sequence_parallel: bool = False, loss_parallel: bool = False, async_tp: bool = False, pp: int = 1,
+         pp_schedule: str = "1f1b",
          microbatches: int = 0, cp: int = 1, cp_rotate: str = "allgather", ep: int = 1,
          optimizer: Any = "adamw", optimizer_kwargs: Mapping[str, Any] | None = None,
          loss_fn=None, precision: str = "bf16-mixed", reduce_dtype: str | None = None, checkpoint: Any = None,
@@ -37,6 +38,8 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
     ``"seq"``, searched when the given size fits, or always with ``solve_unfit``), step time from the traced
     schedule, time to train for the budget.  ``loss_parallel`` (with ``tp``):
     the head's logits kept sharded by vocabulary, the loss under torch's ``loss_parallel()`` (torchtitan's).
+    ``async_tp`` (with ``tp``, ``sequence_parallel`` and ``compile``): torch.compile's micro-pipelined TP, timed by
+    :class:`~estimator.plan.schedule.MicroPipelinedTP`.
     ``pp`` pipeline ranks with ``pp_schedule`` (``"gpipe"``, ``"1f1b"``, or ``"interleaved-1f1b"`` and ``"zbv"``
     with two stages per rank) over ``microbatches`` micro-batches (0: one sample each): each stage traced, the
     rank with the highest peak reported (:mod:`estimator.plan.pipeline`).  ``reshard_after_forward`` (FSDP2):
@@ -63,6 +66,7 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
                       keep_output=keep_output, grad_accum=grad_accum, checkpoint_policy=checkpoint_policy,
                       replicate=replicate, compile=compile, float8=float8, float8_all_gather=float8_all_gather)
     return planner.plan(strategy, gpus, tp=tp, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel,
+                        async_tp=async_tp,
                         pp=pp, pp_schedule=pp_schedule, microbatches=microbatches, cp=cp, cp_rotate=cp_rotate,
                         ep=ep, checkpoint=checkpoint,
                         offload=offload, tokens=tokens, samples=samples, steps=steps, mfu=mfu, solve=solve,

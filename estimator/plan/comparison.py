@@ -56,7 +56,8 @@ def for_strategy(planner: Any, strategy: str) -> Any:
 
 
 def compare_layouts(planner: Any, gpus: int | Sequence[int], *, strategies: Sequence[str] | None = None,
-                    tp: int = 1, sequence_parallel: bool = False, loss_parallel: bool = False, cp: int = 1,
+                    tp: int = 1, sequence_parallel: bool = False, loss_parallel: bool = False,
+                    async_tp: bool = False, cp: int = 1,
                     cp_rotate: str = "allgather", ep: int = 1, checkpoint: Any = None, offload: str | None = None,
                     tokens=None, samples=None, steps=None, mfu=None, confirm: bool = False,
                     gpu: str | GPU | Sequence[str | GPU] | None = None, with_checkpointing: bool = True) -> Comparison:
@@ -84,8 +85,9 @@ def compare_layouts(planner: Any, gpus: int | Sequence[int], *, strategies: Sequ
         sub.progress = lambda stage, detail="", _row=row: outer(f"{_row}: {stage}", detail)  # noqa: E731
         try:
             plans.append(sub.plan(s, n, tp=tp, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel,
+                                  async_tp=async_tp,
                                   cp=cp, cp_rotate=cp_rotate, ep=ep, checkpoint=list(ckset) or None,
-                                  offload=offload, tokens=tokens, samples=samples, steps=steps, mfu=mfu,
+                                  offload=offload, tokens=tokens, samples=samples, steps=steps, mfu=mfu, suggest=False,
                                   confirm=confirm, gpu=g))
         except UserError as exc:
             if strategies and len(counts) == 1:

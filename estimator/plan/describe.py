@@ -18,7 +18,7 @@ def engine_text(layout: Layout, precision: PlanPrecision, zero_semantics: str) -
                  f", reduce {str(precision.reduce_dtype or precision.param_dtype).removeprefix('torch.')})"
     if layout.tp > 1:
         extras = [w for w, on in (("sequence parallel", layout.sequence_parallel),
-                                   ("loss parallel", layout.loss_parallel)) if on]
+                                   ("loss parallel", layout.loss_parallel), ("async TP", layout.async_tp)) if on]
         parts += " + parallelize_module" + (f" ({', '.join(extras)})" if extras else "")
     if layout.cp > 1:
         parts += f" + context_parallel over {layout.cp} ranks (ring attention)"
@@ -39,6 +39,12 @@ def layout_notes(planner: Any, layout: Layout) -> list[str]:
                      f"layers (Megatron pairs found in the traced dataflow), embedding "
                      f"{plan.embedding or 'replicated'}, head {plan.head or 'replicated'}")
         notes.extend(plan.notes)
+        if layout.async_tp:
+            notes.append("async TP: each all-gather of sequence parallelism pipelined with the matmuls that read it, "
+                         "each reduce-scatter with the matmul that makes its input, one chunk per tensor-parallel "
+                         "rank (torch.compile's micro-pipeline pass, torch's symmetric-memory kernels); memory as "
+                         "without it, the symmetric-memory workspace (one shard) outside the caching allocator and "
+                         "not counted")
         if layout.loss_parallel:
             notes.append("loss parallel: the logits stay sharded by vocabulary and the cross-entropy runs under "
                          "torch's loss_parallel() (all-reduces of the row maxima, sums and target logits)"

@@ -370,7 +370,9 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
                 raise UserError(f"{exc} (under tensor parallelism{' with sequence parallelism' if layout.sequence_parallel else ''}: "
                                 f"the forward must run on local shards, e.g. views with -1 for the head count{lp})") from exc
             raise
-        collectives = find_collectives(cap, layout.gpus_per_node)
+        tp_mesh = _submesh(mesh, ("tp",)) if layout.tp > 1 else None
+        tp_ranks = frozenset(torch.distributed.get_process_group_ranks(tp_mesh.get_group())) if tp_mesh else frozenset()
+        collectives = find_collectives(cap, layout.gpus_per_node, tp_ranks)
     streams = {i: stream_names.get(n.meta["stream"], "side") for i, n in enumerate(cap.nodes) if "stream" in n.meta}
     # the allocator's need (the fragmentation reserve) only when a fit is asked (Step.fragmentation)
     step = Step(cap, tally(cap), simulate(cap, device, target=options.cuda, need=False), storage_rows(cap), value,

@@ -61,6 +61,7 @@ class Layout:
     cp: int = 1  # context-parallel ranks sharing each sequence (estimator.plan.context)
     cp_rotate: str = "allgather"  # the ring's key/value exchange (torchtitan's context_parallel_rotate_method)
     ep: int = 1  # ranks sharing a layer's experts (estimator.plan.expert), borrowed from the sharded ranks x cp
+    async_tp: bool = False  # torch.compile's micro-pipelined TP: sequence parallelism's collectives inside the matmuls
 
     @property
     def reshards_after_forward(self) -> bool:
@@ -116,7 +117,7 @@ class Layout:
         text = self.strategy
         if self.tp > 1:
             extras = [w for w, on in (("sequence parallel", self.sequence_parallel),
-                                       ("loss parallel", self.loss_parallel)) if on]
+                                       ("loss parallel", self.loss_parallel), ("async", self.async_tp)) if on]
             text += f" x tp {self.tp}" + (f" ({', '.join(extras)})" if extras else "")
         if self.cp > 1:
             text += f" x cp {self.cp}"
@@ -232,6 +233,9 @@ def check_layout(layout: Layout, precision: PlanPrecision) -> None:
                         f"keep tensor parallelism inside a node (--tp <= {layout.gpus_per_node})")
     if layout.sequence_parallel and tp == 1:
         raise UserError("--sequence-parallel needs tensor parallelism: add --tp 2 (or more)")
+    if layout.async_tp and not layout.sequence_parallel:
+        raise UserError("--async-tp overlaps sequence parallelism's all-gathers and reduce-scatters with their matmuls "
+                        "(torch's micro-pipeline pass): add --tp 2 (or more) and --sequence-parallel")
     if layout.loss_parallel and tp == 1:
         raise UserError("--loss-parallel shards the head's logits over the tensor-parallel ranks: add --tp 2 (or more)")
     if s != "ddp" and layout.dp * layout.cp < 2:

@@ -484,7 +484,7 @@ def plan_pipeline(planner: Any, layout: Any, checkpoint: tuple[type, ...], gpu: 
         global_batch=batch * layout.dp * planner.options.grad_accum, seq=planner.seq,
         engine=(planner._engine_text(group) if group.gpus > 1 else "traced: one GPU per stage")
         + f", {shape} ({schedule}, torch.distributed.pipelining's schedule composed)",
-        device=planner.device, pp=pp, pp_schedule=schedule, microbatches=microbatches)
+        device=planner.device, pp=pp, async_tp=layout.async_tp, pp_schedule=schedule, microbatches=microbatches)
     notes = list(step.notes) + [
         f"pipeline: {n_stages} stages of {split.repeats.count} blocks ({split.repeats.path}) split as torchtitan "
         f"splits them (the embedding and the head count as a block each, on the first and the last stage); "

@@ -267,18 +267,25 @@ class Planner:
             need = self.needed(pk, layout, st)
             return need <= gpu.capacity, pk, need
 
-        interpolated = None
+        interpolated = recalibrate = None
         if all(s.structure() == steps[0].structure() for s in steps[1:]):
             per = [list(s.cap.storage_bytes) for s in steps]
+            moved = [0]  # bytes a trace needed beyond the interpolation (the allocator's reserve at that size)
+
+            def guess(v: int) -> int:
+                return self.needed(self.memory(layout, steps[0], lagrange(points, per, v)).peak.total)
 
             def interpolated(v: int) -> bool:
-                pk = self.memory(layout, steps[0], lagrange(points, per, v)).peak.total
-                return self.needed(pk) <= gpu.capacity
+                return guess(v) + moved[0] <= gpu.capacity
+
+            def recalibrate(v: int, need: int) -> bool:
+                before, moved[0] = moved[0], need - guess(v)
+                return moved[0] != before
 
         limit = position_limit(self.model) if what == "seq" else None
         found = largest_fitting(what, base, interpolated, traced, points, confirm,
                                 model_limit=limit and (limit[0] // unit, limit[1]),
-                                real=any(s.cap.fallback_reason for s in steps))
+                                real=any(s.cap.fallback_reason for s in steps), recalibrate=recalibrate)
         return found if unit == 1 else in_chunks(found, unit, limit)
 
     def suggestions(self, layout: Layout, checkpoint: tuple[type, ...], gpu: GPU,
@@ -353,16 +360,21 @@ class Planner:
              samples: float | None = None, steps: int | None = None, mfu: float | None = None,
              solve: Sequence[str] | str = ("batch",), reshard_after_forward: bool | None = None, rank: int = 0,
              confirm: bool = True, gpu: str | GPU | None = None, solve_unfit: bool = False,
-             loss_parallel: bool = False, pp: int = 1, pp_schedule: str = "1f1b", microbatches: int = 0,
-             cp: int = 1, cp_rotate: str = "allgather", ep: int = 1) -> Plan:
+             loss_parallel: bool = False, async_tp: bool = False, pp: int = 1, pp_schedule: str = "1f1b",
+             microbatches: int = 0,
+             cp: int = 1, cp_rotate: str = "allgather", ep: int = 1, suggest: bool = True) -> Plan:
         """One plan (:func:`plan`).  The largest micro-batch is searched whether the given one fits or not;
         ``solve_unfit``: the longest sequence too (``estimate --gpu``'s question); a plan that does not fit
-        suggests the smallest layouts that do, each with its step time and time to train."""
+        suggests the smallest layouts that do, each with its step time and time to train (``suggest=False``:
+        not searched, as a comparison's rows, whose table answers that question, do)."""
         target = self.gpu if gpu is None else (gpu if isinstance(gpu, GPU) else lookup(gpu))
         layout = Layout(strategy.lower(), gpus, tp, sequence_parallel, self.gpus_per_node, rank,
                         reshard_after_forward, offload, loss_parallel, pp, str(pp_schedule).lower(),
-                        microbatches or 0, cp, str(cp_rotate).lower(), ep)
+                        microbatches or 0, cp, str(cp_rotate).lower(), ep, async_tp)
         check_layout(layout, self.precision)
+        if async_tp and self.options.compile is None:
+            raise UserError("--async-tp is torch.compile's micro-pipeline pass (torchtitan requires compile for it): "
+                            "add --compile")
         if self.float8_all_gather and layout.strategy not in ("fsdp", "hsdp"):
             raise UserError(f"--float8-all-gather is FSDP2's all-gather in float8: use --strategy fsdp or hsdp, "
                             f"not {layout.strategy}")
@@ -408,7 +420,7 @@ class Planner:
             return t.step_time_s, self._training(at, t, model_flops, peak_flops, tokens, samples, steps,
                                                  mfu).time_to_train_s
 
-        suggestions = [] if fits else self.suggestions(layout, ckpt, target, timed)
+        suggestions = [] if fits or not suggest else self.suggestions(layout, ckpt, target, timed)
         node = step.cap.nodes[pk.index] if pk.index >= 0 else None
         per_gpu = PerGpu(rows=dict(pk.by_row), peak=pk.total, peak_phase=node.meta.get("phase", "") if node else "start",
                          peak_module=node.meta.get("module", "") if node else "",
@@ -417,7 +429,7 @@ class Planner:
                          saved_activations=step.tally.activations_bytes, host=mem.host)
         config = Config(
             model=self.model_name, gpu=target.name, gpus=gpus, strategy=layout.strategy, tp=tp,
-            sequence_parallel=sequence_parallel, loss_parallel=loss_parallel, dp=layout.dp,
+            sequence_parallel=sequence_parallel, loss_parallel=loss_parallel, async_tp=async_tp, dp=layout.dp,
             shard_group=layout.shard * (layout.cp if layout.strategy != "ddp" else 1), rank=rank,
             precision=self.precision.name, optimizer=step.cap.optimizer_name, checkpoint=[c.__name__ for c in ckpt],
             offload=offload, wrap=[c.__name__ for c in self.wrap], micro_batch=self.batch,
@@ -438,7 +450,7 @@ class Planner:
     def _time(self, layout: Layout, step: Step, gpu: GPU) -> StepTime:
         intra, host, inter = self.links(gpu)
         if layout.traced:
-            t = traced_time(step, gpu, intra, inter, optimizer_on_gpu=layout.offload is None)
+            t = traced_time(step, gpu, intra, inter, optimizer_on_gpu=layout.offload is None, async_tp=layout.async_tp)
             if layout.offload:  # sharded parameters in and gradients out over the host link, each step
                 moved = 2 * step.tally.parameters_bytes + step.tally.gradients_bytes
                 t = replace(t, offload_s=moved / host.bandwidth, step_time_s=t.step_time_s + moved / host.bandwidth)

@@ -62,7 +62,8 @@ def _hours(h: float) -> str:
 
 def render_plan(p: PlanData, tablefmt: str = "simple") -> str:
     c, g, t = p.config, p.per_gpu, p.time
-    extras = [w for w, on in (("sequence parallel", c.sequence_parallel), ("loss parallel", c.loss_parallel)) if on]
+    extras = [w for w, on in (("sequence parallel", c.sequence_parallel), ("loss parallel", c.loss_parallel),
+                              ("async", c.async_tp)) if on]
     tp_text = f" x tp {c.tp}" + (f" ({', '.join(extras)})" if extras else "") if c.tp > 1 else ""
     tp_text += f" x cp {c.cp}" if c.cp > 1 else ""
     tp_text += f" x ep {c.ep}" if c.ep > 1 else ""

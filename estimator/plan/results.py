@@ -156,6 +156,7 @@ class Config:
     engine: str  # how the layout was obtained: "traced: ..." or "ZeRO (DeepSpeed semantics)" ...
     device: str
     pp: int = 1  # pipeline stages
+    async_tp: bool = False  # sequence parallelism's collectives pipelined with their matmuls
     pp_schedule: str | None = None
     microbatches: int | None = None
     cp: int = 1  # context-parallel ranks per sequence

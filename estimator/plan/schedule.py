@@ -143,8 +143,71 @@ def _sids_of(value) -> set[int]:
     return out
 
 
-def traced_time(step: Step, gpu: GPU, intra: Link, inter: Link, optimizer_on_gpu: bool = True) -> StepTime:
-    """The step time of an engine-traced step (see the module docstring)."""
+class MicroPipelinedTP:
+    """Asynchronous TP (torch.compile's micro-pipeline pass, ``torch/_inductor/fx_passes/micro_pipeline_tp.py``): each
+    all-gather of sequence parallelism fused with the matmuls that read the gathered tensor
+    (``symm_mem.fused_all_gather_matmul``) and each reduce-scatter with the matmul that produces its input
+    (``fused_matmul_reduce_scatter``), both run chunk by chunk, one chunk per rank of the ``n``-rank group, the
+    copies on the copy engines beside the compute (``torch/distributed/_symmetric_memory``:
+    ``_pipelined_multi_all_gather_and_consume``, ``_pipelined_produce_and_all2all``).  Timed as:
+
+    * all-gather then matmul: the local chunk's matmul needs nothing, chunk ``i`` waits for its copy: the matmul
+      starts with the all-gather and ends at ``max(its own end, all-gather end + matmul / n)``;
+    * matmul then reduce-scatter: each chunk is sent when it is computed: the reduce-scatter starts ``matmul / n``
+      after the matmul and ends at ``max(its own end, matmul end + reduce-scatter / n)``.
+
+    Ops between the collective and the matmul (waits, views, the copy that moves the gathered dimension) run
+    without waiting: the fused kernel takes them in.  Memory is not changed: the gathered tensor and the
+    reduce-scatter's stacked partials are still allocated by the caching allocator; the symmetric-memory
+    workspace (one shard, or two chunks) is outside it."""
+
+    def __init__(self) -> None:
+        self.gathered: dict[int, tuple[float, float, int]] = {}  # storage -> (start, end, n) of its all-gather
+        self.produced: dict[int, tuple[float, float]] = {}  # storage -> (start, seconds) of the matmul that wrote it
+
+    def waits_for(self, inputs: set[int]) -> set[int]:
+        """Of ``inputs``, those an op still waits for in full (not a fused all-gather's output)."""
+        return {s for s in inputs if s not in self.gathered}
+
+    def compute(self, inputs: set[int], outputs: set[int], start: float, seconds: float,
+                matmul: bool) -> float:
+        """The end of a compute op that starts at ``start`` (all-gathers it reads count from their start)."""
+        fused = [self.gathered[s] for s in inputs if s in self.gathered]
+        end = start + seconds
+        if matmul:
+            if fused:  # not before its all-gather starts; its last chunk after the all-gather ends
+                end = max(max(start, *(b for b, _, _ in fused)) + seconds, max(e + seconds / n for _, e, n in fused))
+            for s in outputs:
+                self.produced[s] = (start, seconds)
+            return end
+        for s in outputs:  # views, waits and copies between a fused collective and its matmul pass it on
+            if fused:
+                self.gathered[s] = max(fused, key=lambda f: f[1])
+            made = [self.produced[t] for t in inputs if t in self.produced]
+            if made:
+                self.produced[s] = max(made, key=lambda m: m[0] + m[1])
+        return end
+
+    def start_of(self, kind: str, inputs: set[int], n: int, deps: float) -> tuple[float, float]:
+        """(when a fused collective may start, the end bound of its matmul's last chunk) given its inputs."""
+        made = [self.produced[s] for s in inputs if s in self.produced] if kind == "reduce_scatter" else []
+        if not made:
+            return deps, 0.0
+        mm_start, mm_seconds = max(made, key=lambda m: m[0] + m[1])
+        return mm_start + mm_seconds / n, mm_start + mm_seconds
+
+    def gathered_by(self, outputs: set[int], start: float, end: float, n: int) -> None:
+        for s in outputs:
+            self.gathered[s] = (start, end, n)
+
+
+def traced_time(step: Step, gpu: GPU, intra: Link, inter: Link, optimizer_on_gpu: bool = True,
+                async_tp: bool = False) -> StepTime:
+    """The step time of an engine-traced step (see the module docstring); ``async_tp``: the tensor-parallel
+    group's all-gathers and reduce-scatters pipelined with their matmuls (:class:`MicroPipelinedTP`).
+
+    Why this length: one pass places every op on its stream or link; the branches share its clocks."""
+    fused = MicroPipelinedTP() if async_tp else None
     t_compute = 0.0  # when the compute stream is free
     busy = 0.0
     link_free: dict[str, float] = defaultdict(float)
@@ -164,8 +227,9 @@ def traced_time(step: Step, gpu: GPU, intra: Link, inter: Link, optimizer_on_gpu
         phase = node.meta.get("phase", "forward")
         inputs = _sids_of((node.args, node.kwargs))
         outputs = set(node.meta.get("storage", ()))
-        deps = max((avail.get(s, 0.0) for s in inputs), default=0.0)
         coll = step.collectives.get(i)
+        waited_for = fused.waits_for(inputs) if fused is not None and coll is None else inputs
+        deps = max((avail.get(s, 0.0) for s in waited_for), default=0.0)
         name = _op_name(node)
         seconds, issue, sync = times[i]
         if phase == "optimizer" and not optimizer_on_gpu:
@@ -177,8 +241,13 @@ def traced_time(step: Step, gpu: GPU, intra: Link, inter: Link, optimizer_on_gpu
         if coll is not None:
             seconds, lk = collective_time(coll, intra, inter)
             stream = stream or coll.kind  # NCCL's own stream, one per kind of collective
-            start = max(link_free[lk.name], stream_free[stream], deps, host)
-            finish = link_free[lk.name] = stream_free[stream] = start + seconds
+            pipelined = fused is not None and coll.tp and coll.kind in ("all_gather", "reduce_scatter")
+            ready, bound = fused.start_of(coll.kind, inputs, coll.group_size, deps) if pipelined else (deps, 0.0)
+            start = max(link_free[lk.name], stream_free[stream], ready, host)
+            finish = max(start + seconds, bound + seconds / coll.group_size)
+            link_free[lk.name] = stream_free[stream] = finish
+            if pipelined and coll.kind == "all_gather":
+                fused.gathered_by(outputs, start, finish, coll.group_size)
             for s in outputs | (inputs if name.startswith("c10d.") else set()):  # c10d ops work in place
                 avail[s] = finish
             key = coll.kind + (" (inter-node)" if coll.spans_nodes else "")
@@ -197,8 +266,13 @@ def traced_time(step: Step, gpu: GPU, intra: Link, inter: Link, optimizer_on_gpu
             continue
         issued = max(t_compute, host)  # the stream is free and the host has issued the op
         start = max(issued, deps)
+        op_end = start + seconds
+        if fused is not None:
+            cost = node.meta.get("cost")
+            op_end = fused.compute(inputs, outputs, start, seconds, cost is not None and cost.kind == MATMUL)
+            waited += op_end - start - seconds  # a fused matmul waiting for its all-gather or its last chunk
         waited += start - issued  # the stream waits for a collective (or a side stream's copy)
-        t_compute = start + seconds
+        t_compute = op_end
         busy += seconds
         by_phase[phase] += seconds
         for s in outputs:

@@ -93,14 +93,37 @@ def lagrange(xs: Sequence[float], ys: Sequence[Sequence[float]], x: float) -> li
     return out.tolist()
 
 
+def _largest(fits_at: Callable[[int], bool], limit: int) -> int | None:
+    """The largest value >= 1 for which ``fits_at`` holds (0: not even 1), doubling then halving; None past
+    ``limit``."""
+    if not fits_at(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits_at(hi):
+        lo, hi = hi, hi * 2
+    if hi > limit:
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits_at(mid) else (lo, mid)
+    return lo
+
+
 def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], bool] | None,
                     traced: Callable[[int], tuple[bool, int, int]], points: list[int], confirm: bool,
-                    limit: int = 1 << 24, model_limit: tuple[int, str] | None = None, real: bool = False) -> Solve:
+                    limit: int = 1 << 24, model_limit: tuple[int, str] | None = None, real: bool = False,
+                    recalibrate: Callable[[int, int], bool] | None = None) -> Solve:
     """The largest value (>= 1) that fits: interpolated when ``fits_interpolated`` is given (the
     traces at ``points`` share their structure), then confirmed by ``traced(v) -> (fits, peak, bytes needed)``.
     ``real``: the traces ran on real CPU tensors (data-dependent control flow), so a trace at the
     answer would run the model for real at that size, which may not fit this machine: interpolated
-    only, never confirmed, and not searched when the traces do not interpolate."""
+    only, never confirmed, and not searched when the traces do not interpolate.  ``recalibrate(v, need)``:
+    when a confirmation misses, the interpolation is moved to the bytes the trace at ``v`` needs (the
+    allocator's reserve at that size, which the interpolation guesses) and searched again, up to 3 times,
+    before the search falls back to traces (returns whether the interpolation moved).
+
+    Why this length: the interpolated search, its confirmation, the recalibrated searches and the traced
+    fallback share the answer and its two confirming traces."""
     method = "interpolated" if fits_interpolated is not None else "traced (the op sequence changes with the size)"
     if real:
         if fits_interpolated is None:
@@ -108,18 +131,9 @@ def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], boo
                          reason="not searched: the model traces on real CPU tensors only and its ops change with the size")
         confirm, method = False, method + " (not confirmed: the model traces on real CPU tensors only)"
     fits_at = fits_interpolated or (lambda v: traced(v)[0])
-    if not fits_at(1):
-        best = 0
-    else:
-        lo, hi = 1, 2
-        while hi <= limit and fits_at(hi):
-            lo, hi = hi, hi * 2
-        if hi > limit:
-            return Solve(what, None, method, list(points), reason=f"over {limit:,} (the search stops there)")
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if fits_at(mid) else (lo, mid)
-        best = lo
+    best = _largest(fits_at, limit)
+    if best is None:
+        return Solve(what, None, method, list(points), reason=f"over {limit:,} (the search stops there)")
     if model_limit is not None and best > model_limit[0]:
         return Solve(what, model_limit[0], method, list(points), limited_by=f"{model_limit[1]} = {model_limit[0]}",
                      memory_allows=best)
@@ -127,7 +141,22 @@ def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], boo
         return Solve(what, best, method, list(points), confirmed=False if real and best else None)
     budget = 16
     ok_best, peak_best, need_best = traced(best) if best >= 1 else (True, 0, 0)
-    ok_next, peak_next, _ = traced(best + 1)
+    ok_next, peak_next, need_next = traced(best + 1)
+    rounds = 0
+    while not (ok_best and not ok_next) and recalibrate is not None and fits_interpolated is not None \
+            and best >= 1 and rounds < 3:
+        rounds += 1  # the interpolation missed: move it to what the trace nearer the card needs, search again
+        at, need = (best + 1, need_next) if ok_best else (best, need_best)
+        if not recalibrate(at, need):
+            break
+        again = _largest(fits_at, limit)
+        if again is None or again < 1 or again == best:
+            break
+        best = again
+        ok_best, peak_best, need_best = traced(best)
+        ok_next, peak_next, need_next = traced(best + 1)
+        if ok_best and not ok_next:
+            method += " (recalibrated on the traced reserve)"
     if not (ok_best and not ok_next):  # the interpolation missed: search with traces from there
         if ok_best:
             lo, hi = best + 1, 2 * (best + 1)

@@ -68,6 +68,7 @@ class Collective:
     group_size: int
     nodes: int = 1  # the nodes the group's ranks sit in
     per_node: int = 1  # the most ranks of the group in one node (each with its own NIC rail)
+    tp: bool = False  # on this rank's tensor-parallel group
 
     @property
     def spans_nodes(self) -> bool:
@@ -100,9 +101,10 @@ def _nbytes(value: Any) -> int:
     return total
 
 
-def find_collectives(cap: Capture, gpus_per_node: int) -> dict[int, Collective]:
+def find_collectives(cap: Capture, gpus_per_node: int, tp_ranks: frozenset[int] = frozenset()) -> dict[int, Collective]:
     """The collectives of ``cap`` (node index -> :class:`Collective`); call it while the (fake)
-    process group of the trace is alive: each op's group is resolved to its ranks."""
+    process group of the trace is alive: each op's group is resolved to its ranks (``tp_ranks``: this rank's
+    tensor-parallel group, whose collectives are marked)."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
@@ -133,7 +135,8 @@ def find_collectives(cap: Capture, gpus_per_node: int) -> dict[int, Collective]:
         if kind == "all_gather" and _op_name(node).startswith("_c10d_functional"):
             nbytes *= len(ranks)  # the input is this rank's part
         per_node = Counter(r // gpus_per_node for r in ranks)
-        out[i] = Collective(kind, nbytes, len(ranks), len(per_node), max(per_node.values()))
+        out[i] = Collective(kind, nbytes, len(ranks), len(per_node), max(per_node.values()),
+                            tp=bool(tp_ranks) and set(ranks) == tp_ranks)
     return out
 
 
