@@ -245,3 +245,14 @@ def test_without_ep_experts_fewer_than_the_ranks_are_sharded_on_dimension_1():
     plan = _planner().plan("fsdp", 8, solve=())
     assert plan.per_gpu.parameters == expected
     assert any("sharded on dimension 1" in n and "4 experts are fewer than the 8" in n for n in plan.notes)
+
+
+def test_six_n_counts_the_parameters_a_token_activates():
+    """The 6N cross-check of a mixture of experts counts each expert's weights at top-k / E (2 of 4 here): the
+    weights of the Linear layers (attention, router, head) in full, the experts' 3-D weights at half; the
+    embedding and the norms enter no matmul."""
+    model, _ = _model_and_inputs()
+    dense = sum(p.numel() for n, p in model.named_parameters() if p.ndim == 2 and "embed_tokens" not in n)
+    experts = sum(p.numel() for n, p in model.named_parameters() if p.ndim == 3)
+    p = _planner().plan("fsdp", 2, solve=())
+    assert p.flops.matmul_params == dense + experts * 2 // 4

@@ -83,7 +83,7 @@ def _ints(text: str) -> list[int]:
 
 
 def _add_model_parallel_options(p: argparse.ArgumentParser) -> None:
-    """--tp, --sequence-parallel, --cp, --cp-rotate, --ep, --pp, --pp-schedule, --microbatches: how the model itself
+    """--tp, --sequence-parallel, --loss-parallel, --async-tp, --cp, --cp-rotate, --ep, --pp, --pp-schedule, --microbatches: how the model itself
     is split."""
     p.add_argument("--tp", type=int, default=1, metavar="N",
                    help="tensor-parallel degree inside a node (parallelize_module, Megatron's colwise/rowwise "
@@ -91,6 +91,14 @@ def _add_model_parallel_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sequence-parallel", action="store_true",
                    help="with --tp: sequence parallelism (norms and the residual stream on sequence shards), "
                         "e.g. --tp 4 --sequence-parallel")
+    p.add_argument("--loss-parallel", action="store_true",
+                   help="with --tp: the head's logits stay sharded by vocabulary and the cross-entropy runs under "
+                        "torch's loss_parallel() (torchtitan's default), e.g. --tp 8 --loss-parallel")
+    p.add_argument("--async-tp", action="store_true",
+                   help="with --tp, --sequence-parallel and --compile: asynchronous TP, sequence parallelism's "
+                        "all-gathers and reduce-scatters pipelined with their matmuls (torch.compile's "
+                        "micro-pipeline pass, torchtitan's enable_async_tensor_parallel), e.g. --tp 8 "
+                        "--sequence-parallel --compile --async-tp")
     p.add_argument("--cp", type=int, default=1, metavar="N",
                    help="context-parallel degree: each sequence split over N ranks, attention as torch's ring "
                         "attention (context_parallel, load-balanced causal); FSDP2 shards over dp x cp "
@@ -143,14 +151,6 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--float8-all-gather", action="store_true",
                    help="with --float8 tensorwise and fsdp/hsdp: FSDP2 gathers the float8 Linears' weights in float8 "
                         "(torchao's enable_fsdp_float8_all_gather), e.g. --float8 tensorwise --float8-all-gather")
-    p.add_argument("--loss-parallel", action="store_true",
-                   help="with --tp: the head's logits stay sharded by vocabulary and the cross-entropy runs under "
-                        "torch's loss_parallel() (torchtitan's default), e.g. --tp 8 --loss-parallel")
-    p.add_argument("--async-tp", action="store_true",
-                   help="with --tp, --sequence-parallel and --compile: asynchronous TP, sequence parallelism's "
-                        "all-gathers and reduce-scatters pipelined with their matmuls (torch.compile's "
-                        "micro-pipeline pass, torchtitan's enable_async_tensor_parallel), e.g. --tp 8 "
-                        "--sequence-parallel --compile --async-tp")
     p.add_argument("--reduce-dtype", choices=("fp32", "bf16", "fp16"),
                    help="with --precision fsdp-*: MixedPrecisionPolicy's reduce_dtype (default: the param dtype), "
                         "e.g. --reduce-dtype fp32")

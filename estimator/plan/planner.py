@@ -485,9 +485,9 @@ class Planner:
 
     def _flops(self, model_flops: float, dtype: str, peak: float, mfu: float | None) -> Flops:
         base = self.single()
-        n_mm = matmul_params(base)
-        attn = attention_term(base)
         tps = tokens_per_sample(self.inputs)
+        n_mm = matmul_params(base, (self.batch or 1) * tps if tps else None)
+        attn = attention_term(base)
         traced_per_token = six = None
         if attn is not None and tps:
             traced_per_token = matmul_flops(base)[0] / ((self.batch or 1) * tps)
@@ -515,8 +515,11 @@ class Planner:
 # -- FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B) ------------------------------------------------
 
 
-def matmul_params(step: Step) -> int:
-    """Parameters that enter a matmul-class op in forward (through views and casts): the N of 6N."""
+def matmul_params(step: Step, tokens: int | None = None) -> int:
+    """Parameters that enter a matmul-class op in forward (through views and casts): the N of 6N.  With
+    ``tokens`` (the step's), a mixture of experts' weights count as much as a token uses of them: a grouped
+    GEMM of ``S`` routed rows over ``G`` experts' weights uses ``S / (G x tokens)`` of them per token (top-k / E:
+    the "active" parameters)."""
     cap = step.cap
     users: dict[int, list] = defaultdict(list)
     from ..graph import OpNode
@@ -530,7 +533,7 @@ def matmul_params(step: Step) -> int:
     count = 0
     for name, p in cap.params.items():
         holder = holders.get(f"param_{name}")
-        frontier, seen, hit = [holder] if holder is not None else [], set(), False
+        frontier, seen, hit, share = [holder] if holder is not None else [], set(), False, 1.0
         while frontier and not hit:
             node = frontier.pop()
             for user in users.get(id(node), ()):
@@ -540,12 +543,24 @@ def matmul_params(step: Step) -> int:
                 cost = user.meta.get("cost")
                 if cost is not None and cost.kind == MATMUL:
                     hit = True
+                    share = _routed_share(user, p, tokens)
                     break
                 if user.op == "call_function" and (cost is None or cost.kind == "zero"):
                     frontier.append(user)
         if hit:
-            count += p.numel()
+            count += round(p.numel() * share)
     return count
+
+
+def _routed_share(node: Any, p: torch.Tensor, tokens: int | None) -> float:
+    """The share of ``p`` one token uses when ``node`` (its first matmul) is a grouped GEMM over its dimension 0
+    (a mixture of experts): routed rows / (experts x tokens); 1 for any other matmul."""
+    if tokens is None or "grouped_mm" not in str(node.target) or p.ndim != 3 or not node.args:
+        return 1.0
+    spec = getattr(node.args[0], "meta", {}).get("spec", (None,))[0]
+    if spec is None or len(spec.shape) != 2:
+        return 1.0
+    return min(1.0, spec.shape[0] / (p.shape[0] * tokens))
 
 
 def attention_term(step: Step) -> int | None:
