@@ -367,16 +367,18 @@ def run_one(case: dict, run: dict, world: int) -> dict:
                     from torch.distributed.tensor.parallel import loss_parallel
 
                     sync = _both(sync, loss_parallel())
-                batch, ring = args, contextlib.nullcontext()
+                batch, named, ring = args, kwargs, contextlib.nullcontext()
                 if cp > 1:  # a fresh batch, sharded in place on its sequence dimension (torchtitan's train_context)
                     from torch.distributed.tensor.experimental import context_parallel
 
                     batch = tuple(torch.randint(0, 250, a.shape) for a in args)
-                    ring = context_parallel(mesh["cp"], buffers=list(batch), buffer_seq_dims=[1] * len(batch),
-                                            no_restore_buffers=set(batch))
+                    named = {k: torch.randint(0, 250, v.shape) for k, v in kwargs.items()}
+                    buffers = [*batch, *named.values()]
+                    ring = context_parallel(mesh["cp"], buffers=buffers, buffer_seq_dims=[1] * len(buffers),
+                                            no_restore_buffers=set(buffers))
                 with sync, ring:
                     with torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
-                        loss = loss_of(wrapped(*batch, **kwargs))
+                        loss = loss_of(wrapped(*batch, **named))
                     if accum > 1:
                         loss = loss / accum
                     loss.backward()

@@ -10,7 +10,9 @@ live-storage tracker over a steady-state step.  The plan of the same layout (``d
 must give the model states exactly and the peak within 1 %.
 
 Measured on 2026-11-27 (plan against real, every rank measured): FSDP2 without ep +0.00 %, ep 2 +0.00 %, ep 2
-under ``fsdp-bf16`` +0.00 %, ep 2 x efsdp 2 (4 processes) +0.06 %, ep 4 (4 processes) +0.00 %.
+under ``fsdp-bf16`` +0.00 %, ep 2 over the 2 ranks of a context-parallel pair (torch's ring attention, the flash
+op given a CPU kernel as in tests/test_context_parallel.py) -0.05 % on both, ep 2 x efsdp 2 (4 processes)
++0.06 %, ep 4 (4 processes) +0.00 %.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ BATCH, SEQ = 4, 32
 CASE = {"name": "mixtral", "model": "mixtral", "config": CONFIG, "batch": BATCH, "seq": SEQ, "runs": [
     {"id": "fsdp", "strategy": "fsdp", "precision": "fp32", "checkpoint": False},
     {"id": "fsdp-ep2", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "ep": 2},
-    {"id": "fsdp-ep2-bf16", "strategy": "fsdp", "precision": "fsdp-bf16", "checkpoint": False, "ep": 2}]}
+    {"id": "fsdp-ep2-bf16", "strategy": "fsdp", "precision": "fsdp-bf16", "checkpoint": False, "ep": 2},
+    # ep borrows the cp ranks (torchtitan's ParallelDims): the 2 ranks share each sequence and the experts
+    {"id": "fsdp-cp2-ep2", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "ep": 2, "cp": 2}]}
 WORLD = 2
 # 4 processes: ep 2 inside 2 efsdp groups (FSDP2 shards each expert over 2 ranks), and ep 4 (one expert per rank)
 WIDE = {**CASE, "name": "mixtral-4", "runs": [
@@ -83,7 +87,7 @@ def runs(tmp_path_factory):
     try:
         planners = {p: _planner(p) for p in ("fp32", "fsdp-bf16")}
         plans = {(run["id"], rank): planners[run["precision"]].plan(run["strategy"], world, ep=run.get("ep", 1),
-                                                                    rank=rank, solve=())
+                                                                    cp=run.get("cp", 1), rank=rank, solve=())
                  for case, world, _ in launches for run in case["runs"] for rank in RANKS[case["name"]]}
         for case, world, _, started in procs:
             for r, p in enumerate(started):
