@@ -279,3 +279,9 @@ def test_the_local_batch_search_keeps_to_the_counts_a_schedule_runs(schedule, li
     step = 4 if schedule in MULTI else 1
     assert all(c % step == 0 and (c >= 4 or schedule == "gpipe") for c in asked), asked
     assert len(asked) < 30
+
+
+def test_a_sequence_search_under_pp_is_said_not_to_run():
+    p = _planner().plan("ddp", WORLD, pp=WORLD, microbatches=MICRO, solve=("seq",))
+    assert p.batch is None and p.seq is None
+    assert any(n.startswith("--solve seq: the longest sequence is not searched under --pp") for n in p.notes)

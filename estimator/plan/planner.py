@@ -390,8 +390,13 @@ class Planner:
         if layout.pp > 1:  # every stage traced and composed with its schedule (estimator.plan.pipeline)
             from .pipeline import plan_pipeline
 
-            return plan_pipeline(self, layout, ckpt, target, dict(tokens=tokens, samples=samples, steps=steps, mfu=mfu),
-                                 search="batch" in ((solve,) if isinstance(solve, str) else tuple(solve or ())))
+            asked = (solve,) if isinstance(solve, str) else tuple(solve or ())
+            piped = plan_pipeline(self, layout, ckpt, target, dict(tokens=tokens, samples=samples, steps=steps, mfu=mfu),
+                                  search="batch" in asked)
+            if "seq" in asked:
+                piped.notes.append("--solve seq: the longest sequence is not searched under --pp (each stage is traced "
+                                   "at the given sequence)")
+            return piped
         step = self.traced(layout, ckpt)
         mem = self.memory(layout, step)
         pk = mem.peak
