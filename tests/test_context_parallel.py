@@ -18,9 +18,7 @@ counted as ``context_parallel`` leaves them: sharded in place by ``resize_``, ea
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -28,9 +26,9 @@ import torch
 
 from estimator import UserError
 from estimator.plan import Planner
+from gloo_runs import real_and_planned
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKER = os.path.join(ROOT, "tests", "dist_worker.py")
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 import llama  # noqa: E402
@@ -62,46 +60,17 @@ def _planner(config: dict = CONFIG, seq: int = 64) -> Planner:
     return Planner(*_model_and_inputs(config, seq), gpu="H100", device="cpu", precision="fp32")
 
 
-def _launch(case: dict, world: int, directory) -> list[subprocess.Popen]:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    if sys.platform.startswith("linux"):
-        env["GLOO_SOCKET_IFNAME"] = "lo"
-    config = json.dumps({"cases": [case]})
-    return [subprocess.Popen([sys.executable, WORKER, str(r), str(world), str(directory / "init"),
-                              str(directory / f"r{r}.json"), config], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True) for r in range(world)]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The real runs (started first, running while the plans are traced) and the plans, by run id and rank."""
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
     launches = [(CASE, WORLD, tmp_path_factory.mktemp("cp")), (TP_CASE, TP_WORLD, tmp_path_factory.mktemp("cp_tp"))]
-    procs = [(case, world, d, _launch(case, world, d)) for case, world, d in launches]
-    try:
+
+    def plans() -> dict:
         planner = _planner()
-        plans = {(run["id"], rank): planner.plan(run["strategy"], world, cp=run["cp"], tp=run.get("tp", 1),
-                                                 rank=rank, solve=(),
-                                                 checkpoint="Block" if run["checkpoint"] else None)
-                 for case, world, _ in launches for run in case["runs"] for rank in RANKS[case["name"]]}
-        for case, world, _, started in procs:
-            for r, p in enumerate(started):
-                _, err = p.communicate(timeout=420)
-                assert p.returncode == 0, f"{case['name']} rank {r} failed:\n{err[-4000:]}"
-    except BaseException:
-        for *_, started in procs:
-            for p in started:
-                p.kill()
-        raise
-    real = {}
-    for case, world, d in launches:
-        for r in RANKS[case["name"]]:
-            for key, value in json.loads((d / f"r{r}.json").read_text())["runs"].items():
-                real[(key.split("/")[1], r)] = value
-    return real, plans
+        return {(run["id"], rank): planner.plan(run["strategy"], world, cp=run["cp"], tp=run.get("tp", 1),
+                                                rank=rank, solve=(), checkpoint="Block" if run["checkpoint"] else None)
+                for case, world, _ in launches for run in case["runs"] for rank in RANKS[case["name"]]}
+    return real_and_planned(launches, RANKS, plans)
 
 
 RUNS = [(run["id"], rank) for case in (CASE, TP_CASE) for run in case["runs"] for rank in RANKS[case["name"]]]

@@ -17,9 +17,7 @@ op given a CPU kernel as in tests/test_context_parallel.py) -0.05 % on both, ep 
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -27,11 +25,11 @@ import torch
 
 from estimator import UserError
 from estimator.plan import Planner
+from gloo_runs import real_and_planned
 
 pytest.importorskip("transformers")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKER = os.path.join(ROOT, "tests", "dist_worker.py")
 
 CONFIG = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
           "num_key_value_heads": 4, "vocab_size": 250, "max_position_embeddings": 64, "num_local_experts": 4,
@@ -65,45 +63,17 @@ def _planner(precision: str = "fp32", config: dict = CONFIG) -> Planner:
     return Planner(*_model_and_inputs(config), gpu="H100", device="cpu", precision=precision)
 
 
-def _launch(case: dict, world: int, directory) -> list[subprocess.Popen]:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    if sys.platform.startswith("linux"):
-        env["GLOO_SOCKET_IFNAME"] = "lo"
-    config = json.dumps({"cases": [case]})
-    return [subprocess.Popen([sys.executable, WORKER, str(r), str(world), str(directory / "init"),
-                              str(directory / f"r{r}.json"), config], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True) for r in range(world)]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The real runs (started first, running while the plans are traced) and the plans, by run id and rank."""
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
     launches = [(CASE, WORLD, tmp_path_factory.mktemp("ep")), (WIDE, WIDE_WORLD, tmp_path_factory.mktemp("ep4"))]
-    procs = [(case, world, d, _launch(case, world, d)) for case, world, d in launches]
-    try:
+
+    def plans() -> dict:
         planners = {p: _planner(p) for p in ("fp32", "fsdp-bf16")}
-        plans = {(run["id"], rank): planners[run["precision"]].plan(run["strategy"], world, ep=run.get("ep", 1),
-                                                                    cp=run.get("cp", 1), rank=rank, solve=())
-                 for case, world, _ in launches for run in case["runs"] for rank in RANKS[case["name"]]}
-        for case, world, _, started in procs:
-            for r, p in enumerate(started):
-                _, err = p.communicate(timeout=420)
-                assert p.returncode == 0, f"{case['name']} rank {r} failed:\n{err[-4000:]}"
-    except BaseException:
-        for *_, started in procs:
-            for p in started:
-                p.kill()
-        raise
-    real = {}
-    for case, world, d in launches:
-        for r in RANKS[case["name"]]:
-            for key, value in json.loads((d / f"r{r}.json").read_text())["runs"].items():
-                real[(key.split("/")[1], r)] = value
-    return real, plans
+        return {(run["id"], rank): planners[run["precision"]].plan(run["strategy"], world, ep=run.get("ep", 1),
+                                                                   cp=run.get("cp", 1), rank=rank, solve=())
+                for case, world, _ in launches for run in case["runs"] for rank in RANKS[case["name"]]}
+    return real_and_planned(launches, RANKS, plans)
 
 
 RUNS = [(run["id"], rank) for case in (CASE, WIDE) for run in case["runs"] for rank in RANKS[case["name"]]]
