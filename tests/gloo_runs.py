@@ -51,3 +51,17 @@ def real_and_planned(launches: list[tuple[dict, int, Any]], ranks: dict[str, lis
             for key, value in json.loads((d / f"r{r}.json").read_text())["runs"].items():
                 real[(key.split("/")[1], r)] = value
     return real, planned
+
+
+def assert_states_exact(runs: tuple[dict, dict], run: str, rank: int) -> None:
+    """The plan's parameters, gradients and optimizer state are the real run's, to the byte."""
+    real, plans = runs
+    x, g = real[(run, rank)], plans[(run, rank)].per_gpu
+    assert (g.parameters, g.gradients, g.optimizer_state) == (x["parameters"], x["gradients"], x["optimizer_state"])
+
+
+def assert_peak_within(runs: tuple[dict, dict], run: str, rank: int, rel: float = 0.01) -> None:
+    """The plan's peak is within ``rel`` of the real run's peak of live bytes."""
+    real, plans = runs
+    x, g = real[(run, rank)], plans[(run, rank)].per_gpu
+    assert g.peak == pytest.approx(x["peak"], rel=rel), (g.peak, x["peak"], x["peak_op"], g.peak_op)

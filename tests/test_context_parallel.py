@@ -26,7 +26,7 @@ import torch
 
 from estimator import UserError
 from estimator.plan import Planner
-from gloo_runs import real_and_planned
+from gloo_runs import assert_peak_within, assert_states_exact, real_and_planned
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -78,16 +78,12 @@ RUNS = [(run["id"], rank) for case in (CASE, TP_CASE) for run in case["runs"] fo
 
 @pytest.mark.parametrize("run,rank", RUNS)
 def test_model_states_match_the_real_run_exactly(runs, run, rank):
-    real, plans = runs
-    x, g = real[(run, rank)], plans[(run, rank)].per_gpu
-    assert (g.parameters, g.gradients, g.optimizer_state) == (x["parameters"], x["gradients"], x["optimizer_state"])
+    assert_states_exact(runs, run, rank)
 
 
 @pytest.mark.parametrize("run,rank", RUNS)
 def test_peak_matches_the_real_run_within_one_percent(runs, run, rank):
-    real, plans = runs
-    x, g = real[(run, rank)], plans[(run, rank)].per_gpu
-    assert g.peak == pytest.approx(x["peak"], rel=0.01), (g.peak, x["peak"], x["peak_op"], g.peak_op)
+    assert_peak_within(runs, run, rank)
 
 
 def test_the_ring_exchanges_are_torchs():
