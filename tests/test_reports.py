@@ -314,6 +314,20 @@ def test_plan_writes_its_html_page_and_plot(tmp_path, capsys):
     assert text.count('class="capacity"') == 1 and image.read_bytes().startswith(b"\x89PNG")
 
 
+def test_the_step_time_bar_ends_at_the_step_time():
+    """The drawn parts before the hidden communication (compute, exposed communication, the GPU waiting for the
+    host's launches, offload) add up to the plan's step time: a small model's launch-bound step shows its idle
+    time instead of a bar that ends at a third of the step."""
+    from estimator.plan import Planner
+    from estimator.plan.html import time_parts
+
+    model, inputs, loss_fn = zoo.gpt()
+    p = Planner(model, inputs, gpu="H100", loss_fn=loss_fn).plan("fsdp", 2, solve=())
+    parts = dict(time_parts(p))
+    assert parts["compute"] + parts["exposed"] + parts["launch"] + parts["offload"] == pytest.approx(p.step_time_s)
+    assert parts["launch"] > 0  # this small model is launch-bound on an H100
+
+
 # -- per operator ---------------------------------------------------------------------------------
 
 

@@ -25,8 +25,9 @@ ROW_COLORS = {
 ROW_LABELS = {**ROW_TITLES, "reserve": "Reserve (CUDA context, fragmentation)"}
 TIME_PARTS = (("compute", "compute", "#4e79a7"),
               ("exposed", "communication the compute waits for (exposed)", "#e15759"),
-              ("hidden", "communication hidden behind compute", "#f4b6b7"),
-              ("offload", "host transfers (offload)", "#edc948"))
+              ("launch", "the GPU waiting for the host to launch kernels", "#bab0ac"),
+              ("offload", "host transfers (offload)", "#edc948"),
+              ("hidden", "communication hidden behind compute", "#f4b6b7"))
 
 
 def plans_of(result: Any) -> list[PlanData]:
@@ -48,11 +49,13 @@ def memory_parts(p: PlanData) -> list[tuple[str, int]]:
 
 
 def time_parts(p: PlanData) -> list[tuple[str, float]]:
-    """(part, seconds) of one step: compute, the exposed communication, the hidden communication (drawn after
-    the step's end: it overlaps the compute), host transfers."""
+    """(part, seconds) of one step: compute, the exposed communication, the GPU idle while the host launches
+    kernels (a small model's step is launch-bound), host transfers (these four add up to the step time), and
+    the hidden communication (drawn after the step's end: it overlaps the compute)."""
     t = p.time
-    return [("compute", t.compute_s), ("exposed", t.exposed_comm_s), ("hidden", max(t.comm_s - t.exposed_comm_s, 0.0)),
-            ("offload", t.offload_s)]
+    launch = max(t.step_time_s - t.compute_s - t.exposed_comm_s - t.offload_s, 0.0)
+    return [("compute", t.compute_s), ("exposed", t.exposed_comm_s), ("launch", launch), ("offload", t.offload_s),
+            ("hidden", max(t.comm_s - t.exposed_comm_s, 0.0))]
 
 
 def _bars_svg(rows: list[tuple[str, list[tuple[str, float, str, str]], float | None]], unit: str, scale: float,
@@ -181,7 +184,7 @@ what the GPU needs beyond it), against the GPU's capacity.</p>
 {mem_legend}
 <div class="scroll">{memory_svg(plans)}</div>
 <h2>Step time</h2>
-<p>The compute stream's busy time, the communication it waits for (exposed) and the communication it hides.</p>
+<p>The compute stream's busy time, the communication it waits for (exposed) and the time it waits for the host to launch kernels (these end at the step time), then the communication it hides.</p>
 {time_legend}
 <div class="scroll">{time_svg(plans)}</div>
 <h2>Plans</h2>
