@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from ..errors import UserError
 from .results import Solve
+from .search import _largest
 
 MAX_MICROBATCHES = 4096
 MAX_MULTI_STAGE = 256
@@ -34,8 +35,8 @@ def _candidates(schedule: str, pp: int) -> tuple[int, int]:
 
 def largest_local_batch(fits: Callable[[int], bool], schedule: str, pp: int, micro: int) -> Solve:
     """The largest local batch (a number of micro-batches of ``micro`` samples) for which ``fits(count)`` holds.
-    Counts are ``first + k x step`` (:func:`_candidates`): ``k`` doubles until a count does not fit (or passes
-    :data:`MAX_MICROBATCHES`), then halves the gap."""
+    Counts are ``first + k x step`` (:func:`_candidates`), searched as the batch search searches its values
+    (:func:`.search._largest`: doubling, then halving the gap)."""
     first, step = _candidates(schedule, pp)
     tried: list[int] = []
 
@@ -50,21 +51,8 @@ def largest_local_batch(fits: Callable[[int], bool], schedule: str, pp: int, mic
     runs = "any count" if (first, step) == (1, 1) else f"{first} or more" if step == 1 else f"multiples of {step}"
     method = (f"each stage traced once at micro-batch {micro}; the schedule composed with more micro-batches "
               f"({schedule} runs {runs})")
-    if not ok(0):
-        return Solve("batch", 0, method, tried)
-    top = ((MAX_MICROBATCHES if step == 1 else MAX_MULTI_STAGE) - first) // step  # the largest k searched
-    good, bad, k = 0, None, 1
-    while bad is None:
-        if k >= top:
-            if ok(top):
-                return Solve("batch", None, method, tried,
-                             reason=f"no limit found up to {first + top * step} micro-batches of {micro}")
-            bad = top
-        elif ok(k):
-            good, k = k, 2 * k
-        else:
-            bad = k
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        good, bad = (mid, bad) if ok(mid) else (good, mid)
-    return Solve("batch", (first + good * step) * micro, method, tried)
+    found = _largest(lambda v: ok(v - 1), ((MAX_MICROBATCHES if step == 1 else MAX_MULTI_STAGE) - first) // step + 1)
+    if found is None:
+        return Solve("batch", None, method, tried, reason=f"no limit found up to "
+                     f"{MAX_MICROBATCHES if step == 1 else MAX_MULTI_STAGE} micro-batches of {micro}")
+    return Solve("batch", (first + (found - 1) * step) * micro if found else 0, method, tried)
