@@ -154,9 +154,11 @@ def _load(load_spec, model_type: str, overrides: dict[str, Any]):
     from estimator.errors import UserError
 
     try:
-        return load_spec(f"hf:{model_type}", batch=BATCH, seq=SEQ, overrides=overrides)
+        loaded = load_spec(f"hf:{model_type}", batch=BATCH, seq=SEQ, overrides=overrides)
+        if not any(unit in (loaded.description or "") for unit in ("(audio samples)", "(log-mel frames)")):
+            return loaded  # audio: its own length (SEQ samples or frames are too few for most encoders)
     except UserError as exc:
-        if not str(exc).startswith("--seq"):
+        if not (str(exc).startswith("--seq") or "takes audio" in str(exc)):
             raise
     return load_spec(f"hf:{model_type}", batch=BATCH, overrides=overrides)
 

@@ -31,6 +31,11 @@ FAMILIES = {
     "chinese_clip": "dual encoder, contrastive loss",
     "blip": "image captioning (image + caption tokens)",
     "clap_text_model": "a sub-model no Auto class takes",
+    "qwen2_vl_vision": "a vision tower fed flattened patches and grid_thw",
+    "paddleocr_vl_vision": "a vision tower fed one packed sequence of C x P x P patches",
+    "parakeet_ctc": "a speech encoder on log-mel features (frames x mels) with a CTC head",
+    "clap_audio_model": "an audio tower on 1 x frames x mels features, no loss of its own",
+    "encodec": "a codec on raw audio (batch x channels x samples), no loss of its own",
 }
 
 
@@ -40,3 +45,17 @@ def test_every_number_equals_a_real_step(model_type):
     assert rec["outcome"] == "exact", (FAMILIES[model_type], {k: rec.get(k) for k in
                                        ("outcome", "errors", "message", "truth_error", "level", "inputs")})
     assert rec["estimate_s"] < 10  # the issue's bound on the 2-core machine, at the sweep's sizes
+
+
+def test_a_tower_whose_inputs_no_layout_gives_is_refused_in_one_line():
+    """Xcodec2 takes raw audio and log-mel features together: none of the audio layouts runs, and the loader
+    says so in one line with the way out (a SPEC file), not a traceback."""
+    from sweep import shrink_overrides
+
+    from estimator.errors import UserError
+    from estimator.specs import load_spec
+
+    with pytest.raises(UserError) as info:
+        load_spec("hf:xcodec2", batch=2, overrides=shrink_overrides("xcodec2", 2))
+    message = str(info.value)
+    assert "\n" not in message and "none of the 2 layouts tried ran" in message and "SPEC file" in message

@@ -43,6 +43,7 @@ from ..tally import tally
 from .context import check_ring, cp_error, cp_notes, ring_attention
 from .expert import apply_ep, dense_expert_placement, ep_notes, expert_meshes, find_experts, shard_experts
 from .foreach_sharding import fast_foreach_sharding
+from .fsdp_chunks import lazy_fsdp_chunks
 from .layout import Layout, PlanPrecision
 from .tp import TPPlan, apply_tp
 from .traced import Step, find_collectives, storage_rows
@@ -70,7 +71,9 @@ def fake_world(world: int, rank: int) -> Iterator[None]:
                         "process of its own (the planner sets up a fake one per trace)")
     dist.init_process_group("fake", store=_fake_store(), rank=rank, world_size=world)
     try:
-        with fast_foreach_sharding():  # (DTensor's sharding of foreach ops, without its quadratic scan)
+        # (DTensor's sharding of foreach ops without its quadratic scan; FSDP2's chunks of each parameter
+        # made when read, not one empty tensor per rank)
+        with fast_foreach_sharding(), lazy_fsdp_chunks():
             yield
     finally:
         dist.destroy_process_group()

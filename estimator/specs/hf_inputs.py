@@ -13,7 +13,9 @@ from typing import Any
 import torch
 
 from ..errors import UserError
+from .hf_towers import audio_inputs, grid_inputs, takes_audio, takes_grid
 from .options import DEFAULT_IMAGE_SIZE, DEFAULT_SEQ, FALLBACK_SEQ, SpecOptions, first_line
+from .signature import required, takes
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +48,16 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
     main = getattr(model, "main_input_name", "input_ids")
     batch = opts.batch or 1
     meta = dict(device="meta")
-    if _takes(model, "pixel_values") and getattr(cfg, "vision_config", None) is not None \
+    if takes(model, "pixel_values") and getattr(cfg, "vision_config", None) is not None \
             and _image_token_id(cfg) is not None:
         return _vlm_inputs(model, cfg, opts)
+    if takes_grid(model, cfg):  # a Qwen2-VL-style vision tower: patches and their grid
+        return grid_inputs(model, cfg, opts)
+    if takes_audio(model, cfg, main):  # log-mel features, or raw audio without a loss of its own
+        return audio_inputs(model, cfg, opts, main)
     if main == "input_values":
         return _ctc_inputs(model, cfg, opts)
-    if main == "input_ids" and not _takes(model, "input_ids"):
+    if main == "input_ids" and not takes(model, "input_ids"):
         main = _first_required(model) or main  # a vision tower that keeps the default main_input_name
     if main == "input_ids":
         if opts.image_size is not None:
@@ -66,7 +72,7 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
         if getattr(cfg, "is_encoder_decoder", False):
             inputs["decoder_input_ids"] = ids
             desc += f", decoder_input_ids {batch}x{seq}"
-        if _takes(model, "labels"):  # sub-models (text towers) have no loss of their own
+        if takes(model, "labels"):  # sub-models (text towers) have no loss of their own
             inputs["labels"] = ids
             desc += ", labels"
         return _with_side_inputs(model, cfg, opts, inputs, desc)
@@ -90,23 +96,13 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
                     f"(model, inputs) with them (docs/cli.md, SPEC forms)")
 
 
-def _required(model: torch.nn.Module) -> list[str]:
-    """The forward's parameters without a default, in order."""
-    try:
-        params = inspect.signature(model.forward).parameters.values()
-    except (TypeError, ValueError):  # pragma: no cover
-        return []
-    return [p.name for p in params if p.default is inspect.Parameter.empty
-            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.POSITIONAL_ONLY)]
-
-
 def _first_required(model: torch.nn.Module) -> str | None:
-    names = _required(model)
+    names = required(model)
     return names[0] if names else None
 
 
 def _needs(model: torch.nn.Module, main: str) -> str:
-    names = _required(model) or [main]
+    names = required(model) or [main]
     return ", ".join(repr(n) for n in names)
 
 
@@ -116,7 +112,7 @@ def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[
     for a captioning model (BLIP)."""
     batch = opts.batch or 1
     meta = dict(device="meta")
-    captions = _takes(model, "input_ids") and getattr(cfg, "text_config", None) is not None
+    captions = takes(model, "input_ids") and getattr(cfg, "text_config", None) is not None
     if opts.seq is not None and not captions:
         raise UserError(f"--seq: {type(model).__name__} takes images; use --image-size")
     size = (opts.image_size or getattr(cfg, "image_size", None)
@@ -134,7 +130,7 @@ def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[
         pixels = torch.zeros(batch, channels, h, w, dtype=torch.float32, **meta)
         desc = f"pixel_values {batch}x{channels}x{h}x{w}"
     inputs = {"pixel_values": pixels}
-    prompts = [n for n in _required(model) if n != "pixel_values" and (n.endswith("pixel_values")
+    prompts = [n for n in required(model) if n != "pixel_values" and (n.endswith("pixel_values")
                                                                        or n.endswith("masks"))]
     if prompts:  # in-context segmentation (SegGPT): a prompt image and its mask, stacked on the input in
         if opts.image_size is None and h == 2 * w:  # height: the configuration's size is the stack's
@@ -144,7 +140,7 @@ def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[
         for name in prompts:
             inputs[name] = torch.zeros(pixels.shape, dtype=pixels.dtype, **meta)
         desc += f", {', '.join(prompts)} like pixel_values"
-    if type(model).__name__.endswith("ForImageClassification") and _takes(model, "labels"):
+    if type(model).__name__.endswith("ForImageClassification") and takes(model, "labels"):
         inputs["labels"] = torch.zeros(batch, dtype=torch.int64, **meta)
         desc += ", labels"
     elif captions:  # image captioning (BLIP): the caption's tokens, and labels when it has a loss
@@ -153,7 +149,7 @@ def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[
         ids = torch.zeros(batch, seq, dtype=torch.int64, **meta)
         inputs["input_ids"] = ids
         desc += f", input_ids {batch}x{seq}"
-        if _takes(model, "labels"):
+        if takes(model, "labels"):
             inputs["labels"] = ids
             desc += ", labels"
     return inputs, desc
@@ -170,27 +166,20 @@ def _with_side_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, input
     vision = getattr(cfg, "vision_config", None)
     source = cfg if vision is None else vision  # ViLT's own image size, or a dual encoder's vision tower's (CLIP)
     size = getattr(source, "image_size", None)
-    if _takes(model, "pixel_values") and isinstance(size, int):
+    if takes(model, "pixel_values") and isinstance(size, int):
         size = opts.image_size or size
         channels = int(getattr(source, "num_channels", 3) or 3)
         inputs["pixel_values"] = torch.zeros(batch, channels, size, size, device="meta")
         desc += f", pixel_values {batch}x{channels}x{size}x{size}"
-        if _takes(model, "return_loss") and "labels" not in inputs:  # CLIP-style contrastive loss
+        if takes(model, "return_loss") and "labels" not in inputs:  # CLIP-style contrastive loss
             inputs["return_loss"] = True
             desc += ", return_loss"
     feat, pos = getattr(cfg, "visual_feat_dim", None), getattr(cfg, "visual_pos_dim", None)
-    if _takes(model, "visual_feats") and isinstance(feat, int) and isinstance(pos, int):
+    if takes(model, "visual_feats") and isinstance(feat, int) and isinstance(pos, int):
         inputs["visual_feats"] = torch.zeros(batch, VISUAL_REGIONS, feat, device="meta")
         inputs["visual_pos"] = torch.zeros(batch, VISUAL_REGIONS, pos, device="meta")
         desc += f", visual_feats {batch}x{VISUAL_REGIONS}x{feat}, visual_pos {batch}x{VISUAL_REGIONS}x{pos}"
     return inputs, desc
-
-
-def _takes(model: torch.nn.Module, name: str) -> bool:
-    try:
-        return name in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):  # pragma: no cover
-        return False
 
 
 def _image_token_id(cfg: Any) -> int | None:
@@ -225,7 +214,7 @@ def _vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[An
     batch = opts.batch or 1
     name = type(model).__name__
     image_token = _image_token_id(cfg)
-    if hasattr(vision, "spatial_merge_size") and hasattr(vision, "temporal_patch_size") and _takes(model, "image_grid_thw"):
+    if hasattr(vision, "spatial_merge_size") and hasattr(vision, "temporal_patch_size") and takes(model, "image_grid_thw"):
         patch, merge, temporal = int(vision.patch_size), int(vision.spatial_merge_size), int(vision.temporal_patch_size)
         size = opts.image_size or QWEN_VL_IMAGE_SIZE
         if size % (patch * merge):
@@ -240,7 +229,7 @@ def _vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[An
                   "pixel_values": torch.zeros(batch * side * side, channels * temporal * patch * patch),
                   "image_grid_thw": torch.tensor([[1, side, side]] * batch),
                   "labels": labels}
-        if _takes(model, "mm_token_type_ids"):
+        if takes(model, "mm_token_type_ids"):
             inputs["mm_token_type_ids"] = (ids == image_token).to(torch.int32)
         desc = (f"input_ids {batch}x{seq} ({n_tokens} image tokens each), pixel_values of {batch} image(s) "
                 f"{size}x{size} ({batch * side * side} patches), image_grid_thw, labels")
@@ -253,7 +242,7 @@ def _vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[An
     seq = _seq_for(cfg, opts, n_tokens, "image tokens")
     ids, labels = _image_text_ids(batch, seq, n_tokens, image_token)
     inputs = {"input_ids": ids, "pixel_values": pixels, "labels": labels}
-    if _takes(model, "token_type_ids"):  # PaliGemma, Gemma 3: image positions marked 1
+    if takes(model, "token_type_ids"):  # PaliGemma, Gemma 3: image positions marked 1
         inputs["token_type_ids"] = (ids == image_token).to(torch.int64)
     desc = f"input_ids {batch}x{seq} ({n_tokens} image tokens each), pixel_values {batch}x{channels}x{h}x{w}, labels"
     return inputs, desc
@@ -310,9 +299,6 @@ def _ctc_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[An
     name = type(model).__name__
     if opts.image_size is not None:
         raise UserError(f"--image-size: {name} takes audio; use --seq for the number of audio samples")
-    if not _takes(model, "labels"):
-        raise UserError(f"hf: {name} takes audio (input_values) and has no loss of its own: write a SPEC file "
-                        f"that returns (model, inputs) and a loss")
     batch = opts.batch or 1
     samples = opts.seq or CTC_SAMPLES
     frames = samples

@@ -1,0 +1,192 @@
+"""The batch of a ``hf:`` model whose forward takes neither token ids nor whole images: the vision tower
+of a Qwen2-VL-style model (image patches and their ``grid_thw``) and audio encoders (log-mel features,
+or raw audio for a model with no loss of its own: codecs, audio classifiers' encoders).
+
+The layout of such a tensor is not in the configuration: Qwen2-VL's tower takes its patches flattened
+to ``C*T*P*P`` values, Kimi-VL's as ``C x P x P`` images; Parakeet takes features as frames x mels,
+CLAP as 1 x frames x mels.  The loader builds the layouts the configuration allows and keeps the
+first one the model's forward runs on (a forward on fake tensors, the estimator's own capture:
+nothing is allocated, a full-size model included); the description says which.  None running is a
+one-line error that names what was tried and the SPEC-file way out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import UserError
+from .options import SpecOptions, first_line
+from .signature import required, takes
+
+TOWER_IMAGE_SIZE = 448  # pixels per side when --image-size is not given: Qwen2-VL's 256 image tokens
+AUDIO_FRAMES = 1000  # log-mel frames when --seq is not given: 10 s at the usual 10 ms hop
+AUDIO_SECONDS = 1  # raw audio for a model with no loss of its own (codecs train on 0.4-1 s segments)
+MEL_KEYS = ("num_mel_bins", "n_mels", "feature_size", "input_feat_size", "num_mel_filters", "mel_bins")
+
+
+def takes_grid(model: torch.nn.Module, cfg: Any) -> bool:
+    """A vision tower fed patches and ``grid_thw`` (Qwen2-VL, GLM-4V, Kimi-VL, PaddleOCR-VL ...)."""
+    return takes(model, "grid_thw") and isinstance(getattr(cfg, "patch_size", None), int)
+
+
+def grid_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[dict, str]:
+    """``--batch`` images of ``--image-size`` (default ``TOWER_IMAGE_SIZE``) cut into patches of
+    ``patch_size``, one ``[1, side, side]`` grid row per image: real CPU tensors (the tower reads the
+    grid to place its rotary positions and windows)."""
+    name = type(model).__name__
+    if opts.seq is not None:
+        raise UserError(f"--seq: {name} takes image patches; use --image-size")
+    batch = opts.batch or 1
+    patch = int(cfg.patch_size)
+    temporal = int(getattr(cfg, "temporal_patch_size", None) or 1)
+    merge = int(getattr(cfg, "spatial_merge_size", None) or getattr(cfg, "merge_size", None) or 1)
+    channels = int(getattr(cfg, "in_channels", None) or getattr(cfg, "num_channels", None) or 3)
+    size = opts.image_size or TOWER_IMAGE_SIZE
+    if size % (patch * merge):
+        raise UserError(f"--image-size {size}: {name} takes images in multiples of {patch * merge} pixels "
+                        f"(patch {patch} x merge {merge}), e.g. --image-size {max(1, size // (patch * merge)) * patch * merge}")
+    side = size // patch
+    n = batch * side * side  # patches of all images, one row each
+    first = required(model)[0]
+    flat = channels * temporal * patch * patch
+    layouts = [((n, flat), f"{n}x{flat} (flattened)")]
+    width = _patch_embedding_width(model)
+    if width not in (None, flat):  # a temporal patch the configuration names otherwise (MuseGlimmer's patch_temporal)
+        layouts.append(((n, width), f"{n}x{width} (the patch embedding's input width)"))
+    if temporal > 1:
+        layouts.append(((n, channels, temporal, patch, patch), f"{n}x{channels}x{temporal}x{patch}x{patch}"))
+    layouts.append(((n, channels, patch, patch), f"{n}x{channels}x{patch}x{patch}"))
+    layouts.append(((1, n, channels, patch, patch), f"1x{n}x{channels}x{patch}x{patch} (one packed sequence)"))
+    candidates = []
+    for shape, shown in layouts:
+        inputs = {first: torch.zeros(shape), "grid_thw": torch.tensor([[1, side, side]] * batch)}
+        if takes(model, "merge_sizes"):  # VideoLLaMA 3: each image's merge
+            inputs["merge_sizes"] = torch.tensor([merge] * batch)
+        candidates.append((inputs, f"{first} {shown}: {batch} image(s) {size}x{size} in patches of {patch}, grid_thw"))
+    return first_that_runs(model, candidates, "image patches and grid_thw")
+
+
+def _patch_embedding_width(model: torch.nn.Module) -> int | None:
+    """The input width of the first Linear whose name says patch (a tower that embeds flattened patches)."""
+    for name, mod in model.named_modules():
+        if "patch" in name and isinstance(mod, torch.nn.Linear):
+            return int(mod.in_features)
+    return None
+
+
+def takes_audio(model: torch.nn.Module, cfg: Any, main: str) -> bool:
+    """An audio model the token, Whisper and CTC paths do not take: log-mel features (encoders, or a
+    CTC head on features), or raw audio without labels."""
+    first = (required(model) or [main])[0]
+    if first == "input_features" or main == "input_features":
+        return not getattr(cfg, "is_encoder_decoder", False)
+    return main == "input_values" and not takes(model, "labels")
+
+
+def _configs(cfg: Any) -> list[Any]:
+    """The configuration and its audio or encoder sub-configuration (a CTC model's ``encoder_config``)."""
+    return [cfg] + [getattr(cfg, k) for k in ("encoder_config", "audio_config") if getattr(cfg, k, None) is not None]
+
+
+def _first_int(cfg: Any, keys: tuple[str, ...]) -> int | None:
+    for c in _configs(cfg):
+        for key in keys:
+            value = getattr(c, key, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+MASKS = ("attention_mask", "input_features_mask", "feature_attention_mask", "padding_mask")
+
+
+def _masks(model: torch.nn.Module, batch: int, frames: int) -> dict[str, torch.Tensor]:
+    """Every required ``*mask`` argument and the usual optional ones (``MASKS``): all frames valid, as a
+    feature extractor returns them for unpadded audio."""
+    names = [n for n in required(model) if n.endswith("mask")] + [n for n in MASKS if takes(model, n)]
+    return {n: torch.ones(batch, frames, dtype=torch.int64) for n in dict.fromkeys(names)}
+
+
+def _first_layer(model: torch.nn.Module) -> tuple[str, int] | None:
+    """The first Linear or Conv1d of the model (in registration order) and its input width: the layout
+    an audio encoder's features enter by, when the configuration names their width otherwise."""
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Linear):
+            return "linear", int(mod.in_features)
+        if isinstance(mod, torch.nn.Conv1d):
+            return "conv1d", int(mod.in_channels)
+    return None
+
+
+def _feature_layouts(model: torch.nn.Module, cfg: Any, batch: int, frames: int) -> list[tuple[tuple, str]]:
+    mels = _first_int(cfg, MEL_KEYS) or 80
+    shapes = [((batch, frames, mels), f"{batch}x{frames}x{mels} (frames x mels)"),
+              ((batch, mels, frames), f"{batch}x{mels}x{frames} (mels x frames)"),
+              ((batch, 1, frames, mels), f"{batch}x1x{frames}x{mels}")]
+    first = _first_layer(model)
+    if first is not None and first[1] != mels:  # stacked frames (Granite Speech) or another name for the width
+        kind, width = first
+        shapes.append(((batch, frames, width), f"{batch}x{frames}x{width} (the first {kind}'s width)") if kind == "linear"
+                      else ((batch, width, frames), f"{batch}x{width}x{frames} (the first {kind}'s width)"))
+    return shapes
+
+
+def audio_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, main: str) -> tuple[dict, str]:
+    """Log-mel features (``--seq`` frames, default twice the encoder's ``max_source_positions`` as for
+    Whisper, else ``AUDIO_FRAMES``) or raw audio (``--seq`` samples, default ``AUDIO_SECONDS`` at the
+    configuration's sampling rate), in the layouts of :func:`_feature_layouts` or mono/channels-first
+    audio; masks all valid; a model with a CTC head gets labels a sixteenth as long as the frames, a
+    model with no loss of its own is trained on the default loss (the report says which)."""
+    name = type(model).__name__
+    if opts.image_size is not None:
+        raise UserError(f"--image-size: {name} takes audio; use --seq for the number of frames or samples")
+    batch = opts.batch or 1
+    if "input_features" in (main, (required(model) or [main])[0]):
+        positions = _first_int(cfg, ("max_source_positions",))
+        frames = opts.seq or (2 * positions if positions else AUDIO_FRAMES)
+        shapes = _feature_layouts(model, cfg, batch, frames)
+        key, unit = "input_features", "log-mel frames"
+    else:
+        frames = opts.seq or AUDIO_SECONDS * (_first_int(cfg, ("sampling_rate",)) or 16000)
+        channels = _first_int(cfg, ("audio_channels",)) or 1
+        shapes = [((batch, frames), f"{batch}x{frames}"), ((batch, channels, frames), f"{batch}x{channels}x{frames}")]
+        length, mels = getattr(cfg, "max_length", None), getattr(cfg, "num_mel_bins", None)
+        if isinstance(length, int) and isinstance(mels, int) and opts.seq is None:  # AST: a spectrogram
+            shapes.insert(0, ((batch, length, mels), f"{batch}x{length}x{mels} (frames x mels)"))
+            frames = length
+        key, unit = "input_values", "audio samples"
+    candidates = []
+    for shape, shown in shapes:
+        inputs: dict[str, Any] = {key: torch.zeros(shape), **_masks(model, batch, frames)}
+        desc = f"{key} {shown} ({unit})"
+        if takes(model, "labels"):  # a CTC head: short label sequences (the loss reads their lengths)
+            n_labels = max(1, frames // 16)
+            inputs["labels"] = torch.ones(batch, n_labels, dtype=torch.int64)
+            desc += f", labels {batch}x{n_labels}"
+        else:
+            desc += "; no loss of its own: the default loss"
+        candidates.append((inputs, desc))
+    return first_that_runs(model, candidates, f"audio ({key})")
+
+
+def first_that_runs(model: torch.nn.Module, candidates: list[tuple[dict, str]], what: str) -> tuple[dict, str]:
+    """The first ``(inputs, description)`` whose forward runs (the estimator's capture of a forward on
+    fake tensors); one candidate is returned untried."""
+    if len(candidates) == 1:
+        return candidates[0]
+    from ..capture.options import StepOptions
+    from ..capture.run import capture
+
+    failures = []
+    for inputs, desc in candidates:
+        try:
+            capture(model, inputs, StepOptions(train=False, optimizer="none"), mode="auto")
+        except UserError as exc:
+            failures.append(first_line(exc))
+            continue
+        return inputs, desc
+    raise UserError(f"hf: {type(model).__name__} takes {what}, but none of the {len(candidates)} layouts tried ran "
+                    f"(first: {failures[0]}); write a SPEC file, path/to/file.py:build whose build() returns "
+                    f"(model, inputs) (docs/cli.md, SPEC forms)")
