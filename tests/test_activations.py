@@ -74,6 +74,35 @@ def test_tensors_saved_by_nodes_the_loss_does_not_reach_are_not_activations():
     assert ours == reached
 
 
+class CachedCodebook(nn.Module):
+    """Mimi's codebook in small: the table is computed once from buffers and cached as a plain attribute;
+    ``cdist`` against it saves a view of it for a backward the loss never reaches (the codes are integers),
+    so the node and its saves die with the distances, though the table's storage lives on in the module."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc, self.dec = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.register_buffer("table_sum", torch.randn(256, 16))
+        self._table = None
+
+    def table(self) -> torch.Tensor:
+        if self._table is None:
+            self._table = self.table_sum * 0.5
+        return self._table
+
+    def forward(self, x):
+        codes = torch.cdist(self.enc(x)[None], self.table()[None])[0].argmin(-1)
+        return self.dec(nn.functional.embedding(codes, self.table())).sum()
+
+
+def test_a_save_whose_node_died_is_not_an_activation_though_its_storage_lives_on():
+    model, x = CachedCodebook(), torch.randn(64, 16)
+    ours, truth = _both(model, x)
+    # what stays: dec's input (64 x 16 x 4 B; the embedding of a table without grad saves nothing), not the
+    # 256 x 16 x 4 B table cdist saved
+    assert ours == truth == 64 * 16 * 4
+
+
 # -- the real-tensor fallback (issue 25 items 3, 4) ------------------------------------------------------------
 
 

@@ -116,10 +116,11 @@ def test_a_comparison_computes_every_row_in_its_engines_own_mixed_precision(comp
     by = {(p.config.strategy, p.config.gpus, bool(p.config.checkpoint)): p for p in cmp.plans}
     assert {p.config.precision for p in cmp.plans if p.config.strategy == "fsdp"} == {"fsdp-bf16"}
     assert {p.config.precision for p in cmp.plans if p.config.strategy != "fsdp"} == {"bf16-mixed"}
-    direct = Planner(*_model(), gpu="L4", precision="fsdp-bf16", reduce_dtype="fp32").plan("fsdp", 4, tokens=1e8)
+    direct = Planner(*_model(), gpu="L4", precision="fsdp-bf16", reduce_dtype="fp32").plan("fsdp", 4, tokens=1e8,
+                                                                                        solve=())  # (no batch search)
     row = by[("fsdp", 4, False)]
     assert row.per_gpu.peak == direct.per_gpu.peak and row.step_time_s == direct.step_time_s
-    autocast = Planner(*_model(), gpu="L4").plan("fsdp", 4, tokens=1e8)
+    autocast = Planner(*_model(), gpu="L4").plan("fsdp", 4, tokens=1e8, solve=())
     assert autocast.per_gpu.peak > row.per_gpu.peak  # the autocast cache of bf16 weight copies
     assert any("MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)" in n for n in cmp.notes)
     assert "Precision: every row computes in bf16" in cmp.render()

@@ -19,6 +19,7 @@ import functools
 import gc
 import inspect
 import logging
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -136,6 +137,8 @@ class Step:
         self.module_outputs: dict[str, list[tuple[int, ...]]] = {}
         self.saved: dict[int, tuple[int, str]] = {}  # the first micro-step's (the activations of one micro-batch)
         self.saved_all: set[int] = set()  # every micro-step's (their category in the timeline)
+        # sid -> the aliases autograd holds of it (first micro-step): a save lives as long as its node does
+        self.saved_aliases: dict[int, list[Any]] = {}
         self.param_sids = {rec.sid(p) for p in self.params.values()}
         self.opt_state: dict[str, dict[str, torch.Tensor]] = {}
         self.optimizer_name: str | None = None
@@ -339,6 +342,7 @@ class Step:
         def pack(t: torch.Tensor) -> torch.Tensor:
             if rec.compiling:
                 return t
+            sid = None
             if rec.phase in FORWARD_PHASES:
                 sid = rec.sid(storage_of(t))
                 if sid not in state_sids:
@@ -350,7 +354,10 @@ class Step:
             # that keeps both alive until a garbage collection (none runs during the capture) where the
             # real step, which saves outputs without their history, frees them as soon as nothing reaches
             # the node (a metric computed with grad enabled, a recurrence's last state).
-            return self._unrecorded(t.detach)
+            alias = self._unrecorded(t.detach)
+            if sid in saved and first_micro_step:
+                self.saved_aliases.setdefault(sid, []).append(weakref.ref(alias))
+            return alias
 
         with self._recording(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             with self.opts.precision.autocast_context():
@@ -394,8 +401,13 @@ class Step:
         the forward's references died, as in the real step, and is not counted (its bytes stay in the
         timeline while they lived)."""
         live = {sid for sid, ref in self.rec.sid_of.values() if ref() is not None}
-        for sid in [sid for sid in self.saved if sid not in live]:
-            del self.saved[sid]
+        aliases = self.saved_aliases
+        for sid in list(self.saved):
+            # a save whose node died is freed with it, though its storage may live on elsewhere (a codebook a
+            # module caches as a plain attribute, Mimi's ``_embed``): what autograd holds, as the real step
+            held = any(ref() is not None for ref in aliases[sid]) if sid in aliases else sid in live
+            if not held:
+                del self.saved[sid]
 
     def optimizer_step(self) -> None:
         rec, opts, scaler = self.rec, self.opts, self.scaler
