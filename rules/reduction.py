@@ -231,6 +231,17 @@ def cdist(call):
     return 3 * pairs * call["x1"].shape[-1] + pairs
 
 
+@register(*aten_ops("_euclidean_dist"), kind=OTHER)
+def euclidean_dist(call):
+    """cdist's matrix-multiply path (p=2, large inputs; ``_euclidean_dist`` in ATen's Distance.cpp): squared
+    norms of both sides (2*P*D + 2*R*D), x1 * -2 (P*D), [-2*x1, |x1|^2, 1] @ [x2, 1, |x2|^2]^T
+    (2*P*R*(D+2)), then clamp and sqrt per distance (2*P*R); x1 [.., P, D], x2 [.., R, D]."""
+    x1, x2 = call["x1"], call["x2"]
+    d = x1.shape[-1]
+    rows1, rows2, pairs = x1.numel // d, x2.numel // d, call.out.numel
+    return 3 * rows1 * d + 2 * rows2 * d + 2 * pairs * (d + 2) + 2 * pairs
+
+
 @register(*aten_ops("_cdist_backward"), kind=OTHER)
 def cdist_backward(call):
     """4*P*R*D FLOPs: per coordinate pair (x1 - x2) * grad / dist accumulated: sub, mul, div, add."""

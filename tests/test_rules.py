@@ -524,6 +524,21 @@ def test_pooling_and_indexing():
     assert run(aten.scatter_add.default, table, 0, torch.empty(6, 5, dtype=torch.long, device="meta"), grad) == 30
 
 
+def test_euclidean_dist_is_atens_decomposition():
+    """cdist's matrix-multiply path (``aten._euclidean_dist``, Mimi's codebooks): its matmul is the one
+    FlopCounterMode counts on ATen's decomposition (Distance.cpp) run for real; the rest per the rule's formula."""
+    x1, x2 = torch.randn(3, 7, 5), torch.randn(3, 11, 5)
+    with FlopCounterMode(display=False) as counter:
+        a = torch.cat([x1 * -2, x1.pow(2).sum(-1, True), torch.ones(3, 7, 1)], -1)
+        b = torch.cat([x2, torch.ones(3, 11, 1), x2.pow(2).sum(-1, True)], -1)
+        dist = (a @ b.mT).clamp_min(0).sqrt()
+    assert torch.allclose(dist, torch._euclidean_dist(x1, x2), atol=1e-4)
+    matmul = counter.get_total_flops()  # 2 * (3*7*11 pairs) * (5 + 2)
+    # + norms of both sides 2*21*5 + 2*33*5, the -2 scaling 21*5, clamp and sqrt 2 * 231
+    rest = 2 * 21 * 5 + 2 * 33 * 5 + 21 * 5 + 2 * 3 * 7 * 11
+    assert run(aten._euclidean_dist.default, _meta(3, 7, 5), _meta(3, 11, 5)) == matmul + rest
+
+
 def test_losses():
     x, tgt = _meta(8, 5), torch.empty(8, dtype=torch.long, device="meta")
     # nll mean: B negations + (B loss adds + B weight adds + 1 divide)
