@@ -294,8 +294,8 @@ def _class_for_config(transformers, cfg: Any) -> Any:
     """A class for a configuration no Auto class takes (sub-models such as ``clap_text_model`` or
     ``blip_vision_model``, task-only types such as depth estimation): the other task mappings of
     ``modeling_auto`` (in alphabetical order: the first that names the type), then the model classes of the configuration's own modeling
-    module whose ``config_class`` is the configuration's class (``ClapTextConfig`` -> ``ClapTextModel``
-    first, then a ``...Model``, then any)."""
+    module whose ``config_class`` is the configuration's class, or whose constructor declares it
+    (``ClapTextConfig`` -> ``ClapTextModel`` first, then a ``...Model``, then any)."""
     import importlib
     import inspect
 
@@ -315,10 +315,24 @@ def _class_for_config(transformers, cfg: Any) -> Any:
         return None
     base = getattr(transformers, "PreTrainedModel")
     found = [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, base)
-             and c.__module__ == module.__name__ and getattr(c, "config_class", None) is type(cfg)]
+             and c.__module__ == module.__name__ and (getattr(c, "config_class", None) is type(cfg)
+                                                      or _takes_config(c, type(cfg)))]
     preferred = type(cfg).__name__.removesuffix("Config") + "Model"
     found.sort(key=lambda c: (c.__name__ != preferred, not c.__name__.endswith("Model"), c.__name__))
     return found[0] if found else None
+
+
+def _takes_config(cls: Any, config_class: type) -> bool:
+    """Whether ``cls.__init__`` declares ``config: <config_class>``: a sub-model that inherits its family's
+    ``config_class`` but is built from its own configuration (Aimv2TextModel from Aimv2TextConfig)."""
+    import inspect
+
+    try:
+        param = inspect.signature(cls.__init__).parameters.get("config")
+    except (TypeError, ValueError):  # pragma: no cover
+        return False
+    annotation = getattr(param, "annotation", None)
+    return (annotation if isinstance(annotation, str) else getattr(annotation, "__name__", None)) == config_class.__name__
 
 
 def _set_image_size(cfg: Any, size: int) -> None:
