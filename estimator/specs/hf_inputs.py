@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from ..errors import UserError
-from .hf_towers import audio_inputs, grid_inputs, takes_audio, takes_grid
-from .options import DEFAULT_IMAGE_SIZE, DEFAULT_SEQ, FALLBACK_SEQ, SpecOptions, first_line
+from .hf_towers import audio_inputs, grid_inputs, speech_seq2seq_inputs, takes_audio, takes_grid
+from .options import DEFAULT_IMAGE_SIZE, SpecOptions, default_seq, first_line
 from .signature import required, takes
 
 log = logging.getLogger(__name__)
@@ -27,11 +27,6 @@ def max_positions(cfg: Any) -> int | None:
             if isinstance(value, int) and value > 0:
                 return value
     return None
-
-
-def _default_seq(limit: int | None) -> int:
-    """Tokens per sample when ``--seq`` is not given: the model's position limit up to DEFAULT_SEQ."""
-    return min(limit, DEFAULT_SEQ) if limit else FALLBACK_SEQ
 
 
 def inputs_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any, str]:
@@ -63,7 +58,7 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
         if opts.image_size is not None:
             raise UserError(f"--image-size: {type(model).__name__} takes token ids; use --seq")
         limit = max_positions(cfg)
-        seq = opts.seq or _default_seq(limit)
+        seq = opts.seq or default_seq(limit)
         if limit and seq > limit:
             log.warning("--seq %d is longer than the model's %d positions: a real run may fail", seq, limit)
         ids = torch.zeros(batch, seq, dtype=torch.int64, **meta)
@@ -77,18 +72,7 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
             desc += ", labels"
         return _with_side_inputs(model, cfg, opts, inputs, desc)
     if main == "input_features" and getattr(cfg, "is_encoder_decoder", False):
-        # speech seq2seq (Whisper): log-mel features of 2 x max_source_positions frames (the
-        # encoder's two stride-2 convolutions halve them), decoder tokens and labels
-        if opts.image_size is not None:
-            raise UserError(f"--image-size: {type(model).__name__} takes audio features; use --seq for the decoder")
-        mels = int(getattr(cfg, "num_mel_bins", 80))
-        frames = 2 * int(getattr(cfg, "max_source_positions", 1500))
-        limit = getattr(cfg, "max_target_positions", None)
-        seq = opts.seq or _default_seq(limit)
-        ids = torch.zeros(batch, seq, dtype=torch.int64, **meta)
-        inputs = {"input_features": torch.zeros(batch, mels, frames, dtype=torch.float32, **meta),
-                  "decoder_input_ids": ids, "labels": ids}
-        return inputs, f"input_features {batch}x{mels}x{frames}, decoder_input_ids {batch}x{seq}, labels"
+        return speech_seq2seq_inputs(model, cfg, opts)
     if main == "pixel_values":
         return _image_inputs(model, cfg, opts)
     raise UserError(f"hf: makes token ids, images, log-mel features or audio; {type(model).__name__}.forward "
@@ -145,7 +129,7 @@ def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[
         desc += ", labels"
     elif captions:  # image captioning (BLIP): the caption's tokens, and labels when it has a loss
         limit = max_positions(cfg.text_config)
-        seq = opts.seq or _default_seq(limit)
+        seq = opts.seq or default_seq(limit)
         ids = torch.zeros(batch, seq, dtype=torch.int64, **meta)
         inputs["input_ids"] = ids
         desc += f", input_ids {batch}x{seq}"
@@ -192,7 +176,7 @@ def _image_token_id(cfg: Any) -> int | None:
 
 def _seq_for(cfg: Any, opts: SpecOptions, at_least: int, what: str) -> int:
     limit = max_positions(cfg)
-    seq = opts.seq or max(_default_seq(limit), at_least + 1)
+    seq = opts.seq or max(default_seq(limit), at_least + 1)
     if seq <= at_least:
         raise UserError(f"--seq {seq} leaves no text after the {at_least} {what}: use --seq {at_least + 1} or more "
                         f"(or a smaller --image-size)")

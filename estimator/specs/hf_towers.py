@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..errors import UserError
-from .options import SpecOptions, first_line
+from .options import SpecOptions, default_seq, first_line
 from .signature import required, takes
 
 TOWER_IMAGE_SIZE = 448  # pixels per side when --image-size is not given: Qwen2-VL's 256 image tokens
@@ -169,6 +169,34 @@ def audio_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, main: str)
             desc += "; no loss of its own: the default loss"
         candidates.append((inputs, desc))
     return first_that_runs(model, candidates, f"audio ({key})")
+
+
+def speech_seq2seq_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[dict, str]:
+    """Speech encoder-decoders (Whisper, Canary, Cohere ASR, Parakeet's transducers): log-mel features of
+    twice the configuration's ``max_source_positions`` frames (Whisper's two stride-2 convolutions halve
+    them; ``AUDIO_FRAMES`` without it), decoder tokens of ``--seq`` and labels where the forward takes
+    them.  An encoder whose first layer is a Conv1d over the mel bins (Whisper) takes mels x frames, at
+    once, with no probe (Speech2Text's also has one but transposes frames x mels first: it fails as
+    before, in one line); any other gets the layouts of :func:`_feature_layouts` with every mask all
+    valid, the first its forward runs on."""
+    if opts.image_size is not None:
+        raise UserError(f"--image-size: {type(model).__name__} takes audio features; use --seq for the decoder")
+    batch, meta = opts.batch or 1, {"device": "meta"}
+    mels = _first_int(cfg, MEL_KEYS) or 80
+    positions = _first_int(cfg, ("max_source_positions",))
+    frames = 2 * positions if positions else AUDIO_FRAMES
+    seq = opts.seq or default_seq(getattr(cfg, "max_target_positions", None))
+    ids = torch.zeros(batch, seq, dtype=torch.int64, **meta)
+    tokens, shown = {"decoder_input_ids": ids}, f"decoder_input_ids {batch}x{seq}"
+    if takes(model, "labels"):
+        tokens["labels"], shown = ids, shown + ", labels"
+    if _first_layer(model) == ("conv1d", mels):  # Whisper, as it was always given (Speech2Text's conv too,
+        shapes, masks = [((batch, mels, frames), f"{batch}x{mels}x{frames}")], {}  # though it transposes first)
+    else:  # masks all valid: a transducer counts its frames from them
+        shapes, masks = _feature_layouts(model, cfg, batch, frames), _masks(model, batch, frames)
+    candidates = [({"input_features": torch.zeros(shape, dtype=torch.float32, **meta), **masks, **tokens},
+                   f"input_features {text}, {shown}") for shape, text in shapes]
+    return first_that_runs(model, candidates, "log-mel features (input_features) and decoder tokens")
 
 
 def first_that_runs(model: torch.nn.Module, candidates: list[tuple[dict, str]], what: str) -> tuple[dict, str]:

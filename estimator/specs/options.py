@@ -21,6 +21,11 @@ from ..errors import UserError
 PREFIXES = ("hf", "torchvision", "timm")
 DEFAULT_SEQ = 2048  # token models: at most this, or the model's position limit when smaller
 FALLBACK_SEQ = 512  # token models whose configuration states no position limit
+
+
+def default_seq(limit: int | None) -> int:
+    """Tokens per sample when ``--seq`` is not given: the model's position limit up to DEFAULT_SEQ."""
+    return min(limit, DEFAULT_SEQ) if limit else FALLBACK_SEQ
 DEFAULT_IMAGE_SIZE = 224
 
 DTYPES: dict[str, torch.dtype] = {
