@@ -32,9 +32,19 @@ def test_types_without_an_auto_class_are_built_with_inputs_their_forward_takes(m
 
 def test_a_forward_that_needs_what_hf_cannot_make_is_refused_naming_its_inputs():
     with pytest.raises(UserError) as info:
-        load_spec("hf:qwen2_5_vl_vision", batch=1)
+        load_spec("hf:patchtst", batch=1)  # a time-series model: past values, not tokens, images or audio
     msg = str(info.value)
-    assert "'hidden_states', 'grid_thw'" in msg and "SPEC file" in msg and "\n" not in msg
+    assert "'past_values'" in msg and "SPEC file" in msg and "\n" not in msg
+
+
+def test_a_vision_tower_fed_patches_gets_them_in_the_layout_its_forward_runs_on():
+    """Qwen2.5-VL's tower alone (refused before this loader made patches): 448 px in patches of 14 is
+    32 x 32 = 1,024 patches of 3 x 2 x 14 x 14 = 1,176 values, one [1, 32, 32] grid row."""
+    loaded = load_spec("hf:qwen2_5_vl_vision", batch=1, overrides={"depth": 1, "hidden_size": 64,
+                                                                   "intermediate_size": 128, "out_hidden_size": 64})
+    assert tuple(loaded.inputs["hidden_states"].shape) == (1024, 1176)
+    assert loaded.inputs["grid_thw"].tolist() == [[1, 32, 32]]
+    assert "(flattened)" in loaded.description
 
 
 @pytest.mark.parametrize("model_type,overrides,needed", [
