@@ -285,7 +285,8 @@ class Planner:
         limit = position_limit(self.model) if what == "seq" else None
         found = largest_fitting(what, base, interpolated, traced, points, confirm,
                                 model_limit=limit and (limit[0] // unit, limit[1]),
-                                real=any(s.cap.fallback_reason for s in steps), recalibrate=recalibrate)
+                                real=any(s.cap.fallback_reason for s in steps), recalibrate=recalibrate,
+                                capacity=gpu.capacity)
         return found if unit == 1 else in_chunks(found, unit, limit)
 
     def suggestions(self, layout: Layout, checkpoint: tuple[type, ...], gpu: GPU,

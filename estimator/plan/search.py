@@ -112,18 +112,16 @@ def _largest(fits_at: Callable[[int], bool], limit: int) -> int | None:
 def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], bool] | None,
                     traced: Callable[[int], tuple[bool, int, int]], points: list[int], confirm: bool,
                     limit: int = 1 << 24, model_limit: tuple[int, str] | None = None, real: bool = False,
-                    recalibrate: Callable[[int, int], bool] | None = None) -> Solve:
+                    recalibrate: Callable[[int, int], bool] | None = None, capacity: int | None = None) -> Solve:
     """The largest value (>= 1) that fits: interpolated when ``fits_interpolated`` is given (the
     traces at ``points`` share their structure), then confirmed by ``traced(v) -> (fits, peak, bytes needed)``.
     ``real``: the traces ran on real CPU tensors (data-dependent control flow), so a trace at the
     answer would run the model for real at that size, which may not fit this machine: interpolated
     only, never confirmed, and not searched when the traces do not interpolate.  ``recalibrate(v, need)``:
     when a confirmation misses, the interpolation is moved to the bytes the trace at ``v`` needs (the
-    allocator's reserve at that size, which the interpolation guesses) and searched again, up to 3 times,
-    before the search falls back to traces (returns whether the interpolation moved).
-
-    Why this length: the interpolated search, its confirmation, the recalibrated searches and the traced
-    fallback share the answer and its two confirming traces."""
+    allocator's reserve at that size, which the interpolation guesses) and searched again within what the
+    traces so far bound, up to 3 times, before the traces narrow what they bracket
+    (:func:`_narrow`; ``capacity``: the card's bytes, to aim each trace where the bytes needed cross it)."""
     method = "interpolated" if fits_interpolated is not None else "traced (the op sequence changes with the size)"
     if real:
         if fits_interpolated is None:
@@ -139,46 +137,80 @@ def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], boo
                      memory_allows=best)
     if not confirm:
         return Solve(what, best, method, list(points), confirmed=False if real and best else None)
-    budget = 16
-    ok_best, peak_best, need_best = traced(best) if best >= 1 else (True, 0, 0)
-    ok_next, peak_next, need_next = traced(best + 1)
+    known: dict[int, tuple[bool, int, int]] = {0: (True, 0, 0)}  # every trace: value -> (fits, peak, need)
+
+    def probe(v: int) -> bool:
+        if v not in known:
+            known[v] = traced(v)
+        return known[v][0]
+
+    probe(best), probe(best + 1)
     rounds = 0
-    while not (ok_best and not ok_next) and recalibrate is not None and fits_interpolated is not None \
-            and best >= 1 and rounds < 3:
-        rounds += 1  # the interpolation missed: move it to what the trace nearer the card needs, search again
-        at, need = (best + 1, need_next) if ok_best else (best, need_best)
-        if not recalibrate(at, need):
+    while not _closed(known, best) and recalibrate is not None and fits_interpolated is not None and best >= 1 \
+            and rounds < 3:
+        rounds += 1  # the interpolation missed: move it to what the last trace needs, search again
+        at = best + 1 if known[best][0] else best
+        if not recalibrate(at, known[at][2]):
             break
         again = _largest(fits_at, limit)
-        if again is None or again < 1 or again == best:
+        lo, hi = _bracket(known)
+        if again is None or again < 1:
             break
-        best = again
-        ok_best, peak_best, need_best = traced(best)
-        ok_next, peak_next, need_next = traced(best + 1)
-        if ok_best and not ok_next:
+        best = max(lo, min(again, hi - 1)) if hi is not None else max(lo, again)  # within what the traces bound
+        if best in known and best + 1 in known:
+            break
+        if probe(best):
+            probe(best + 1)
+        if _closed(known, best):
             method += " (recalibrated on the traced reserve)"
-    if not (ok_best and not ok_next):  # the interpolation missed: search with traces from there
-        if ok_best:
-            lo, hi = best + 1, 2 * (best + 1)
-            while budget > 0 and traced(hi)[0]:
-                lo, hi, budget = hi, hi * 2, budget - 1
-        else:  # step down from the guess, gaps doubling, to a size that fits
-            hi, gap = best, max(1, best // 64)
-            lo = best - gap
-            while lo > 0 and budget > 0 and not traced(lo)[0]:
-                hi, gap, budget = lo, gap * 2, budget - 1
-                lo = best - gap
-            lo = max(lo, 0)
-        while hi - lo > 1 and budget > 0:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if traced(mid)[0] else (lo, mid)
-            budget -= 1
-        best = lo
-        ok_best, peak_best, need_best = traced(best) if best >= 1 else (True, 0, 0)
-        ok_next, peak_next, _ = traced(best + 1)
+    if not _closed(known, best):  # the interpolation missed: narrow with traces from what they bracket
+        best = _narrow(known, probe, capacity)
         method += " (missed; searched with traces)"
+    ok_best, peak_best, need_best = known[best] if best >= 1 else (True, 0, 0)
+    probe(best + 1)
+    ok_next, peak_next, _ = known[best + 1]
     return Solve(what, best, method, list(points), confirmed=ok_best and not ok_next, peak_at_answer=peak_best,
                  peak_at_next=peak_next, needed_at_answer=need_best)
+
+
+def _closed(known: dict[int, tuple[bool, int, int]], v: int) -> bool:
+    """``v`` traced and fits, ``v + 1`` traced and does not."""
+    return v in known and v + 1 in known and known[v][0] and not known[v + 1][0]
+
+
+def _bracket(known: dict[int, tuple[bool, int, int]]) -> tuple[int, int | None]:
+    """(the largest traced value that fits, the smallest above it that does not; None if none)."""
+    lo = max(v for v, (ok, _, _) in known.items() if ok)
+    return lo, min((v for v, (ok, _, _) in known.items() if not ok and v > lo), default=None)
+
+
+def _narrow(known: dict[int, tuple[bool, int, int]], probe: Callable[[int], bool], capacity: int | None,
+            budget: int = 16) -> int:
+    """The largest value that fits by traces, from those already made: past the largest that fits by doubling,
+    below one that does not by gaps doubling down, then between the two where the bytes needed cross the
+    ``capacity`` (linear between the bracketing traces; a bisection when that step did not halve the gap)."""
+    lo, hi = _bracket(known)
+    while hi is None and budget > 0:
+        budget -= 1
+        probe(2 * lo)
+        lo, hi = _bracket(known)
+    if lo == 0 and hi is not None:  # nothing traced fits: step down from the smallest that does not
+        gap = max(1, hi // 64)
+        while hi - gap > 0 and budget > 0 and not probe(hi - gap):
+            gap, budget = gap * 2, budget - 1
+        lo, hi = _bracket(known)
+    aim = True
+    while hi is not None and hi - lo > 1 and budget > 0:
+        mid = (lo + hi) // 2
+        need_lo, need_hi = known[lo][2], known[hi][2]
+        if aim and capacity is not None and lo >= 1 and need_hi > need_lo:
+            mid = min(max(lo + (capacity - need_lo) * (hi - lo) // (need_hi - need_lo), lo + 1), hi - 1)
+        width = hi - lo
+        probe(mid)
+        budget -= 1
+        lo, hi = _bracket(known)
+        aim = hi is None or 2 * (hi - lo) <= width
+    return lo
 
 
 def fewest_gpus(candidates: list[int], fits: Callable[[int], bool]) -> int | None:
