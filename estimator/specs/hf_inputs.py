@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..errors import UserError
-from .hf_towers import audio_inputs, grid_inputs, speech_seq2seq_inputs, takes_audio, takes_grid
+from .hf_towers import audio_inputs, grid_inputs, patches_per_side, speech_seq2seq_inputs, takes_audio, takes_grid
 from .options import DEFAULT_IMAGE_SIZE, SpecOptions, default_seq, first_line
 from .signature import required, takes
 
@@ -201,10 +201,7 @@ def _vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[An
     if hasattr(vision, "spatial_merge_size") and hasattr(vision, "temporal_patch_size") and takes(model, "image_grid_thw"):
         patch, merge, temporal = int(vision.patch_size), int(vision.spatial_merge_size), int(vision.temporal_patch_size)
         size = opts.image_size or QWEN_VL_IMAGE_SIZE
-        if size % (patch * merge):
-            raise UserError(f"--image-size {size}: {name} takes images in multiples of {patch * merge} pixels "
-                            f"(patch {patch} x merge {merge}), e.g. --image-size {max(1, size // (patch * merge)) * patch * merge}")
-        side = size // patch
+        side = patches_per_side(name, size, patch, merge)
         channels = int(getattr(vision, "in_channels", 3) or 3)
         n_tokens = side * side // (merge * merge)
         seq = _seq_for(cfg, opts, n_tokens, "image tokens")

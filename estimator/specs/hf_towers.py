@@ -44,10 +44,7 @@ def grid_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[di
     merge = int(getattr(cfg, "spatial_merge_size", None) or getattr(cfg, "merge_size", None) or 1)
     channels = int(getattr(cfg, "in_channels", None) or getattr(cfg, "num_channels", None) or 3)
     size = opts.image_size or TOWER_IMAGE_SIZE
-    if size % (patch * merge):
-        raise UserError(f"--image-size {size}: {name} takes images in multiples of {patch * merge} pixels "
-                        f"(patch {patch} x merge {merge}), e.g. --image-size {max(1, size // (patch * merge)) * patch * merge}")
-    side = size // patch
+    side = patches_per_side(name, size, patch, merge)
     n = batch * side * side  # patches of all images, one row each
     first = required(model)[0]
     flat = channels * temporal * patch * patch
@@ -66,6 +63,16 @@ def grid_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[di
             inputs["merge_sizes"] = torch.tensor([merge] * batch)
         candidates.append((inputs, f"{first} {shown}: {batch} image(s) {size}x{size} in patches of {patch}, grid_thw"))
     return first_that_runs(model, candidates, "image patches and grid_thw")
+
+
+def patches_per_side(name: str, size: int, patch: int, merge: int) -> int:
+    """Patches along one side of a ``size`` x ``size`` image cut into ``patch`` x ``patch`` patches that the
+    model merges ``merge`` x ``merge`` (Qwen2-VL-style towers): ``size`` must be a multiple of ``patch x
+    merge`` (a one-line error naming the nearest size that is)."""
+    if size % (patch * merge):
+        raise UserError(f"--image-size {size}: {name} takes images in multiples of {patch * merge} pixels "
+                        f"(patch {patch} x merge {merge}), e.g. --image-size {max(1, size // (patch * merge)) * patch * merge}")
+    return size // patch
 
 
 def _patch_embedding_width(model: torch.nn.Module) -> int | None:
