@@ -45,6 +45,14 @@ def test_a_vision_tower_fed_patches_gets_them_in_the_layout_its_forward_runs_on(
     assert tuple(loaded.inputs["hidden_states"].shape) == (1024, 1176)
     assert loaded.inputs["grid_thw"].tolist() == [[1, 32, 32]]
     assert "(flattened)" in loaded.description
+    # --image-size reaches the tower alone (its configuration has no image_size): 112 px = 8 x 8 patches of 14
+    small = load_spec("hf:qwen2_5_vl_vision", batch=2, image_size=112, overrides={
+        "depth": 1, "hidden_size": 64, "intermediate_size": 128, "out_hidden_size": 64})
+    assert tuple(small.inputs["hidden_states"].shape) == (2 * 8 * 8, 1176)
+    assert small.inputs["grid_thw"].tolist() == [[1, 8, 8]] * 2
+    with pytest.raises(Exception, match="multiples of 28 pixels"):  # patch 14 x merge 2
+        load_spec("hf:qwen2_5_vl_vision", image_size=100, overrides={"depth": 1, "hidden_size": 64,
+                                                                     "intermediate_size": 128, "out_hidden_size": 64})
 
 
 @pytest.mark.parametrize("model_type,overrides,needed", [

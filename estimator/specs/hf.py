@@ -342,9 +342,10 @@ def _set_image_size(cfg: Any, size: int) -> None:
         cfg.image_size = size
     elif vision is not None and hasattr(vision, "image_size"):
         vision.image_size = size
-    elif vision is None:
+    elif vision is None and not isinstance(getattr(cfg, "patch_size", None), int):
         raise UserError(f"--image-size: {type(cfg).__name__} has no image_size (a token model: use --seq)")
-    # else: a vision tower that takes any size (Qwen2-VL): the inputs follow --image-size
+    # else: a vision tower that takes any size (Qwen2-VL's, or the tower alone, cut into patch_size patches):
+    # the inputs follow --image-size
 
 
 def load_hf(target: str, opts: SpecOptions) -> Loaded:
