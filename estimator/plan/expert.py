@@ -53,9 +53,6 @@ def find_experts(model: torch.nn.Module, ep: int) -> list[str]:
         if m.num_experts % ep:
             raise UserError(f"--ep {ep} does not divide the {m.num_experts} experts of {path}: use a divisor of "
                             f"{m.num_experts}")
-        if getattr(m, "has_bias", False):
-            raise UserError(f"--ep: the experts of {path} have biases, whose per-expert rows are not sharded yet; "
-                            f"use --ep 1")
     return paths
 
 
@@ -108,9 +105,16 @@ def ep_forward(mesh) -> Any:
         shape, routed = routed.shape, routed[index]
         offsets = torch.cumsum(per_expert, 0, dtype=torch.int32)
         up = _local(self.gate_up_proj if self.has_gate else self.up_proj)
-        h = _grouped_linear(routed, up, offsets, is_transposed=self.is_transposed)
+        up_bias = down_bias = None
+        if self.has_bias:  # each row's local expert's bias rows, gathered as transformers gathers them
+            with torch.no_grad():
+                row_expert = torch.repeat_interleave(torch.arange(local, device=per_expert.device), per_expert,
+                                                     output_size=routed.shape[0])  # (rows received,)
+            up_bias = _local(self.gate_up_proj_bias if self.has_gate else self.up_proj_bias)[row_expert]
+            down_bias = _local(self.down_proj_bias)[row_expert]
+        h = _grouped_linear(routed, up, offsets, bias=up_bias, is_transposed=self.is_transposed)
         h = self._apply_gate(h) if self.has_gate else self.act_fn(h)
-        out = _grouped_linear(h, _local(self.down_proj), offsets, is_transposed=self.is_transposed)
+        out = _grouped_linear(h, _local(self.down_proj), offsets, bias=down_bias, is_transposed=self.is_transposed)
         back = out.new_empty(shape)
         back[index] = out
         back = all_to_all_single_autograd(back, sent, received, group)  # (rows, hidden), in this rank's order
