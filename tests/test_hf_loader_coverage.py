@@ -32,9 +32,19 @@ def test_types_without_an_auto_class_are_built_with_inputs_their_forward_takes(m
 
 def test_a_forward_that_needs_what_hf_cannot_make_is_refused_naming_its_inputs():
     with pytest.raises(UserError) as info:
-        load_spec("hf:patchtst", batch=1)  # a time-series model: past values, not tokens, images or audio
+        load_spec("hf:decision_transformer", batch=1)  # reinforcement learning: states, actions, returns
     msg = str(info.value)
-    assert "'past_values'" in msg and "SPEC file" in msg and "\n" not in msg
+    assert "'states'" in msg and "SPEC file" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("model_type,shape", [("patchtst", (2, 32, 1)), ("timesfm2_5", (2, 32))])
+def test_a_time_series_model_gets_past_values_in_the_layout_its_forward_runs_on(model_type, shape):
+    """PatchTST takes series x steps x channels (1 channel in its default configuration), TimesFM 2.5 univariate
+    series x steps (the channels layout fails in its forward): --seq 32 steps, --batch 2 series; neither computes a
+    loss from past values alone, and the description says the default loss is used."""
+    loaded = load_spec(f"hf:{model_type}", batch=2, seq=32, overrides={"num_hidden_layers": 1})
+    assert tuple(loaded.inputs["past_values"].shape) == shape
+    assert "the default loss" in loaded.description
 
 
 def test_a_vision_tower_fed_patches_gets_them_in_the_layout_its_forward_runs_on():

@@ -36,6 +36,7 @@ FAMILIES = {
     "parakeet_ctc": "a speech encoder on log-mel features (frames x mels) with a CTC head",
     "clap_audio_model": "an audio tower on 1 x frames x mels features, no loss of its own",
     "encodec": "a codec on raw audio (batch x channels x samples), no loss of its own",
+    "patchtst": "a time-series encoder on past values (series x steps x channels), no loss on them",
 }
 
 

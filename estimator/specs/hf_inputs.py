@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from ..errors import UserError
-from .hf_towers import audio_inputs, grid_inputs, patches_per_side, speech_seq2seq_inputs, takes_audio, takes_grid
+from .hf_towers import (audio_inputs, grid_inputs, patches_per_side, series_inputs, speech_seq2seq_inputs, takes_audio,
+                        takes_grid, takes_series)
 from .options import DEFAULT_IMAGE_SIZE, SpecOptions, default_seq, first_line
 from .signature import required, takes
 
@@ -52,6 +53,8 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
         return audio_inputs(model, cfg, opts, main)
     if main == "input_values":
         return _ctc_inputs(model, cfg, opts)
+    if takes_series(model, main):  # a time series: past values in their channels
+        return series_inputs(model, cfg, opts)
     if main == "input_ids" and not takes(model, "input_ids"):
         main = _first_required(model) or main  # a vision tower that keeps the default main_input_name
     if main == "input_ids":
@@ -75,7 +78,7 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
         return speech_seq2seq_inputs(model, cfg, opts)
     if main == "pixel_values":
         return _image_inputs(model, cfg, opts)
-    raise UserError(f"hf: makes token ids, images, log-mel features or audio; {type(model).__name__}.forward "
+    raise UserError(f"hf: makes token ids, images, log-mel features, audio or time series; {type(model).__name__}.forward "
                     f"needs {_needs(model, main)}: write a SPEC file, path/to/file.py:build whose build() returns "
                     f"(model, inputs) with them (docs/cli.md, SPEC forms)")
 

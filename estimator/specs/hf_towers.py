@@ -208,6 +208,35 @@ def speech_seq2seq_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -
     return first_that_runs(model, candidates, "log-mel features (input_features) and decoder tokens")
 
 
+SERIES_LENGTH = 512  # time steps when neither --seq nor the configuration's context_length says
+
+
+def takes_series(model: torch.nn.Module, main: str) -> bool:
+    """A time-series model (PatchTST, PatchTSMixer, TimesFM 2.5): its forward needs ``past_values``."""
+    return main == "past_values" or (required(model) or [None])[0] == "past_values"
+
+
+def series_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[dict, str]:
+    """``--batch`` series of ``--seq`` time steps (default the configuration's ``context_length``) in its
+    ``num_input_channels`` channels, batch x steps x channels or, for a univariate model, batch x steps (the
+    layout the forward runs on, tried in that order); real zeros (the models' scalers read the values).  A model
+    that computes no loss from them (the bare encoders, forecasting heads without future values) is trained on
+    the default loss, and the description says so."""
+    name = type(model).__name__
+    if opts.image_size is not None:
+        raise UserError(f"--image-size: {name} takes a time series; use --seq for its length")
+    batch = opts.batch or 1
+    length = opts.seq or int(getattr(cfg, "context_length", None) or SERIES_LENGTH)
+    channels = int(getattr(cfg, "num_input_channels", None) or 1)
+    # a pretraining head computes its own loss from the past values (masked patches); the others compute one only
+    # from future values or labels, which this batch does not have
+    loss = "" if name.endswith("ForPretraining") else "; no loss on these inputs: the default loss"
+    candidates = [({"past_values": torch.zeros(batch, length, channels)},
+                   f"past_values {batch}x{length}x{channels} (series x steps x channels){loss}"),
+                  ({"past_values": torch.zeros(batch, length)}, f"past_values {batch}x{length} (series x steps){loss}")]
+    return first_that_runs(model, candidates, "a time series (past_values)")
+
+
 def first_that_runs(model: torch.nn.Module, candidates: list[tuple[dict, str]], what: str) -> tuple[dict, str]:
     """The first ``(inputs, description)`` whose forward runs (the estimator's capture of a forward on
     fake tensors); one candidate is returned untried."""
