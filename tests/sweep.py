@@ -87,7 +87,31 @@ def shrink_overrides(model_type: str, level: int) -> dict[str, Any]:
             for key, value in WIDTHS.items():
                 if key in fields and fields[key] > value:
                     out[prefix + key] = value
+            rope = getattr(c, "rope_parameters", None)
+            partial = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
+            if isinstance(rope, dict) and partial in (None, 1, 1.0) and _uses_mrope(c) \
+                    and prefix + "num_attention_heads" in out:
+                # multimodal rotary sections (temporal, height, width) are sized for the default head: a head of
+                # WIDTHS' 64 / 4 = 16 rotates 8 frequency pairs, split as the defaults' 16:24:24 (Qwen2-VL, GLM-4V);
+                # families that rotate part of the head (Qwen3.5) run on their own sections
+                out[prefix + "rope_parameters"] = {**rope, "mrope_section": [2, 3, 3]}
     return out
+
+
+def _uses_mrope(cfg: Any) -> bool:
+    """Whether the configuration's model family splits its rotary frequencies into multimodal sections (its
+    modeling file reads ``mrope_section``)."""
+    import glob
+    import os
+    import sys
+
+    module = sys.modules.get(type(cfg).__module__)
+    folder = os.path.dirname(getattr(module, "__file__", "") or "")
+    for path in glob.glob(os.path.join(folder, "modeling_*.py")) if folder else []:
+        with open(path, encoding="utf-8") as f:
+            if "mrope_section" in f.read():
+                return True
+    return False
 
 
 def materialize(model: torch.nn.Module) -> torch.nn.Module:
