@@ -89,8 +89,8 @@ def shrink_overrides(model_type: str, level: int) -> dict[str, Any]:
                     out[prefix + key] = value
             rope = getattr(c, "rope_parameters", None)
             partial = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
-            if isinstance(rope, dict) and partial in (None, 1, 1.0) and _uses_mrope(c) \
-                    and prefix + "num_attention_heads" in out:
+            if isinstance(rope, dict) and partial in (None, 1, 1.0) and prefix + "num_attention_heads" in out \
+                    and _uses_mrope(c):
                 # multimodal rotary sections (temporal, height, width) are sized for the default head: a head of
                 # WIDTHS' 64 / 4 = 16 rotates 8 frequency pairs, split as the defaults' 16:24:24 (Qwen2-VL, GLM-4V);
                 # families that rotate part of the head (Qwen3.5) run on their own sections
