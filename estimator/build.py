@@ -119,6 +119,9 @@ _FACTORIES = frozenset({torch.empty, torch.zeros, torch.ones, torch.rand, torch.
                         torch.full})
 
 
+_PY_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
+
+
 def _requested_bytes(func: Any, args: tuple, kwargs: dict) -> int:
     """Bytes a factory call asks for (0 when its size cannot be read): ``torch.empty(2, 3)``,
     ``torch.empty((2, 3))``, ``torch.full((2, 3), v)``, ``torch.empty_strided((2, 3), (3, 1))``, ``size=``."""
@@ -129,7 +132,10 @@ def _requested_bytes(func: Any, args: tuple, kwargs: dict) -> int:
     numel = 1
     for n in size:
         numel *= n
-    return numel * (kwargs.get("dtype") or torch.get_default_dtype()).itemsize
+    dtype = kwargs.get("dtype") or torch.get_default_dtype()
+    # torch also takes Python's types for a dtype (GPT-Neo's ``torch.ones(..., dtype=bool)``)
+    dtype = _PY_DTYPES.get(dtype, dtype) if isinstance(dtype, type) else dtype
+    return numel * dtype.itemsize if isinstance(dtype, torch.dtype) else 0
 
 
 class _LargeOnMeta(torch.overrides.TorchFunctionMode):

@@ -105,6 +105,18 @@ def test_a_parameter_too_large_to_allocate_is_made_on_meta_at_once():
     assert torch._C._len_torch_function_stack() == modes  # the mode is gone after the block
 
 
+def test_a_factory_given_a_python_type_for_its_dtype_is_built():
+    # GPT-Neo's attention builds its causal mask as torch.tril(torch.ones((2048, 2048), dtype=bool)); torch takes
+    # Python's bool/int/float for a dtype, and sizing the request must too. 2^14 x 2^14 bools = 256 MiB, the
+    # threshold (so on meta); a 4 x 4 one stays real with its values.
+    with empty_weights():
+        mask = torch.ones((2**14, 2**14), dtype=bool)
+        small = torch.ones((4, 4), dtype=bool)
+        steps = torch.zeros(3, dtype=int)
+    assert mask.device.type == "meta" and mask.dtype == torch.bool
+    assert small.device.type == "cpu" and bool(small.all()) and steps.dtype == torch.int64
+
+
 def test_a_leaked_reference_to_an_initialiser_still_initialises(tmp_path):
     # A module first imported inside the block keeps the stand-in it imported by name;
     # outside the block it must behave like the real initialiser.
