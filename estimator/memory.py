@@ -308,6 +308,32 @@ def _allocator_run(streams: list[list[tuple[int, object, int]]], capacity: int |
     return traces, most
 
 
+def _shared_prefix(streams: list[list[tuple[int, object, int]]], low: int) -> tuple[int, int, Any]:
+    """``(k, j, replay)``: the unlimited allocator after the events of ``streams`` before event ``j`` of stream ``k``,
+    the last point where it has reserved no more than ``low`` bytes.  A run at any capacity of at least ``low``
+    is this run up to there (its segments all fitted, so it released nothing), so it can start from a copy.
+
+    The unlimited run reserves ever more (it never releases a segment): the first op after which it holds more
+    than ``low`` is found on one run, and the replay is made again up to that op's first event."""
+    from .allocator import Allocator, Replay
+
+    sim = Replay(Allocator())
+    at = None
+    for k, stream in enumerate(streams):
+        trace = sim.run(stream)
+        over = next((op for op, reserved in zip(trace.index, trace.reserved) if reserved > low), None)
+        if over is not None:
+            at = (k, next(j for j, event in enumerate(stream) if event[0] == over))
+            break
+    if at is None:  # never more than low: every run at least that large is the unlimited one
+        return len(streams), 0, sim
+    sim = Replay(Allocator())
+    for stream in streams[:at[0]]:
+        sim.run(stream)
+    sim.run(streams[at[0]][:at[1]])
+    return at[0], at[1], sim
+
+
 def allocator_need(streams: list[list[tuple[int, object, int]]], low: int, high: int, step: int = 8 << 20) -> int:
     """The smallest capacity (to ``step`` bytes, rounded up) at which the simulated caching allocator runs the model's
     load and two steps without running out of memory.  A failed ``cudaMalloc`` makes it free its cached
@@ -322,12 +348,22 @@ def allocator_need(streams: list[list[tuple[int, object, int]]], low: int, high:
     a 155M Llama bf16-mixed (90) are the ones that ran, and one more ran out of memory.  ``streams``: the
     events the allocator replays (:func:`_allocator_streams`)."""
 
+    low = min(low, high)
+    start: list = []  # (stream, event, replay there), made at the first run
+
     def runs(capacity: int) -> int | None:
         """The most reserved at ``capacity`` when the load and both steps run, else None."""
-        traces, most = _allocator_run(streams, capacity)
-        return most if len(traces) == 2 and traces[-1].oom is None else None
+        if not start:
+            start.append(_shared_prefix(streams, low))
+        k0, j0, at = start[0]
+        sim, most = at.clone(capacity), at.allocator.reserved  # the most so far: it only grew
+        for k in range(k0, len(streams)):
+            trace = sim.run(streams[k][j0:] if k == k0 else streams[k])
+            if trace.oom is not None:
+                return None
+            most = max(most, trace.peak_reserved)
+        return most
 
-    low = min(low, high)
     guess = low + (low >> 3)  # within 12.5 % of the allocated peak in every step measured (4.2-10.9 %)
     if guess < high:
         most = runs(guess)

@@ -104,6 +104,12 @@ class SortedInts:
             out.extend(x for x in lst if x < value)
         return reversed(out)
 
+    def copy(self) -> "SortedInts":
+        new = SortedInts()
+        new.lists = [list(lst) for lst in self.lists]
+        new.maxes = list(self.maxes)
+        return new
+
     def items(self) -> list[int]:
         return [x for lst in self.lists for x in lst]
 
@@ -187,6 +193,17 @@ class BlockPool:
         self.reserved = self.reserved_peak = 0
         self.segments = self.segments_peak = 0
         self.requested = self.requested_peak = 0
+
+    def clone(self) -> "BlockPool":
+        """A copy with the same counters and sorted keys; ``free_by_ptr`` and ``unmapped_by_ptr`` are left for
+        the caller to fill with its copies of the blocks (:meth:`Allocator.clone`)."""
+        new = BlockPool(self.is_small)
+        for name in ("allocated", "allocated_peak", "reserved", "reserved_peak", "segments", "segments_peak",
+                     "requested", "requested_peak"):
+            setattr(new, name, getattr(self, name))
+        new.blocks = {stream: s.copy() for stream, s in self.blocks.items()}
+        new.unmapped = {stream: s.copy() for stream, s in self.unmapped.items()}
+        return new
 
     def insert(self, block: Block) -> None:
         """``insert_into_blocks``."""

@@ -40,6 +40,7 @@ one class for the same reason), so they stay in one class here; its data structu
 
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 from .blocks import BASE_ADDRESS, DEFAULT_ADDRESS_SPACE, KEY_MASK, KEY_SHIFT, Block, BlockPool, ExpandableSegment
@@ -154,6 +155,34 @@ class Allocator:
         if nxt is not None and not nxt.allocated and nxt.mapped == block.mapped:
             self._merge(block, nxt)
         pool.insert(block)
+
+    def clone(self, capacity: int | None = None) -> "Allocator":
+        """An independent copy of this allocator's state (blocks, pools, counters), with ``capacity``: the
+        state a run at that capacity has where it has not yet differed from this one."""
+        new = copy.copy(self)
+        new.capacity = capacity
+        pools = {id(p): p.clone() for p in (self._small, self._large)}
+        new._small, new._large = pools[id(self._small)], pools[id(self._large)]
+        segments = {id(es): ExpandableSegment(es.base, es.page, es.size) for es in self._expandable}
+        new._expandable = [segments[id(es)] for es in self._expandable]
+        old = [*self._active.values()]
+        for p in (self._small, self._large):
+            old += [*p.free_by_ptr.values(), *p.unmapped_by_ptr.values()]
+        blocks = {}
+        for b in old:
+            c = blocks[id(b)] = Block(b.ptr, b.size, b.stream, pools[id(b.pool)],
+                                      segments[id(b.expandable)] if b.expandable is not None else None, b.mapped)
+            c.requested, c.allocated = b.requested, b.allocated
+        for b in old:
+            c = blocks[id(b)]
+            c.prev = blocks[id(b.prev)] if b.prev is not None else None
+            c.next = blocks[id(b.next)] if b.next is not None else None
+        new._active = {ptr: blocks[id(b)] for ptr, b in self._active.items()}
+        for p in (self._small, self._large):
+            q = pools[id(p)]
+            q.free_by_ptr = {ptr: blocks[id(b)] for ptr, b in p.free_by_ptr.items()}
+            q.unmapped_by_ptr = {ptr: blocks[id(b)] for ptr, b in p.unmapped_by_ptr.items()}
+        return new
 
     def reset_peak(self) -> None:
         """``resetPeakStats``: every peak becomes the current value."""

@@ -65,6 +65,12 @@ class Replay:
         self.allocator = allocator if allocator is not None else Allocator()
         self.live: dict[object, tuple[int, int]] = {}  # key -> (address, nbytes)
 
+    def clone(self, capacity: int | None = None) -> "Replay":
+        """An independent copy (allocator and live keys) whose allocator has ``capacity``."""
+        new = Replay(self.allocator.clone(capacity))
+        new.live = dict(self.live)
+        return new
+
     def run(self, events: Iterable[tuple[int, object, int]], *, stream: int = 0,
             skip_live: bool = False) -> Trace:
         """Replay ``events`` in order; peaks are reset first.
