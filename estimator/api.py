@@ -8,6 +8,7 @@ import torch
 
 from .capture import Progress, StepOptions, capture
 from .capture.checkpoint import parse_policy, policy_name, resolve_classes
+from .collect import young_only_during
 from .compat import torch_version
 from .errors import DataDependentError, UserError
 from .hardware import GPU, lookup
@@ -74,6 +75,7 @@ def _checkpoint_what_if(model, inputs, options: StepOptions, classes: tuple[type
     )
 
 
+@young_only_during
 def estimate(
     model: torch.nn.Module,
     inputs: Any,

@@ -288,53 +288,63 @@ def _allocator_streams(cap: Capture, events: list[tuple[int, int, int]], raw: li
     return streams
 
 
-def _allocator_run(streams: list[list[tuple[int, object, int]]], capacity: int | None = None) -> tuple[list, int]:
+def _allocator_run(streams: list[list[tuple[int, object, int]]], capacity: int | None = None,
+                   every: list | None = None) -> tuple[list, int]:
     """The caching allocator of ``capacity`` bytes over :func:`_allocator_streams`: the traces of the two
     steps (fewer where the load or a step runs out of memory; the load's alone where it does), and the
-    most it reserved over the run."""
+    most it reserved over the run.  ``every``: a list that gets the trace of each stream run, in order."""
     from .allocator import Allocator, Replay
 
     sim = Replay(Allocator(capacity))
+    every = every if every is not None else []
     load = sim.run(streams[0])
+    every.append(load)
     if load.oom is not None:
         return [load], load.peak_reserved
     traces, most = [], load.peak_reserved
     for stream, drop in (streams[1:3], streams[3:5]):
         traces.append(sim.run(stream))
+        every.append(traces[-1])
         most = max(most, traces[-1].peak_reserved)
         if traces[-1].oom is not None:
             break
-        sim.run(drop)
+        every.append(sim.run(drop))
     return traces, most
 
 
-def _shared_prefix(streams: list[list[tuple[int, object, int]]], low: int) -> tuple[int, int, Any]:
+def _shared_prefix(streams: list[list[tuple[int, object, int]]], low: int,
+                   unlimited: list | None = None) -> tuple[int, int, Any]:
     """``(k, j, replay)``: the unlimited allocator after the events of ``streams`` before event ``j`` of stream ``k``,
     the last point where it has reserved no more than ``low`` bytes.  A run at any capacity of at least ``low``
     is this run up to there (its segments all fitted, so it released nothing), so it can start from a copy.
 
     The unlimited run reserves ever more (it never releases a segment): the first op after which it holds more
-    than ``low`` is found on one run, and the replay is made again up to that op's first event."""
+    than ``low`` is found on one run (``unlimited``: its traces, one per stream, when the caller has them), and
+    the replay is made again up to that op's first event."""
     from .allocator import Allocator, Replay
 
     sim = Replay(Allocator())
+    if unlimited is not None and len(unlimited) != len(streams):
+        unlimited = None
     at = None
     for k, stream in enumerate(streams):
-        trace = sim.run(stream)
+        trace = unlimited[k] if unlimited is not None else sim.run(stream)
         over = next((op for op, reserved in zip(trace.index, trace.reserved) if reserved > low), None)
         if over is not None:
             at = (k, next(j for j, event in enumerate(stream) if event[0] == over))
             break
     if at is None:  # never more than low: every run at least that large is the unlimited one
-        return len(streams), 0, sim
+        at = (len(streams), 0)
     sim = Replay(Allocator())
     for stream in streams[:at[0]]:
         sim.run(stream)
-    sim.run(streams[at[0]][:at[1]])
+    if at[0] < len(streams):
+        sim.run(streams[at[0]][:at[1]])
     return at[0], at[1], sim
 
 
-def allocator_need(streams: list[list[tuple[int, object, int]]], low: int, high: int, step: int = 8 << 20) -> int:
+def allocator_need(streams: list[list[tuple[int, object, int]]], low: int, high: int, step: int = 8 << 20,
+                   unlimited: list | None = None) -> int:
     """The smallest capacity (to ``step`` bytes, rounded up) at which the simulated caching allocator runs the model's
     load and two steps without running out of memory.  A failed ``cudaMalloc`` makes it free its cached
     blocks and retry (``release_cached_blocks``), so near the limit it needs less than it reserves when
@@ -346,7 +356,8 @@ def allocator_need(streams: list[list[tuple[int, object, int]]], low: int, high:
     Checked on an H100 (tests/data/h100_loops/maxbatch.jsonl, tests/test_h100_loops.py): with the measured
     context, the largest micro-batches of GPT-2 124M bf16-mixed (53), BERT-base fp32 at 512 tokens (146) and
     a 155M Llama bf16-mixed (90) are the ones that ran, and one more ran out of memory.  ``streams``: the
-    events the allocator replays (:func:`_allocator_streams`)."""
+    events the allocator replays (:func:`_allocator_streams`); ``unlimited``: the traces of their unlimited run,
+    one per stream (``_allocator_run(streams, every=...)``), when the caller has them."""
 
     low = min(low, high)
     start: list = []  # (stream, event, replay there), made at the first run
@@ -354,7 +365,7 @@ def allocator_need(streams: list[list[tuple[int, object, int]]], low: int, high:
     def runs(capacity: int) -> int | None:
         """The most reserved at ``capacity`` when the load and both steps run, else None."""
         if not start:
-            start.append(_shared_prefix(streams, low))
+            start.append(_shared_prefix(streams, low, unlimited))
         k0, j0, at = start[0]
         sim, most = at.clone(capacity), at.allocator.reserved  # the most so far: it only grew
         for k in range(k0, len(streams)):
@@ -378,11 +389,11 @@ def allocator_need(streams: list[list[tuple[int, object, int]]], low: int, high:
     return high
 
 
-def _fragmentation(streams: list, traces) -> int:
+def _fragmentation(streams: list, traces, every: list | None = None) -> int:
     """What the simulated caching allocator needs beyond its allocated peak (:func:`allocator_need`), given
-    the ``traces`` of its unlimited run of ``streams``."""
+    the ``traces`` of its unlimited run of ``streams`` (``every``: that run's trace of each stream)."""
     high = max(t.peak_allocated for t in traces)
-    return max(0, allocator_need(streams, high, max(t.peak_reserved for t in traces)) - high)
+    return max(0, allocator_need(streams, high, max(t.peak_reserved for t in traces), unlimited=every) - high)
 
 
 def fragmentation(cap: Capture, target: Any = None) -> int:
@@ -394,7 +405,8 @@ def fragmentation(cap: Capture, target: Any = None) -> int:
     events, persistent, _ = with_library_memory(cap, target or CudaTarget(), raw, categories(cap))
     held = set(cap.sids.get("loss") or cap.sids.get("output", set()))
     streams = _allocator_streams(cap, events, raw, persistent, held)
-    return _fragmentation(streams, _allocator_run(streams)[0])
+    every: list = []
+    return _fragmentation(streams, _allocator_run(streams, every=every)[0], every)
 
 
 def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None = None,
@@ -426,7 +438,8 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
     held = set(cap.sids.get("loss") or cap.sids.get("output", set()))
     streams = (_allocator_streams(cap, events, raw, persistent, held)
                if device == "cuda" and (allocator or capacity) else None)
-    traces = _allocator_run(streams, capacity)[0] if streams is not None else None
+    every: list = []  # the trace of each stream
+    traces = _allocator_run(streams, capacity, every)[0] if streams is not None else None
     oom = None
     if traces is not None and traces[-1].oom is not None:
         failed = traces[-1].oom
@@ -450,7 +463,7 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
         reserve = dict(CUDA_RESERVE)
         high = max(steady[0], first[0])
         if need and traces is not None and len(traces) == 2 and capacity is None:
-            reserve["fragmentation"] = _fragmentation(streams, traces)
+            reserve["fragmentation"] = _fragmentation(streams, traces, every)
         else:
             reserve["fragmentation"] = int(FRAGMENTATION * high)
     return MemoryProfile(

@@ -62,9 +62,10 @@ def _random_streams(seed: int) -> list:
     return [load, _random_step(rng, "a", 1500), [], _random_step(rng, "b", 1500), []]
 
 
-def _span(streams) -> tuple[int, int]:
-    """(allocated peak, reserved peak) of the unlimited run: the bisection's bounds."""
-    traces, most = _allocator_run(streams)
+def _span(streams, every: list | None = None) -> tuple[int, int]:
+    """(allocated peak, reserved peak) of the unlimited run: the bisection's bounds (``every``: gets the run's
+    trace of each stream)."""
+    traces, most = _allocator_run(streams, every=every)
     return max(t.peak_allocated for t in traces), most
 
 
@@ -86,9 +87,12 @@ def test_the_need_is_the_one_whole_runs_find_on_a_real_capture():
     raw = list(cap.storage_bytes)
     events, persistent, _ = with_library_memory(cap, CudaTarget(), raw, categories(cap))
     streams = _allocator_streams(cap, events, raw, persistent, set(cap.sids.get("loss", ())))
-    low, high = _span(streams)
+    every: list = []
+    low, high = _span(streams, every)
     for step in (8 << 20, 512 << 10):  # 512 KiB: enough runs to land the start inside both steps
-        assert allocator_need(streams, low, high, step) == _whole_runs_need(streams, low, high, step)
+        need = _whole_runs_need(streams, low, high, step)
+        assert allocator_need(streams, low, high, step) == need
+        assert allocator_need(streams, low, high, step, unlimited=every) == need  # the caller's unlimited run
 
 
 @pytest.mark.parametrize("expandable", [False, True])

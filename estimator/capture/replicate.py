@@ -56,6 +56,7 @@ class _Expansion:
             if owner is not None:
                 self.orig_rec[owner] = r
         self.orig_sid = {owner: sid for sid, owner in layout.sid_owner.items()}
+        self._moved: dict[tuple[str, int], str] = {}  # (module path, blocks moved by) -> the moved path
         self.copy_rec: dict[tuple, OpNode] = {}
         self.copy_sid: dict[tuple, int] = {}
         self.sizes = list(cap.storage_bytes)
@@ -127,13 +128,19 @@ class _Expansion:
         return sid if owner is None else self.sid(e + owner[0] - ctx, owner[1])
 
     def map_meta(self, meta: dict, ctx: int | None, e: int | None) -> dict:
-        out = {k: v for k, v in meta.items() if k != "cost"}
+        out = dict(meta)
+        out.pop("cost", None)
         if ctx is None:
             return out
-        hit = self.repeats.block_of(meta.get("module", ""))
-        if hit is not None:
-            out["module"] = self.repeats.renamed(meta["module"], e + hit[0] - ctx)
-        out["storage"] = tuple(self.map_sid(s, ctx, e) for s in meta.get("storage", ()))
+        module = meta.get("module", "")
+        key = (module, e - ctx)
+        moved = self._moved.get(key)
+        if moved is None:  # a few hundred module paths, each moved by a few distances: computed once
+            hit = self.repeats.block_of(module)
+            moved = self._moved[key] = self.repeats.renamed(module, e + hit[0] - ctx) if hit is not None else module
+        if moved is not module:
+            out["module"] = moved
+        out["storage"] = tuple([self.map_sid(s, ctx, e) for s in meta.get("storage", ())])
         if meta.get("forward_node") is not None:
             out["forward_node"] = self.map_value(meta["forward_node"], ctx, e)
         return out

@@ -19,6 +19,7 @@ import torch
 from ..capture import StepOptions, capture
 from ..capture.checkpoint import parse_policy, resolve_classes
 from ..capture.compiled import check_mode
+from ..collect import young_only_during
 from ..errors import UserError
 from ..hardware import GPU, gpu_links, link, lookup
 from ..memory import CUDA_RESERVE, FRAGMENTATION, simulate
@@ -356,6 +357,7 @@ class Planner:
         return fewest_gpus(counts, traced_fits)  # the interpolation missed: bisect with traces
 
     # -- one plan ------------------------------------------------------------------------------------------
+    @young_only_during
     def plan(self, strategy: str = "ddp", gpus: int = 1, *, tp: int = 1, sequence_parallel: bool = False,
              checkpoint: Any = None, offload: str | None = None, tokens: float | None = None,
              samples: float | None = None, steps: int | None = None, mfu: float | None = None,
@@ -510,6 +512,7 @@ class Planner:
         return {"full": int(full), "per_rank": int(per_rank)}
 
     # -- many plans ------------------------------------------------------------------------------------------
+    @young_only_during
     def compare(self, gpus: int | Sequence[int], **kwargs: Any) -> Comparison:
         """Plans side by side (:func:`.comparison.compare_layouts`): every GPU type x GPU count x strategy,
         without and with activation checkpointing, each row in its engine's precision policy."""

@@ -1,0 +1,43 @@
+"""Python's cyclic garbage collector during an estimate or a plan: only the objects made during it are scanned.
+
+An estimate makes hundreds of thousands of small objects (the step's records, the allocator's events and
+blocks); each time enough of them survive, CPython runs a full collection, which walks every object the
+process holds: torch's, transformers', the model's modules.  With transformers loaded one walk takes about
+0.1 s, and a 7B Llama's estimate triggered 1-4 of them (0.06-0.43 s of a 1.0-1.4 s estimate, measured with
+``gc.callbacks``).  ``gc.freeze()`` moves everything that existed before the call out of the collector's
+sight and ``gc.unfreeze()`` puts it back afterwards: cycles made during the call are still collected, and
+nothing of the caller's objects is freed or kept differently.  A caller that froze objects itself, or
+disabled the collector, is left as it is.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@contextmanager
+def young_only() -> Iterator[None]:
+    """Inside the block, the collector scans only objects made inside it (see the module doc)."""
+    if gc.get_freeze_count() or not gc.isenabled():  # the caller's own policy (or an outer call's): kept
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def young_only_during(fn: F) -> F:
+    """``fn`` run inside :func:`young_only`."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with young_only():
+            return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
