@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import sys
 import threading
 from typing import Any, Callable, Iterator, TypeVar
@@ -122,15 +123,30 @@ _FACTORIES = frozenset({torch.empty, torch.zeros, torch.ones, torch.rand, torch.
 _PY_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
 
 
+def _as_int(value: Any) -> int | None:
+    """``value`` as the int a factory reads it as (``operator.index``: ints, 0-dim integer tensors), else None."""
+    if isinstance(value, int):
+        return value
+    if isinstance(value, torch.Tensor) and (value.dim() != 0 or value.is_floating_point() or value.is_meta):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def _requested_bytes(func: Any, args: tuple, kwargs: dict) -> int:
     """Bytes a factory call asks for (0 when its size cannot be read): ``torch.empty(2, 3)``,
     ``torch.empty((2, 3))``, ``torch.full((2, 3), v)``, ``torch.empty_strided((2, 3), (3, 1))``, ``size=``."""
-    varargs = func not in (torch.full, torch.empty_strided) and bool(args) and isinstance(args[0], int)
+    varargs = func not in (torch.full, torch.empty_strided) and bool(args) and _as_int(args[0]) is not None
     size = args if varargs else (args[0] if args else kwargs.get("size"))
-    if not isinstance(size, (tuple, list, torch.Size)) or not all(isinstance(n, int) for n in size):
+    if not isinstance(size, (tuple, list, torch.Size)):
         return 0
     numel = 1
-    for n in size:
+    for n in size:  # ints, or what torch reads as one (Inkling's sizes are 0-dim integer tensors)
+        n = _as_int(n)
+        if n is None:
+            return 0
         numel *= n
     dtype = kwargs.get("dtype") or torch.get_default_dtype()
     # torch also takes Python's types for a dtype (GPT-Neo's ``torch.ones(..., dtype=bool)``)

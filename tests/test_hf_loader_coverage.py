@@ -30,6 +30,25 @@ def test_types_without_an_auto_class_are_built_with_inputs_their_forward_takes(m
     assert set(loaded.inputs) <= set(params)  # no labels for a tower with no loss of its own
 
 
+def test_a_head_the_configuration_cannot_make_gives_the_base_model_and_says_so():
+    """Wav2Vec2-BERT's default configuration has no vocabulary size, so its CTC head (the class the loader
+    picks for speech encoders) cannot be built: the base encoder is estimated, on the default loss, and the
+    description says why; every number equals a real step of the same model."""
+    from sweep import COMPARED, _get, materialize, real_inputs, shrink_overrides
+
+    from groundtruth import measure
+
+    overrides = {**shrink_overrides("wav2vec2-bert", 2), "max_source_positions": 32}  # 64 frames, not 10,000
+    loaded = load_spec("hf:wav2vec2-bert", batch=2, overrides=overrides)
+    assert type(loaded.model).__name__ == "Wav2Vec2BertModel"
+    assert "the base model: AutoModelForCTC cannot be built" in loaded.description
+    assert "vocabulary size" in loaded.description and "the default loss" in loaded.description
+    d = estimate(loaded.model, loaded.inputs, loss_fn=loaded.loss_fn, device="cpu", precision="fp32").to_dict()
+    truth = measure(materialize(loaded.model), real_inputs(loaded.inputs), "adamw", loss_fn=loaded.loss_fn)
+    assert {name: _get(d, path) for name, (path, _) in COMPARED.items()} == \
+        {name: truth[key] for name, (_, key) in COMPARED.items()}
+
+
 def test_a_forward_that_needs_what_hf_cannot_make_is_refused_naming_its_inputs():
     with pytest.raises(UserError) as info:
         load_spec("hf:decision_transformer", batch=1)  # reinforcement learning: states, actions, returns

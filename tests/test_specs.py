@@ -117,6 +117,18 @@ def test_a_factory_given_a_python_type_for_its_dtype_is_built():
     assert small.device.type == "cpu" and bool(small.all()) and steps.dtype == torch.int64
 
 
+def test_a_factory_given_its_sizes_as_integer_tensors_is_sized_as_torch_reads_them():
+    # Inkling's vision layers compute their widths as 0-dim integer tensors: torch.empty((out, in)) reads them
+    # through __index__. 2^14 x 2^14 fp32 = 1 GiB, over the 256 MiB threshold: made on meta, not allocated.
+    side = torch.tensor(2**14)
+    with empty_weights():
+        big = torch.empty((side, side))
+        big_varargs = torch.empty(side, side)
+        small = torch.zeros((torch.tensor(3), 2))
+    assert big.device.type == "meta" and big.shape == (2**14, 2**14) and big_varargs.device.type == "meta"
+    assert small.device.type == "cpu" and small.shape == (3, 2)
+
+
 def test_a_leaked_reference_to_an_initialiser_still_initialises(tmp_path):
     # A module first imported inside the block keeps the stand-in it imported by name;
     # outside the block it must behave like the real initialiser.

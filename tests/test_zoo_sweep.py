@@ -18,6 +18,7 @@ pytestmark = pytest.mark.hf
 FAMILIES = {
     "gpt2": "decoder, learned positions, tied head",
     "falcon": "decoder, parallel attention and MLP",
+    "gpt_neo": "decoder whose causal mask is made with dtype=bool (a Python type for a dtype)",
     "mixtral": "decoder, mixture of experts",
     "opt": "decoder with LayerDrop's random draw and a float all-ones mask",
     "bert": "encoder, masked LM",
@@ -27,6 +28,7 @@ FAMILIES = {
     "whisper": "speech encoder-decoder (log-mel features)",
     "vit": "vision transformer, image classification",
     "convnext": "convolutional, image classification",
+    "deit": "one Auto entry naming two classes (the head and the distilled head)",
     "dpt": "dense prediction (depth) on a ViT backbone",
     "chinese_clip": "dual encoder, contrastive loss",
     "blip": "image captioning (image + caption tokens)",

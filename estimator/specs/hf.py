@@ -282,7 +282,12 @@ def _hf_model_class(transformers, cfg: Any) -> tuple[Any, str]:
     ]
     for auto_name, mapping_name in order:
         mapping = getattr(ma, mapping_name, {})
-        if mt in mapping and hasattr(transformers, auto_name):
+        entry = mapping.get(mt)
+        if isinstance(entry, (tuple, list)) and getattr(transformers, entry[0], None) is not None:
+            # several classes for one type (DeiT, LeViT: the head and the head "WithTeacher"): the Auto class
+            # picks by ``architectures``, which a configuration made from its defaults lacks; the first
+            return getattr(transformers, entry[0]), entry[0]
+        if entry is not None and hasattr(transformers, auto_name):
             return getattr(transformers, auto_name), auto_name
     cls = _class_for_config(transformers, cfg)
     if cls is not None:
@@ -359,14 +364,33 @@ def load_hf(target: str, opts: SpecOptions) -> Loaded:
     kwargs["dtype" if major >= 5 else "torch_dtype"] = torch.float32  # --precision decides casts
     if "attn_implementation" in special:
         kwargs["attn_implementation"] = special["attn_implementation"]
-    build = cls.from_config if how.startswith("Auto") else cls._from_config  # a class, or the architectures
+    head = ""
     try:
-        with empty_weights():
-            model = build(cfg, **kwargs)
+        model = _build(cls, how, cfg, kwargs)
     except UserError:
         raise
     except Exception as exc:
-        raise UserError(f"building {getattr(cls, '__name__', cls)} from {type(cfg).__name__} failed: "
-                        f"{type(exc).__name__}: {first_line(exc)}") from exc
+        failed = UserError(f"building {getattr(cls, '__name__', cls)} from {type(cfg).__name__} failed: "
+                           f"{type(exc).__name__}: {first_line(exc)}")
+        base = getattr(transformers, "AutoModel", None)
+        if not how.startswith("AutoModelFor") or base is None or \
+                cfg.model_type not in __import__("transformers.models.auto.modeling_auto",
+                                                 fromlist=["MODEL_MAPPING_NAMES"]).MODEL_MAPPING_NAMES:
+            raise failed from exc
+        try:  # the task head needs what the configuration lacks (a CTC head's vocab_size): the base model
+            model = _build(base, "AutoModel", cfg, kwargs)
+        except Exception:  # noqa: BLE001 - the head's failure is the one to report
+            raise failed from exc
+        why = first_line(exc).split(". ")[0]
+        head = f" (the base model: {how} cannot be built from this configuration: {why})"
     inputs, desc = inputs_for(model, cfg, opts)
-    return Loaded(model, inputs, name=f"hf:{target}", description=f"{type(model).__name__}; {desc}", config=cfg)
+    return Loaded(model, inputs, name=f"hf:{target}", description=f"{type(model).__name__}{head}; {desc}",
+                  config=cfg)
+
+
+def _build(cls: Any, how: str, cfg: Any, kwargs: dict[str, Any]) -> torch.nn.Module:
+    """``cls`` built from ``cfg`` with meta weights: an Auto class by ``from_config``, a model class (or the
+    configuration's architectures) by ``_from_config``."""
+    build = cls.from_config if how.startswith("Auto") else cls._from_config
+    with empty_weights():
+        return build(cfg, **kwargs)
