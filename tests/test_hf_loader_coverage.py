@@ -49,6 +49,15 @@ def test_a_head_the_configuration_cannot_make_gives_the_base_model_and_says_so()
         {name: truth[key] for name, (_, key) in COMPARED.items()}
 
 
+def test_a_model_with_no_forward_of_its_own_is_refused_naming_its_parts():
+    """Bark is a pipeline of sub-models that transformers runs only through generate(): no forward, so no
+    training step; the refusal names the part a configuration type exists for (its codec, EnCodec)."""
+    with pytest.raises(UserError) as info:
+        load_spec("hf:bark", batch=1)
+    msg = str(info.value)
+    assert "BarkModel has no forward of its own" in msg and "hf:encodec" in msg and "\n" not in msg
+
+
 def test_a_forward_that_needs_what_hf_cannot_make_is_refused_naming_its_inputs():
     with pytest.raises(UserError) as info:
         load_spec("hf:decision_transformer", batch=1)  # reinforcement learning: states, actions, returns

@@ -383,9 +383,24 @@ def load_hf(target: str, opts: SpecOptions) -> Loaded:
             raise failed from exc
         why = first_line(exc).split(". ")[0]
         head = f" (the base model: {how} cannot be built from this configuration: {why})"
+    if type(model).forward is torch.nn.Module.forward:
+        raise UserError(_no_forward(transformers, model, cfg))
     inputs, desc = inputs_for(model, cfg, opts)
     return Loaded(model, inputs, name=f"hf:{target}", description=f"{type(model).__name__}{head}; {desc}",
                   config=cfg)
+
+
+def _no_forward(transformers, model: torch.nn.Module, cfg: Any) -> str:
+    """The one-line refusal for a model class with no forward of its own (Bark, Qwen2.5-Omni: pipelines that
+    transformers runs only through ``generate()`` or their parts' own methods), naming the parts to estimate."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    parts = [f"hf:{v.model_type}" for v in vars(cfg).values()
+             if isinstance(v, transformers.PretrainedConfig) and v.model_type in CONFIG_MAPPING_NAMES]
+    way = (f"estimate one of its parts ({', '.join(parts)}), or write a SPEC file that builds one" if parts else
+           "write a SPEC file, path/to/file.py:build whose build() returns (one of its parts, inputs)")
+    return (f"hf:{cfg.model_type}: {type(model).__name__} has no forward of its own (transformers runs it only "
+            f"through generate() or its parts' methods), so there is no training step to trace: {way}")
 
 
 def _build(cls: Any, how: str, cfg: Any, kwargs: dict[str, Any]) -> torch.nn.Module:
