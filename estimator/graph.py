@@ -10,9 +10,24 @@ fx nodes share the records' ``meta`` dicts.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Iterable
 
 import torch.fx as fx
+
+
+def target_text(target: Any) -> str:
+    """``str(target)``, remembered per target: an ``OpOverload`` formats its name on every ``str`` (10^4-10^5
+    calls in a plan's timeline and time model)."""
+    try:
+        return _target_text(target)
+    except TypeError:  # unhashable
+        return str(target)
+
+
+@functools.lru_cache(maxsize=8192)
+def _target_text(target: Any) -> str:
+    return str(target)
 
 
 class OpNode:

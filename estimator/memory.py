@@ -37,6 +37,7 @@ from typing import Any
 
 from .capture import Capture
 from .compat import StrEnum
+from .graph import target_text
 
 CUDA_BLOCK = 512  # bytes; c10 CUDACachingAllocator kMinBlockSize
 
@@ -176,7 +177,7 @@ def _snapshot(cap: Capture, index: int, total: int, by_category: dict[str, int])
     if index < 0:
         return Snapshot(index, "start", "", "", total, by_category)
     node = cap.nodes[index]
-    return Snapshot(index, node.meta.get("phase", ""), node.meta.get("module", ""), str(node.target), total,
+    return Snapshot(index, node.meta.get("phase", ""), node.meta.get("module", ""), target_text(node.target), total,
                     by_category)
 
 

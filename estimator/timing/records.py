@@ -13,6 +13,7 @@ import operator
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
+from ..graph import target_text
 from ..rules.attention import sdpa_backward_flops, sdpa_flops
 from ..rules.conv import conv_flops
 from ..rules.matmul import grouped_mm_flops
@@ -98,7 +99,7 @@ class OpWork:
         if meta.get("compiled"):
             return _compiled_work(node)
         target = node.target
-        name = str(target)
+        name = target_text(target)
         base = op_base(name) if "." in name else getattr(target, "__name__", name)
         phase = _phase(node.meta.get("phase", "forward"))
         ins, producers = _node_inputs(node)
@@ -177,7 +178,7 @@ class _NodeShapes:
     def a_transposed(self, index: int) -> bool:
         prod_node = self.producers[index] if index < len(self.producers) else None
         target = getattr(prod_node, "target", None)
-        return target is not None and op_base(str(target)) in self._TRANSPOSES
+        return target is not None and op_base(target_text(target)) in self._TRANSPOSES
 
 
 def _node_inputs(node) -> tuple[list, list]:
@@ -197,7 +198,7 @@ def _node_inputs(node) -> tuple[list, list]:
                 return
             shape = tuple(spec.shape)
             stride = None
-            if v.op == "call_function" and op_base(str(v.target)) in ("expand", "expand_as", "broadcast_to"):
+            if v.op == "call_function" and op_base(target_text(v.target)) in ("expand", "expand_as", "broadcast_to"):
                 src = v.args[0] if v.args else None
                 src_spec = (src.meta.get("spec") or (None,))[0] if isinstance(src, OpNode) else None
                 if src_spec is not None:
