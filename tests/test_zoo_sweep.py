@@ -32,6 +32,7 @@ FAMILIES = {
     "dpt": "dense prediction (depth) on a ViT backbone",
     "chinese_clip": "dual encoder, contrastive loss",
     "blip": "image captioning (image + caption tokens)",
+    "instructblip": "query tokens at an image token the default configuration lacks; the Q-Former reads the text",
     "clap_text_model": "a sub-model no Auto class takes",
     "qwen2_vl_vision": "a vision tower fed flattened patches and grid_thw",
     "paddleocr_vl_vision": "a vision tower fed one packed sequence of C x P x P patches",

@@ -385,9 +385,25 @@ def load_hf(target: str, opts: SpecOptions) -> Loaded:
         head = f" (the base model: {how} cannot be built from this configuration: {why})"
     if type(model).forward is torch.nn.Module.forward:
         raise UserError(_no_forward(transformers, model, cfg))
+    head += _query_token_placeholder(cfg)
     inputs, desc = inputs_for(model, cfg, opts)
     return Loaded(model, inputs, name=f"hf:{target}", description=f"{type(model).__name__}{head}; {desc}",
                   config=cfg)
+
+
+def _query_token_placeholder(cfg: Any) -> str:
+    """BLIP-2 and InstructBLIP put their ``num_query_tokens`` query outputs where ``input_ids`` holds the image
+    token, whose id the checkpoints add to the language model's vocabulary (``image_token_index``: 50265 in
+    OPT's 50,272 for Salesforce/blip2-opt-2.7b).  A configuration made from the defaults has none, and the
+    forward then fails; the last id of the text vocabulary stands for it (what it is does not change the step's
+    cost).  Returns the note for the description, or ''."""
+    key = "image_token_index" if "image_token_index" in vars(cfg) else "image_token_id"
+    vocab = getattr(getattr(cfg, "text_config", None), "vocab_size", None)
+    if getattr(cfg, key, 0) is not None or not isinstance(getattr(cfg, "num_query_tokens", None), int) or \
+            not isinstance(vocab, int):
+        return ""
+    setattr(cfg, key, vocab - 1)
+    return f" (the image token: id {vocab - 1}, the configuration has none)"
 
 
 def _no_forward(transformers, model: torch.nn.Module, cfg: Any) -> str:

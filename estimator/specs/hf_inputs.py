@@ -139,7 +139,22 @@ def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[
         if takes(model, "labels"):
             inputs["labels"] = ids
             desc += ", labels"
+        return _with_qformer_text(model, cfg, inputs, desc, seq)
     return inputs, desc
+
+
+def _with_qformer_text(model: torch.nn.Module, cfg: Any, inputs: dict, desc: str, text: int) -> tuple[dict, str]:
+    """InstructBLIP's ``qformer_input_ids``: its processor tokenizes the prompt again for the Q-Former, so the
+    Q-Former reads the ``text`` tokens too (within its positions), all attended."""
+    qformer = getattr(cfg, "qformer_config", None)
+    if not takes(model, "qformer_input_ids") or qformer is None:
+        return inputs, desc
+    limit = getattr(qformer, "max_position_embeddings", None)
+    n = min(text, limit) if isinstance(limit, int) else text
+    batch = inputs["pixel_values"].shape[0]
+    inputs["qformer_input_ids"] = torch.zeros(batch, n, dtype=torch.int64, device="meta")
+    inputs["qformer_attention_mask"] = torch.ones(batch, n, dtype=torch.int64, device="meta")
+    return inputs, desc + f", qformer_input_ids {batch}x{n} (the text again, for the Q-Former)"
 
 
 VISUAL_REGIONS = 36  # LXMERT's region features per image (its pre-training's Faster R-CNN boxes)
@@ -229,7 +244,7 @@ def _vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[An
     if takes(model, "token_type_ids"):  # PaliGemma, Gemma 3: image positions marked 1
         inputs["token_type_ids"] = (ids == image_token).to(torch.int64)
     desc = f"input_ids {batch}x{seq} ({n_tokens} image tokens each), pixel_values {batch}x{channels}x{h}x{w}, labels"
-    return inputs, desc
+    return _with_qformer_text(model, cfg, inputs, desc, seq - n_tokens)
 
 
 QWEN_VL_IMAGE_SIZE = 448  # Qwen2-VL takes any multiple of 28 pixels; 448 x 448 = 256 image tokens
@@ -263,7 +278,7 @@ def _image_tokens(model: torch.nn.Module, cfg: Any, pixels: torch.Tensor) -> int
                 return features.numel() // features.shape[-1]
         except Exception as exc:  # noqa: BLE001 - a tower that does not run on meta: the configuration's count
             failure = exc
-    for key in ("mm_tokens_per_image", "image_seq_length", "num_image_tokens"):
+    for key in ("mm_tokens_per_image", "image_seq_length", "num_image_tokens", "num_query_tokens"):
         value = getattr(cfg, key, None)
         if isinstance(value, int) and value > 0:
             return value
