@@ -36,6 +36,7 @@ FAMILIES = {
     "clap_text_model": "a sub-model no Auto class takes",
     "qwen2_vl_vision": "a vision tower fed flattened patches and grid_thw",
     "paddleocr_vl_vision": "a vision tower fed one packed sequence of C x P x P patches",
+    "paddleocr_vl": "a vision-language model whose tower takes patches and a grid, in the layout the whole model runs",
     "parakeet_ctc": "a speech encoder on log-mel features (frames x mels) with a CTC head",
     "clap_audio_model": "an audio tower on 1 x frames x mels features, no loss of its own",
     "encodec": "a codec on raw audio (batch x channels x samples), no loss of its own",

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from ..errors import UserError
-from .hf_towers import (audio_inputs, grid_inputs, patches_per_side, series_inputs, speech_seq2seq_inputs, takes_audio,
-                        takes_grid, takes_series)
+from .hf_towers import (audio_inputs, first_that_runs, grid_inputs, grid_layouts, patches_per_side, series_inputs,
+                        speech_seq2seq_inputs, takes_audio, takes_grid, takes_series)
 from .options import DEFAULT_IMAGE_SIZE, SpecOptions, default_seq, first_line
 from .signature import required, takes
 
@@ -233,6 +233,9 @@ def _vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[An
         desc = (f"input_ids {batch}x{seq} ({n_tokens} image tokens each), pixel_values of {batch} image(s) "
                 f"{size}x{size} ({batch * side * side} patches), image_grid_thw, labels")
         return inputs, desc
+    tower = _grid_tower(model) if takes(model, "image_grid_thw") else None
+    if tower is not None:  # other towers fed patches and their grid (Kimi-K2.5, PaddleOCR-VL, ERNIE-4.5-VL ...)
+        return _grid_vlm_inputs(model, cfg, opts, tower, image_token)
     size = opts.image_size or getattr(vision, "image_size", None) or DEFAULT_IMAGE_SIZE
     h, w = (int(size[0]), int(size[-1])) if isinstance(size, (list, tuple)) else (int(size), int(size))
     channels = int(getattr(vision, "num_channels", 3) or 3)
@@ -245,6 +248,46 @@ def _vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[An
         inputs["token_type_ids"] = (ids == image_token).to(torch.int64)
     desc = f"input_ids {batch}x{seq} ({n_tokens} image tokens each), pixel_values {batch}x{channels}x{h}x{w}, labels"
     return _with_qformer_text(model, cfg, inputs, desc, seq - n_tokens)
+
+
+def _grid_tower(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The vision sub-module of a vision-language model that takes patches and ``grid_thw``, if any."""
+    for _, module in model.named_modules():
+        if module is not model and takes_grid(module, getattr(module, "config", None)):
+            return module
+    return None
+
+
+def _grid_vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, tower: torch.nn.Module,
+                     image_token: int) -> tuple[dict, str]:
+    """A vision-language model whose tower takes patches and their grid: ``--batch`` images of ``--image-size``,
+    each ``(side / merge)^2`` image tokens at the start of ``input_ids`` (the tower merges ``merge`` x ``merge``
+    patches: ``spatial_merge_size``, Kimi's ``merge_kernel_size``), ``image_grid_thw``, labels on the text;
+    the patches in the first of the tower's layouts (:func:`~.hf_towers.grid_layouts`) the whole model's forward
+    runs on (PaddleOCR-VL adds the packed sequence's batch dimension itself)."""
+    from dataclasses import replace
+
+    vision = tower.config
+    batch = opts.batch or 1
+    kernel = getattr(vision, "merge_kernel_size", None)
+    merge = int(getattr(vision, "spatial_merge_size", None) or (kernel[0] if kernel else None)
+                or getattr(vision, "merge_size", None) or 1)
+    candidates = []
+    for patches, shown in grid_layouts(tower, vision, replace(opts, batch=batch, seq=None)):
+        grid = patches["grid_thw"]
+        side = int(grid[0, 1])
+        n_tokens = side * side // (merge * merge)
+        seq = _seq_for(cfg, opts, n_tokens, "image tokens")
+        ids, labels = _image_text_ids(batch, seq, n_tokens, image_token)
+        pixels = next(v for k, v in patches.items() if k not in ("grid_thw", "merge_sizes"))
+        inputs = {"input_ids": ids, "pixel_values": pixels, "image_grid_thw": grid, "labels": labels}
+        if takes(model, "mm_token_type_ids"):
+            inputs["mm_token_type_ids"] = (ids == image_token).to(torch.int32)
+        if takes(model, "image_merge_sizes"):  # VideoLLaMA 3: each image's merge
+            inputs["image_merge_sizes"] = torch.tensor([merge] * batch)
+        candidates.append((inputs, f"input_ids {batch}x{seq} ({n_tokens} image tokens each), "
+                                   f"{shown.replace('grid_thw', 'image_grid_thw')}, labels"))
+    return first_that_runs(model, candidates, "image patches and image_grid_thw")
 
 
 QWEN_VL_IMAGE_SIZE = 448  # Qwen2-VL takes any multiple of 28 pixels; 448 x 448 = 256 image tokens

@@ -34,7 +34,13 @@ def takes_grid(model: torch.nn.Module, cfg: Any) -> bool:
 def grid_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[dict, str]:
     """``--batch`` images of ``--image-size`` (default ``TOWER_IMAGE_SIZE``) cut into patches of
     ``patch_size``, one ``[1, side, side]`` grid row per image: real CPU tensors (the tower reads the
-    grid to place its rotary positions and windows)."""
+    grid to place its rotary positions and windows), in the first of :func:`grid_layouts` the tower runs on."""
+    return first_that_runs(model, grid_layouts(model, cfg, opts), "image patches and grid_thw")
+
+
+def grid_layouts(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> list[tuple[dict, str]]:
+    """The patch layouts a tower fed ``grid_thw`` may take (flattened, the patch embedding's width, C x T x
+    P x P, C x P x P, one packed sequence), each as ``(inputs, description)``; see :func:`grid_inputs`."""
     name = type(model).__name__
     if opts.seq is not None:
         raise UserError(f"--seq: {name} takes image patches; use --image-size")
@@ -62,7 +68,7 @@ def grid_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[di
         if takes(model, "merge_sizes"):  # VideoLLaMA 3: each image's merge
             inputs["merge_sizes"] = torch.tensor([merge] * batch)
         candidates.append((inputs, f"{first} {shown}: {batch} image(s) {size}x{size} in patches of {patch}, grid_thw"))
-    return first_that_runs(model, candidates, "image patches and grid_thw")
+    return candidates
 
 
 def patches_per_side(name: str, size: int, patch: int, merge: int) -> int:
