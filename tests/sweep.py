@@ -52,7 +52,7 @@ WIDTHS = {"hidden_size": 64, "d_model": 64, "n_embd": 64, "embed_dim": 64, "inte
           "shared_expert_intermediate_size": 128, "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4,
           "num_experts_per_tok": 2, "kv_lora_rank": 32, "q_lora_rank": 32, "qk_nope_head_dim": 16,
           "qk_rope_head_dim": 16, "v_head_dim": 16, "encoder_hidden_size": 64, "projection_dim": 64,
-          "out_hidden_size": 64, "word_embed_proj_dim": 64}
+          "out_hidden_size": 64, "word_embed_proj_dim": 64, "num_heads": 4}
 SEQ, BATCH = 32, 2
 MAX_TRUTH_PARAMS = 150_000_000  # a real AdamW step of more (x16 bytes) is too slow and large for the sweep
 
