@@ -370,25 +370,33 @@ def load_hf(target: str, opts: SpecOptions) -> Loaded:
     except UserError:
         raise
     except Exception as exc:
-        failed = UserError(f"building {getattr(cls, '__name__', cls)} from {type(cfg).__name__} failed: "
-                           f"{type(exc).__name__}: {first_line(exc)}")
-        base = getattr(transformers, "AutoModel", None)
-        if not how.startswith("AutoModelFor") or base is None or \
-                cfg.model_type not in __import__("transformers.models.auto.modeling_auto",
-                                                 fromlist=["MODEL_MAPPING_NAMES"]).MODEL_MAPPING_NAMES:
-            raise failed from exc
-        try:  # the task head needs what the configuration lacks (a CTC head's vocab_size): the base model
-            model = _build(base, "AutoModel", cfg, kwargs)
-        except Exception:  # noqa: BLE001 - the head's failure is the one to report
-            raise failed from exc
-        why = first_line(exc).split(". ")[0]
-        head = f" (the base model: {how} cannot be built from this configuration: {why})"
+        model, head = _base_instead(transformers, cfg, cls, how, kwargs, exc)
     if type(model).forward is torch.nn.Module.forward:
         raise UserError(_no_forward(transformers, model, cfg))
     head += _query_token_placeholder(cfg)
     inputs, desc = inputs_for(model, cfg, opts)
     return Loaded(model, inputs, name=f"hf:{target}", description=f"{type(model).__name__}{head}; {desc}",
                   config=cfg)
+
+
+def _base_instead(transformers, cfg: Any, cls: Any, how: str, kwargs: dict[str, Any],
+                  exc: Exception) -> tuple[torch.nn.Module, str]:
+    """The base model when the task head ``cls`` cannot be built from the configuration (a CTC head needs the
+    ``vocab_size`` a default configuration lacks), with the description's note; else the head's failure, as a
+    one-line error."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    failed = UserError(f"building {getattr(cls, '__name__', cls)} from {type(cfg).__name__} failed: "
+                       f"{type(exc).__name__}: {first_line(exc)}")
+    base = getattr(transformers, "AutoModel", None)
+    if not how.startswith("AutoModelFor") or base is None or cfg.model_type not in MODEL_MAPPING_NAMES:
+        raise failed from exc
+    try:
+        model = _build(base, "AutoModel", cfg, kwargs)
+    except Exception:  # noqa: BLE001 - the head's failure is the one to report
+        raise failed from exc
+    why = first_line(exc).split(". ")[0]
+    return model, f" (the base model: {how} cannot be built from this configuration: {why})"
 
 
 def _query_token_placeholder(cfg: Any) -> str:
