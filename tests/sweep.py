@@ -221,7 +221,8 @@ def sweep_one(model_type: str, levels: tuple[int, ...] = (2, 1, 0)) -> dict[str,
         except Exception as exc:  # noqa: BLE001 - transformers' own failure on these inputs
             rec.update(outcome="no-truth", truth_error=_line(exc))
             truth = None
-            if level != levels[-1]:
+            out_of_memory = isinstance(exc, MemoryError) or "can't allocate memory" in str(exc)
+            if level != levels[-1] and not out_of_memory:  # (the next level is larger: it would not fit either)
                 continue
         break
     if loaded is None:
