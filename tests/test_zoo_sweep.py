@@ -41,6 +41,7 @@ FAMILIES = {
     "clap_audio_model": "an audio tower on 1 x frames x mels features, no loss of its own",
     "encodec": "a codec on raw audio (batch x channels x samples), no loss of its own",
     "patchtst": "a time-series encoder on past values (series x steps x channels), no loss on them",
+    "timesfm": "a forecaster that also takes a padding mask and a frequency class beside the past values",
 }
 
 

@@ -240,6 +240,14 @@ def series_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[
     candidates = [({"past_values": torch.zeros(batch, length, channels)},
                    f"past_values {batch}x{length}x{channels} (series x steps x channels){loss}"),
                   ({"past_values": torch.zeros(batch, length)}, f"past_values {batch}x{length} (series x steps){loss}")]
+    for k, (inputs, desc) in enumerate(candidates):  # TimesFM 1: every step valid (padding 0), frequency class 0
+        if takes(model, "past_values_padding"):
+            inputs["past_values_padding"] = torch.zeros(inputs["past_values"].shape, dtype=torch.int64)
+            desc = desc.replace(loss, "") + ", past_values_padding (every step valid)" + loss
+        if takes(model, "freq"):
+            inputs["freq"] = torch.zeros(batch, 1, dtype=torch.int64)
+            desc = desc.replace(loss, "") + ", freq (class 0: high frequency)" + loss
+        candidates[k] = (inputs, desc)
     return first_that_runs(model, candidates, "a time series (past_values)")
 
 
