@@ -58,6 +58,17 @@ def test_a_model_with_no_forward_of_its_own_is_refused_naming_its_parts():
     assert "BarkModel has no forward of its own" in msg and "hf:encodec" in msg and "\n" not in msg
 
 
+def test_a_video_text_dual_encoder_gets_its_frames_from_the_vision_configuration():
+    """X-CLIP's frames are in its vision tower's configuration (num_frames 8): batch x 8 x 3 x 224 x 224 beside
+    the tokens (a 4-D image fails in its forward), and the estimate of that batch runs."""
+    loaded = load_spec("hf:xclip", batch=2, overrides={"text_config.num_hidden_layers": 1,
+                                                       "vision_config.num_hidden_layers": 1})
+    assert tuple(loaded.inputs["pixel_values"].shape) == (2, 8, 3, 224, 224)
+    assert "(video)" in loaded.description
+    d = estimate(loaded.model, loaded.inputs, device="cpu").to_dict()
+    assert d["memory"]["activations"] > 0 and not d["unsupported_ops"]
+
+
 def test_a_forward_that_needs_what_hf_cannot_make_is_refused_naming_its_inputs():
     with pytest.raises(UserError) as info:
         load_spec("hf:decision_transformer", batch=1)  # reinforcement learning: states, actions, returns

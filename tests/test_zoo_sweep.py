@@ -30,6 +30,7 @@ FAMILIES = {
     "convnext": "convolutional, image classification",
     "deit": "one Auto entry naming two classes (the head and the distilled head)",
     "dpt": "dense prediction (depth) on a ViT backbone",
+    "videoprism_vision_model": "a video model whose forward takes pixel_values_videos, frames from the configuration",
     "chinese_clip": "dual encoder, contrastive loss",
     "blip": "image captioning (image + caption tokens)",
     "instructblip": "query tokens at an image token the default configuration lacks; the Q-Former reads the text",

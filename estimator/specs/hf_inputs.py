@@ -76,8 +76,8 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
         return _with_side_inputs(model, cfg, opts, inputs, desc)
     if main == "input_features" and getattr(cfg, "is_encoder_decoder", False):
         return speech_seq2seq_inputs(model, cfg, opts)
-    if main == "pixel_values":
-        return _image_inputs(model, cfg, opts)
+    if main in ("pixel_values", "pixel_values_videos"):
+        return _image_inputs(model, cfg, opts, key=main)
     raise UserError(f"hf: makes token ids, images, log-mel features, audio or time series; {type(model).__name__}.forward "
                     f"needs {_needs(model, main)}: write a SPEC file, path/to/file.py:build whose build() returns "
                     f"(model, inputs) with them (docs/cli.md, SPEC forms)")
@@ -93,36 +93,38 @@ def _needs(model: torch.nn.Module, main: str) -> str:
     return ", ".join(repr(n) for n in names)
 
 
-def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any, str]:
-    """Images of the configuration's size (a video's frames for ``num_frames`` models), with class labels
-    for a classifier, a prompt image and mask for in-context segmentation (SegGPT), the caption's tokens
-    for a captioning model (BLIP)."""
+def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, key: str = "pixel_values") -> tuple[Any, str]:
+    """Images of the configuration's size (a video's frames for models with ``num_frames`` or
+    ``frames_per_clip``, in the configuration or its vision tower's: ViViT, X-CLIP, V-JEPA 2, VideoPrism), as
+    ``key`` (``pixel_values_videos`` where the forward takes that), with class labels for a classifier, a
+    prompt image and mask for in-context segmentation (SegGPT), the caption's tokens for a captioning model
+    (BLIP)."""
     batch = opts.batch or 1
     meta = dict(device="meta")
     captions = takes(model, "input_ids") and getattr(cfg, "text_config", None) is not None
     if opts.seq is not None and not captions:
         raise UserError(f"--seq: {type(model).__name__} takes images; use --image-size")
-    size = (opts.image_size or getattr(cfg, "image_size", None)
-            or getattr(getattr(cfg, "vision_config", None), "image_size", None) or DEFAULT_IMAGE_SIZE)
+    vision = getattr(cfg, "vision_config", None)
+    size = (opts.image_size or _setting(cfg, vision, ("image_size", "crop_size")) or DEFAULT_IMAGE_SIZE)
     if isinstance(size, (list, tuple)):
         h, w = int(size[0]), int(size[-1])
     else:
         h = w = int(size)
     channels = int(getattr(cfg, "num_channels", 3) or 3)
-    frames = getattr(cfg, "num_frames", None)
-    if isinstance(frames, int) and frames > 0:  # a video model (ViViT, TimeSformer): batch x frames x C x H x W
+    frames = _setting(cfg, vision, ("num_frames", "frames_per_clip"))
+    if isinstance(frames, int) and frames > 0:  # a video model: batch x frames x C x H x W
         pixels = torch.zeros(batch, frames, channels, h, w, dtype=torch.float32, **meta)
-        desc = f"pixel_values {batch}x{frames}x{channels}x{h}x{w} (video)"
+        desc = f"{key} {batch}x{frames}x{channels}x{h}x{w} (video)"
     else:
         pixels = torch.zeros(batch, channels, h, w, dtype=torch.float32, **meta)
-        desc = f"pixel_values {batch}x{channels}x{h}x{w}"
-    inputs = {"pixel_values": pixels}
+        desc = f"{key} {batch}x{channels}x{h}x{w}"
+    inputs = {key: pixels}
     prompts = [n for n in required(model) if n != "pixel_values" and (n.endswith("pixel_values")
                                                                        or n.endswith("masks"))]
     if prompts:  # in-context segmentation (SegGPT): a prompt image and its mask, stacked on the input in
         if opts.image_size is None and h == 2 * w:  # height: the configuration's size is the stack's
             h //= 2
-            pixels = inputs["pixel_values"] = pixels[..., :h, :]
+            pixels = inputs[key] = pixels[..., :h, :]
             desc = desc.replace(f"x{2 * h}x{w}", f"x{h}x{w}")
         for name in prompts:
             inputs[name] = torch.zeros(pixels.shape, dtype=pixels.dtype, **meta)
@@ -143,6 +145,16 @@ def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[
     return inputs, desc
 
 
+def _setting(cfg: Any, vision: Any, keys: tuple[str, ...]) -> Any:
+    """The first of ``keys`` set in the configuration, else in its vision tower's."""
+    for c in (cfg, vision):
+        for k in keys:
+            value = getattr(c, k, None) if c is not None else None
+            if value:
+                return value
+    return None
+
+
 def _with_qformer_text(model: torch.nn.Module, cfg: Any, inputs: dict, desc: str, text: int) -> tuple[dict, str]:
     """InstructBLIP's ``qformer_input_ids``: its processor tokenizes the prompt again for the Q-Former, so the
     Q-Former reads the ``text`` tokens too (within its positions), all attended."""
@@ -151,7 +163,7 @@ def _with_qformer_text(model: torch.nn.Module, cfg: Any, inputs: dict, desc: str
         return inputs, desc
     limit = getattr(qformer, "max_position_embeddings", None)
     n = min(text, limit) if isinstance(limit, int) else text
-    batch = inputs["pixel_values"].shape[0]
+    batch = next(v for k, v in inputs.items() if k.startswith("pixel_values")).shape[0]
     inputs["qformer_input_ids"] = torch.zeros(batch, n, dtype=torch.int64, device="meta")
     inputs["qformer_attention_mask"] = torch.ones(batch, n, dtype=torch.int64, device="meta")
     return inputs, desc + f", qformer_input_ids {batch}x{n} (the text again, for the Q-Former)"
@@ -171,8 +183,13 @@ def _with_side_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, input
     if takes(model, "pixel_values") and isinstance(size, int):
         size = opts.image_size or size
         channels = int(getattr(source, "num_channels", 3) or 3)
-        inputs["pixel_values"] = torch.zeros(batch, channels, size, size, device="meta")
-        desc += f", pixel_values {batch}x{channels}x{size}x{size}"
+        frames = _setting(cfg, vision, ("num_frames",))
+        if isinstance(frames, int) and frames > 0:  # a video-text dual encoder (X-CLIP): frames per sample
+            inputs["pixel_values"] = torch.zeros(batch, frames, channels, size, size, device="meta")
+            desc += f", pixel_values {batch}x{frames}x{channels}x{size}x{size} (video)"
+        else:
+            inputs["pixel_values"] = torch.zeros(batch, channels, size, size, device="meta")
+            desc += f", pixel_values {batch}x{channels}x{size}x{size}"
         if takes(model, "return_loss") and "labels" not in inputs:  # CLIP-style contrastive loss
             inputs["return_loss"] = True
             desc += ", return_loss"
