@@ -181,14 +181,16 @@ def _snapshot(cap: Capture, index: int, total: int, by_category: dict[str, int])
                     by_category)
 
 
-def with_library_memory(cap: Capture, target: Any, sizes: list[int], cats: list[str]):
+def with_library_memory(cap: Capture, target: Any, sizes: list[int], cats: list[str], library: Any = None):
     """The events of ``cap`` with the CUDA libraries' memory (:mod:`estimator.workspace`) inserted:
     each op's temporaries allocated after its outputs and freed before anything else happens, and the
     persistent workspaces allocated at the op that first needs them.  ``sizes`` and ``cats`` are
-    extended with the new storages; returns (events, persistent storage ids, {name: bytes})."""
+    extended with the new storages; returns (events, persistent storage ids, {name: bytes}).
+    ``library``: that memory when the caller has it (a :class:`~estimator.workspace.LibraryMemory`
+    interpolated to another size), else :func:`~estimator.workspace.library_memory` of ``cap``."""
     from .workspace import library_memory
 
-    lib = library_memory(cap, target)
+    lib = library if library is not None else library_memory(cap, target)
     for sid, nbytes in lib.resize.items():
         sizes[sid] = nbytes
     extra: dict[int, list[tuple[int, int, int]]] = {}
@@ -412,7 +414,7 @@ def fragmentation(cap: Capture, target: Any = None) -> int:
 
 def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None = None,
              target: Any = None, allocator: bool = True, capacity: int | None = None,
-             need: bool = True) -> MemoryProfile:
+             need: bool = True, library: Any = None) -> MemoryProfile:
     """Peak and timeline of one training step, first and steady-state iterations.
 
     ``resize`` (storage id -> bytes) replaces some storages' sizes: a what-if on the same
@@ -423,14 +425,15 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
     block left whole; faster, for searches).  ``capacity``: the bytes the allocator may reserve on
     the GPU; the profile then says where (if anywhere) the load or a step runs out of memory.  ``need``:
     the reserve's ``fragmentation`` is the simulated allocator's need (:func:`allocator_need`), else the
-    :data:`FRAGMENTATION` guess (a step whose fit nothing asks)."""
+    :data:`FRAGMENTATION` guess (a step whose fit nothing asks).  ``library``: the CUDA libraries'
+    memory to insert (:func:`with_library_memory`), when not that of ``cap`` at its traced sizes."""
     raw = list(cap.storage_bytes)
     cats = categories(cap)
     events, persistent, workspaces = list(cap.events), set(), {}
     if device == "cuda":
         from .target import CudaTarget
 
-        events, persistent, workspaces = with_library_memory(cap, target or CudaTarget(), raw, cats)
+        events, persistent, workspaces = with_library_memory(cap, target or CudaTarget(), raw, cats, library)
     for sid, nbytes in (resize or {}).items():
         raw[sid] = nbytes
     sizes = [round_cuda(n) for n in raw] if device == "cuda" else list(raw)

@@ -112,7 +112,9 @@ def _largest(fits_at: Callable[[int], bool], limit: int) -> int | None:
 def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], bool] | None,
                     traced: Callable[[int], tuple[bool, int, int]], points: list[int], confirm: bool,
                     limit: int = 1 << 24, model_limit: tuple[int, str] | None = None, real: bool = False,
-                    recalibrate: Callable[[int, int], bool] | None = None, capacity: int | None = None) -> Solve:
+                    recalibrate: Callable[[int, int], bool] | None = None, capacity: int | None = None,
+                    exact: Callable[[int], int] | None = None,
+                    anchor: Callable[[list[int]], Callable[[int], int] | None] | None = None) -> Solve:
     """The largest value (>= 1) that fits: interpolated when ``fits_interpolated`` is given (the
     traces at ``points`` share their structure), then confirmed by ``traced(v) -> (fits, peak, bytes needed)``.
     ``real``: the traces ran on real CPU tensors (data-dependent control flow), so a trace at the
@@ -121,7 +123,12 @@ def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], boo
     when a confirmation misses, the interpolation is moved to the bytes the trace at ``v`` needs (the
     allocator's reserve at that size, which the interpolation guesses) and searched again within what the
     traces so far bound, up to 3 times, before the traces narrow what they bracket
-    (:func:`_narrow`; ``capacity``: the card's bytes, to aim each trace where the bytes needed cross it)."""
+    (:func:`_narrow`; ``capacity``: the card's bytes, to aim each trace where the bytes needed cross it).
+    ``exact(v)``: the bytes needed at ``v`` with the caching allocator simulated on the interpolated sizes
+    (:func:`.interpolate.need_at`), which refines the first guess before any trace; ``anchor(values)``: the
+    same interpolated from the traces at ``values`` (None where they differ in op sequence or in the kernels'
+    allocations), used when a confirmation misses: from the two traces around the miss, the answer is
+    searched again."""
     method = "interpolated" if fits_interpolated is not None else "traced (the op sequence changes with the size)"
     if real:
         if fits_interpolated is None:
@@ -132,6 +139,9 @@ def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], boo
     best = _largest(fits_at, limit)
     if best is None:
         return Solve(what, None, method, list(points), reason=f"over {limit:,} (the search stops there)")
+    if exact is not None and capacity is not None and best >= 1:
+        best = _refine(lambda v: exact(v) <= capacity, best, limit)
+        method += " (the caching allocator simulated at each size)"
     if model_limit is not None and best > model_limit[0]:
         return Solve(what, model_limit[0], method, list(points), limited_by=f"{model_limit[1]} = {model_limit[0]}",
                      memory_allows=best)
@@ -145,6 +155,22 @@ def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], boo
         return known[v][0]
 
     probe(best), probe(best + 1)
+    rounds = 0
+    while not _closed(known, best) and anchor is not None and capacity is not None and best >= 1 and rounds < 3:
+        rounds += 1  # a miss: the kernels' allocations changed kind between the first traces and here
+        need = anchor([best, best + 1])
+        lo, hi = _bracket(known)
+        if need is None:
+            break
+        again = _refine(lambda v: need(v) <= capacity, best, limit)
+        again = max(lo, min(again, hi - 1)) if hi is not None else max(lo, again)  # within what the traces bound
+        if again == best:
+            break
+        best = again
+        if probe(best):
+            probe(best + 1)
+        if _closed(known, best):
+            method += " (interpolated again from the traces around a miss)"
     rounds = 0
     while not _closed(known, best) and recalibrate is not None and fits_interpolated is not None and best >= 1 \
             and rounds < 3:
@@ -171,6 +197,25 @@ def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], boo
     ok_next, peak_next, _ = known[best + 1]
     return Solve(what, best, method, list(points), confirmed=ok_best and not ok_next, peak_at_answer=peak_best,
                  peak_at_next=peak_next, needed_at_answer=need_best)
+
+
+def _refine(fits: Callable[[int], bool], start: int, limit: int) -> int:
+    """The largest value ``v`` for which ``fits(v)`` holds (monotone; 0 fits), searched outward from ``start``
+    (a first guess) in doubling steps, then by bisection of the bracket found."""
+    if fits(start):
+        lo, step = start, 1
+        while lo + step <= limit and fits(lo + step):
+            lo, step = lo + step, step * 2
+        hi = min(lo + step, limit + 1)
+    else:
+        hi, step = start, 1
+        while hi - step >= 1 and not fits(hi - step):
+            hi, step = hi - step, step * 2
+        lo = max(hi - step, 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def _closed(known: dict[int, tuple[bool, int, int]], v: int) -> bool:

@@ -1,0 +1,97 @@
+"""The bytes a step needs at another size, interpolated from two traces and the caching allocator simulated on
+them (estimator.plan.interpolate), against a trace at that size made in the same test; and the search that
+refines its first guess with it (estimator.plan.search._refine)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from estimator.plan import Planner
+from estimator.plan.interpolate import _library_key, need_at
+from estimator.plan.layout import Layout
+from estimator.plan.search import _refine
+from estimator.workspace import library_memory
+
+from test_plan import _gpt
+
+CFG = {"vocab_size": 257, "block_size": 64, "n_layer": 2, "n_head": 4, "n_embd": 64}
+
+
+def _fsdp(planner: Planner) -> Layout:
+    return Layout("fsdp", 2, 1, False, planner.gpus_per_node, 0, None, None, False, 1, "1f1b", 0, 1, "allgather",
+                  1, False)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "fp32"])
+def test_need_between_and_beyond_two_traces_is_the_traced_need(precision):
+    """At every size where the trace has the same ops and the same kinds of library allocations as the traces
+    at 4 and 8, the interpolated need is the need of the trace at that size, to the byte (the allocator's
+    fragmentation reserve included, which is not linear in the batch)."""
+    model, inputs = _gpt(CFG, 4, 64)
+    planner = Planner(model, inputs, gpu="H100", device="cuda", precision=precision)
+    layout = _fsdp(planner)
+    points = [4, 8]
+    steps = [planner.traced(layout, (), "batch", v) for v in points]
+    need = need_at(steps, points, steps[0].cuda_target)
+    assert need is not None
+    compared = 0
+    for v in (1, 5, 13, 40):
+        st = planner.traced(layout, (), "batch", v)
+        lib, base = library_memory(st.cap, st.cuda_target), library_memory(steps[0].cap, st.cuda_target)
+        if st.structure() != steps[0].structure() or _library_key(lib) != _library_key(base):
+            continue  # another kernel at this size: the search traces it (test below)
+        compared += 1
+        truth = planner.needed(planner.memory(layout, st).peak.total, layout, st)
+        assert need(v) == truth, (v, need(v), truth)
+    assert compared >= 3
+
+
+def test_libraries_allocating_other_kinds_are_not_interpolated():
+    """Traces whose kernels' temporaries differ in kind give no interpolation rather than a wrong one: at 1000
+    samples the bias gradients' sums over 64,000 rows and the embedding's backward take kernels with a
+    temporary (estimator.workspace's rules), which the trace at 4 does not have."""
+    model, inputs = _gpt(CFG, 4, 64)
+    planner = Planner(model, inputs, gpu="H100", device="cuda", precision="bf16-mixed")
+    layout = _fsdp(planner)
+    steps = [planner.traced(layout, (), "batch", v) for v in (4, 1000)]
+    target = steps[0].cuda_target
+    kinds = [_library_key(library_memory(s.cap, target)) for s in steps]
+    assert kinds[0] != kinds[1], "the two sizes were chosen for their different kernels"
+    assert need_at(steps, [4, 1000], target) is None
+
+
+def test_a_large_answer_is_confirmed_by_traces_at_it_and_the_next():
+    """A small model on an H100: the largest micro-batch is about 164,000, where the kernels allocate other
+    temporaries than at 4 and 8.  The answer is closed by traces (it fits, one more does not), made by
+    independent plans at those sizes, and the search traced at most four sizes beyond its two points."""
+    model, inputs = _gpt(CFG, 4, 64)
+    planner = Planner(model, inputs, gpu="H100", device="cuda", precision="bf16-mixed")
+    p = planner.plan("fsdp", 2)
+    assert p.batch.confirmed and p.max_batch > 10_000, p.batch
+    traced = {k[3] for k in planner._steps if k[0] != "single" and k[2] == "batch"}
+    assert len(traced - {4, 8}) <= 4, sorted(traced)
+    for value, fits in ((p.max_batch, True), (p.max_batch + 1, False)):
+        other = Planner(*_gpt(CFG, value, 64), gpu="H100", device="cuda", precision="bf16-mixed").plan(
+            "fsdp", 2, solve=(), suggest=False)
+        assert other.fits is fits, (value, other.verdict.needed)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_refine_finds_the_largest_value_from_any_first_guess(seed):
+    """Against a scan: a threshold predicate (fits up to ``answer``), any start, any limit above it."""
+    rnd = random.Random(seed)
+    answer = rnd.choice([0, 1, 2, 3, rnd.randrange(4, 100), rnd.randrange(100, 1 << 20)])
+    limit = answer + rnd.choice([1, 2, 1 << 22])
+    start = max(1, rnd.choice([1, answer, answer + 1, rnd.randrange(1, 2 * answer + 2)]))
+    calls = []
+
+    def fits(v):
+        calls.append(v)
+        return v <= answer
+
+    assert _refine(fits, start, limit) == answer
+    assert len(calls) <= 4 * max(1, abs(start - answer)).bit_length() + 4
+    assert torch.tensor(calls).min() >= 1
