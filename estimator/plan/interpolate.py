@@ -67,3 +67,24 @@ def need_at(steps: Sequence[Any], points: Sequence[int], target: Any = None) -> 
         return known[v]
 
     return need
+
+
+def searched_allocator(planner: Any, layout: Any, checkpoint: tuple, what: str, unit: int, steps: Sequence[Any],
+                       points: Sequence[int]) -> tuple[Any, Any]:
+    """``(exact, anchor)`` for :func:`.search.largest_fitting` in a search of ``planner`` (``steps`` traced at
+    ``points`` x ``unit``, one op sequence): :func:`need_at` of the steps, and of the traces at other values;
+    ``(None, None)`` where the peak is not the simulated caching allocator's (another device than CUDA,
+    ZeRO laid out by hand, FSDP2's CPU offload, whose model states leave the timeline)."""
+    first = steps[0]
+    if not (layout.traced and not layout.offload and planner.device == "cuda" and first.profile.device == "cuda"
+            and first.lazy_need):
+        return None, None
+
+    def anchor(values: list[int]) -> Callable[[int], int] | None:
+        """The bytes needed interpolated from the traces at ``values`` (a batch: degree 1, two traces)."""
+        near = [planner.traced(layout, checkpoint, what, v * unit) for v in values]
+        if what != "batch" or any(s.structure() != near[0].structure() for s in near[1:]):
+            return None
+        return need_at(near, values, near[0].cuda_target)
+
+    return need_at(steps, points, first.cuda_target), anchor

@@ -29,7 +29,7 @@ from ..target import CudaTarget
 from .context import in_chunks, shard_sequence
 from .describe import engine_text, layout_notes
 from .engine import one_sequence_per_sample, trace_engine
-from .interpolate import need_at
+from .interpolate import searched_allocator
 from .layout import Layout, check_layout, parse_plan_precision
 from .report import Comparison, Plan
 from .results import Config, Flops, PerGpu, Solve, StepTime, Suggestion, Training, Verdict
@@ -284,30 +284,14 @@ class Planner:
                 before, moved[0] = moved[0], need - guess(v)
                 return moved[0] != before
 
-        exact = anchor = None
-        if interpolated is not None and self._allocator_interpolates(layout, steps[0]):
-            exact = need_at(steps, points, steps[0].cuda_target)
-
-            def anchor(values: list[int]):
-                """The bytes needed interpolated from the traces at ``values`` (a batch is of degree 1)."""
-                near = [self.traced(layout, checkpoint, what, v * unit) for v in values]
-                if what != "batch" or any(s.structure() != near[0].structure() for s in near[1:]):
-                    return None
-                return need_at(near, values, near[0].cuda_target)
-
+        exact, anchor = searched_allocator(self, layout, checkpoint, what, unit, steps, points) \
+            if interpolated is not None else (None, None)
         limit = position_limit(self.model) if what == "seq" else None
         found = largest_fitting(what, base, interpolated, traced, points, confirm,
                                 model_limit=limit and (limit[0] // unit, limit[1]),
                                 real=any(s.cap.fallback_reason for s in steps), recalibrate=recalibrate,
                                 capacity=gpu.capacity, exact=exact, anchor=anchor)
         return found if unit == 1 else in_chunks(found, unit, limit)
-
-    def _allocator_interpolates(self, layout: Layout, step: Step) -> bool:
-        """Whether a search on ``layout`` can simulate the caching allocator on interpolated sizes
-        (:func:`.interpolate.need_at`): an engine's trace for the CUDA device whose peak is the simulated
-        one (not FSDP2's CPU offload, whose model states leave the timeline)."""
-        return layout.traced and not layout.offload and self.device == "cuda" and step.profile.device == "cuda" \
-            and step.lazy_need
 
     def suggestions(self, layout: Layout, checkpoint: tuple[type, ...], gpu: GPU,
                     timed: Any = None) -> list[Suggestion]:
