@@ -33,7 +33,7 @@ timeline; what the allocator does not see (the CUDA context) is reported apart.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .capture import Capture
 from .compat import StrEnum
@@ -121,6 +121,9 @@ class MemoryProfile:
     workspaces: dict[str, int] = field(default_factory=dict)  # persistent library workspaces (name -> bytes)
     peak_reserved: int | None = None  # CUDA: max_memory_reserved() of the simulated allocator, steady state
     out_of_memory: Snapshot | None = None  # CUDA with a capacity: where the simulated allocator ran out
+    # simulated with need=False: computes the ``fragmentation`` need later from this run's allocator traces
+    # (what :func:`fragmentation` computes from scratch)
+    deferred_need: Callable[[], int] | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         at = self.peak_at
@@ -458,7 +461,7 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
     steady_pre = pre_first | set(cap.sids.get("optimizer_state", ())) | persistent | previous
     steady, points = _replay(events, sizes, cats, steady_pre, timeline=True)
     reserve: dict[str, int] = {}
-    reserved = None
+    reserved = deferred = None
     if traces is not None and len(traces) == 2:
         first = _with_allocator(first, traces[0], events)
         steady, points = _with_allocator(steady, traces[1], events, points)
@@ -470,6 +473,8 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
             reserve["fragmentation"] = _fragmentation(streams, traces, every)
         else:
             reserve["fragmentation"] = int(FRAGMENTATION * high)
+            if traces is not None and len(traces) == 2 and capacity is None:
+                deferred = lambda: _fragmentation(streams, traces, every)  # noqa: E731
     return MemoryProfile(
         peak=steady[0],
         peak_first_step=first[0],
@@ -481,6 +486,7 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
         workspaces=workspaces,
         peak_reserved=reserved,
         out_of_memory=oom,
+        deferred_need=deferred,
     )
 
 

@@ -94,3 +94,19 @@ def test_refine_finds_the_largest_value_from_any_first_guess(seed):
     assert _refine(fits, start, limit) == answer
     assert len(calls) <= 4 * max(1, abs(start - answer)).bit_length() + 4
     assert torch.tensor(calls).min() >= 1
+
+
+def test_a_traces_deferred_need_is_the_need_computed_from_scratch():
+    """A plan's trace is simulated without the allocator's need (a search's points never ask it); asked later,
+    it reuses that simulation's allocator run: the same bytes as :func:`estimator.memory.fragmentation` on the
+    capture from scratch, and the same as a simulation that computed it at once."""
+    from estimator.memory import fragmentation, simulate
+
+    model, inputs = _gpt(CFG, 4, 64)
+    planner = Planner(model, inputs, gpu="H100", device="cuda", precision="bf16-mixed")
+    step = planner.traced(_fsdp(planner), (), "batch", 6)
+    assert step.lazy_need and step.profile.deferred_need is not None
+    scratch = fragmentation(step.cap, step.cuda_target)
+    assert scratch > 0
+    assert step.fragmentation() == scratch
+    assert simulate(step.cap, "cuda", target=step.cuda_target).reserve["fragmentation"] == scratch

@@ -258,8 +258,12 @@ class Step:
         """What the simulated caching allocator needs beyond the allocated peak on the CUDA device
         (:func:`estimator.memory.fragmentation`), computed when first asked: a search's points never are."""
         if self._fragmentation is None:
-            self._fragmentation = memory_fragmentation(self.cap, self.cuda_target) if self.lazy_need else \
-                self.profile.reserve.get("fragmentation", 0)
+            if not self.lazy_need:
+                self._fragmentation = self.profile.reserve.get("fragmentation", 0)
+            elif self.profile.deferred_need is not None:  # the simulation's own allocator run, reused
+                self._fragmentation = self.profile.deferred_need()
+            else:
+                self._fragmentation = memory_fragmentation(self.cap, self.cuda_target)
         return self._fragmentation
 
     def peak(self, device: str, sizes: Sequence[float] | None = None, extra: dict[str, float] | None = None,
