@@ -109,4 +109,5 @@ def test_a_traces_deferred_need_is_the_need_computed_from_scratch():
     scratch = fragmentation(step.cap, step.cuda_target)
     assert scratch > 0
     assert step.fragmentation() == scratch
+    assert step.profile.deferred_need is None and step.fragmentation() == scratch  # asked once, kept
     assert simulate(step.cap, "cuda", target=step.cuda_target).reserve["fragmentation"] == scratch

@@ -262,6 +262,7 @@ class Step:
                 self._fragmentation = self.profile.reserve.get("fragmentation", 0)
             elif self.profile.deferred_need is not None:  # the simulation's own allocator run, reused
                 self._fragmentation = self.profile.deferred_need()
+                self.profile.deferred_need = None  # (its event streams and traces are let go)
             else:
                 self._fragmentation = memory_fragmentation(self.cap, self.cuda_target)
         return self._fragmentation
