@@ -81,10 +81,11 @@ def searched_allocator(planner: Any, layout: Any, checkpoint: tuple, what: str, 
         return None, None
 
     def anchor(values: list[int]) -> Callable[[int], int] | None:
-        """The bytes needed interpolated from the traces at ``values`` (a batch: degree 1, two traces)."""
+        """The bytes needed interpolated from the (already made) traces at ``values``."""
         near = [planner.traced(layout, checkpoint, what, v * unit) for v in values]
-        if what != "batch" or any(s.structure() != near[0].structure() for s in near[1:]):
+        if any(s.structure() != near[0].structure() for s in near[1:]):
             return None
         return need_at(near, values, near[0].cuda_target)
 
-    return need_at(steps, points, first.cuda_target), anchor
+    # two traces around a miss interpolate a batch (degree 1), not a sequence (degree 2: three would be needed)
+    return need_at(steps, points, first.cuda_target), anchor if what == "batch" else None
