@@ -52,7 +52,11 @@ WIDTHS = {"hidden_size": 64, "d_model": 64, "n_embd": 64, "embed_dim": 64, "inte
           "shared_expert_intermediate_size": 128, "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4,
           "num_experts_per_tok": 2, "kv_lora_rank": 32, "q_lora_rank": 32, "qk_nope_head_dim": 16,
           "qk_rope_head_dim": 16, "v_head_dim": 16, "encoder_hidden_size": 64, "projection_dim": 64,
-          "out_hidden_size": 64, "word_embed_proj_dim": 64, "num_heads": 4}
+          "out_hidden_size": 64, "word_embed_proj_dim": 64, "num_heads": 4,
+          # Mamba-2 mixers of hybrid models (Bamba, GraniteMoeHybrid, Falcon-H1, Jamba): heads x head size =
+          # expand (2) x hidden size (64) = 128 (Falcon-H1: its own mamba_d_ssm, 8 x 8)
+          "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_ssm": 64, "mamba_d_state": 16, "mamba_chunk_size": 16,
+          "mamba_dt_rank": 16}
 SEQ, BATCH = 32, 2
 MAX_TRUTH_PARAMS = 150_000_000  # a real AdamW step of more (x16 bytes) is too slow and large for the sweep
 
@@ -68,11 +72,11 @@ def _subconfigs(cfg: Any) -> dict[str, Any]:
 
 def shrink_overrides(model_type: str, level: int) -> dict[str, Any]:
     """``--set`` overrides for ``level`` 2 (layers and widths), 1 (layers only) or 0 (the defaults)."""
-    from transformers import AutoConfig
+    from estimator.specs.hf import _hf_config, import_transformers
 
     if level == 0:
         return {}
-    cfg = AutoConfig.for_model(model_type)
+    cfg, _ = _hf_config(import_transformers(), model_type, {})  # the loader's (composites: their default parts)
     out: dict[str, Any] = {}
     levels = [("", cfg)]
     for name, sub in _subconfigs(cfg).items():  # sub-configurations, and theirs (an encoder's text tower)
@@ -176,9 +180,13 @@ def _line(exc: BaseException) -> str:
 def _load(load_spec, model_type: str, overrides: dict[str, Any]):
     """The loader's batch at a short sequence (token models) or its default inputs (images, audio)."""
     from estimator.errors import UserError
+    from estimator.specs.hf_inputs import max_positions
 
     try:
         loaded = load_spec(f"hf:{model_type}", batch=BATCH, seq=SEQ, overrides=overrides)
+        limit = max_positions(loaded.config) if loaded.config is not None else None
+        if limit is not None and limit < SEQ:  # OWL-ViT's text tower: 16 positions
+            loaded = load_spec(f"hf:{model_type}", batch=BATCH, seq=limit, overrides=overrides)
         if not any(unit in (loaded.description or "") for unit in ("(audio samples)", "(log-mel frames)")):
             return loaded  # audio: its own length (SEQ samples or frames are too few for most encoders)
     except UserError as exc:

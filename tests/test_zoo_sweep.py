@@ -43,6 +43,10 @@ FAMILIES = {
     "encodec": "a codec on raw audio (batch x channels x samples), no loss of its own",
     "patchtst": "a time-series encoder on past values (series x steps x channels), no loss on them",
     "timesfm": "a forecaster that also takes a padding mask and a frequency class beside the past values",
+    "bamba": "a hybrid Mamba-2 model whose layers hold no attention layer: trained with use_cache=False",
+    "ministral": "a configuration that leaves head_dim unset: derived as hidden_size / num_attention_heads",
+    "vision-encoder-decoder": "a composite with no default: ViT + GPT-2, images into a text decoder with labels",
+    "blip_text_model": "a sub-model whose class lives in another modeling module of its package",
 }
 
 

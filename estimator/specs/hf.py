@@ -11,6 +11,7 @@ classifier for vision types (vit), the CTC head for speech encoders, else the ba
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import os
@@ -20,6 +21,7 @@ import torch
 
 from ..build import empty_weights
 from ..errors import UserError
+from .hf_fixups import cache_off_without_attention, composite_parts, derived_fields
 from .hf_inputs import inputs_for
 from .options import Loaded, SpecOptions, close_matches, first_line, short_message
 
@@ -145,13 +147,16 @@ def _hf_config(transformers, target: str, overrides: dict[str, Any]) -> tuple[An
         return cfg, special
     model_type = _model_type(transformers, target)
     config_class = _config_class(transformers, model_type, "hf")
+    parts = composite_parts(model_type)
     try:
-        base = config_class()
+        base = config_class(**copy.deepcopy(parts[0])) if parts else config_class()  # (it pops their model_type)
     except Exception as exc:
         raise UserError(f"hf:{target}: {config_class.__name__}() has no default: {short_message(exc)}; "
                         f"pass hf:path/to/config.json") from exc
     top, nested, special = _split_overrides(base, overrides)
-    kwargs = {**per_layer_lists(base.to_dict(), top), **top}
+    kwargs = {**(parts[0] if parts else {}), **per_layer_lists(base.to_dict(), top), **top}
+    if parts:
+        special["note"] = parts[1]
     for head, sub in nested.items():
         kwargs[head] = _merge_sub(getattr(base, head).to_dict(), sub)
     try:
@@ -298,10 +303,10 @@ def _hf_model_class(transformers, cfg: Any) -> tuple[Any, str]:
 def _class_for_config(transformers, cfg: Any) -> Any:
     """A class for a configuration no Auto class takes (sub-models such as ``clap_text_model`` or
     ``blip_vision_model``, task-only types such as depth estimation): the other task mappings of
-    ``modeling_auto`` (in alphabetical order: the first that names the type), then the model classes of the configuration's own modeling
-    module whose ``config_class`` is the configuration's class, or whose constructor declares it
+    ``modeling_auto`` (in alphabetical order: the first that names the type), then the model classes of the
+    modeling modules of the configuration's package whose ``config_class`` is the configuration's class, or
+    whose constructor declares it
     (``ClapTextConfig`` -> ``ClapTextModel`` first, then a ``...Model``, then any)."""
-    import importlib
     import inspect
 
     from transformers.models.auto import modeling_auto as ma
@@ -313,18 +318,36 @@ def _class_for_config(transformers, cfg: Any) -> Any:
             cls = getattr(transformers, cls_name, None)
             if cls is not None:
                 return cls
-    module_name = type(cfg).__module__.replace(".configuration_", ".modeling_")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception:  # noqa: BLE001 - no modeling module, or one whose extra dependencies are missing
-        return None
     base = getattr(transformers, "PreTrainedModel")
-    found = [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, base)
-             and c.__module__ == module.__name__ and (getattr(c, "config_class", None) is type(cfg)
-                                                      or _takes_config(c, type(cfg)))]
+    found = [c for module in _modeling_modules(cfg) for c in vars(module).values()
+             if inspect.isclass(c) and issubclass(c, base) and c.__module__ == module.__name__
+             and (getattr(c, "config_class", None) is type(cfg) or _takes_config(c, type(cfg)))]
     preferred = type(cfg).__name__.removesuffix("Config") + "Model"
     found.sort(key=lambda c: (c.__name__ != preferred, not c.__name__.endswith("Model"), c.__name__))
     return found[0] if found else None
+
+
+def _modeling_modules(cfg: Any) -> list[Any]:
+    """The modeling modules of a configuration's package: ``modeling_<name>`` first, then the others
+    (``blip_text_model``'s ``BlipTextModel`` lives in ``modeling_blip_text``); those whose extra dependencies are
+    missing are left out."""
+    import importlib
+    import pkgutil
+
+    own = type(cfg).__module__.replace(".configuration_", ".modeling_")
+    package = own.rsplit(".", 1)[0]
+    try:
+        names = sorted(m.name for m in pkgutil.iter_modules(importlib.import_module(package).__path__)
+                       if m.name.startswith("modeling_"))
+    except Exception:  # noqa: BLE001 - a package that cannot be imported
+        return []
+    modules = []
+    for name in sorted(names, key=lambda n: f"{package}.{n}" != own):
+        try:
+            modules.append(importlib.import_module(f"{package}.{name}"))
+        except Exception:  # noqa: BLE001 - a module whose extra dependencies are missing
+            continue
+    return modules
 
 
 def _takes_config(cls: Any, config_class: type) -> bool:
@@ -364,13 +387,23 @@ def load_hf(target: str, opts: SpecOptions) -> Loaded:
     kwargs["dtype" if major >= 5 else "torch_dtype"] = torch.float32  # --precision decides casts
     if "attn_implementation" in special:
         kwargs["attn_implementation"] = special["attn_implementation"]
-    head = ""
+    head = special.pop("note", "") + cache_off_without_attention(cfg)
     try:
         model = _build(cls, how, cfg, kwargs)
     except UserError:
         raise
     except Exception as exc:
-        model, head = _base_instead(transformers, cfg, cls, how, kwargs, exc)
+        filled = derived_fields(cfg)  # fields the configuration leaves unset, derived as others derive them
+        try:
+            if not filled:
+                raise exc
+            model = _build(cls, how, cfg, kwargs)
+            head += filled
+        except UserError:
+            raise
+        except Exception:  # noqa: BLE001 - the first failure is the one to report
+            model, more = _base_instead(transformers, cfg, cls, how, kwargs, exc)
+            head += more
     if type(model).forward is torch.nn.Module.forward:
         raise UserError(_no_forward(transformers, model, cfg))
     head += _query_token_placeholder(cfg)

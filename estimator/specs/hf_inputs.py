@@ -53,6 +53,8 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
         return audio_inputs(model, cfg, opts, main)
     if main == "input_values":
         return _ctc_inputs(model, cfg, opts)
+    if main == "inputs" and takes(model, "input_values") and getattr(cfg, "is_encoder_decoder", False):
+        return _speech_text_inputs(model, cfg, opts)
     if takes_series(model, main):  # a time series: past values in their channels
         return series_inputs(model, cfg, opts)
     if main == "input_ids" and not takes(model, "input_ids"):
@@ -102,7 +104,8 @@ def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, key: str 
     batch = opts.batch or 1
     meta = dict(device="meta")
     captions = takes(model, "input_ids") and getattr(cfg, "text_config", None) is not None
-    if opts.seq is not None and not captions:
+    decoded = getattr(cfg, "is_encoder_decoder", False) and takes(model, "decoder_input_ids")
+    if opts.seq is not None and not (captions or decoded):
         raise UserError(f"--seq: {type(model).__name__} takes images; use --image-size")
     vision = getattr(cfg, "vision_config", None)
     size = (opts.image_size or _setting(cfg, vision, ("image_size", "crop_size")) or DEFAULT_IMAGE_SIZE)
@@ -142,6 +145,11 @@ def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, key: str 
             inputs["labels"] = ids
             desc += ", labels"
         return _with_qformer_text(model, cfg, inputs, desc, seq)
+    elif decoded:  # an image encoder and a text decoder (VisionEncoderDecoderModel): the text, as labels too
+        seq = opts.seq or default_seq(max_positions(getattr(cfg, "decoder", cfg)))
+        ids = torch.zeros(batch, seq, dtype=torch.int64, **meta)
+        inputs.update(decoder_input_ids=ids, labels=ids)
+        desc += f", decoder_input_ids {batch}x{seq}, labels"
     return inputs, desc
 
 
@@ -368,3 +376,15 @@ def _ctc_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[An
     n_labels = max(1, frames // 4)
     inputs = {"input_values": torch.zeros(batch, samples), "labels": torch.ones(batch, n_labels, dtype=torch.int64)}
     return inputs, f"input_values {batch}x{samples} (audio samples), labels {batch}x{n_labels}"
+
+
+def _speech_text_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any, str]:
+    """A raw-audio encoder with a text decoder (SpeechEncoderDecoderModel: wav2vec2 + BERT): ``CTC_SAMPLES``
+    samples of audio (``--seq`` is the decoder's) and the decoder's tokens, as labels too."""
+    if opts.image_size is not None:
+        raise UserError(f"--image-size: {type(model).__name__} takes audio; use --seq for the decoder's tokens")
+    batch, meta = opts.batch or 1, {"device": "meta"}
+    seq = opts.seq or default_seq(max_positions(getattr(cfg, "decoder", cfg)))
+    ids = torch.zeros(batch, seq, dtype=torch.int64, **meta)
+    inputs = {"input_values": torch.zeros(batch, CTC_SAMPLES, **meta), "decoder_input_ids": ids, "labels": ids}
+    return inputs, f"input_values {batch}x{CTC_SAMPLES} (audio samples), decoder_input_ids {batch}x{seq}, labels"

@@ -1,0 +1,96 @@
+"""Configurations transformers cannot build or train from as they stand, completed the way its own
+configurations complete them, each completion said in the model's description.
+
+* :func:`derived_fields`: ``head_dim`` and ``num_key_value_heads`` left ``None`` by a configuration class
+  whose model reads them (HunYuan, Ministral, Nemotron in transformers 5.17: ``self.head_dim**-0.5`` on
+  ``None``).  Every other decoder configuration derives them so (``LlamaConfig``: ``head_dim = hidden_size //
+  num_attention_heads``; ``num_key_value_heads = num_attention_heads`` when not given: multi-head attention).
+  Applied only when the build fails, so a configuration that builds is never changed.
+* :func:`cache_off_without_attention`: a hybrid model (Bamba, Jamba, GraniteMoeHybrid) whose layer types hold
+  no attention layer (their default configurations, or a shrunk one) builds a hybrid KV cache whose
+  ``get_seq_length`` raises on a cache with no attention layer, in the real step as in the traced one; with
+  ``use_cache=False`` (what training scripts set, and what transformers sets under gradient checkpointing) the
+  step runs.  A cache is an inference structure: the training step holds no more without it (its keys and
+  values are the tensors attention saves for backward).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# layer kinds of a hybrid model's ``layer_types`` / ``layers_block_type`` that are attention layers
+ATTENTION_KINDS = ("attention", "full_attention", "sliding_attention", "chunked_attention", "hybrid")
+
+
+def derived_fields(cfg: Any) -> str:
+    """Fill ``head_dim`` / ``num_key_value_heads`` where they are ``None`` and the fields they derive from are
+    integers; returns the description's note ('' when nothing was filled)."""
+    notes = []
+    for config in (cfg, *_sub_configs(cfg)):
+        heads, hidden = getattr(config, "num_attention_heads", None), getattr(config, "hidden_size", None)
+        if not isinstance(heads, int) or heads <= 0:
+            continue
+        if "head_dim" in vars(config) and config.head_dim is None and isinstance(hidden, int):
+            config.head_dim = hidden // heads
+            notes.append(f"head_dim {config.head_dim} (hidden_size / num_attention_heads)")
+        if "num_key_value_heads" in vars(config) and config.num_key_value_heads is None:
+            config.num_key_value_heads = heads
+            notes.append(f"num_key_value_heads {heads} (num_attention_heads: multi-head attention)")
+    return f" ({'; '.join(notes)}: the configuration leaves them unset)" if notes else ""
+
+
+def cache_off_without_attention(cfg: Any) -> str:
+    """``use_cache=False`` for a hybrid configuration whose layers hold no attention layer; the note, or ''."""
+    kinds = _layer_kinds(cfg)
+    if not kinds or getattr(cfg, "use_cache", None) is not True:
+        return ""
+    if any(str(kind) in ATTENTION_KINDS for kind in kinds):
+        return ""
+    cfg.use_cache = False
+    return (f" (use_cache=False: its {len(kinds)} layers hold no attention layer, and transformers' hybrid "
+            f"cache needs one)")
+
+
+def _layer_kinds(cfg: Any) -> list[Any] | None:
+    for name in ("layers_block_type", "layer_types"):
+        try:
+            kinds = getattr(cfg, name, None)
+        except Exception:  # noqa: BLE001 - a derived property that cannot be computed on this configuration
+            continue
+        if isinstance(kinds, (list, tuple)) and kinds and all(isinstance(k, str) for k in kinds):
+            return list(kinds)
+    return None
+
+
+def _sub_configs(cfg: Any) -> list[Any]:
+    from transformers import PretrainedConfig
+
+    return [v for v in vars(cfg).values() if isinstance(v, PretrainedConfig)]
+
+
+# Composite configurations with no default of their own (``EncoderDecoderConfig()`` raises: "not both
+# ``encoder`` and ``decoder`` sub-configurations are passed"): the parts the transformers documentation pairs
+# in its examples of each (bert2bert; ViT + GPT-2; wav2vec2 + BERT; the dual encoder's ViT + BERT), each at
+# its defaults, so ``--set encoder.num_hidden_layers=...`` shrinks them as any sub-configuration.
+COMPOSITE_PARTS = {
+    "encoder-decoder": {"encoder": "bert", "decoder": "bert"},
+    "vision-encoder-decoder": {"encoder": "vit", "decoder": "gpt2"},
+    "speech-encoder-decoder": {"encoder": "wav2vec2", "decoder": "bert"},
+    "vision-text-dual-encoder": {"vision_config": "vit", "text_config": "bert"},
+}
+
+
+def composite_parts(model_type: str) -> tuple[dict[str, dict[str, Any]], str] | None:
+    """The sub-configurations' dicts of a composite type with no default (a decoder beside an encoder gets
+    cross-attention, as ``from_encoder_decoder_configs`` gives it), and the description's note; None for
+    another type."""
+    from transformers import AutoConfig
+
+    parts = COMPOSITE_PARTS.get(model_type)
+    if parts is None:
+        return None
+    subs = {key: AutoConfig.for_model(part).to_dict() for key, part in parts.items()}
+    if "encoder" in subs and "decoder" in subs:
+        subs["decoder"].update(is_decoder=True, add_cross_attention=True)
+    named = ", ".join(f"{key} {part}" for key, part in parts.items())
+    return subs, f" (its parts: {named} at their defaults; pass hf:path/to/config.json for others)"
