@@ -57,6 +57,11 @@ WIDTHS = {"hidden_size": 64, "d_model": 64, "n_embd": 64, "embed_dim": 64, "inte
           # expand (2) x hidden size (64) = 128 (Falcon-H1: its own mamba_d_ssm, 8 x 8)
           "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_ssm": 64, "mamba_d_state": 16, "mamba_chunk_size": 16,
           "mamba_dt_rank": 16}
+# Fields some default configurations leave None though their model reads them (Dots1's expert counts,
+# DeepSeek-V2's routing groups, ESM's vocabulary): set at levels 1 and 2 (not sliding_window: None is "no
+# window" to most families)
+UNSET = {"n_shared_experts": 1, "n_routed_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
+         "n_group": 1, "topk_group": 1, "vocab_size": 64}
 SEQ, BATCH = 32, 2
 MAX_TRUTH_PARAMS = 150_000_000  # a real AdamW step of more (x16 bytes) is too slow and large for the sweep
 
@@ -66,8 +71,8 @@ def _int_fields(cfg: Any) -> dict[str, int]:
 
 
 def _subconfigs(cfg: Any) -> dict[str, Any]:
-    return {k: getattr(cfg, k) for k in cfg.to_dict()
-            if hasattr(getattr(cfg, k, None), "to_dict") and not k.startswith("_")}
+    own = vars(cfg)  # (not getattr: Diffusion Gemma's per-layer fields raise on global access)
+    return {k: own[k] for k in cfg.to_dict() if hasattr(own.get(k), "to_dict") and not k.startswith("_")}
 
 
 def shrink_overrides(model_type: str, level: int) -> dict[str, Any]:
@@ -84,6 +89,8 @@ def shrink_overrides(model_type: str, level: int) -> dict[str, Any]:
         levels += [(f"{name}.{inner}.", c) for inner, c in _subconfigs(sub).items()]
     for prefix, c in levels:
         fields = _int_fields(c)
+        unset = {k for k, v in c.to_dict().items() if v is None}
+        out.update({prefix + key: value for key, value in UNSET.items() if key in unset})
         for key in LAYERS:
             if fields.get(key, 0) > 2:
                 out[prefix + key] = 2

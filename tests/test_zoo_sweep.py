@@ -70,3 +70,31 @@ def test_a_tower_whose_inputs_no_layout_gives_is_refused_in_one_line():
         load_spec("hf:xcodec2", batch=2, overrides=shrink_overrides("xcodec2", 2))
     message = str(info.value)
     assert "\n" not in message and "none of the 2 layouts tried ran" in message and "SPEC file" in message
+
+
+def test_a_configuration_that_leaves_a_field_unset_is_refused_naming_it():
+    """Lfm2MoeConfig() leaves layer_types None and its decoder layers index it: the build fails on a None, and
+    the one-line error names the unset field and how to give it (the field is read from the configuration the
+    loader built, so the test follows transformers if it changes)."""
+    from estimator.errors import UserError
+    from estimator.specs import load_spec
+
+    with pytest.raises(UserError) as info:
+        load_spec("hf:lfm2_moe", batch=2, seq=32, overrides={"num_hidden_layers": 2})
+    message = str(info.value)
+    assert "\n" not in message and "leaves layer_types" in message and "--set layer_types=" in message
+
+
+def test_a_hybrid_without_attention_layers_is_trained_without_its_cache():
+    """Bamba's default layers are all Mamba-2 mixers; with use_cache=True transformers' hybrid cache raises
+    in the real step as in the traced one.  The loader turns the cache off and says so; a Bamba with one
+    attention layer keeps its configuration as given."""
+    from estimator.specs import load_spec
+
+    none = load_spec("hf:bamba", batch=2, seq=32, overrides={"num_hidden_layers": 2, "hidden_size": 64,
+                                                              "mamba_n_heads": 8, "mamba_d_head": 16})
+    assert none.config.use_cache is False and "use_cache=False" in none.description
+    one = load_spec("hf:bamba", batch=2, seq=32, overrides={"num_hidden_layers": 2, "hidden_size": 64,
+                                                             "mamba_n_heads": 8, "mamba_d_head": 16,
+                                                             "attn_layer_indices": [1]})
+    assert one.config.use_cache is True and "use_cache" not in one.description

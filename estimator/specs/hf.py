@@ -21,7 +21,7 @@ import torch
 
 from ..build import empty_weights
 from ..errors import UserError
-from .hf_fixups import cache_off_without_attention, composite_parts, derived_fields
+from .hf_fixups import cache_off_without_attention, composite_parts, derived_fields, unset_fields
 from .hf_inputs import inputs_for
 from .options import Loaded, SpecOptions, close_matches, first_line, short_message
 
@@ -420,7 +420,7 @@ def _base_instead(transformers, cfg: Any, cls: Any, how: str, kwargs: dict[str, 
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
     failed = UserError(f"building {getattr(cls, '__name__', cls)} from {type(cfg).__name__} failed: "
-                       f"{type(exc).__name__}: {first_line(exc)}")
+                       f"{type(exc).__name__}: {first_line(exc)}{unset_fields(cfg, exc)}")
     base = getattr(transformers, "AutoModel", None)
     if not how.startswith("AutoModelFor") or base is None or cfg.model_type not in MODEL_MAPPING_NAMES:
         raise failed from exc

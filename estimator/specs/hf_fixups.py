@@ -6,8 +6,8 @@ configurations complete them, each completion said in the model's description.
   ``None``).  Every other decoder configuration derives them so (``LlamaConfig``: ``head_dim = hidden_size //
   num_attention_heads``; ``num_key_value_heads = num_attention_heads`` when not given: multi-head attention).
   Applied only when the build fails, so a configuration that builds is never changed.
-* :func:`cache_off_without_attention`: a hybrid model (Bamba, Jamba, GraniteMoeHybrid) whose layer types hold
-  no attention layer (their default configurations, or a shrunk one) builds a hybrid KV cache whose
+* :func:`cache_off_without_attention`: a hybrid model (Bamba, Jamba, GraniteMoeHybrid: attention heads in its
+  configuration) whose layer types hold no attention layer (their default configurations, or a shrunk one) builds a hybrid KV cache whose
   ``get_seq_length`` raises on a cache with no attention layer, in the real step as in the traced one; with
   ``use_cache=False`` (what training scripts set, and what transformers sets under gradient checkpointing) the
   step runs.  A cache is an inference structure: the training step holds no more without it (its keys and
@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-# layer kinds of a hybrid model's ``layer_types`` / ``layers_block_type`` that are attention layers
-ATTENTION_KINDS = ("attention", "full_attention", "sliding_attention", "chunked_attention", "hybrid")
+# layer kinds of a hybrid model's ``layer_types`` / ``layers_block_type`` that hold no attention (every other
+# kind is, or may be, an attention layer: "full_attention", "compressed_sparse_attention", "hybrid", ...)
+NON_ATTENTION_KINDS = frozenset({"linear_attention", "mamba", "mamba2", "recurrent", "conv", "ssm", "moe", "mlp"})
 
 
 def derived_fields(cfg: Any) -> str:
@@ -27,13 +28,14 @@ def derived_fields(cfg: Any) -> str:
     integers; returns the description's note ('' when nothing was filled)."""
     notes = []
     for config in (cfg, *_sub_configs(cfg)):
-        heads, hidden = getattr(config, "num_attention_heads", None), getattr(config, "hidden_size", None)
+        own = vars(config)  # (not getattr: a per-layer field of Diffusion Gemma raises on global access)
+        heads, hidden = own.get("num_attention_heads"), own.get("hidden_size")
         if not isinstance(heads, int) or heads <= 0:
             continue
-        if "head_dim" in vars(config) and config.head_dim is None and isinstance(hidden, int):
+        if "head_dim" in own and own["head_dim"] is None and isinstance(hidden, int):
             config.head_dim = hidden // heads
             notes.append(f"head_dim {config.head_dim} (hidden_size / num_attention_heads)")
-        if "num_key_value_heads" in vars(config) and config.num_key_value_heads is None:
+        if "num_key_value_heads" in own and own["num_key_value_heads"] is None:
             config.num_key_value_heads = heads
             notes.append(f"num_key_value_heads {heads} (num_attention_heads: multi-head attention)")
     return f" ({'; '.join(notes)}: the configuration leaves them unset)" if notes else ""
@@ -42,10 +44,10 @@ def derived_fields(cfg: Any) -> str:
 def cache_off_without_attention(cfg: Any) -> str:
     """``use_cache=False`` for a hybrid configuration whose layers hold no attention layer; the note, or ''."""
     kinds = _layer_kinds(cfg)
-    if not kinds or getattr(cfg, "use_cache", None) is not True:
+    if not kinds or vars(cfg).get("use_cache") is not True:
         return ""
-    if any(str(kind) in ATTENTION_KINDS for kind in kinds):
-        return ""
+    if not set(kinds) <= NON_ATTENTION_KINDS or not isinstance(vars(cfg).get("num_attention_heads"), int):
+        return ""  # an attention layer, or a model with none to place (Mamba: its own cache, which works)
     cfg.use_cache = False
     return (f" (use_cache=False: its {len(kinds)} layers hold no attention layer, and transformers' hybrid "
             f"cache needs one)")
@@ -94,3 +96,24 @@ def composite_parts(model_type: str) -> tuple[dict[str, dict[str, Any]], str] | 
         subs["decoder"].update(is_decoder=True, add_cross_attention=True)
     named = ", ".join(f"{key} {part}" for key, part in parts.items())
     return subs, f" (its parts: {named} at their defaults; pass hf:path/to/config.json for others)"
+
+
+# Fields a configuration may leave None on purpose (token ids, bookkeeping): never named as the cause
+BENIGN_NONE = frozenset({
+    "transformers_version", "architectures", "dtype", "torch_dtype", "problem_type", "pad_token_id", "bos_token_id",
+    "eos_token_id", "sep_token_id", "decoder_start_token_id", "mask_token_id", "tokenizer_class", "prefix",
+    "finetuning_task", "id2label", "label2id", "task_specific_params", "cross_attention_hidden_size",
+    "_commit_hash", "_name_or_path", "output_gate_type"})
+
+
+def unset_fields(cfg: Any, exc: BaseException) -> str:
+    """For a build that failed on a ``None`` (``'NoneType' object is not subscriptable``, ``int * NoneType``),
+    the configuration's fields left ``None`` and the way to set them, as a clause for the one-line error; ''
+    when the failure is another or no field is unset."""
+    if "NoneType" not in str(exc):
+        return ""
+    unset = [k for k, v in cfg.to_dict().items() if v is None and k not in BENIGN_NONE and not k.startswith("_")]
+    if not unset:
+        return ""
+    shown = ", ".join(unset[:6]) + (f" and {len(unset) - 6} more" if len(unset) > 6 else "")
+    return f"; {type(cfg).__name__} leaves {shown} unset: give them with --set {unset[0]}=... or a config.json"

@@ -72,7 +72,11 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
         if getattr(cfg, "is_encoder_decoder", False):
             inputs["decoder_input_ids"] = ids
             desc += f", decoder_input_ids {batch}x{seq}"
-        if takes(model, "labels"):  # sub-models (text towers) have no loss of their own
+        if takes(model, "labels") and type(model).__name__.endswith(("ForImageClassification",
+                                                                   "ForSequenceClassification")):
+            inputs["labels"] = torch.zeros(batch, dtype=torch.int64, **meta)  # a class per sample (ImageGPT)
+            desc += ", class labels"
+        elif takes(model, "labels"):  # sub-models (text towers) have no loss of their own
             inputs["labels"] = ids
             desc += ", labels"
         return _with_side_inputs(model, cfg, opts, inputs, desc)
@@ -201,6 +205,11 @@ def _with_side_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, input
         if takes(model, "return_loss") and "labels" not in inputs:  # CLIP-style contrastive loss
             inputs["return_loss"] = True
             desc += ", return_loss"
+    if "bbox" in required(model) or (takes(model, "bbox") and hasattr(cfg, "dim_bbox")):
+        # a document model that needs each token's box (BROS: dim_bbox 8 coordinates, its forward raises without)
+        dim = int(getattr(cfg, "dim_bbox", 4) or 4)
+        inputs["bbox"] = torch.zeros(batch, inputs["input_ids"].shape[1], dim, device="meta")
+        desc += f", bbox {batch}x{inputs['input_ids'].shape[1]}x{dim} (one box per token)"
     feat, pos = getattr(cfg, "visual_feat_dim", None), getattr(cfg, "visual_pos_dim", None)
     if takes(model, "visual_feats") and isinstance(feat, int) and isinstance(pos, int):
         inputs["visual_feats"] = torch.zeros(batch, VISUAL_REGIONS, feat, device="meta")
