@@ -62,6 +62,9 @@ WIDTHS = {"hidden_size": 64, "d_model": 64, "n_embd": 64, "embed_dim": 64, "inte
 # window" to most families)
 UNSET = {"n_shared_experts": 1, "n_routed_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
          "n_group": 1, "topk_group": 1, "vocab_size": 64}
+# Types whose smallest buildable configuration is not the sweep's rule: Zamba ties the shared attention of
+# layer 1 to the other hybrid layers' (``tie_weights_keys``), so it needs two hybrid layers (1 and 3 of 4)
+SHAPED = {"zamba": {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_offset": 1}}
 SEQ, BATCH = 32, 2
 MAX_TRUTH_PARAMS = 150_000_000  # a real AdamW step of more (x16 bytes) is too slow and large for the sweep
 
@@ -92,6 +95,8 @@ def shrink_overrides(model_type: str, level: int) -> dict[str, Any]:
         unset = {k for k, v in c.to_dict().items() if v is None}
         out.update({prefix + key: value for key, value in UNSET.items() if key in unset})
         for key in LAYERS:
+            if key == "num_layers" and isinstance(c.to_dict().get("depths"), list):
+                continue  # Swin's stage count, derived from its depths (a backbone's stage names follow it)
             if fields.get(key, 0) > 2:
                 out[prefix + key] = 2
         if level >= 2:
@@ -106,7 +111,7 @@ def shrink_overrides(model_type: str, level: int) -> dict[str, Any]:
                 # WIDTHS' 64 / 4 = 16 rotates 8 frequency pairs, split as the defaults' 16:24:24 (Qwen2-VL, GLM-4V);
                 # families that rotate part of the head (Qwen3.5) run on their own sections
                 out[prefix + "rope_parameters"] = {**rope, "mrope_section": [2, 3, 3]}
-    return out
+    return {**out, **SHAPED.get(model_type, {})}
 
 
 def _uses_mrope(cfg: Any) -> bool:

@@ -163,7 +163,9 @@ def _replicated(model: torch.nn.Module, args: tuple, kw: dict, opts: StepOptions
         return expand(short, repeats, TRACED_BLOCKS)
     except NotReplicable as exc:
         log.info("the blocks of %s are not replicated (%s): tracing all %d", repeats.path, exc, repeats.count)
-    except (StepFailed, ReadsValues, UserError) as exc:  # the model needs all its blocks: trace them all
+    except ReadsValues:  # a value read is not the truncation's doing: the full fake trace would read it too,
+        raise  # so the real-tensor fallback (or its refusal) follows at once (Grounding DINO: 2.0 s less)
+    except (StepFailed, UserError) as exc:  # the model needs all its blocks: trace them all
         log.info("tracing %d of the %d blocks of %s failed (%s): tracing all", TRACED_BLOCKS, repeats.count,
                  repeats.path, exc)
     return None
