@@ -47,6 +47,8 @@ FAMILIES = {
     "ministral": "a configuration that leaves head_dim unset: derived as hidden_size / num_attention_heads",
     "vision-encoder-decoder": "a composite with no default: ViT + GPT-2, images into a text decoder with labels",
     "blip_text_model": "a sub-model whose class lives in another modeling module of its package",
+    "siglip2_vision_model": "a NaFlex tower: patches, their mask and each image's grid (spatial_shapes)",
+    "lightglue": "keypoint matching on image pairs (batch x 2 x C x H x W), traced on real tensors",
 }
 
 

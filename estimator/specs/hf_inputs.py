@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from ..errors import UserError
-from .hf_towers import (audio_inputs, first_that_runs, grid_inputs, grid_layouts, patches_per_side, series_inputs,
-                        speech_seq2seq_inputs, takes_audio, takes_grid, takes_series)
+from .hf_towers import (audio_inputs, first_that_runs, grid_inputs, grid_layouts, naflex_patches, patches_per_side,
+                        series_inputs, speech_seq2seq_inputs, takes_audio, takes_grid, takes_series)
 from .options import DEFAULT_IMAGE_SIZE, SpecOptions, default_seq, first_line
 from .signature import required, takes
 
@@ -119,13 +119,20 @@ def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, key: str 
         h = w = int(size)
     channels = int(getattr(cfg, "num_channels", 3) or 3)
     frames = _setting(cfg, vision, ("num_frames", "frames_per_clip"))
-    if isinstance(frames, int) and frames > 0:  # a video model: batch x frames x C x H x W
+    naflex = naflex_patches(model, cfg, batch, opts.image_size)
+    if naflex is not None:  # SigLIP 2's tower: patches and their grid
+        (inputs, desc), pixels = naflex, None
+    elif cfg.model_type in _keypoint_matching():  # SuperGlue, LightGlue, EfficientLoFTR: pairs of images
+        pixels = torch.zeros(batch, 2, channels, h, w, dtype=torch.float32, **meta)
+        desc = f"{key} {batch}x2x{channels}x{h}x{w} (image pairs)"
+    elif isinstance(frames, int) and frames > 0:  # a video model: batch x frames x C x H x W
         pixels = torch.zeros(batch, frames, channels, h, w, dtype=torch.float32, **meta)
         desc = f"{key} {batch}x{frames}x{channels}x{h}x{w} (video)"
     else:
         pixels = torch.zeros(batch, channels, h, w, dtype=torch.float32, **meta)
         desc = f"{key} {batch}x{channels}x{h}x{w}"
-    inputs = {key: pixels}
+    if pixels is not None:
+        inputs = {key: pixels}
     prompts = [n for n in required(model) if n != "pixel_values" and (n.endswith("pixel_values")
                                                                        or n.endswith("masks"))]
     if prompts:  # in-context segmentation (SegGPT): a prompt image and its mask, stacked on the input in
@@ -155,6 +162,13 @@ def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, key: str 
         inputs.update(decoder_input_ids=ids, labels=ids)
         desc += f", decoder_input_ids {batch}x{seq}, labels"
     return inputs, desc
+
+
+def _keypoint_matching() -> Any:
+    """The model types transformers' keypoint-matching mapping names (their forward takes image pairs)."""
+    from transformers.models.auto import modeling_auto
+
+    return getattr(modeling_auto, "MODEL_FOR_KEYPOINT_MATCHING_MAPPING_NAMES", {})
 
 
 def _setting(cfg: Any, vision: Any, keys: tuple[str, ...]) -> Any:
@@ -192,7 +206,14 @@ def _with_side_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, input
     vision = getattr(cfg, "vision_config", None)
     source = cfg if vision is None else vision  # ViLT's own image size, or a dual encoder's vision tower's (CLIP)
     size = getattr(source, "image_size", None)
-    if takes(model, "pixel_values") and isinstance(size, int):
+    naflex = naflex_patches(model, cfg, batch, opts.image_size)
+    if naflex is not None:  # SigLIP 2: the image as patches and their grid, with the contrastive loss
+        inputs.update(naflex[0])
+        desc += ", " + naflex[1]
+        if takes(model, "return_loss"):
+            inputs["return_loss"] = True
+            desc += ", return_loss"
+    elif takes(model, "pixel_values") and isinstance(size, int):
         size = opts.image_size or size
         channels = int(getattr(source, "num_channels", 3) or 3)
         frames = _setting(cfg, vision, ("num_frames",))

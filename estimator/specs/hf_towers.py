@@ -270,3 +270,21 @@ def first_that_runs(model: torch.nn.Module, candidates: list[tuple[dict, str]], 
     raise UserError(f"hf: {type(model).__name__} takes {what}, but none of the {len(candidates)} layouts tried ran "
                     f"(first: {failures[0]}); write a SPEC file, path/to/file.py:build whose build() returns "
                     f"(model, inputs) (docs/cli.md, SPEC forms)")
+
+
+def naflex_patches(model: torch.nn.Module, cfg: Any, batch: int, size: int | None) -> tuple[dict, str] | None:
+    """A NaFlex vision tower (SigLIP 2: its forward takes ``spatial_shapes`` and ``pixel_attention_mask``): the
+    image as patches, batch x patches x (C x P x P), every patch valid, and each image's grid of patches (real
+    CPU integers: the tower resizes its position embeddings to them).  ``size`` (``--image-size``) makes a
+    grid of size / P per side; else the configuration's ``num_patches`` as a square.  None for another model."""
+    if not (takes(model, "spatial_shapes") and takes(model, "pixel_attention_mask")):
+        return None
+    vision = getattr(cfg, "vision_config", None) or cfg
+    patch, channels = int(vision.patch_size), int(getattr(vision, "num_channels", 3) or 3)
+    side = size // patch if size else int(round(int(getattr(vision, "num_patches", 256)) ** 0.5))
+    n = side * side
+    inputs = {"pixel_values": torch.zeros(batch, n, channels * patch * patch, device="meta"),
+              "pixel_attention_mask": torch.ones(batch, n, dtype=torch.int64),
+              "spatial_shapes": torch.tensor([[side, side]] * batch, dtype=torch.int64)}
+    return inputs, (f"pixel_values {batch}x{n}x{channels * patch * patch} ({side}x{side} patches of "
+                    f"{channels}x{patch}x{patch}), pixel_attention_mask, spatial_shapes")
