@@ -181,6 +181,12 @@ def audio_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, main: str)
         else:
             desc += "; no loss of its own: the default loss"
         candidates.append((inputs, desc))
+    optional = [n for n in MASKS if takes(model, n) and n not in required(model)]
+    if optional:  # then the same layouts without the optional masks (Qwen2-Audio's encoder takes a 4-D float
+        # attention mask where a feature extractor's would be 2-D: it runs on unpadded audio without one)
+        candidates += [({k: v for k, v in inputs.items() if k not in optional},
+                        desc.replace(f"({unit})", f"({unit}, no mask)", 1))
+                       for inputs, desc in candidates]
     return first_that_runs(model, candidates, f"audio ({key})")
 
 
