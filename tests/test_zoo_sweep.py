@@ -49,6 +49,7 @@ FAMILIES = {
     "blip_text_model": "a sub-model whose class lives in another modeling module of its package",
     "siglip2_vision_model": "a NaFlex tower: patches, their mask and each image's grid (spatial_shapes)",
     "lightglue": "keypoint matching on image pairs (batch x 2 x C x H x W), traced on real tensors",
+    "speecht5_hifigan": "a vocoder on a mel spectrogram (frames x mels), no loss of its own",
 }
 
 
@@ -71,7 +72,8 @@ def test_a_tower_whose_inputs_no_layout_gives_is_refused_in_one_line():
     with pytest.raises(UserError) as info:
         load_spec("hf:xcodec2", batch=2, overrides=shrink_overrides("xcodec2", 2))
     message = str(info.value)
-    assert "\n" not in message and "none of the 2 layouts tried ran" in message and "SPEC file" in message
+    # (2 layouts, mono and channels-first, each with its optional padding mask and without: 4)
+    assert "\n" not in message and "none of the 4 layouts tried ran" in message and "SPEC file" in message
 
 
 def test_a_configuration_that_leaves_a_field_unset_is_refused_naming_it():

@@ -294,3 +294,22 @@ def naflex_patches(model: torch.nn.Module, cfg: Any, batch: int, size: int | Non
               "spatial_shapes": torch.tensor([[side, side]] * batch, dtype=torch.int64)}
     return inputs, (f"pixel_values {batch}x{n}x{channels * patch * patch} ({side}x{side} patches of "
                     f"{channels}x{patch}x{patch}), pixel_attention_mask, spatial_shapes")
+
+
+SPECTROGRAM_FRAMES = 100  # a vocoder's input: 100 mel frames (about 1 s at a 10 ms hop) when --seq does not say
+
+
+def spectrogram_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, name: str) -> tuple[dict, str]:
+    """A vocoder (HiFi-GAN, BigVGAN) on a mel spectrogram: ``--seq`` frames (default ``SPECTROGRAM_FRAMES``) of
+    the configuration's ``model_in_dim`` / ``mel_dim`` bins, frames x mels or mels x frames (the first its
+    forward runs on); no loss of its own, so the default loss."""
+    if opts.image_size is not None:
+        raise UserError(f"--image-size: {type(model).__name__} takes a spectrogram; use --seq for its frames")
+    batch, frames = opts.batch or 1, opts.seq or SPECTROGRAM_FRAMES
+    mels = _first_int(cfg, ("model_in_dim", "mel_dim", "num_mel_bins")) or 80
+    candidates = [({name: torch.zeros(batch, frames, mels)},
+                   f"{name} {batch}x{frames}x{mels} (frames x mels); no loss of its own: the default loss"),
+                  ({name: torch.zeros(batch, mels, frames)},
+                   f"{name} {batch}x{mels}x{frames} (mels x frames); no loss of its own: the default loss")]
+    return first_that_runs(model, candidates, f"a mel spectrogram ({name})")
+
