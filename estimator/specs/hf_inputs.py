@@ -82,6 +82,9 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
         elif takes(model, "labels"):  # sub-models (text towers) have no loss of their own
             inputs["labels"] = ids
             desc += ", labels"
+        codebooks = getattr(cfg, "num_codebooks", None)
+        if isinstance(codebooks, int) and codebooks > 1:  # an audio-token decoder (MusicGen): maybe one row of
+            inputs, desc = _codebook_tokens(model, inputs, desc, batch, seq, codebooks)  # ids per codebook
         return _with_side_inputs(model, cfg, opts, inputs, desc)
     if main == "input_features" and getattr(cfg, "is_encoder_decoder", False):
         return speech_seq2seq_inputs(model, cfg, opts)
@@ -90,6 +93,19 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
     raise UserError(f"hf: makes token ids, images, log-mel features, audio or time series; {type(model).__name__}.forward "
                     f"needs {_needs(model, main)}: write a SPEC file, path/to/file.py:build whose build() returns "
                     f"(model, inputs) with them (docs/cli.md, SPEC forms)")
+
+
+def _codebook_tokens(model: torch.nn.Module, inputs: dict, desc: str, batch: int, seq: int,
+                     codebooks: int) -> tuple[dict, str]:
+    """Token ids as given, or, where the forward does not run on them, one row per sample and codebook
+    (MusicGen's decoder: batch x codebooks rows of ``seq`` ids, its labels batch x seq x codebooks)."""
+    ids = torch.zeros(batch * codebooks, seq, dtype=torch.int64, device="meta")
+    alt = {"input_ids": ids}
+    alt_desc = f"input_ids {batch * codebooks}x{seq} ({batch} samples x {codebooks} codebooks)"
+    if "labels" in inputs:
+        alt["labels"] = torch.zeros(batch, seq, codebooks, dtype=torch.int64, device="meta")
+        alt_desc += f", labels {batch}x{seq}x{codebooks}"
+    return first_that_runs(model, [(inputs, desc), (alt, alt_desc)], "token ids")
 
 
 def _first_required(model: torch.nn.Module) -> str | None:
