@@ -50,6 +50,7 @@ FAMILIES = {
     "siglip2_vision_model": "a NaFlex tower: patches, their mask and each image's grid (spatial_shapes)",
     "lightglue": "keypoint matching on image pairs (batch x 2 x C x H x W), traced on real tensors",
     "speecht5_hifigan": "a vocoder on a mel spectrogram (frames x mels), no loss of its own",
+    "time_series_transformer": "past values with their lags, time features and mask, and the future values",
 }
 
 
@@ -102,3 +103,16 @@ def test_a_hybrid_without_attention_layers_is_trained_without_its_cache():
                                                              "mamba_n_heads": 8, "mamba_d_head": 16,
                                                              "attn_layer_indices": [1]})
     assert one.config.use_cache is True and "use_cache" not in one.description
+
+
+def test_a_field_the_failure_names_is_named_in_the_refusal():
+    """AutoformerConfig() leaves prediction_length None and the model refuses to build ("The `prediction_length`
+    config needs to be specified"): the one-line error names that field alone, with the way to give it."""
+    from estimator.errors import UserError
+    from estimator.specs import load_spec
+
+    with pytest.raises(UserError) as info:
+        load_spec("hf:autoformer", batch=2, overrides={"encoder_layers": 1, "decoder_layers": 1})
+    message = str(info.value)
+    assert "\n" not in message and "leaves prediction_length unset" in message
+    assert "--set prediction_length=" in message

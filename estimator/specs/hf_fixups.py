@@ -107,12 +107,16 @@ BENIGN_NONE = frozenset({
 
 
 def unset_fields(cfg: Any, exc: BaseException) -> str:
-    """For a build that failed on a ``None`` (``'NoneType' object is not subscriptable``, ``int * NoneType``),
-    the configuration's fields left ``None`` and the way to set them, as a clause for the one-line error; ''
-    when the failure is another or no field is unset."""
-    if "NoneType" not in str(exc):
-        return ""
+    """For a build that failed on a ``None`` (``'NoneType' object is not subscriptable``, ``int * NoneType``) or
+    that names a field left ``None`` (Autoformer: "The `prediction_length` config needs to be specified"), the
+    configuration's unset fields (those it names, else all) and the way to set them, as a clause for the one-line
+    error; '' when the failure is another or no field is unset."""
     unset = [k for k, v in cfg.to_dict().items() if v is None and k not in BENIGN_NONE and not k.startswith("_")]
+    named = [k for k in unset if k in str(exc)]  # "The `prediction_length` config needs to be specified"
+    if named:
+        unset = named
+    elif "NoneType" not in str(exc):
+        return ""
     if not unset:
         return ""
     shown = ", ".join(unset[:6]) + (f" and {len(unset) - 6} more" if len(unset) > 6 else "")

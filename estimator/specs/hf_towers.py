@@ -237,6 +237,8 @@ def series_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[
     name = type(model).__name__
     if opts.image_size is not None:
         raise UserError(f"--image-size: {name} takes a time series; use --seq for its length")
+    if "past_time_features" in required(model):
+        return _lagged_series(model, cfg, opts)
     batch = opts.batch or 1
     length = opts.seq or int(getattr(cfg, "context_length", None) or SERIES_LENGTH)
     channels = int(getattr(cfg, "num_input_channels", None) or 1)
@@ -255,6 +257,34 @@ def series_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[
             desc = desc.replace(loss, "") + ", freq (class 0: high frequency)" + loss
         candidates[k] = (inputs, desc)
     return first_that_runs(model, candidates, "a time series (past_values)")
+
+
+def _lagged_series(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[dict, str]:
+    """The Time Series Transformer family (Informer, Autoformer): ``context_length`` steps plus the
+    largest lag of ``lags_sequence`` of past values with their time features and observed mask, and the
+    ``prediction_length`` future values and time features its distribution head's loss is computed on (real
+    zeros: the scaler reads them); static features where the configuration has any."""
+    batch, width = opts.batch or 1, int(getattr(cfg, "input_size", 1) or 1)
+    context = int(cfg.context_length)
+    if opts.seq is not None and opts.seq != context:
+        raise UserError(f"--seq: {type(model).__name__} reads its configuration's context_length ({context} steps); "
+                        f"use --set context_length={opts.seq}")
+    length, future = context + max(cfg.lags_sequence), int(cfg.prediction_length)
+    features = int(getattr(cfg, "num_time_features", 0) or 0)
+    tail = () if width == 1 else (width,)
+    inputs: dict[str, Any] = {
+        "past_values": torch.zeros(batch, length, *tail), "past_time_features": torch.zeros(batch, length, features),
+        "past_observed_mask": torch.ones(batch, length, *tail), "future_values": torch.zeros(batch, future, *tail),
+        "future_time_features": torch.zeros(batch, future, features)}
+    for key, count, dtype in (("static_categorical_features", "num_static_categorical_features", torch.int64),
+                              ("static_real_features", "num_static_real_features", torch.float32)):
+        n = int(getattr(cfg, count, 0) or 0)
+        if n:
+            inputs[key] = torch.zeros(batch, n, dtype=dtype)
+    shape = "x".join(str(d) for d in (batch, length, *tail))
+    loss = "" if type(model).__name__.endswith("ForPrediction") else "; no loss of its own: the default loss"
+    return inputs, (f"past_values {shape} ({context} steps and {length - context} of lags), past_time_features, "
+                    f"past_observed_mask, future_values and future_time_features of {future} steps{loss}")
 
 
 def first_that_runs(model: torch.nn.Module, candidates: list[tuple[dict, str]], what: str) -> tuple[dict, str]:
