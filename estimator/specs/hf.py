@@ -406,7 +406,7 @@ def load_hf(target: str, opts: SpecOptions) -> Loaded:
             head += more
     if type(model).forward is torch.nn.Module.forward:
         raise UserError(_no_forward(transformers, model, cfg))
-    head += _query_token_placeholder(cfg)
+    head += _query_token_placeholder(cfg) + _default_language(model, cfg)
     inputs, desc = inputs_for(model, cfg, opts)
     return Loaded(model, inputs, name=f"hf:{target}", description=f"{type(model).__name__}{head}; {desc}",
                   config=cfg)
@@ -430,6 +430,17 @@ def _base_instead(transformers, cfg: Any, cls: Any, how: str, kwargs: dict[str, 
         raise failed from exc
     why = first_line(exc).split(". ")[0]
     return model, f" (the base model: {how} cannot be built from this configuration: {why})"
+
+
+def _default_language(model: torch.nn.Module, cfg: Any) -> str:
+    """X-MOD's language adapters need a language (``set_default_language``, else its forward raises "Input language
+    unknown"): the configuration's first, as its documentation's examples set it; the note, or ''."""
+    languages = getattr(cfg, "languages", None)
+    setter = getattr(model, "set_default_language", None)
+    if setter is None or getattr(cfg, "default_language", None) is not None or not languages:
+        return ""
+    setter(languages[0])
+    return f" (language {languages[0]}: the first of its adapters)"
 
 
 def _query_token_placeholder(cfg: Any) -> str:

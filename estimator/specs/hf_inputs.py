@@ -144,9 +144,10 @@ def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, key: str 
     elif cfg.model_type in _keypoint_matching():  # SuperGlue, LightGlue, EfficientLoFTR: pairs of images
         pixels = torch.zeros(batch, 2, channels, h, w, dtype=torch.float32, **meta)
         desc = f"{key} {batch}x2x{channels}x{h}x{w} (image pairs)"
-    elif isinstance(frames, int) and frames > 0:  # a video model: batch x frames x C x H x W
-        pixels = torch.zeros(batch, frames, channels, h, w, dtype=torch.float32, **meta)
-        desc = f"{key} {batch}x{frames}x{channels}x{h}x{w} (video)"
+    elif isinstance(frames, int) and frames > 0:  # a video model: batch x frames x C x H x W, or for a tower
+        pixels = torch.zeros(batch, frames, channels, h, w, dtype=torch.float32, **meta)  # that takes the frames
+        desc = f"{key} {batch}x{frames}x{channels}x{h}x{w} (video)"  # as a batch (X-CLIP's), batch * frames
+        (pixels, desc) = _video_layout(model, key, pixels, desc)
     else:
         pixels = torch.zeros(batch, channels, h, w, dtype=torch.float32, **meta)
         desc = f"{key} {batch}x{channels}x{h}x{w}"
@@ -181,6 +182,17 @@ def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, key: str 
         inputs.update(decoder_input_ids=ids, labels=ids)
         desc += f", decoder_input_ids {batch}x{seq}, labels"
     return inputs, desc
+
+
+def _video_layout(model: torch.nn.Module, key: str, video: torch.Tensor, desc: str) -> tuple[torch.Tensor, str]:
+    """A video as batch x frames x C x H x W, or, where the forward does not run on that, its frames as one batch
+    (X-CLIP's vision tower: batch * frames x C x H x W)."""
+    b, f, c, h, w = video.shape
+    frames = video.reshape(b * f, c, h, w)
+    inputs, shown = first_that_runs(model, [({key: video}, desc),
+                                            ({key: frames}, f"{key} {b * f}x{c}x{h}x{w} ({b} videos of {f} frames)")],
+                                    "a video (pixel_values)")
+    return inputs[key], shown
 
 
 def _keypoint_matching() -> Any:

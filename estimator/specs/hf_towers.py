@@ -195,9 +195,9 @@ def speech_seq2seq_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -
     twice the configuration's ``max_source_positions`` frames (Whisper's two stride-2 convolutions halve
     them; ``AUDIO_FRAMES`` without it), decoder tokens of ``--seq`` and labels where the forward takes
     them.  An encoder whose first layer is a Conv1d over the mel bins (Whisper) takes mels x frames, at
-    once, with no probe (Speech2Text's also has one but transposes frames x mels first: it fails as
-    before, in one line); any other gets the layouts of :func:`_feature_layouts`, the first its forward
-    runs on."""
+    once, with no probe; Speech2Text (``input_feat_per_channel`` in its configuration) frames x mels, which
+    its subsampler transposes; any other gets the layouts of :func:`_feature_layouts`, the first its
+    forward runs on."""
     if opts.image_size is not None:
         raise UserError(f"--image-size: {type(model).__name__} takes audio features; use --seq for the decoder")
     batch, meta = opts.batch or 1, {"device": "meta"}
@@ -209,8 +209,11 @@ def speech_seq2seq_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -
     tokens, shown = {"decoder_input_ids": ids}, f"decoder_input_ids {batch}x{seq}"
     if takes(model, "labels"):
         tokens["labels"], shown = ids, shown + ", labels"
-    if _first_layer(model) == ("conv1d", mels):  # Whisper, as it was always given (Speech2Text's conv too,
-        shapes = [((batch, mels, frames), f"{batch}x{mels}x{frames}")]  # though it transposes first)
+    if isinstance(getattr(cfg, "input_feat_per_channel", None), int):  # Speech2Text: frames x mels, which its
+        mels = cfg.input_feat_per_channel * int(getattr(cfg, "input_channels", 1) or 1)  # subsampler transposes
+        shapes = [((batch, frames, mels), f"{batch}x{frames}x{mels} (frames x mels)")]
+    elif _first_layer(model) == ("conv1d", mels):  # Whisper, as it was always given
+        shapes = [((batch, mels, frames), f"{batch}x{mels}x{frames}")]
     else:
         shapes = _feature_layouts(model, cfg, batch, frames)
     # (no attention mask: with an all-ones mask Canary's and Cohere ASR's estimates hold 192,000 B more
