@@ -99,14 +99,15 @@ def build_real_optimizer(spec: Any, model: torch.nn.Module, memo: Mapping[int, A
 
 def default_loss(output: Any) -> torch.Tensor:
     """Same rule as documented for estimate(): loss_fn(output); the output if it is a
-    scalar; output.loss; else the sum of ``t.mean()`` over floating outputs requiring grad."""
+    scalar; output.loss (its mean if it has one per sample); else the sum of ``t.mean()`` over floating outputs
+    requiring grad."""
     if isinstance(output, torch.Tensor) and output.numel() == 1:
         return output.reshape(())
     loss = getattr(output, "loss", None)
+    if not isinstance(loss, torch.Tensor) and isinstance(output, Mapping):
+        loss = output.get("loss")
     if isinstance(loss, torch.Tensor):
-        return loss
-    if isinstance(output, Mapping) and isinstance(output.get("loss"), torch.Tensor):
-        return output["loss"]
+        return loss.mean() if loss.numel() != 1 and loss.is_floating_point() else loss  # per-sample: the mean
     terms = [t.mean() for t in pytree.tree_leaves(output)
              if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad]
     total = terms[0]

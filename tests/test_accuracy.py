@@ -151,6 +151,29 @@ def test_loss_selection(results, name, expected):
         _check(name, group, d, truth)
 
 
+def test_a_loss_per_sample_is_averaged_as_a_training_script_does():
+    """A model that returns one loss per sample (DAC's ``loss`` has shape (batch,)): the step's loss is its
+    mean, the report says so, and every number equals a real step on the same rule (tests/groundtruth.py)."""
+    from groundtruth import measure
+
+    from estimator import estimate
+
+    class PerSample(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            return {"loss": self.lin(x).pow(2).mean(dim=1)}  # (batch,)
+
+    model, x = PerSample(), torch.randn(4, 16)
+    d = estimate(model, (x,), device="cpu", optimizer="adamw").to_dict()
+    assert d["loss"].startswith('output["loss"] (4): its mean')
+    truth = measure(model, (x,), "adamw")
+    for group in ("activations", "flops_forward", "flops_backward", "gradients"):
+        _check("per_sample_loss", group, d, truth)
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_real_trace_fallback(results, device):
     """Data-dependent control flow (branchy) is traced again on real CPU tensors, also for a CUDA

@@ -32,16 +32,19 @@ def select_loss(output: Any, loss_fn: Callable[[Any], torch.Tensor] | None) -> t
     """Pick the loss of one step, and say which rule picked it.
 
     In order: ``loss_fn(output)`` when given; the output itself when it is a
-    scalar tensor; ``output.loss`` (HF style) or ``output["loss"]``; else
-    :func:`default_loss`.
+    scalar tensor; ``output.loss`` (HF style) or ``output["loss"]``, its mean when the model
+    returns one loss per sample (DAC); else :func:`default_loss`.
     """
     if loss_fn is not None:
         return loss_fn(output), "loss_fn(output)"
     if isinstance(output, torch.Tensor) and output.numel() == 1:
         return output.reshape(()) if output.ndim else output, "model output (scalar)"
-    loss = getattr(output, "loss", None)
+    loss, source = getattr(output, "loss", None), "output.loss"
+    if not isinstance(loss, torch.Tensor) and isinstance(output, Mapping):
+        loss, source = output.get("loss"), 'output["loss"]'
     if isinstance(loss, torch.Tensor):
-        return loss, "output.loss"
-    if isinstance(output, Mapping) and isinstance(output.get("loss"), torch.Tensor):
-        return output["loss"], 'output["loss"]'
+        if loss.numel() != 1 and loss.is_floating_point():  # DAC: one loss per sample, (batch,)
+            shape = "x".join(str(d) for d in loss.shape)
+            return loss.mean(), f"{source} ({shape}): its mean, as a training script reduces it"
+        return loss, source
     return default_loss(output), "default: sum of the means of the floating-point outputs"
