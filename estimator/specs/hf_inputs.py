@@ -185,8 +185,10 @@ def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, key: str 
 
 
 def _video_layout(model: torch.nn.Module, key: str, video: torch.Tensor, desc: str) -> tuple[torch.Tensor, str]:
-    """A video as batch x frames x C x H x W, or, where the forward does not run on that, its frames as one batch
-    (X-CLIP's vision tower: batch * frames x C x H x W)."""
+    """A video as batch x frames x C x H x W, or, where a forward that needs nothing else does not run on that,
+    its frames as one batch (X-CLIP's vision tower: batch * frames x C x H x W)."""
+    if not set(required(model)) <= {key}:  # a video-text model (VideoPrism's CLIP): its forward needs the text
+        return video, desc  # too, which comes after, so no probe; the video layout
     b, f, c, h, w = video.shape
     frames = video.reshape(b * f, c, h, w)
     inputs, shown = first_that_runs(model, [({key: video}, desc),
