@@ -116,3 +116,18 @@ def test_a_field_the_failure_names_is_named_in_the_refusal():
     message = str(info.value)
     assert "\n" not in message and "leaves prediction_length unset" in message
     assert "--set prediction_length=" in message
+
+
+def test_video_layouts_follow_what_the_forward_takes():
+    """X-CLIP's vision tower takes a video's frames as one batch: the loader probes the video layout, which
+    fails, and gives batch * frames images; VideoPrism's CLIP also needs its text, so it is not probed and keeps
+    batch x frames x C x H x W (a probe without the text failed and refused it).  Loading only: both are exact
+    against real steps in the sweep (benchmarks/zoo_sweep.jsonl)."""
+    from sweep import _load, shrink_overrides
+
+    from estimator.specs import load_spec
+
+    tower = _load(load_spec, "xclip_vision_model", shrink_overrides("xclip_vision_model", 2))
+    assert tuple(tower.inputs["pixel_values"].shape) == (2 * tower.config.num_frames, 3, 224, 224)
+    both = _load(load_spec, "videoprism", shrink_overrides("videoprism", 2))
+    assert both.inputs["pixel_values_videos"].ndim == 5 and "input_ids" in both.inputs
