@@ -58,8 +58,8 @@ WIDTHS = {"hidden_size": 64, "d_model": 64, "n_embd": 64, "embed_dim": 64, "inte
           "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_ssm": 64, "mamba_d_state": 16, "mamba_chunk_size": 16,
           "mamba_dt_rank": 16}
 # Fields some default configurations leave None though their model reads them (Dots1's expert counts,
-# DeepSeek-V2's routing groups, ESM's vocabulary, Autoformer's horizon): set at levels 1 and 2 (not sliding_window: None is "no
-# window" to most families)
+# DeepSeek-V2's routing groups, ESM's vocabulary, Autoformer's horizon): set at levels 1 and 2 (not
+# sliding_window: None is "no window" to most families)
 UNSET = {"n_shared_experts": 1, "n_routed_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
          "n_group": 1, "topk_group": 1, "vocab_size": 64, "prediction_length": 24}
 # Types whose smallest buildable configuration is not the sweep's rule: Zamba ties the shared attention of

@@ -393,15 +393,15 @@ def load_hf(target: str, opts: SpecOptions) -> Loaded:
     except UserError:
         raise
     except Exception as exc:
-        filled = derived_fields(cfg)  # fields the configuration leaves unset, derived as others derive them
-        try:
-            if not filled:
-                raise exc
-            model = _build(cls, how, cfg, kwargs)
-            head += filled
-        except UserError:
-            raise
-        except Exception:  # noqa: BLE001 - the first failure is the one to report
+        model, filled = None, derived_fields(cfg)  # fields the configuration leaves unset, derived as others do
+        if filled:
+            try:
+                model, head = _build(cls, how, cfg, kwargs), head + filled
+            except UserError:
+                raise
+            except Exception:  # noqa: BLE001 - the first failure is the one to report
+                pass
+        if model is None:
             model, more = _base_instead(transformers, cfg, cls, how, kwargs, exc)
             head += more
     if type(model).forward is torch.nn.Module.forward:

@@ -7,8 +7,8 @@ configurations complete them, each completion said in the model's description.
   num_attention_heads``; ``num_key_value_heads = num_attention_heads`` when not given: multi-head attention).
   Applied only when the build fails, so a configuration that builds is never changed.
 * :func:`cache_off_without_attention`: a hybrid model (Bamba, Jamba, GraniteMoeHybrid: attention heads in its
-  configuration) whose layer types hold no attention layer (their default configurations, or a shrunk one) builds a hybrid KV cache whose
-  ``get_seq_length`` raises on a cache with no attention layer, in the real step as in the traced one; with
+  configuration) whose layer types hold no attention layer (their default configurations, or a shrunk one)
+  builds a hybrid KV cache whose ``get_seq_length`` raises without one, in the real step as in the traced one; with
   ``use_cache=False`` (what training scripts set, and what transformers sets under gradient checkpointing) the
   step runs.  A cache is an inference structure: the training step holds no more without it (its keys and
   values are the tensors attention saves for backward).
