@@ -51,6 +51,7 @@ FAMILIES = {
     "lightglue": "keypoint matching on image pairs (batch x 2 x C x H x W), traced on real tensors",
     "speecht5_hifigan": "a vocoder on a mel spectrogram (frames x mels), no loss of its own",
     "time_series_transformer": "past values with their lags, time features and mask, and the future values",
+    "decision_transformer": "trajectories: states, actions, rewards, returns-to-go and timesteps",
 }
 
 

@@ -15,7 +15,7 @@ import torch
 from ..errors import UserError
 from .hf_towers import (audio_inputs, first_that_runs, grid_inputs, grid_layouts, naflex_patches, patches_per_side,
                         series_inputs, spectrogram_inputs, speech_seq2seq_inputs, takes_audio, takes_grid,
-                        takes_series)
+                        takes_series, trajectory_inputs)
 from .options import DEFAULT_IMAGE_SIZE, SpecOptions, default_seq, first_line
 from .signature import required, takes
 
@@ -62,6 +62,8 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
         main = _first_required(model) or main  # a vision tower that keeps the default main_input_name
     if main in ("spectrogram", "mel_spectrogram"):  # a vocoder
         return spectrogram_inputs(model, cfg, opts, main)
+    if main == "states" and takes(model, "returns_to_go"):  # Decision Transformer: trajectories
+        return trajectory_inputs(model, cfg, opts)
     if main == "input_ids":
         if opts.image_size is not None:
             raise UserError(f"--image-size: {type(model).__name__} takes token ids; use --seq")

@@ -346,3 +346,22 @@ def spectrogram_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, name
                    f"{name} {batch}x{mels}x{frames} (mels x frames); no loss of its own: the default loss")]
     return first_that_runs(model, candidates, f"a mel spectrogram ({name})")
 
+
+
+TRAJECTORY_STEPS = 20  # Decision Transformer's context of 20 timesteps (Chen et al. 2021, Atari/Gym K)
+
+
+def trajectory_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[dict, str]:
+    """Decision Transformer: ``--batch`` trajectories of ``--seq`` timesteps (default ``TRAJECTORY_STEPS``): the
+    configuration's ``state_dim`` states and ``act_dim`` actions, rewards and returns-to-go, timesteps (real
+    integers: an embedding index) and an all-ones mask; no loss of its own, so the default loss."""
+    if opts.image_size is not None:
+        raise UserError(f"--image-size: {type(model).__name__} takes trajectories; use --seq for their timesteps")
+    batch, steps = opts.batch or 1, opts.seq or TRAJECTORY_STEPS
+    states, actions = int(cfg.state_dim), int(cfg.act_dim)
+    inputs = {"states": torch.zeros(batch, steps, states), "actions": torch.zeros(batch, steps, actions),
+              "rewards": torch.zeros(batch, steps, 1), "returns_to_go": torch.zeros(batch, steps, 1),
+              "timesteps": torch.zeros(batch, steps, dtype=torch.int64),
+              "attention_mask": torch.ones(batch, steps, dtype=torch.int64)}
+    return inputs, (f"states {batch}x{steps}x{states}, actions {batch}x{steps}x{actions}, rewards, returns_to_go, "
+                    f"timesteps, attention_mask; no loss of its own: the default loss")
