@@ -63,8 +63,11 @@ WIDTHS = {"hidden_size": 64, "d_model": 64, "n_embd": 64, "embed_dim": 64, "inte
 UNSET = {"n_shared_experts": 1, "n_routed_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
          "n_group": 1, "topk_group": 1, "vocab_size": 64, "prediction_length": 24}
 # Types whose smallest buildable configuration is not the sweep's rule: Zamba ties the shared attention of
-# layer 1 to the other hybrid layers' (``tie_weights_keys``), so it needs two hybrid layers (1 and 3 of 4)
-SHAPED = {"zamba": {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_offset": 1}}
+# layer 1 to the other hybrid layers' (``tie_weights_keys``), so it needs two hybrid layers (1 and 3 of 4);
+# Gemma 3's defaults pool 14 x 14 patches (224 / 16) to 256 = 16 x 16 tokens (a pooling kernel of 0), so
+# 49 = 7 x 7 tokens (a kernel of 2)
+SHAPED = {"zamba": {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_offset": 1},
+          "gemma3": {"mm_tokens_per_image": 49}, "shieldgemma2": {"mm_tokens_per_image": 49}}
 SEQ, BATCH = 32, 2
 MAX_TRUTH_PARAMS = 150_000_000  # a real AdamW step of more (x16 bytes) is too slow and large for the sweep
 
