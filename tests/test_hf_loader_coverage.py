@@ -72,9 +72,9 @@ def test_a_video_text_dual_encoder_gets_its_frames_from_the_vision_configuration
 
 def test_a_forward_that_needs_what_hf_cannot_make_is_refused_naming_its_inputs():
     with pytest.raises(UserError) as info:
-        load_spec("hf:flava_multimodal_model", batch=1)  # FLAVA's fusion tower: the two towers' hidden states
+        load_spec("hf:pi0", batch=1)  # a robot policy: its action embeddings
     msg = str(info.value)
-    assert "'hidden_states'" in msg and "SPEC file" in msg and "\n" not in msg
+    assert "'action_embeds'" in msg and "SPEC file" in msg and "\n" not in msg
 
 
 @pytest.mark.parametrize("model_type,shape", [("patchtst", (2, 32, 1)), ("timesfm2_5", (2, 32))])

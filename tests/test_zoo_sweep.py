@@ -52,6 +52,7 @@ FAMILIES = {
     "speecht5_hifigan": "a vocoder on a mel spectrogram (frames x mels), no loss of its own",
     "time_series_transformer": "past values with their lags, time features and mask, and the future values",
     "decision_transformer": "trajectories: states, actions, rewards, returns-to-go and timesteps",
+    "blip_2_qformer": "a module fed another's output: query embeddings, and the image features it cross-attends",
 }
 
 

@@ -64,6 +64,9 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
         return spectrogram_inputs(model, cfg, opts, main)
     if main == "states" and takes(model, "returns_to_go"):  # Decision Transformer: trajectories
         return trajectory_inputs(model, cfg, opts)
+    if main in EMBEDDING_INPUTS and all(n == main or n.endswith("mask") for n in required(model)):
+        # a module fed another's hidden states alone (FLAVA's fusion tower, a Q-Former)
+        return _embedding_inputs(model, cfg, opts, main)
     if main == "input_ids":
         if opts.image_size is not None:
             raise UserError(f"--image-size: {type(model).__name__} takes token ids; use --seq")
@@ -95,6 +98,34 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
     raise UserError(f"hf: makes token ids, images, log-mel features, audio or time series; {type(model).__name__}.forward "
                     f"needs {_needs(model, main)}: write a SPEC file, path/to/file.py:build whose build() returns "
                     f"(model, inputs) with them (docs/cli.md, SPEC forms)")
+
+
+EMBEDDING_INPUTS = ("hidden_states", "inputs_embeds", "query_embeds", "context")
+
+
+def _embedding_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, name: str) -> tuple[dict, str]:
+    """A module whose forward takes another module's output (``EMBEDDING_INPUTS``: FLAVA's fusion tower, BLIP-2's
+    Q-Former, Idefics2's perceiver, a speech encoder fed its features): ``--batch`` x ``--seq`` vectors of the
+    configuration's ``input_dim`` (the features it projects) or ``hidden_size``, every other required mask all ones,
+    and the states a cross-attention reads (``encoder_hidden_size``) where it takes them; no loss of its own, so the
+    default loss."""
+    if opts.image_size is not None:
+        raise UserError(f"--image-size: {type(model).__name__} takes {name}; use --seq for its length")
+    width = getattr(cfg, "input_dim", None) if name == "hidden_states" else None
+    width = width if isinstance(width, int) else getattr(cfg, "hidden_size", None)
+    if not isinstance(width, int):
+        raise UserError(f"hf: {type(model).__name__}.forward needs {name!r} and its configuration has no hidden_size: "
+                        f"write a SPEC file, path/to/file.py:build whose build() returns (model, inputs)")
+    batch, seq = opts.batch or 1, opts.seq or default_seq(max_positions(cfg))
+    inputs = {name: torch.zeros(batch, seq, width, device="meta")}
+    masks = [n for n in required(model) if n != name and n.endswith("mask")]
+    inputs.update({n: torch.ones(batch, seq, dtype=torch.int64) for n in masks})
+    shown = "".join(f", {n}" for n in masks)
+    cross = getattr(cfg, "encoder_hidden_size", None)
+    if takes(model, "encoder_hidden_states") and isinstance(cross, int):  # BLIP-2's Q-Former: the image features
+        inputs["encoder_hidden_states"] = torch.zeros(batch, seq, cross, device="meta")  # its cross-attention reads
+        shown += f", encoder_hidden_states {batch}x{seq}x{cross}"
+    return inputs, f"{name} {batch}x{seq}x{width} (another module's output){shown}; no loss of its own: the default loss"
 
 
 def _codebook_tokens(model: torch.nn.Module, inputs: dict, desc: str, batch: int, seq: int,
