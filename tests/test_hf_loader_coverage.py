@@ -179,3 +179,17 @@ def test_set_reaches_a_sub_configuration_of_a_sub_configuration():
         load_spec("hf:t5gemma2", overrides={"encoder.text_config.num_hiden_layers": 1})
     with pytest.raises(UserError, match="has no sub-configuration 'txt_config'"):
         load_spec("hf:t5gemma2", overrides={"encoder.txt_config.num_hidden_layers": 1})
+
+
+def test_speech2text_gets_frames_by_mels_and_xmod_its_first_language():
+    """Speech2Text's subsampler transposes frames x mels (its configuration's input_feat_per_channel x
+    input_channels bins), where Whisper's first convolution takes mels x frames; X-MOD's forward raises without a
+    language, so the loader sets its configuration's first and says so.  Loading only: both are exact against real
+    steps in the sweep (benchmarks/zoo_sweep.jsonl)."""
+    s2t = load_spec("hf:speech_to_text", batch=2, seq=8, overrides={"encoder_layers": 1, "decoder_layers": 1})
+    mels = s2t.config.input_feat_per_channel * s2t.config.input_channels
+    features = s2t.inputs["input_features"]
+    assert features.shape[0] == 2 and features.shape[2] == mels and features.shape[1] != mels
+    xmod = load_spec("hf:xmod", batch=2, seq=8, overrides={"num_hidden_layers": 1})
+    first = xmod.config.languages[0]
+    assert f"language {first}" in xmod.description and xmod.config.default_language == first
