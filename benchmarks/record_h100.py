@@ -90,6 +90,7 @@ TIMING = [
     ("gpt2_medium_b4", "fp32"), ("bert_base_b16", "fp32"), ("bert_base_b16", "bf16-mixed"),
     ("mobilenet_v3_large_b64", "fp32", True), ("convnext_tiny_b32", "bf16-mixed", True), ("convnext_tiny_b32", "fp32"),
     ("resnet18_b32", "fp32"), ("resnet18_b32", "bf16-mixed"), ("small_cnn_b64", "fp32"), ("lstm_emb_b32", "fp32"),
+    ("gpt2_124m", "bf16-mixed"), ("llama_small", "bf16-mixed"), ("gpt2_124m", "fp32"),
 ]
 # (model, precision, compile: "model" | "block" | None, float8: None | "tensorwise" | "rowwise"), in order of
 # importance: a background pass compiles and measures memory while the memory phase runs (Inductor's cache
@@ -274,10 +275,22 @@ def runs(search, precision, batch) -> bool:
 
 
 def record_maxbatch(out, search, precision, lo, hi):
+    """Bisect between ``lo`` (runs) and ``hi`` (does not); bounds that are wrong (another card) are moved
+    out by their gap until they hold."""
     tried = {}
-    if not runs(search, precision, lo):
-        emit(out, "maxbatch.jsonl", {"case": search, "precision": precision, "error": f"{lo} does not run"})
-        return
+    step = max(hi - lo, 2)
+    while not runs(search, precision, lo) and left() > 20:
+        tried[lo] = False
+        lo, hi = max(1, lo - step), lo
+        if lo == 1 and not runs(search, precision, 1):
+            emit(out, "maxbatch.jsonl", {"case": search, "precision": precision, "error": "1 does not run"})
+            return
+    tried[lo] = True
+    while hi not in tried and left() > 20:
+        tried[hi] = ok = runs(search, precision, hi)
+        if not ok:
+            break
+        lo, hi = hi, hi + step
     while hi - lo > 1 and left() > 20:
         mid = (lo + hi) // 2
         tried[mid] = ok = runs(search, precision, mid)
@@ -410,6 +423,7 @@ def main():
     ap.add_argument("--phases", nargs="*", default=["memory", "maxbatch", "timing", "compile"])
     ap.add_argument("--only", nargs="*", help="case names to keep")
     ap.add_argument("--per-op", nargs="*", help="CASE:PRECISION to time op by op")
+    ap.add_argument("--maxbatch", nargs="*", help="CASE:PRECISION:LOW:HIGH searches instead of MAXBATCH's (another card)")
     a = ap.parse_args()
     BUDGET = a.budget
     PASS = "warm" if "compile-warm" in a.phases else "main"
@@ -437,7 +451,9 @@ def main():
             background.kill()
             print("compile-warm: stopped at its budget", flush=True)
     if "maxbatch" in a.phases:
-        for search, precision, lo, hi in MAXBATCH:
+        searches = [(c, p, int(lo), int(hi)) for c, p, lo, hi in (m.split(":") for m in a.maxbatch)] if a.maxbatch \
+            else MAXBATCH
+        for search, precision, lo, hi in searches:
             if keep(search):
                 guarded(record_maxbatch, a.out, search, precision, lo, hi, need=40)
     if "timing" in a.phases:
