@@ -5,6 +5,9 @@ structural model that carries them to GPUs without measurements.
     python benchmarks/fit_kernels.py --logo           # leave-one-GPU-out table (markdown), no write
     python benchmarks/fit_kernels.py --sample         # the same on tests/data/public_kernels (what the tests run)
 
+Every run also prints the GPUs this project measured itself that no fit has seen (``--unseen``, default the
+H200's kernels of ``tests/data/h200``): the structure's prediction and the shipped model against them.
+
 Data: ``benchmarks/public_kernels.py`` (NeuSight's dataset: fp32 single ops, TF32 off, torch 2.1, on
 H100 SXM, A100 80GB / 40GB PCIe, L4, T4, V100 PCIe, P100 PCIe, P4).  Kernels only: no whole-model step
 enters any fit (those are how the model is judged).
@@ -289,6 +292,52 @@ def band_figures(held_out: dict[str, dict]) -> dict[str, float]:
     return out
 
 
+def shipped_errors(kernels: list[PK.Kernel], model: T.TimingModel, harness: dict[str, float],
+                   above_floor: float = 3.0) -> dict[str, dict]:
+    """The time model as shipped for a GPU against kernels measured on it (:func:`family_errors`' figures):
+    each kernel's sustained time (``gpu_seconds`` less the busy GPU's launch floor) read through the
+    harness (``harness``: the GPU's stage-1 floor and idle launch offsets, properties of the measurement)."""
+    by_family: dict[str, list[tuple[float, float]]] = {}
+    for k in kernels:
+        w = k.work
+        compute = w.kind in T.COMPUTE_KINDS
+        kernel = T.gpu_seconds(w, model, conv_tf32=False) - w.launches * (model.library_s if compute else model.launch_s)
+        offset = harness["offset_library" if compute else "offset_memory"]
+        read = float(T.soft_max_p(torch.tensor(harness["floor"]), torch.tensor(offset + kernel), HARNESS_P))
+        if k.latency_s >= above_floor * harness["floor"]:
+            by_family.setdefault(k.family, []).append((read, k.latency_s))
+    out = {}
+    for fam, pairs in by_family.items():
+        logs = [math.log(p / m) for p, m in pairs]
+        out[fam] = {"n": len(logs), "bias": math.exp(statistics.median(logs)),
+                    "time_ratio": sum(p for p, _ in pairs) / sum(m for _, m in pairs),
+                    "error": math.exp(statistics.median(abs(x) for x in logs)) - 1,
+                    "within_20": sum(abs(x) <= math.log(1.2) for x in logs) / len(logs)}
+    return out
+
+
+def unseen(fit: dict, kernels: list[PK.Kernel]) -> dict[str, dict]:
+    """GPUs this project measured (``benchmarks/record_kernels.py``) that no fit has seen, per GPU: its
+    fp32 kernels predicted from the structure fitted on the public GPUs (as :func:`logo`: stage 1 on its own
+    kernels only for the harness floor and boost transient), and the model this project ships for it (its
+    catalog entry: a sibling's measurements or the structure) on its fp32 kernels and on its bf16 GEMMs."""
+    from estimator.timing.catalog import load_model
+
+    out = {}
+    for gpu in sorted({k.gpu for k in kernels}):
+        fp32 = [k for k in kernels if k.gpu == gpu and k.dtype == "float32"]
+        feats = Features(fp32, gpu)
+        own = fit_gpu(feats)
+        p = predicted_params(gpu, own, fit["per_gpu"], fit["structure"])
+        shipped = load_model(gpu)
+        out[gpu] = {"held_out": family_errors(feats, p), "own": family_errors(feats, own), "harness": own,
+                    "sustained_eff": {"own": sustained_eff(own), "predicted": p["gemm"] * p["sustained"]},
+                    "shipped": shipped_errors(fp32, shipped, own), "shipped_source": shipped.source,
+                    "shipped_half": shipped_errors([k for k in kernels if k.gpu == gpu and k.dtype != "float32"],
+                                                   shipped, own)}
+    return out
+
+
 # -- the whole fit ----------------------------------------------------------------------------------
 
 MIN_FAMILY = 20  # a family counts as measured on a GPU with at least this many kernels above the floor
@@ -416,9 +465,28 @@ def print_tables(fit: dict) -> None:
     print("band figures (log half-widths): " + ", ".join(f"{k} {v:.3f}" for k, v in fit["band"].items()))
 
 
+def print_unseen(rows: dict[str, dict]) -> None:
+    """benchmarks/README.md's table of the GPUs this project measured and no fit has seen."""
+    print("\n| GPU | family | structure fitted on the public GPUs: median ratio, median error, within 20 %, time "
+          "ratio | the shipped model: the same |")
+    print("|---|---|---|---|")
+    for gpu, r in rows.items():
+        cells = [(f"{fam} ({e['n']})", r["held_out"].get(fam), e) for fam, e in r["shipped"].items()]
+        cells += [(f"bf16 {fam} ({e['n']})", None, e) for fam, e in r["shipped_half"].items()]
+        for i, (name, held, shipped) in enumerate(sorted(cells, key=lambda c: c[0])):
+            fmt = lambda e: f"{e['bias']:.2f}, {e['error']:.1%}, {e['within_20']:.0%}, {e['time_ratio']:.2f}"  # noqa
+            print(f"| {gpu if i == 0 else ''} | {name} | {fmt(held) if held else 'n/a'} | {fmt(shipped)} |")
+        print(f"\n{gpu}: shipped model: {r['shipped_source']}; sustained fp32 GEMM efficiency own "
+              f"{r['sustained_eff']['own']:.2f}, predicted by the structure {r['sustained_eff']['predicted']:.2f}")
+
+
+UNSEEN = [os.path.join(ROOT, "tests", "data", "h200", f) for f in ("kernels.csv.gz", "kernels_bf16.csv.gz")]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--logo", action="store_true", help="print the leave-one-GPU-out table only")
+    ap.add_argument("--unseen", nargs="*", default=UNSEEN, help="kernel files of GPUs no fit has seen (record_kernels.py)")
     ap.add_argument("--sample", action="store_true", help="the project's sample instead of the shared folder")
     ap.add_argument("--per-family", type=int, default=PER_FAMILY)
     a = ap.parse_args(argv)
@@ -426,6 +494,8 @@ def main(argv=None):
     data = "tests/data/public_kernels (sample)" if a.sample else "../shared/public-kernels/neusight"
     fit = fit_all(kernels, a.per_family)
     print_tables(fit)
+    if a.unseen:
+        print_unseen(unseen(fit, [k for path in a.unseen for k in PK.load_sample(path)]))
     if not (a.logo or a.sample):
         for path in write_models(fit, data):
             print("wrote", os.path.relpath(path, ROOT))

@@ -37,7 +37,7 @@ import io
 import os
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -74,10 +74,11 @@ class Kernel:
     op: str
     shape: tuple[int, ...]
     latency_s: float
+    dtype: str = "float32"  # bfloat16: a GEMM of benchmarks/record_kernels.py --bf16
 
     @property
     def work(self) -> T.OpWork:
-        return work_of(self.op, self.shape)
+        return work_of(self.op, self.shape) if self.dtype == "float32" else half_gemm(self.op, self.shape, self.dtype)
 
     @property
     def family(self) -> str:
@@ -119,6 +120,15 @@ def work_of(op: str, shape: tuple[int, ...]) -> T.OpWork:
                     bytes_written=FP32 * numel, dtype="float32")
 
 
+def half_gemm(op: str, shape: tuple[int, ...], dtype: str) -> T.OpWork:
+    """A ``bmm`` or ``linear`` row timed in a 2-byte dtype (tensor cores): the fp32 row's FLOPs, half its bytes,
+    and the leading dimensions' alignment (K of the left operand and of the weight, N of the right operand and
+    of the result), as the capture's GEMM records have it."""
+    w = work_of(op, shape)
+    return replace(w, dtype=dtype, bytes_read=w.bytes_read // 2, bytes_written=w.bytes_written // 2,
+                   align=T.alignment_bytes([w.k, w.n], 2))
+
+
 def _conv_work(b, c_in, c_out, k, size, stride, pad) -> T.OpWork:
     out = (size + 2 * pad - k) // stride + 1
     x, w, y = (b, c_in, size, size), (c_out, c_in, k, k), (b, c_out, out, out)
@@ -154,10 +164,12 @@ def load(root: str = SHARED) -> list[Kernel]:
 
 
 def load_sample(path: str = SAMPLE) -> list[Kernel]:
-    """The project's sample (``tests/data/public_kernels/kernels.csv.gz``: gpu, op, shape, latency_ms)."""
+    """The project's sample (``tests/data/public_kernels/kernels.csv.gz``: gpu, op, shape, latency_ms), or a file
+    of ``benchmarks/record_kernels.py`` (the same columns; its bf16 GEMMs with a ``dtype`` column)."""
     out = []
     for r in _rows(path):
-        out.append(Kernel(r["gpu"], r["op"], tuple(int(x) for x in r["shape"].split("x")), float(r["latency_ms"]) * 1e-3))
+        out.append(Kernel(r["gpu"], r["op"], tuple(int(x) for x in r["shape"].split("x")), float(r["latency_ms"]) * 1e-3,
+                          r.get("dtype", "float32")))
     return out
 
 

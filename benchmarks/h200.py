@@ -1,0 +1,100 @@
+"""The estimator against one NVIDIA H200 that none of its constants was fitted on (``tests/data/h200``).
+
+    python benchmarks/h200.py            # ~3 min on 2 cores: 16 steps, 9 peaks, 3 searches, 4 compiled steps
+
+Every case of ``tests/h100_cases.py`` that the H200 recording measured is estimated on CPU fake tensors with
+``gpu="H200"`` (the H100's measured constants on the H200's datasheet) and the recorder's loop, and printed
+beside the measurement: step time (and whether it falls in the estimate's likely range), the steady-state
+peak, the largest micro-batch and the compiled steps.  The H100's measurement of the same case
+(``tests/data/h100_loops``), where there is one, is printed beside it.  Markdown tables on stdout; the
+kernel tables are ``benchmarks/fit_kernels.py``'s (``--unseen``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+
+import h100_cases  # noqa: E402
+
+from estimator import estimate  # noqa: E402
+
+DATA = os.path.join(ROOT, "tests", "data", "h200")
+H100 = os.path.join(ROOT, "tests", "data", "h100_loops")
+
+
+def lines(folder: str, name: str) -> list[dict]:
+    with open(os.path.join(folder, name)) as f:
+        return [json.loads(line) for line in f]
+
+
+def run(case_fn, precision: str, gpu: str = "H200", **kwargs):
+    model, inputs, loss_fn = case_fn()
+    return estimate(model, inputs, loss_fn=loss_fn, optimizer="adamw:lr=1e-05", device="cuda", precision=precision,
+                    gpu=gpu, cuda_torch="2.11", **kwargs)
+
+
+def steps() -> None:
+    h100 = {(r["case"], r["precision"]): r["step_s_median"] for r in lines(H100, "timing.jsonl")}
+    print("| case | precision | H200 measured ms | estimated ms | ratio | likely range / measured | H100 measured ms "
+          "| measured H200 / H100 | estimated H200 / H100 |")
+    print("|---|---|---:|---:|---:|---|---:|---:|---:|")
+    inside = 0
+    timing = lines(DATA, "timing.jsonl")
+    for r in timing:
+        key, m = (r["case"], r["precision"]), r["step_s_median"]
+        st = run(h100_cases.MODELS[r["case"]], r["precision"], solve_batch=False).step_time
+        lo, hi = st.likely
+        inside += lo <= m <= hi
+        h1 = h100.get(key)
+        ref = run(h100_cases.MODELS[r["case"]], r["precision"], gpu="H100", solve_batch=False).step_time.total
+        print(f"| {key[0]} | {key[1]} | {m * 1e3:.2f} | {st.total * 1e3:.2f} | {st.total / m:.3f} | "
+              f"{lo / m:.2f}-{hi / m:.2f}{'' if lo <= m <= hi else ' (out)'} | "
+              f"{f'{h1 * 1e3:.2f}' if h1 else 'n/a'} | {f'{m / h1:.3f}' if h1 else 'n/a'} | {st.total / ref:.3f} |",
+              flush=True)
+    print(f"\nmeasured step inside the likely range: {inside} of {len(timing)}\n")
+
+
+def peaks() -> None:
+    print("| case | precision | loop | measured peak MiB | estimated / measured (steady) | (first step) |")
+    print("|---|---|---|---:|---:|---:|")
+    for r in lines(DATA, "memory.jsonl"):
+        mem = run(h100_cases.MODELS[r["case"]], r["precision"], solve_batch=False, **r["loop"]).memory
+        steady, first = r["steps"][1]["peak"], r["steps"][0]["peak"]
+        print(f"| {r['case']} | {r['precision']} | {json.dumps(r['loop'])} | {steady / 2**20:.1f} | "
+              f"{mem.peak / steady:.5f} | {mem.peak_first_step / first:.5f} |", flush=True)
+
+
+def searches() -> None:
+    print("\n| search | precision | largest that ran | estimated |\n|---|---|---:|---:|")
+    for r in lines(DATA, "maxbatch.jsonl"):
+        report = run(h100_cases.SEARCHES[r["case"]](8), r["precision"])
+        print(f"| {r['case']} | {r['precision']} | {r['largest']} | {report.max_batch} |", flush=True)
+
+
+def compiled() -> None:
+    print("\n| case | compile | measured peak MiB | estimated / measured | measured ms | estimated / measured |")
+    print("|---|---|---:|---:|---:|---:|")
+    for r in lines(DATA, "compile.jsonl"):
+        report = run(h100_cases.MODELS[r["case"]], r["precision"], solve_batch=False, compile=r["compile"])
+        peak, t = r["steps"][1]["peak"], r["step_s_median"]
+        print(f"| {r['case']} | {r['compile'] or 'eager'} | {peak / 2**20:.1f} | {report.memory.peak / peak:.3f} | "
+              f"{t * 1e3:.2f} | {report.step_time.total / t:.3f} |", flush=True)
+
+
+def main() -> None:
+    logging.getLogger("estimator").setLevel(logging.ERROR)
+    steps()
+    peaks()
+    searches()
+    compiled()
+
+
+if __name__ == "__main__":
+    main()
