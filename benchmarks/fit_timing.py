@@ -189,14 +189,27 @@ _ASSUMED_EFF = {  # key -> (source key, why)
     "attention.efficient.half": ("attention.cudnn.half", "not run by any case (bf16 SDPA picks cuDNN); assumed"),
     "attention.flash.fp32": ("attention.efficient.fp32", "flash has no fp32 kernel; SDPA falls back to efficient"),
 }
+# fitted keys that no op of the cases constrains: (source key, why)
+_UNFITTED = {
+    "conv.grouped": ("conv.tf32", "no grouped convolution but depthwise ones in the cases, and those are timed from "
+                                  "their own kernels (estimator/timing/depthwise.py): the convolutions' efficiency, "
+                                  "on the CUDA cores' peak"),
+}
+
+
+def _fitted_from(cases: list[Case], key: str) -> list[str]:
+    """The cases with an op whose time the fit of efficiency ``key`` uses."""
+    return sorted({c.key for c in cases for w in c.works if w.kind in (T.MATMUL, T.CONV, T.ATTENTION)
+                   and not w.depthwise and T.efficiency_key(w, T.precision_of(w)[1]) == key})
 
 
 class _Features:
     """The timed kernel ops of some cases as tensors (one row per op)."""
 
     def __init__(self, cases: list[Case], peaks: dict[str, float], timed: bool = True):
+        # depthwise convolutions are timed from their own kernel measurements (estimator/timing/depthwise.py)
         rows = [(w, m, c.key) for c in cases for w, m, t in zip(c.works, c.measured, c.timed)
-                if t == timed and w.kind in (T.MEMORY, T.MATMUL, T.CONV, T.ATTENTION) and m > 0]
+                if t == timed and w.kind in (T.MEMORY, T.MATMUL, T.CONV, T.ATTENTION) and m > 0 and not w.depthwise]
         self.rows = rows
         f = lambda xs: torch.tensor(xs, dtype=torch.float64)  # noqa: E731
         self.measured = f([m for _, m, _ in rows])
@@ -569,6 +582,9 @@ def _fit(cases: list[Case], gpu=None) -> T.TimingModel:
     for key in _FITTED_EFF:  # fitted keys without data in these cases: the nearest family
         if key not in eff:
             eff[key] = eff.get(key.rsplit(".", 1)[0] + ".half") or eff.get("matmul.half")
+    for key, (src, _why) in _UNFITTED.items():
+        if not _fitted_from(cases, key):
+            eff[key] = eff[src]
     host0 = {p: 0.0 for p in T.PHASES}
     model = T.TimingModel(
         gpu=gpu.name, calibrated=True, source="fitted", launch_s=k["launch_s"], library_s=k["library_s"],
@@ -590,8 +606,9 @@ def provenance(cases: list[Case]) -> dict:
     compute = having(lambda w: w.kind in (T.MATMUL, T.CONV))
     eff = {}
     for key in _FITTED_EFF:
-        eff[key] = {"fitted_from": having(lambda w, key=key: w.kind in (T.MATMUL, T.CONV, T.ATTENTION)
-                                         and T.efficiency_key(w, T.precision_of(w)[1]) == key)}
+        eff[key] = {"fitted_from": _fitted_from(cases, key)}
+        if not eff[key]["fitted_from"] and key in _UNFITTED:
+            eff[key] = {"assumed_equal_to": _UNFITTED[key][0], "why": _UNFITTED[key][1]}
     for key, (src, why) in _ASSUMED_EFF.items():
         eff[key] = {"assumed_equal_to": src, "why": why}
     meta = cases[0].meta

@@ -77,11 +77,13 @@ def test_largest_micro_batch_is_the_one_that_ran(rec):
 # (measured 0.994 GPT-2 124M); the others to their measured ratio widened by about 0.1, so a change that
 # makes them worse fails: GPT-2 124M bf16 0.859 and the Qwen2-0.5B shape bf16 0.785 (estimated GPU-bound at
 # 76 ms with 87 ms of host work; measured 125 ms, 8 % slower than on the H100 where the same estimate is
-# 0.92x); the small CNN 0.504 (a launch-bound step of 3.05 ms: 2.45 ms on the H100, 2.18 ms on another
-# start of it); ConvNeXt-Tiny bf16 1.004.
+# 0.92x); the small CNN 0.502 (a launch-bound step of 3.05 ms: 2.45 ms on the H100, 2.18 ms on another
+# start of it); ConvNeXt-Tiny bf16 0.966 and fp32 0.887 (0.714 before its channels-last depthwise convolutions
+# were timed as cuDNN runs them, estimator/timing/depthwise.py; held to the 10 % from above and 20 %
+# below).
 STEPS = [("gpt2_124m", "fp32", (0.90, 1.10)), ("gpt2_124m", "bf16-mixed", (0.75, 1.10)),
          ("qwen2_05b_b4", "bf16-mixed", (0.68, 1.10)), ("small_cnn_b64", "fp32", (0.40, 1.10)),
-         ("convnext_tiny_b32", "bf16-mixed", (0.90, 1.10))]
+         ("convnext_tiny_b32", "bf16-mixed", (0.90, 1.10)), ("convnext_tiny_b32", "fp32", (0.80, 1.10))]
 
 
 @pytest.mark.parametrize("case,precision,bounds", STEPS, ids=[f"{c}__{p}" for c, p, _ in STEPS])

@@ -7,7 +7,8 @@ constants (:class:`~.constants.TimingModel`).
   is the datasheet peak (``hardware.GPU.peak``) of the precision the kernel runs in: fp32 GEMMs
   on the fp32 pipes (``torch.backends.cuda.matmul.allow_tf32`` is False by default), cuDNN
   convolutions in TF32 (``torch.backends.cudnn.allow_tf32`` is True), bf16/fp16 on tensor cores,
-  grouped (depthwise) convolutions on the CUDA cores (fp32, or packed bf16/fp16 at twice that).  ``eff`` is the achieved fraction per op
+  grouped convolutions on the CUDA cores (fp32, or packed bf16/fp16 at twice that); depthwise ones at the
+  rate measured for their backend, dtype, stride and kernel size (:mod:`.depthwise`).  ``eff`` is the achieved fraction per op
   family and precision (and backend for attention; backward kernels x ``attention_backward`` /
   ``conv_backward``).  ``size = rows/(rows + fill_rows) * m/(m + n0) * n/(n + n0) * k/(k + k0)``
   (rows = batch * m * n output elements): small GEMMs fill too few tiles, narrow ones pad their
@@ -34,6 +35,7 @@ equal (``tests/test_timing.py`` checks them against each other).
 
 from __future__ import annotations
 
+from . import depthwise
 from .constants import TimingModel
 from .geometry import causal_fraction
 from .optable import ATTENTION, CONV, MATMUL, MEMORY, NO_KERNEL, RNN, TENSOR_CORE_BYTES
@@ -159,6 +161,11 @@ def gpu_seconds(w: OpWork, model: TimingModel, matmul_tf32: bool = False, conv_t
         return w.launches * model.launch_s + w.bytes / bandwidth
     if w.kind == RNN:
         return rnn_seconds(w, model, matmul_tf32)
+    if w.kind == CONV and w.depthwise:
+        dw_eff = depthwise.efficiency(w.depthwise, w.dtype, w.backward)
+        if dw_eff is not None:
+            # measured kernels (timing.depthwise): the rate is the whole op's, its launches and traffic included
+            return max(w.launches * model.library_s, w.flops / (peak_of(model, "fp32") * dw_eff))
     peak_key, precision = precision_of(w, matmul_tf32, model.tf32 if conv_tf32 is None else conv_tf32)
     eff = model.eff[efficiency_key(w, precision)]
     flops = float(w.flops)

@@ -17,6 +17,8 @@ from ..graph import target_text
 from ..rules.attention import sdpa_backward_flops, sdpa_flops
 from ..rules.conv import conv_flops
 from ..rules.matmul import grouped_mm_flops
+from .depthwise import classify as classify_depthwise
+from .depthwise import is_channels_last
 from .geometry import (
     alignment_bytes, conv_gemm_dims, footprint, foreach_launches, gemm_dims, grouped_gemm_dims, is_inplace, itemsize,
     numel, op_base,
@@ -63,6 +65,7 @@ class OpWork:
     sync: bool = False  # the host reads a device value (waits for the GPU) before it goes on
     memory_class: str = "elementwise"  # how a memory-bound kernel streams (see MEMORY_CLASS)
     compiled: bool = False  # run by a torch.compile graph: the host only launches it (see host.cpu_seconds)
+    depthwise: str = ""  # a depthwise convolution's backend, stride and kernel class (timing.depthwise.classify)
 
     @property
     def bytes(self) -> int:
@@ -166,6 +169,9 @@ class _RecordShapes:
         shape, _, stride = self.ins[index]
         return stride is not None and len(shape) >= 2 and shape[-2] > 1 and stride[-2] == 1 and shape[-1] > 1
 
+    def stride(self, index: int) -> tuple[int, ...] | None:
+        return self.ins[index][2] if index < len(self.ins) else None
+
 
 class _NodeShapes:
     """Shapes of a captured node's tensors (no strides: transposition read off the producer)."""
@@ -179,6 +185,12 @@ class _NodeShapes:
         prod_node = self.producers[index] if index < len(self.producers) else None
         target = getattr(prod_node, "target", None)
         return target is not None and op_base(target_text(target)) in self._TRANSPOSES
+
+    def stride(self, index: int) -> tuple[int, ...] | None:
+        """The recorded strides of input ``index`` (its producer's single output), or None."""
+        prod_node = self.producers[index] if index < len(self.producers) else None
+        strides = getattr(prod_node, "meta", {}).get("stride") or ()
+        return tuple(strides[0]) if len(strides) == 1 and strides[0] is not None else None
 
 
 def _node_inputs(node) -> tuple[list, list]:
@@ -298,7 +310,7 @@ def _work(name, base, phase, ins, outs, causal, shapes) -> OpWork:
     if kind == MATMUL:
         return _matmul_work(name, base, phase, ins, outs, shapes, common)
     if kind == CONV:
-        return _conv_work(name, base, phase, ins, outs, common)
+        return _conv_work(name, base, phase, ins, outs, common, shapes)
     if kind == ATTENTION:
         return _attention_work(name, base, phase, ins, outs, causal, common)
     if kind == RNN:
@@ -349,7 +361,7 @@ def _grouped_out_shape(a, b):
     return (a[0], b[-1]) if len(a) == 2 else (a[0], a[1], b[-1])
 
 
-def _conv_work(name, base, phase, ins, outs, common) -> OpWork:
+def _conv_work(name, base, phase, ins, outs, common, shapes) -> OpWork:
     if base in CONV_BACKWARD_OPS:
         # convolution_backward(grad_output, input, weight, ...) -> (grad_input?, grad_weight?, grad_bias?)
         g, x, w = ins[0][0], ins[1][0], ins[2][0]
@@ -362,8 +374,9 @@ def _conv_work(name, base, phase, ins, outs, common) -> OpWork:
         launches = max(1, n_grads + int(len(grads) > n_grads))
         # channels per group are the contiguous (NHWC) GEMM dimensions cuDNN's kernels load
         align = alignment_bytes([x[1] // batch if len(x) > 1 else 1, n], itemsize(dtype))
+        depthwise = classify_depthwise(x, w, g, is_channels_last(x, shapes.stride(1)))
         return OpWork(name, phase, CONV, flops=per * n_grads, batch=batch, m=m, n=n, k=k, align=align, backward=True,
-                      launches=launches, library="cudnn", **{**common, "dtype": dtype})
+                      launches=launches, library="cudnn", depthwise=depthwise, **{**common, "dtype": dtype})
     # convolution(input, weight, bias?, ...) -> out
     x, w = ins[0][0], ins[1][0]
     out = outs[0][0] if outs else None
@@ -373,8 +386,9 @@ def _conv_work(name, base, phase, ins, outs, common) -> OpWork:
     # channels per group (C_in/g, C_out/g) are the contiguous GEMM dimensions (NHWC kernels)
     align = alignment_bytes([w[1], n], itemsize(ins[0][1]))
     # 2 * N * prod(out spatial) * weight.numel (rules/conv.py)
+    depthwise = classify_depthwise(x, w, out, is_channels_last(x, shapes.stride(0)))
     return OpWork(name, phase, CONV, flops=conv_flops(x, w, out), batch=batch, m=m, n=n, k=k, align=align,
-                  library="cudnn", **{**common, "dtype": ins[0][1]})
+                  library="cudnn", depthwise=depthwise, **{**common, "dtype": ins[0][1]})
 
 
 def _attention_work(name, base, phase, ins, outs, causal, common) -> OpWork:
