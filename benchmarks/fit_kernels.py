@@ -395,6 +395,22 @@ def gpu_model(gpu: str, fit: dict, h100: T.TimingModel, data: str) -> T.TimingMo
                    band=band, provenance=provenance)
 
 
+def sibling_band(rows: dict[str, dict]) -> dict:
+    """The band figures of a GPU timed from its sibling's constants (``catalog.SIBLINGS``): per family, the
+    largest |median log error| of the shipped model on a measured sibling GPU's kernels (:func:`unseen`: the
+    H200, timed from the H100 SXM), as :func:`band_figures` defines them for a held-out GPU."""
+    out: dict = {}
+    for gpu, r in rows.items():
+        e, half = r["shipped"], r["shipped_half"]
+        figures = {"gemm": abs(math.log(e["gemm"]["bias"])), "conv": abs(math.log(e["conv"]["bias"])),
+                   "memory": max(abs(math.log(e[f]["bias"])) for f in ("elementwise", "reduction", "norm")),
+                   "tensor": abs(math.log(half["gemm"]["bias"]))}
+        for fam, v in figures.items():
+            out[fam] = max(out.get(fam, 0.0), v)
+    out["measured_on"] = sorted(rows)
+    return out
+
+
 def write_models(fit: dict, data: str, out_dir: str = DATA) -> list[str]:
     """Write timing_<gpu>.json for every measured GPU but the H100, and timing_structure.json."""
     from estimator.timing.catalog import DATA_FILES, STRUCTURE_FILE, measured
@@ -409,6 +425,7 @@ def write_models(fit: dict, data: str, out_dir: str = DATA) -> list[str]:
         written.append(path)
     s = fit["structure"]
     doc = {**s.to_json(), "band": {"step": h100.band["step"], **fit["band"]},
+           "sibling_band": sibling_band(unseen(fit, [k for path in UNSEEN for k in PK.load_sample(path)])),
            "logo": logo_rows(fit), "h100_check": h100_check(fit, h100)}
     doc["provenance"] = {**doc["provenance"], "fitted_on": datetime.date.today().isoformat(),
                          "script": "benchmarks/fit_kernels.py", "data": data}

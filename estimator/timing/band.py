@@ -15,6 +15,9 @@ step's op mix (:func:`half_width`, :func:`likely_range`, :func:`origin`).
   the root mean square over held-out GPUs of the family's median log error when that GPU is left
   out (``benchmarks/fit_kernels.py``, leave one GPU out).  Tensor-core kernels are measured on the
   H100 only: on other GPUs their figure is the fp32 GEMMs' (a stand-in, said so in :func:`origin`).
+  A GPU timed from a sibling's constants (the same chip on another board) takes, per family, the
+  |median log error| of that transfer on a measured sibling's own kernels (the H100's constants on the
+  H200's fp32 kernels and bf16 GEMMs, ``catalog.sibling_band``).
 * ``share_f``: the family's kernel time over the step's time.  Errors within a family are treated
   as one systematic error (an efficiency off by 20 % moves every GEMM), hence the linear sum; the
   calibrated step's error is independent of it, hence the quadrature.
@@ -72,7 +75,8 @@ def origin(model: TimingModel, share: Mapping[str, float] | None = None) -> str:
     """Where the constants come from, in a few words (what the range rests on)."""
     prov = model.provenance or {}
     if "sibling" in prov:
-        return f"not measured: the {prov['sibling']}'s measurements (the same chip) on this GPU's datasheet"
+        return (f"not measured: the {prov['sibling']}'s measurements (the same chip) on this GPU's datasheet, "
+                f"with the kernel errors of that transfer as measured on an H200")
     measured = prov.get("measured")
     if measured == "training steps":
         return "calibrated on measured training steps of this GPU"

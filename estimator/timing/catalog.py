@@ -62,6 +62,13 @@ def extrapolation_band() -> dict[str, float]:
     return dict(_read(STRUCTURE_FILE)["band"])
 
 
+def sibling_band() -> dict[str, float]:
+    """The band figures of a GPU timed from a sibling's constants: the transfer's kernel errors as measured
+    on a sibling GPU (``timing_structure.json``'s ``sibling_band``: the H100 SXM's constants on the H200's own
+    kernels, ``benchmarks/fit_kernels.py``)."""
+    return {k: v for k, v in _read(STRUCTURE_FILE).get("sibling_band", {}).items() if isinstance(v, float)}
+
+
 def load_model(gpu: GPU | str = REFERENCE) -> TimingModel:
     """The constants for ``gpu`` (see the module docstring for the three cases)."""
     gpu = lookup_gpu(gpu) if isinstance(gpu, str) else gpu
@@ -93,7 +100,9 @@ def _from_sibling(gpu: GPU, sibling: str) -> TimingModel:
                  "k0": base.k0, "overlap_p": base.overlap_p}
     source = (f"not measured itself: the constants measured on the {sibling} (the same chip; {base.source}) "
               f"on the {gpu.name}'s datasheet")
-    return apply(base, base_gpu, gpu, constants, s, calibrated=False, source=source, band=base.band,
+    # the sibling's step figure, and the transfer's own kernel errors (measured once: the H100 -> the H200)
+    band = {**base.band, **{k: max(v, base.band.get(k, 0.0)) for k, v in sibling_band().items()}}
+    return apply(base, base_gpu, gpu, constants, s, calibrated=False, source=source, band=band,
                  provenance={"sibling": sibling, "of_sibling": dict(base.provenance)})
 
 
