@@ -67,7 +67,13 @@ UNSET = {"n_shared_experts": 1, "n_routed_experts": 4, "num_local_experts": 4, "
 # Gemma 3's defaults pool 14 x 14 patches (224 / 16) to 256 = 16 x 16 tokens (a pooling kernel of 0), so
 # 49 = 7 x 7 tokens (a kernel of 2)
 SHAPED = {"zamba": {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_offset": 1},
-          "gemma3": {"mm_tokens_per_image": 49}, "shieldgemma2": {"mm_tokens_per_image": 49}}
+          "gemma3": {"mm_tokens_per_image": 49}, "shieldgemma2": {"mm_tokens_per_image": 49},
+          # a default configuration that leaves the padding token unset where the forward reads it (ESM's
+          # position ids): the value the published checkpoints use
+          "esm": {"pad_token_id": 1},
+          # Reformer trains only on sequences of prod(axial_pos_shape) tokens (64 x 64 by default), its axial
+          # position embeddings summing to the hidden size: 4 x 8 = the sweep's 32 tokens, 16 + 48 = 64 wide
+          "reformer": {"axial_pos_shape": [4, 8], "axial_pos_embds_dim": [16, 48]}}
 SEQ, BATCH = 32, 2
 MAX_TRUTH_PARAMS = 150_000_000  # a real AdamW step of more (x16 bytes) is too slow and large for the sweep
 

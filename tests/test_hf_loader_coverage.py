@@ -193,3 +193,12 @@ def test_speech2text_gets_frames_by_mels_and_xmod_its_first_language():
     xmod = load_spec("hf:xmod", batch=2, seq=8, overrides={"num_hidden_layers": 1})
     first = xmod.config.languages[0]
     assert f"language {first}" in xmod.description and xmod.config.default_language == first
+
+
+def test_vitpose_images_take_the_backbones_size():
+    """ViTPose's configuration keeps the image size (256 x 192, height x width) in its ViT backbone's; a square
+    image of the default size fails its forward ("doesn't match model").  Loading only: exact against a real
+    step in the sweep (benchmarks/zoo_sweep.jsonl)."""
+    vitpose = load_spec("hf:vitpose", batch=2)  # built on the meta device: the defaults cost nothing
+    height, width = vitpose.config.backbone_config.image_size
+    assert tuple(vitpose.inputs["pixel_values"].shape) == (2, 3, height, width) and height != width

@@ -238,8 +238,9 @@ def _keypoint_matching() -> Any:
 
 
 def _setting(cfg: Any, vision: Any, keys: tuple[str, ...]) -> Any:
-    """The first of ``keys`` set in the configuration, else in its vision tower's."""
-    for c in (cfg, vision):
+    """The first of ``keys`` set in the configuration, else in its vision tower's, else in its backbone's
+    (ViTPose: the image size is the ViT backbone's, 256 x 192)."""
+    for c in (cfg, vision, getattr(cfg, "backbone_config", None)):
         for k in keys:
             value = getattr(c, k, None) if c is not None else None
             if value:
