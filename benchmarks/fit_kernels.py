@@ -301,7 +301,8 @@ def shipped_errors(kernels: list[PK.Kernel], model: T.TimingModel, harness: dict
     for k in kernels:
         w = k.work
         compute = w.kind in T.COMPUTE_KINDS
-        kernel = T.gpu_seconds(w, model, conv_tf32=False) - w.launches * (model.library_s if compute else model.launch_s)
+        floor = w.launches * (model.library_s if compute else model.launch_s)
+        kernel = T.gpu_seconds(w, model, conv_tf32=False) - floor
         offset = harness["offset_library" if compute else "offset_memory"]
         read = float(T.soft_max_p(torch.tensor(harness["floor"]), torch.tensor(offset + kernel), HARNESS_P))
         if k.latency_s >= above_floor * harness["floor"]:
@@ -503,7 +504,8 @@ UNSEEN = [os.path.join(ROOT, "tests", "data", "h200", f) for f in ("kernels.csv.
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--logo", action="store_true", help="print the leave-one-GPU-out table only")
-    ap.add_argument("--unseen", nargs="*", default=UNSEEN, help="kernel files of GPUs no fit has seen (record_kernels.py)")
+    ap.add_argument("--unseen", nargs="*", default=UNSEEN,
+                    help="kernel files of GPUs no fit has seen (record_kernels.py)")
     ap.add_argument("--sample", action="store_true", help="the project's sample instead of the shared folder")
     ap.add_argument("--per-family", type=int, default=PER_FAMILY)
     a = ap.parse_args(argv)

@@ -52,7 +52,8 @@ def main(argv=None) -> None:
     fmt = torch.channels_last if a.channels_last else torch.contiguous_format
     with open(a.out, "w", newline="") as f:
         w_csv = csv.writer(f)
-        w_csv.writerow(["batch", "channels", "size", "kernel", "stride", "dtype", "layout", "direction", "backend", "ms"])
+        w_csv.writerow(["batch", "channels", "size", "kernel", "stride", "dtype", "layout", "direction", "backend",
+                        "ms"])
         for (n, c, size), k, stride, dtype in ((s, k, st, dt) for s in SHAPES for k in (3, 5, 7) for st in (1, 2)
                                                 for dt in (torch.float32, torch.bfloat16)):
             if stride == 2 and size < 14:

@@ -8,8 +8,8 @@ constants (:class:`~.constants.TimingModel`).
   on the fp32 pipes (``torch.backends.cuda.matmul.allow_tf32`` is False by default), cuDNN
   convolutions in TF32 (``torch.backends.cudnn.allow_tf32`` is True), bf16/fp16 on tensor cores,
   grouped convolutions on the CUDA cores (fp32, or packed bf16/fp16 at twice that); depthwise ones at the
-  rate measured for their backend, dtype, stride and kernel size (:mod:`.depthwise`).  ``eff`` is the achieved fraction per op
-  family and precision (and backend for attention; backward kernels x ``attention_backward`` /
+  rate measured for their backend, dtype, stride and kernel size (:mod:`.depthwise`).  ``eff`` is the achieved
+  fraction per op family and precision (and backend for attention; backward kernels x ``attention_backward`` /
   ``conv_backward``).  ``size = rows/(rows + fill_rows) * m/(m + n0) * n/(n + n0) * k/(k + k0)``
   (rows = batch * m * n output elements): small GEMMs fill too few tiles, narrow ones pad their
   tiles, short inner loops do not amortise prologue and epilogue.  ``align = (a / 16) ** gamma``

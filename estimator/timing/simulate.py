@@ -169,11 +169,14 @@ def simulate(works: Sequence[OpWork], model: TimingModel, matmul_tf32: bool = Fa
             flops_by_peak[key] = flops_by_peak.get(key, 0) + w.flops
     peak_key = max(flops_by_peak, key=flops_by_peak.get) if flops_by_peak else "fp32"
     share = shares(works, gpu_s, total, model, matmul_tf32)
+    note = origin(model, share)
+    if any(w.depthwise for w in works):
+        note += ("; depthwise convolutions at rates measured on an H200 (cuDNN's for channels-last inputs, "
+                 "ATen's otherwise)")
     return StepTime(gpu=model.gpu, total=total, forward=forward, backward=backward,
                     optimizer=optimizer, gpu_busy=sum(gpu_s), host=sum(cpu_s), model_flops=model_flops,
                     peak=model.peaks.get(peak_key, 0.0), calibrated=model.calibrated, source=model.source, ops=ops,
-                    likely=likely_range(total, half_width(model.band, share)), band_note=origin(model, share),
-                    shares=share)
+                    likely=likely_range(total, half_width(model.band, share)), band_note=note, shares=share)
 
 
 # optimizer-state initialisation that only the first step runs (the capture records step 1)
