@@ -25,13 +25,8 @@ import h100_cases  # noqa: E402
 
 from estimator import estimate  # noqa: E402
 
-DATA = os.path.join(ROOT, "tests", "data", "h200")
-H100 = os.path.join(ROOT, "tests", "data", "h100_loops")
-
-
-def lines(folder: str, name: str) -> list[dict]:
-    with open(os.path.join(folder, name)) as f:
-        return [json.loads(line) for line in f]
+DATA, H100 = "h200", "h100_loops"  # recordings under tests/data
+lines = h100_cases.recorded
 
 
 def run(case_fn, precision: str, gpu: str = "H200", **kwargs):

@@ -238,3 +238,12 @@ SEARCHES: dict[str, Callable[[int], Callable[..., Case]]] = {
     "bert_base_wrapped": lambda b: bert_base(b, wrap=True),
     "llama_small": lambda b: llama_small(b),
 }
+
+
+def recorded(folder: str, name: str) -> list[dict]:
+    """The records of one JSON-lines file of a recording (``tests/data/h100_loops``, ``tests/data/h200``)."""
+    import json
+    import os
+
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", folder, name)) as f:
+        return [json.loads(line) for line in f]

@@ -16,7 +16,6 @@ tensors with the loop the recorder ran:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -28,12 +27,9 @@ sys.path.insert(0, HERE)
 
 import h100_cases  # noqa: E402
 
-DATA = os.path.join(HERE, "data", "h100_loops")
-
 
 def _lines(name: str) -> list[dict]:
-    with open(os.path.join(DATA, name)) as f:
-        return [json.loads(line) for line in f]
+    return h100_cases.recorded("h100_loops", name)
 
 
 MEMORY = _lines("memory.jsonl")

@@ -35,8 +35,7 @@ DATA = os.path.join(HERE, "data", "h200")
 
 
 def _lines(name: str) -> list[dict]:
-    with open(os.path.join(DATA, name)) as f:
-        return [json.loads(line) for line in f]
+    return h100_cases.recorded("h200", name)
 
 
 DEVICE = json.load(open(os.path.join(DATA, "device.json")))
