@@ -169,10 +169,7 @@ def simulate(works: Sequence[OpWork], model: TimingModel, matmul_tf32: bool = Fa
             flops_by_peak[key] = flops_by_peak.get(key, 0) + w.flops
     peak_key = max(flops_by_peak, key=flops_by_peak.get) if flops_by_peak else "fp32"
     share = shares(works, gpu_s, total, model, matmul_tf32)
-    note = origin(model, share)
-    if any(w.depthwise for w in works):
-        note += ("; depthwise convolutions at rates measured on an H200 (cuDNN's for channels-last inputs, "
-                 "ATen's otherwise)")
+    note = _note(model, share, works)
     return StepTime(gpu=model.gpu, total=total, forward=forward, backward=backward,
                     optimizer=optimizer, gpu_busy=sum(gpu_s), host=sum(cpu_s), model_flops=model_flops,
                     peak=model.peaks.get(peak_key, 0.0), calibrated=model.calibrated, source=model.source, ops=ops,
@@ -241,7 +238,16 @@ def node_band(nodes: Sequence[Any], total: float, gpu: GPU | str = "H100-SXM", m
     model = model or load_model(gpu)
     works = works_of(nodes)
     share = shares(works, [gpu_seconds(w, model, matmul_tf32) for w in works], total, model, matmul_tf32)
-    return half_width(model.band, share), origin(model, share)
+    return half_width(model.band, share), _note(model, share, works)
+
+
+def _note(model: TimingModel, share: dict[str, float], works: Sequence[OpWork]) -> str:
+    """What a step's time rests on (band.origin), and the depthwise convolutions' measured rates if any."""
+    note = origin(model, share)
+    if any(w.depthwise for w in works):
+        note += ("; depthwise convolutions at rates measured on an H200 (cuDNN's for channels-last inputs, "
+                 "ATen's otherwise)")
+    return note
 
 
 def step_time(obj: Any, gpu: GPU | str = "H100-SXM", model: TimingModel | None = None, *,
