@@ -174,7 +174,8 @@ class _RecordShapes:
 
 
 class _NodeShapes:
-    """Shapes of a captured node's tensors (no strides: transposition read off the producer)."""
+    """Shapes of a captured node's tensors (transposition read off the producer; strides, where a convolution's
+    layout needs them, from the producer's recorded output)."""
 
     _TRANSPOSES = frozenset({"t", "transpose", "permute", "mT", "adjoint"})
 
