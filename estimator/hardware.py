@@ -157,7 +157,7 @@ def _gpu(name, memory_gb, bw_gbs, peaks, arch, sms, clock, tdp, l2, total, alias
     t = lambda x: None if x is None else x * TERA  # noqa: E731
     mib, why = total
     memory = int(memory_gb * GB)
-    total_memory = mib * MiB if mib else int(memory * H100_RATIO)
+    total_memory = int(mib * MiB) if mib else int(memory * H100_RATIO)
     if not mib:
         why = f"not measured: {memory_gb:g} GB x {H100_RATIO:.4f} (the H100's measured ratio; {why})"
     return GPU(name, memory, bw_gbs * GB, dict(zip(PEAK_KEYS, map(t, peaks))), aliases, arch, total_memory, sms,
@@ -212,7 +212,8 @@ GPUS: tuple[GPU, ...] = (
     _gpu("H20", 96, 4000, (44, 74, 148, 148, 296), (9, 0), 78, 1980, 400, 60,
          (97285, f"{_TORCH}, NVIDIA H20"), ("nvidia h20",)),
     _gpu("H200", 141, 4800, (67, 494.7, 989.4, 989.4, 1978.9), (9, 0), 132, 1980, 700, 60,
-         (143156, f"{_TORCH}, NVIDIA H200; this project's H200 (tests/data/h200, driver 580.159.04): 150,109,880,320 B"), ("h200-sxm", "h200 141gb", "nvidia h200")),
+         (150_109_880_320 / MiB, f"{_TORCH} of this project's H200 (tests/data/h200, driver 580.159.04)"),
+         ("h200-sxm", "h200 141gb", "nvidia h200")),
     _gpu("GH200", 96, 4000, (67, 494.7, 989.4, 989.4, 1978.9), (9, 0), 132, 1980, 1000, 60,
          (97280, f"{_DQ}, NVIDIA GH200 480GB (96 GB HBM3), driver 12.2"), ("gh200 480gb", "nvidia gh200 480gb")),
     _gpu("B200", 180, 8000, (80, 1100, 2250, 2250, 4500), (10, 0), 148, None, 1000, 126,
