@@ -218,6 +218,7 @@ class _Features:
                                          dtype=torch.long)
         self.launches = f([w.launches for w, _, _ in rows])
         self.bytes = f([w.bytes for w, _, _ in rows])
+        self.streamed = f([w.streamed for w, _, _ in rows])
         flops, peak, size_rows, k, align, eff_idx, attn_bwd, conv_bwd = [], [], [], [], [], [], [], []
         mm, nn = [], []
         self.eff_keys = list(_FITTED_EFF)
@@ -247,8 +248,8 @@ class _Features:
         self.attn_bwd = torch.tensor(attn_bwd, dtype=torch.bool)
         self.conv_bwd = torch.tensor(conv_bwd, dtype=torch.bool)
 
-    _TENSORS = ("measured", "memory", "memory_class", "launches", "bytes", "flops", "peak", "size_rows", "k",
-                "align", "m", "n", "eff_idx", "attn_bwd", "conv_bwd")
+    _TENSORS = ("measured", "memory", "memory_class", "launches", "bytes", "streamed", "flops", "peak", "size_rows",
+                "k", "align", "m", "n", "eff_idx", "attn_bwd", "conv_bwd")
 
     @classmethod
     def of(cls, cases: list[Case], peaks: dict[str, float], timed: bool) -> "_Features":
@@ -269,7 +270,8 @@ class _Features:
     def predict(self, p: dict[str, torch.Tensor]) -> torch.Tensor:
         """:func:`estimator.timing.gpu_seconds` over the rows, with the constants as tensors."""
         bandwidth = p["bandwidth"] * p["memory_eff"][self.memory_class]
-        t_memory = self.launches * p["launch_s"] + self.bytes / bandwidth
+        t_memory = (self.launches * p["launch_s"] + (self.bytes - self.streamed) / bandwidth
+                    + self.streamed / p["bandwidth"])
         eff = p["eff"][self.eff_idx]
         eff = eff * torch.where(self.attn_bwd, p["attention_backward"], 1.0)
         eff = eff * torch.where(self.conv_bwd, p["conv_backward"], 1.0)

@@ -66,6 +66,7 @@ class OpWork:
     memory_class: str = "elementwise"  # how a memory-bound kernel streams (see MEMORY_CLASS)
     compiled: bool = False  # run by a torch.compile graph: the host only launches it (see host.cpu_seconds)
     depthwise: str = ""  # a depthwise convolution's backend, stride and kernel class (timing.depthwise.classify)
+    streamed: int = 0  # of ``bytes``, those a composite op's elementwise kernels move (at the elementwise rate)
 
     @property
     def bytes(self) -> int:
@@ -307,6 +308,8 @@ def _work(name, base, phase, ins, outs, causal, shapes) -> OpWork:
     if is_inplace(base) and not outs and ins:
         written = _bytes_of(ins[0])
     launches = LAUNCHES.get(base, 1)
+    if base == "_safe_softmax" and ins and outs:
+        return _safe_softmax_work(name, phase, ins, outs, dtype)
     common = dict(bytes_read=read, bytes_written=written, dtype=dtype)
     if kind == MATMUL:
         return _matmul_work(name, base, phase, ins, outs, shapes, common)
@@ -318,6 +321,18 @@ def _work(name, base, phase, ins, outs, causal, shapes) -> OpWork:
         return _rnn_work(name, base, phase, ins, outs, common)
     return OpWork(name, phase, MEMORY, launches=launches, library="cudnn" if base in LIBRARY_OPS else "",
                   memory_class=_memory_class(base, ins, outs), **common)
+
+
+def _safe_softmax_work(name, phase, ins, outs, dtype) -> OpWork:
+    """SDPA's math path's ``_safe_softmax`` (ATen attention.cpp): ``softmax(x)``, then ``x.eq(-inf)``,
+    ``all`` over the softmax dimension and ``where(rows, 0, out)``, with two scalar fills: six kernels.  The
+    softmax and the ``all`` stream at the reduction rate; ``eq`` (x read, a 1-byte mask written) and ``where``
+    (out read and written) at the elementwise rate (``streamed``)."""
+    n = numel(ins[0][0])
+    s_in, s_out = itemsize(ins[0][1]), itemsize(outs[0][1])
+    streamed = (n * s_in + n) + 2 * n * s_out  # eq, where
+    return OpWork(name, phase, MEMORY, bytes_read=2 * n * s_in + n + n * s_out, bytes_written=2 * n * s_out + n,
+                  dtype=dtype, launches=6, memory_class="reduction", streamed=streamed)
 
 
 def _memory_class(base, ins, outs) -> str:
