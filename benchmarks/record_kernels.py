@@ -146,8 +146,8 @@ def measure(out: str, gpu: str, budget: float, runs: int, bf16: bool) -> None:
     rows.writerow(["gpu", "op", "shape", "latency_ms"])
     if half:
         csv.writer(half).writerow(["gpu", "op", "shape", "dtype", "latency_ms"])
-    done = 0
-    for op, shape in shapes():
+    done, todo = 0, shapes()
+    for op, shape in todo:
         if time.time() - t0 > budget:
             break
         text = "x".join(map(str, shape))
@@ -162,7 +162,7 @@ def measure(out: str, gpu: str, budget: float, runs: int, bf16: bool) -> None:
     fp32.close()
     if half:
         half.close()
-    print(f"kernels: {done} of {len(shapes())} shapes in {time.time() - t0:.0f} s", flush=True)
+    print(f"kernels: {done} of {len(todo)} shapes in {time.time() - t0:.0f} s", flush=True)
 
 
 def main(argv=None) -> None:

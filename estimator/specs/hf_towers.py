@@ -347,7 +347,6 @@ def spectrogram_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, name
     return first_that_runs(model, candidates, f"a mel spectrogram ({name})")
 
 
-
 TRAJECTORY_STEPS = 20  # Decision Transformer's context of 20 timesteps (Chen et al. 2021, Atari/Gym K)
 
 
