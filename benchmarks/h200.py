@@ -1,6 +1,6 @@
 """The estimator against one NVIDIA H200 that none of its constants was fitted on (``tests/data/h200``).
 
-    python benchmarks/h200.py            # ~3 min on 2 cores: 16 steps, 9 peaks, 3 searches, 4 compiled steps
+    python benchmarks/h200.py [--compiled]   # ~3 min on 2 cores: 16 steps, 9 peaks, 3 searches, 13 compiled steps
 
 Every case of ``tests/h100_cases.py`` that the H200 recording measured is estimated on CPU fake tensors with
 ``gpu="H200"`` (the H100's measured constants on the H200's datasheet) and the recorder's loop, and printed
@@ -74,17 +74,23 @@ def searches() -> None:
 
 
 def compiled() -> None:
-    print("\n| case | compile | measured peak MiB | estimated / measured | measured ms | estimated / measured |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("\n| case | compile | float8 | measured peak MiB | estimated / measured | measured ms | estimated / measured "
+          "| likely range / measured |")
+    print("|---|---|---|---:|---:|---:|---:|---|")
     for r in lines(DATA, "compile.jsonl"):
-        report = run(h100_cases.MODELS[r["case"]], r["precision"], solve_batch=False, compile=r["compile"])
+        report = run(h100_cases.MODELS[r["case"]], r["precision"], solve_batch=False, compile=r["compile"],
+                     float8=r["float8"])
         peak, t = r["steps"][1]["peak"], r["step_s_median"]
-        print(f"| {r['case']} | {r['compile'] or 'eager'} | {peak / 2**20:.1f} | {report.memory.peak / peak:.3f} | "
-              f"{t * 1e3:.2f} | {report.step_time.total / t:.3f} |", flush=True)
+        lo, hi = report.step_time.likely
+        print(f"| {r['case']} | {r['compile'] or 'eager'} | {r['float8'] or '-'} | {peak / 2**20:.1f} | "
+              f"{report.memory.peak / peak:.3f} | {t * 1e3:.2f} | {report.step_time.total / t:.3f} | "
+              f"{lo / t:.2f}-{hi / t:.2f}{'' if lo <= t <= hi else ' (out)'} |", flush=True)
 
 
 def main() -> None:
     logging.getLogger("estimator").setLevel(logging.ERROR)
+    if "--compiled" in sys.argv:  # the compiled and float8 steps only
+        return compiled()
     steps()
     peaks()
     searches()

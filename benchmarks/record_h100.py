@@ -424,11 +424,17 @@ def main():
     ap.add_argument("--only", nargs="*", help="case names to keep")
     ap.add_argument("--per-op", nargs="*", help="CASE:PRECISION to time op by op")
     ap.add_argument("--maxbatch", nargs="*", help="CASE:PRECISION:LOW:HIGH searches instead of MAXBATCH's (another card)")
+    ap.add_argument("--compile-rows", nargs="*", help="CASE:PRECISION:COMPILE:FLOAT8 rows instead of COMPILE's "
+                    "('none' for None)")
+    ap.add_argument("--kernel-rows", nargs="*", help="CASE:PRECISION:COMPILE:FLOAT8 profiles instead of KERNELS'")
     a = ap.parse_args()
     BUDGET = a.budget
     PASS = "warm" if "compile-warm" in a.phases else "main"
     os.makedirs(a.out, exist_ok=True)
     keep = (lambda n: n in a.only) if a.only else (lambda n: True)
+    rows = [tuple(None if v == "none" else v for v in r.split(":")) for r in a.compile_rows or ()] or COMPILE
+    profiles = [tuple(None if v == "none" else v for v in r.split(":")) for r in a.kernel_rows or ()] or \
+        [(*k, None) for k in KERNELS]
     emit(a.out, "meta.jsonl", {"pass": PASS, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                               "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
                               "total_memory": torch.cuda.get_device_properties(0).total_memory})
@@ -437,7 +443,7 @@ def main():
         background = subprocess.Popen([sys.executable, __file__, "--out", a.out, "--phases", "compile-warm",
                                        "--budget", str(BUDGET * 0.5)] + (["--only", *a.only] if a.only else []))
     if "compile-warm" in a.phases:
-        for name, precision, compile_, float8 in COMPILE:
+        for name, precision, compile_, float8 in rows:
             if keep(name):
                 guarded(record_compile, a.out, name, precision, compile_, float8, False, need=45)
     if "memory" in a.phases:
@@ -461,15 +467,15 @@ def main():
             if keep(name):
                 guarded(record_timing, a.out, name, precision, *per_op)
     if "compile" in a.phases:
-        for name, precision, compile_, float8 in COMPILE:
+        for name, precision, compile_, float8 in rows:
             if keep(name):
                 guarded(record_compile, a.out, name, precision, compile_, float8, need=30)
     for item in a.per_op or ():  # CASE:PRECISION, per-op CUDA-event timings
         name, precision = item.split(":")
         guarded(record_timing, a.out, name, precision, True)
     if "kernels" in a.phases:
-        for name, precision, compile_ in KERNELS:
-            guarded(record_kernels, a.out, name, precision, compile_, need=40)
+        for name, precision, compile_, float8 in profiles:
+            guarded(record_kernels, a.out, name, precision, compile_, float8, need=40)
     print(f"done in {time.time() - T0:.0f} s", flush=True)
 
 

@@ -203,6 +203,11 @@ QWEN2_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, 
 BERT_BASE: dict = {}
 LLAMA_SMALL = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
                    num_key_value_heads=4, vocab_size=32000, use_cache=False)
+# Llama 3 8B's widths (hidden 4,096, MLP 14,336, 32 heads, 8 KV heads, 128,256-word vocabulary) with 4 of
+# its 32 layers: GEMMs of the size float8 is for, on one GPU
+LLAMA3_8B_L4 = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=4, num_attention_heads=32,
+                    num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, max_position_embeddings=8192,
+                    use_cache=False)
 
 
 def gpt2(b: int, s: int = 1024, wrap: bool = False) -> Callable[..., Case]:
@@ -225,6 +230,7 @@ MODELS: dict[str, Callable[..., Case]] = {
     "qwen2_05b_b4": _hf("Qwen2ForCausalLM", "Qwen2Config", 151936, 4, 1024, **QWEN2_05B),
     "bert_base_b16": bert_base(16),
     "llama_small": llama_small(4),
+    "llama3_8b_l4": _hf("LlamaForCausalLM", "LlamaConfig", 128256, 1, 8192, **LLAMA3_8B_L4),
     "small_cnn_b64": _module(SmallCNN, 64, 3, 32, 32),
     "lstm_emb_b32": _module(EmbeddingLSTM, 32, 64, ids=10000),
     "resnet18_b32": _module(ResNet18, 32, 3, 224, 224),

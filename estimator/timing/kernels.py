@@ -35,7 +35,7 @@ equal (``tests/test_timing.py`` checks them against each other).
 
 from __future__ import annotations
 
-from . import depthwise
+from . import depthwise, float8
 from .constants import TimingModel
 from .geometry import causal_fraction
 from .optable import ATTENTION, CONV, MATMUL, MEMORY, NO_KERNEL, RNN, TENSOR_CORE_BYTES
@@ -56,9 +56,9 @@ def precision_of(w: OpWork, matmul_tf32: bool = False, conv_tf32: bool = True) -
     """
     dtype = w.dtype or "float32"
     if dtype.startswith("float8"):
-        # torchao's float8 GEMMs (torch._scaled_mm): the float8 tensor-core peak, with the bf16 GEMMs' fitted
-        # efficiency (no float8 kernel was measured to fit one of their own)
-        return "fp8", "half"
+        # torchao's float8 GEMMs (torch._scaled_mm): the float8 tensor-core peak, at their variant's fitted
+        # fraction (timing.float8; gpu_seconds reads it)
+        return "fp8", "fp8"
     if w.kind == CONV and w.batch > 1:
         return ("half_cuda" if dtype in ("bfloat16", "float16") else "fp32"), "grouped"
     if dtype in ("bfloat16", "float16"):
@@ -167,7 +167,11 @@ def gpu_seconds(w: OpWork, model: TimingModel, matmul_tf32: bool = False, conv_t
             # measured kernels (timing.depthwise): the rate is the whole op's, its launches and traffic included
             return max(w.launches * model.library_s, w.flops / (peak_of(model, "fp32") * dw_eff))
     peak_key, precision = precision_of(w, matmul_tf32, model.tf32 if conv_tf32 is None else conv_tf32)
-    eff = model.eff[efficiency_key(w, precision)]
+    if precision == "fp8":
+        # a float8 GEMM: the bf16 GEMMs' fraction times its variant's measured ratio (timing.float8)
+        eff = model.eff["matmul.half"] * (float8.relative(w.backend) or 1.0)
+    else:
+        eff = model.eff[efficiency_key(w, precision)]
     flops = float(w.flops)
     if w.kind == ATTENTION:
         # score blocks above the diagonal are skipped by causal kernels

@@ -17,6 +17,7 @@ from ..graph import target_text
 from ..rules.attention import sdpa_backward_flops, sdpa_flops
 from ..rules.conv import conv_flops
 from ..rules.matmul import grouped_mm_flops
+from . import float8
 from .depthwise import classify as classify_depthwise
 from .depthwise import is_channels_last
 from .geometry import (
@@ -173,6 +174,10 @@ class _RecordShapes:
     def stride(self, index: int) -> tuple[int, ...] | None:
         return self.ins[index][2] if index < len(self.ins) else None
 
+    def argument(self, name: str, default: Any = None) -> Any:
+        """A non-tensor argument: the records keep none."""
+        return default
+
 
 class _NodeShapes:
     """Shapes of a captured node's tensors (transposition read off the producer; strides, where a convolution's
@@ -193,6 +198,18 @@ class _NodeShapes:
         prod_node = self.producers[index] if index < len(self.producers) else None
         strides = getattr(prod_node, "meta", {}).get("stride") or ()
         return tuple(strides[0]) if len(strides) == 1 and strides[0] is not None else None
+
+    def argument(self, name: str, default: Any = None) -> Any:
+        """The node's argument ``name``, bound by the op's schema (keyword or position)."""
+        node = self.node
+        if name in node.kwargs:
+            return node.kwargs[name]
+        try:
+            names = [a.name for a in node.target._schema.arguments]
+        except AttributeError:
+            return default
+        i = names.index(name) if name in names else len(node.args)
+        return node.args[i] if i < len(node.args) else default
 
 
 def _node_inputs(node) -> tuple[list, list]:
@@ -367,7 +384,10 @@ def _matmul_work(name, base, phase, ins, outs, shapes, common) -> OpWork:
     # leading dims: C's n, A's k (or m when A is a transposed view), B's n or k
     lead = [n, k] + ([m] if shapes.a_transposed(ia) else [])
     align = alignment_bytes(lead, itemsize(dtype))
-    return OpWork(name, phase, MATMUL, flops=flops, batch=batch, m=m, n=n, k=k, align=align,
+    # a float8 GEMM's variant (timing.float8): tensorwise or rowwise scales (scale_a's size), fast accumulation
+    backend = float8.variant(numel(ins[2][0]), bool(shapes.argument("use_fast_accum", False))) \
+        if base == "_scaled_mm" and len(ins) > 2 else ""
+    return OpWork(name, phase, MATMUL, flops=flops, batch=batch, m=m, n=n, k=k, align=align, backend=backend,
                   launches=launches, sync=sync, library="cublas", **{**common, "dtype": dtype})
 
 
