@@ -178,15 +178,16 @@ def load_cases(data: str = DATA) -> list[Case]:
 
 # -- stage 1: kernels ---------------------------------------------------------------------------
 
-_FITTED_EFF = ("matmul.fp32", "matmul.half", "conv.tf32", "conv.half", "conv.grouped", "attention.cudnn.half",
-               "attention.efficient.fp32")
+_FITTED_EFF = ("matmul.fp32", "matmul.half", "conv.tf32", "conv.half", "conv.grouped", "attention.efficient.fp32")
+_KERNEL_TIMED = ("unused: bf16 / fp16 attention is timed from its own kernel measurements "
+                 "(estimator/timing/attention.py); kept equal to the GEMMs' for a model without them")
 _ASSUMED_EFF = {  # key -> (source key, why)
     "matmul.tf32": ("matmul.half", "no fp32 case runs TF32 GEMMs (allow_tf32 is off by default): the "
                                    "tensor-core kernels' efficiency, at the TF32 peak"),
     "conv.fp32": ("conv.tf32", "cuDNN runs fp32 convolutions as TF32 by default; not measured without"),
-    "attention.flash.half": ("attention.cudnn.half", "on the H100 bf16 SDPA runs cuDNN attention; the "
-                                                     "flash kernel is assumed as efficient (FA2-class)"),
-    "attention.efficient.half": ("attention.cudnn.half", "not run by any case (bf16 SDPA picks cuDNN); assumed"),
+    "attention.cudnn.half": ("matmul.half", _KERNEL_TIMED),
+    "attention.flash.half": ("matmul.half", _KERNEL_TIMED),
+    "attention.efficient.half": ("matmul.half", _KERNEL_TIMED),
     "attention.flash.fp32": ("attention.efficient.fp32", "flash has no fp32 kernel; SDPA falls back to efficient"),
 }
 # fitted keys that no op of the cases constrains: (source key, why)
@@ -195,6 +196,10 @@ _UNFITTED = {
                                   "their own kernels (estimator/timing/depthwise.py): the convolutions' efficiency, "
                                   "on the CUDA cores' peak"),
 }
+
+
+def _kernel_timed_attention(w: T.OpWork) -> bool:
+    return w.kind == T.ATTENTION and T.precision_of(w)[1] == "half"
 
 
 def _fitted_from(cases: list[Case], key: str) -> list[str]:
@@ -207,9 +212,11 @@ class _Features:
     """The timed kernel ops of some cases as tensors (one row per op)."""
 
     def __init__(self, cases: list[Case], peaks: dict[str, float], timed: bool = True):
-        # depthwise convolutions are timed from their own kernel measurements (estimator/timing/depthwise.py)
+        # depthwise convolutions and half-precision attention are timed from their own kernel measurements
+        # (estimator/timing/depthwise.py, attention.py)
         rows = [(w, m, c.key) for c in cases for w, m, t in zip(c.works, c.measured, c.timed)
-                if t == timed and w.kind in (T.MEMORY, T.MATMUL, T.CONV, T.ATTENTION) and m > 0 and not w.depthwise]
+                if t == timed and w.kind in (T.MEMORY, T.MATMUL, T.CONV, T.ATTENTION) and m > 0 and not w.depthwise
+                and not _kernel_timed_attention(w)]
         self.rows = rows
         f = lambda xs: torch.tensor(xs, dtype=torch.float64)  # noqa: E731
         self.measured = f([m for _, m, _ in rows])

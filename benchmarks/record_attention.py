@@ -7,7 +7,7 @@ Per configuration (batch, heads, sequence, head dim, causal, backend; bf16, q/k/
 statistics are saved) and around ``out.backward(grad)``; the mean of the fastest half of ``--runs`` calls after
 three warm-ups, as ``record_kernels.py``.  A backend that refuses a configuration is skipped (no row).
 
-    python benchmarks/record_attention.py --out FILE.csv [--budget SECONDS]
+    python benchmarks/record_attention.py --out FILE.csv [--budget SECONDS] [--groups G]
 """
 
 from __future__ import annotations
@@ -29,21 +29,26 @@ BATCH_HEADS = ((1, 32), (4, 16), (8, 12))
 HEAD_DIMS = (64, 128)
 
 
-def configs():
-    for s, (b, h), d, causal, backend in itertools.product(SEQS, BATCH_HEADS, HEAD_DIMS, (True, False), BACKENDS):
-        yield b, h, s, d, causal, backend
+def configs(groups: int = 1):
+    """(batch, heads, kv heads, seq, head dim, causal, backend); ``groups`` > 1: grouped-query attention, causal
+    only (``heads / groups`` key and value heads, ``enable_gqa``)."""
+    masks = (True,) if groups > 1 else (True, False)
+    for s, (b, h), d, causal, backend in itertools.product(SEQS, BATCH_HEADS, HEAD_DIMS, masks, BACKENDS):
+        if h % groups == 0:
+            yield b, h, h // groups, s, d, causal, backend
 
 
-def time_pair(b, h, s, d, causal, backend, runs):
+def time_pair(b, h, h_kv, s, d, causal, backend, runs):
     """(forward ms, backward ms) of one configuration."""
-    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    q = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(b, h_kv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     grad = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16)
     fwd, bwd = [], []
     with sdpa_kernel([BACKENDS[backend]]):
         for i in range(runs + 3):
             e = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
             e[0].record()
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=h_kv != h)
             e[1].record()
             out.backward(grad)
             e[2].record()
@@ -62,19 +67,21 @@ def main(argv=None) -> None:
     ap.add_argument("--gpu", default="H200")
     ap.add_argument("--budget", type=float, default=100.0)
     ap.add_argument("--runs", type=int, default=6)
+    ap.add_argument("--groups", type=int, default=1, help="query heads per key/value head (grouped-query attention)")
     a = ap.parse_args(argv)
     t0, done, skipped = time.time(), 0, 0
-    todo = list(configs())
+    todo = list(configs(a.groups))
     random.Random(0).shuffle(todo)  # a budget cut keeps a balanced sample
     with open(a.out, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["gpu", "batch", "heads", "seq", "head_dim", "causal", "backend", "forward_ms", "backward_ms"])
-        for b, h, s, d, causal, backend in todo:
+        w.writerow(["gpu", "batch", "heads", "kv_heads", "seq", "head_dim", "causal", "backend", "forward_ms",
+                    "backward_ms"])
+        for b, h, h_kv, s, d, causal, backend in todo:
             if time.time() - t0 > a.budget:
                 break
             try:
-                fw, bw = time_pair(b, h, s, d, causal, backend, a.runs)
-                w.writerow([a.gpu, b, h, s, d, int(causal), backend, f"{fw:.6g}", f"{bw:.6g}"])
+                fw, bw = time_pair(b, h, h_kv, s, d, causal, backend, a.runs)
+                w.writerow([a.gpu, b, h, h_kv, s, d, int(causal), backend, f"{fw:.6g}", f"{bw:.6g}"])
                 f.flush()
                 done += 1
             except RuntimeError:  # this backend does not run this configuration

@@ -9,23 +9,13 @@ import torch
 from .capture import Progress, StepOptions, capture
 from .capture.checkpoint import parse_policy, policy_name, resolve_classes
 from .collect import young_only_during
-from .compat import torch_version
 from .errors import DataDependentError, UserError
 from .hardware import GPU, lookup
 from .memory import simulate
 from .precision import parse_precision
 from .report import CheckpointWhatIf, Report
-from .target import CudaTarget
+from .target import CudaTarget, parse_release
 from .tally import tally
-
-
-def _torch_version(text: str | None) -> tuple[int, int] | None:
-    if text is None:
-        return None
-    try:
-        return torch_version(str(text))
-    except ValueError:
-        raise UserError(f"cuda_torch={text!r}: give a torch release as MAJOR.MINOR, e.g. '2.11'") from None
 
 
 def _analyse(cap, options: StepOptions, device: str, progress: Progress):
@@ -198,7 +188,7 @@ def estimate(
         replicate=replicate,
         compile=compiled,
         target=device,
-        cuda=CudaTarget.for_gpu(target_gpu, _torch_version(cuda_torch)) if device == "cuda" else None,
+        cuda=CudaTarget.for_gpu(target_gpu, parse_release(cuda_torch)) if device == "cuda" else None,
     )
     classes = resolve_classes(model, checkpoint)
     if classes and mode != "train":

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -60,6 +61,19 @@ INSTALLED_TORCH = torch_version()
 # wheels; 2.11: the reference H100 machine, torch 2.11.0+cu130, reads 91900).  Later releases
 # are taken to ship at least 9.19.
 _CUDNN_OF_TORCH = {(2, 6): 90100, (2, 7): 90501, (2, 8): 91002, (2, 9): 91002, (2, 10): 91300, (2, 11): 91900}
+
+
+def parse_release(text: Any) -> tuple[int, int] | None:
+    """``cuda_torch`` / ``--cuda-torch``: the torch release that will run the step (``"2.11"``); None: the
+    installed one."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"(\d+)\.(\d+)(\.\d+)?", str(text).strip())
+    if match is None:
+        from .errors import UserError
+
+        raise UserError(f"cuda_torch={text!r}: give a torch release as MAJOR.MINOR, e.g. '2.11'")
+    return int(match[1]), int(match[2])
 
 
 def default_cudnn(torch_version: tuple[int, int]) -> int:

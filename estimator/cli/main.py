@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "  estimator validate examples/gpt.py:build --precision bf16-mixed --steps 20 "
                                 "--format json",
                          formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common(val, mode=False)  # it runs training steps
+    add_common(val, mode=False, target_torch=False)  # it runs training steps, on the installed torch
     val.set_defaults(device=None)
     val.add_argument("--steps", type=int, default=5, metavar="N",
                      help="timed iterations after the warm-up (default: 5), e.g. --steps 20")

@@ -22,7 +22,7 @@ MODES = ("train", "inference", "generate")
 
 
 def add_common(p: argparse.ArgumentParser, *, precisions: Sequence[str] = PRECISIONS,
-                precision_help: str | None = None, mode: bool = True) -> None:
+                precision_help: str | None = None, mode: bool = True, target_torch: bool = True) -> None:
     p.add_argument("spec", metavar="SPEC",
                    help="path/to/file.py:callable or package.module:callable (the callable returns an "
                         "nn.Module or a (module, inputs) pair, e.g. examples/gpt.py:build); hf:MODEL_TYPE or "
@@ -49,6 +49,10 @@ def add_common(p: argparse.ArgumentParser, *, precisions: Sequence[str] = PRECIS
                         "training only)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="target device whose kernels and optimizer defaults are modelled (default: cuda), e.g. --device cpu")
+    if target_torch:  # (validate runs the installed torch)
+        p.add_argument("--cuda-torch", metavar="MAJOR.MINOR", dest="cuda_torch",
+                       help="the torch release that will run the step on the GPU, which decides its kernels (cuDNN "
+                            "or flash attention, ...), e.g. --cuda-torch 2.7 (default: the one installed here)")
     p.add_argument("--precision", choices=tuple(precisions),
                    help=(precision_help or
                          "fp32; bf16/fp16 (model cast); bf16-mixed/fp16-mixed (torch.autocast, fp32 master "

@@ -242,7 +242,7 @@ def run_plan(args: argparse.Namespace) -> int:
                           zero_semantics=args.zero_semantics, model_name=loaded.title, progress=progress,
                           keep_output=args.keep_output, grad_accum=grad_accum,
                           checkpoint_policy=args.checkpoint_policy, compile=args.compile,
-                          float8=args.float8, float8_all_gather=args.float8_all_gather)
+                          float8=args.float8, float8_all_gather=args.float8_all_gather, cuda_torch=args.cuda_torch)
         budget = dict(tokens=args.tokens, samples=args.samples, steps=steps, mfu=args.mfu)
         if args.compare or len(gpus_names) > 1 or len(args.gpus) > 1:
             if args.pp > 1:

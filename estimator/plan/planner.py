@@ -25,7 +25,7 @@ from ..hardware import GPU, gpu_links, link, lookup
 from ..memory import CUDA_RESERVE, FRAGMENTATION, simulate
 from ..rules.registry import MATMUL
 from ..tally import tally
-from ..target import CudaTarget
+from ..target import CudaTarget, parse_release
 from .context import in_chunks, shard_sequence
 from .describe import engine_text, layout_notes
 from .engine import one_sequence_per_sample, trace_engine
@@ -87,7 +87,8 @@ class Planner:
                  interconnect: str | None = None, inter_node: str | None = None, zero_semantics: str = "deepspeed",
                  model_name: str | None = None, progress: Progress | None = None, trace: str = "auto",
                  keep_output: bool = False, grad_accum: int = 1, checkpoint_policy: Any = "full",
-                 replicate: bool = True, compile: Any = None, float8: Any = None, float8_all_gather: bool = False):
+                 replicate: bool = True, compile: Any = None, float8: Any = None, float8_all_gather: bool = False,
+                 cuda_torch: str | None = None):
         if not isinstance(model, torch.nn.Module):
             raise UserError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         if device not in ("cuda", "cpu"):
@@ -120,7 +121,8 @@ class Planner:
                                    train=True, target=device, keep_output=bool(keep_output), grad_accum=grad_accum,
                                    checkpoint_policy=parse_policy(checkpoint_policy), replicate=replicate,
                                    compile=check_mode(compile),
-                                   cuda=CudaTarget.for_gpu(self.gpu) if device == "cuda" else None)
+                                   cuda=CudaTarget.for_gpu(self.gpu, parse_release(cuda_torch))
+                                   if device == "cuda" else None)
         if wrap:
             self.wrap = resolve_classes(model, wrap, "--wrap")
             self.unit_paths = [p for p, m in model.named_modules() if p and isinstance(m, self.wrap)]

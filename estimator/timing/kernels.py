@@ -9,8 +9,9 @@ constants (:class:`~.constants.TimingModel`).
   convolutions in TF32 (``torch.backends.cudnn.allow_tf32`` is True), bf16/fp16 on tensor cores,
   grouped convolutions on the CUDA cores (fp32, or packed bf16/fp16 at twice that); depthwise ones at the
   rate measured for their backend, dtype, stride and kernel size (:mod:`.depthwise`).  ``eff`` is the achieved
-  fraction per op family and precision (and backend for attention; backward kernels x ``attention_backward`` /
-  ``conv_backward``).  ``size = rows/(rows + fill_rows) * m/(m + n0) * n/(n + n0) * k/(k + k0)``
+  fraction per op family and precision (and backend for fp32 attention; backward kernels x ``attention_backward``
+  / ``conv_backward``); bf16 / fp16 attention kernels at their measured efficiency by backend, direction, head size
+  and sequence (:mod:`.attention`), float8 GEMMs at the bf16 one times their variant's ratio (:mod:`.float8`).  ``size = rows/(rows + fill_rows) * m/(m + n0) * n/(n + n0) * k/(k + k0)``
   (rows = batch * m * n output elements): small GEMMs fill too few tiles, narrow ones pad their
   tiles, short inner loops do not amortise prologue and epilogue.  ``align = (a / 16) ** gamma``
   for tensor-core kernels whose leading dimensions are only ``a``-byte aligned (GPT-2's 50,257
@@ -35,7 +36,7 @@ equal (``tests/test_timing.py`` checks them against each other).
 
 from __future__ import annotations
 
-from . import depthwise, float8
+from . import attention, depthwise, float8
 from .constants import TimingModel
 from .geometry import causal_fraction
 from .optable import ATTENTION, CONV, MATMUL, MEMORY, NO_KERNEL, RNN, TENSOR_CORE_BYTES
@@ -176,7 +177,9 @@ def gpu_seconds(w: OpWork, model: TimingModel, matmul_tf32: bool = False, conv_t
     if w.kind == ATTENTION:
         # score blocks above the diagonal are skipped by causal kernels
         flops *= causal_fraction(w.m, w.n) if w.causal else 1.0
-        eff *= model.attention_backward if w.backward else 1.0
+        measured = attention.efficiency(w.backend, w.backward, w.k, w.m) if precision == "half" else None
+        # bf16 / fp16: the kernel's measured efficiency (timing.attention); fp32: the fitted one
+        eff = measured or eff * (model.attention_backward if w.backward else 1.0)
         size = 1.0
     else:
         size = size_factor(w.batch * w.m * w.n, w.m, w.n, w.k, model.fill_rows, model.n0, model.k0)
