@@ -177,10 +177,10 @@ def test_float8_gemm_ratios_are_the_fit_on_the_h200s_kernels():
 # the float8 steps an H200 ran (tests/data/h200/compile.jsonl): Llama 3 8B's widths with 4 layers, one sequence of
 # 8,192 tokens, bf16-mixed, each decoder layer compiled, every Linear but lm_head in float8.  Measured: tensorwise
 # 164.6 ms and 38,633 MiB, rowwise 177.0 ms and 38,633 MiB.  Estimated 2026-11-28: 38.66 GiB (1.025: Inductor's
-# float8 graphs keep less than the estimate's, docs/compile.md); 146.0 ms (0.887) and 149.3 ms (0.844), under the
+# float8 graphs keep less than the estimate's, docs/compile.md); 145.5 ms (0.884) and 148.9 ms (0.841), under the
 # step for what the profile of the tensorwise step (tests/data/h200/profiles.jsonl.gz) shows and the model lacks:
 # Inductor's float8 cast and amax kernels took 22.2 ms where their bytes at the elementwise rate give 12.6, and the
-# cuDNN attention backward 3.0 ms per layer where the same kernel alone (attention.csv) takes 2.4.  Step bounds:
+# cuDNN attention backward 3.0 ms per layer where the time model gives 2.3.  Step bounds:
 # those ratios, 3 points either side.
 H200_FLOAT8 = [("block", "tensorwise", (0.857, 0.917)), ("block", "rowwise", (0.814, 0.874))]
 
