@@ -33,7 +33,9 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path[:0] = [ROOT]
+sys.path[:0] = [ROOT, HERE]
+
+import fit_kernels as FK  # noqa: E402
 
 import estimator.timing as T  # noqa: E402
 from estimator.hardware import lookup  # noqa: E402
@@ -135,9 +137,7 @@ def main(argv=None) -> None:
     if a.write:
         doc = {"source": "tests/data/h200/attention.csv (benchmarks/record_attention.py, one H200, torch 2.11, "
                          "cuDNN 9.19, 2026-11-28); benchmarks/fit_attention.py", "peak": "bf16", "fit": fitted}
-        with open(OUT, "w") as f:
-            json.dump(doc, f, indent=1, sort_keys=True)
-            f.write("\n")
+        FK._dump(doc, OUT, sort_keys=True)
         print("wrote", os.path.relpath(OUT, ROOT))
 
 

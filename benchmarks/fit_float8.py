@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import csv
 import gzip
-import json
 import math
 import os
 import statistics
@@ -134,9 +133,7 @@ def main(argv=None) -> None:
     if a.write:
         doc = {"source": "tests/data/h200/float8_gemms.csv.gz (benchmarks/record_float8.py, one H200, torch 2.11, "
                          "2026-11-28); benchmarks/fit_float8.py", "bf16_fraction": f_bf16, "relative": fitted}
-        with open(OUT, "w") as f:
-            json.dump(doc, f, indent=1, sort_keys=True)
-            f.write("\n")
+        FK._dump(doc, OUT, sort_keys=True)
         print("wrote", os.path.relpath(OUT, ROOT))
 
 

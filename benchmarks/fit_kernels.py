@@ -435,9 +435,9 @@ def write_models(fit: dict, data: str, out_dir: str = DATA) -> list[str]:
     return written + [path]
 
 
-def _dump(obj, path):
+def _dump(obj, path, sort_keys: bool = False):
     with open(path, "w") as fh:
-        json.dump(obj, fh, indent=1)
+        json.dump(obj, fh, indent=1, sort_keys=sort_keys)
         fh.write("\n")
 
 

@@ -103,22 +103,6 @@ def layer_calls(t: int, k: int, n: int) -> dict:
     return calls
 
 
-def _time(fn, runs: int) -> float:
-    with torch.enable_grad():
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(runs):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
-    fastest = sorted(times)[: max(1, runs // 2)]
-    return sum(fastest) / len(fastest)
-
-
 LAYERS = [(8192, 4096, 4096), (8192, 4096, 14336), (8192, 14336, 4096), (4096, 1024, 2816), (4096, 2816, 1024),
           (8192, 768, 3072), (16384, 8192, 8192), (16384, 8192, 28672), (2048, 4096, 1024), (1024, 1024, 1024)]
 
@@ -130,7 +114,7 @@ def measure(out: str, gpu: str, budget: float, runs: int) -> None:
         w.writerow(["gpu", "tokens", "in_features", "out_features", "recipe", "fwd_bwd_ms"])
         for t, k, n in LAYERS:
             for recipe, fn in layer_calls(t, k, n).items():
-                w.writerow([gpu, t, k, n, recipe, f"{_time(fn, runs):.6g}"])
+                w.writerow([gpu, t, k, n, recipe, f"{time_ms(fn, runs, grad=True):.6g}"])
             torch.cuda.empty_cache()
     print(f"layers: {len(LAYERS)} in {time.time() - t0:.0f} s", flush=True)
     todo, done = shapes(), 0

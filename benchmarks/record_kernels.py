@@ -81,9 +81,10 @@ def make(op: str, shape: tuple[int, ...], dtype=torch.float32, dev: str = "cuda"
     return lambda: UNARY[op](x)
 
 
-def time_ms(fn, runs: int) -> float:
-    """The dataset's statistic: the mean of the fastest half of ``runs`` event-timed calls after 3 warm-ups."""
-    with torch.no_grad():
+def time_ms(fn, runs: int, grad: bool = False) -> float:
+    """The dataset's statistic: the mean of the fastest half of ``runs`` event-timed calls after 3 warm-ups
+    (``grad``: with autograd on, for a call that runs a backward)."""
+    with torch.set_grad_enabled(grad):
         for _ in range(3):
             fn()
         times = []
