@@ -153,6 +153,9 @@ def _main(capsys, *args: str) -> tuple[int, str, str]:
     (("estimate", "examples/mlp.py:build", "--quantize", "int4"), "add --mode inference or generate"),
     (("estimate", "examples/mlp.py:build", "--prompt-len", "8"), "--prompt-len size generation: add --mode generate"),
     (("estimate", "hf:gpt2", "--mode", "generate", "--prompt-len", "8"), "--mode generate needs --new-tokens"),
+    (("estimate", "examples/mlp.py:build", "--cuda-torch", "2.x"), "give a torch release as MAJOR.MINOR"),
+    (("plan", "examples/mlp.py:build", "--gpu", "H100", "--cuda-torch", "latest"), "give a torch release as MAJOR."),
+    (("validate", "examples/mlp.py:build", "--cuda-torch", "2.7"), "unrecognized arguments: --cuda-torch 2.7"),
 ])
 def test_every_bad_command_line_is_one_line_exit_2(tmp_path, monkeypatch, capsys, args, needle):
     monkeypatch.chdir(tmp_path)  # a refused --output must leave nothing behind

@@ -94,6 +94,21 @@ def test_cuda_target_records_the_cuda_kernels(gpu, precision, masked, forward_op
     assert report.tally.flops["matmul_forward"] == cpu.tally.flops["matmul_forward"]
 
 
+@pytest.mark.parametrize("release,forward_op", [("2.11", "_scaled_dot_product_cudnn_attention"),
+                                                ("2.6", "_scaled_dot_product_flash_attention")])
+def test_the_torch_release_that_runs_the_step_picks_the_attention_kernel(release, forward_op):
+    """``cuda_torch`` (``--cuda-torch``) in estimate and in the planner: torch 2.11's wheel ships cuDNN 9.19, so
+    an H100 runs cuDNN's attention (``check_prefer_cudnn_attention``: cuDNN > 9.15); 2.6's ships 9.1, so flash
+    (timed at its own measured efficiency, estimator/timing/attention.py)."""
+    from estimator.plan import Planner
+
+    x = torch.randn(2, 32, 64)
+    report = estimate(Attn(), x, device="cuda", precision="bf16-mixed", gpu="H100", cuda_torch=release)
+    assert _attention_ops(report) == {forward_op, forward_op + "_backward"}
+    planner = Planner(Attn(), x, gpu="H100", precision="bf16-mixed", cuda_torch=release)
+    assert planner.options.cuda.torch == tuple(int(v) for v in release.split("."))
+
+
 def test_math_backend_saves_the_attention_matrix():
     # fp32 with head dim 6: CUDA falls back to math, which saves the (B, H, T, T) probabilities.
     class Odd(torch.nn.Module):
