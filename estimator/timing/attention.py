@@ -3,11 +3,11 @@ backends): how fast, by backend, direction, head size and sequence length.
 
 Measured on an H200 (``tests/data/h200/attention.csv``, ``benchmarks/record_attention.py``: 252 configurations,
 sequences of 256-16,384, head sizes 64 and 128, causal and not), the achieved rate depends on the backend (at
-8,192 tokens and head size 128: cuDNN about 600 TFLOP/s forward, PyTorch's flash kernel (FlashAttention-2)
-about 320, the memory-efficient one about 170) and on the head size (64 runs 20-35 % slower than 128), and
-little on the sequence once past a few hundred tokens; a single efficiency per backend (the model until
-2026-11-28, fitted on steps of 256-4,096 tokens whose in-step timings include the host's dispatch) put
-cuDNN's long-sequence attention at a third of its rate.
+8,192 tokens and head size 128: cuDNN about 630 TFLOP/s forward, PyTorch's flash kernel (FlashAttention-2)
+about 345, the memory-efficient one about 170), on the head size (64 runs 20-35 % slower than 128) and on the
+sequence (cuDNN's forward at 1,024 tokens runs at 0.6 of its rate at 8,192); a single efficiency per backend
+(the model until 2026-11-28, fitted on steps of 256-4,096 tokens whose in-step timings include the host's
+dispatch) put cuDNN's long-sequence attention at a third of its rate.
 
 So a bf16 / fp16 attention kernel is timed as its FLOPs (``rules.attention``; causal kernels skip the blocks
 above the diagonal, ``geometry.causal_fraction``) over the GPU's bf16 peak times

@@ -4,7 +4,7 @@ torchao's ``Float8LinearConfig`` runs three GEMMs per layer: the output with fas
 (``use_fast_accum=True``: partial sums kept in the tensor cores' reduced precision), the input and weight
 gradients without it (``Float8GemmConfig`` defaults); the tensorwise recipe scales each operand by one fp32
 scalar, the rowwise recipe by one per row of A ([M, 1]) and per column of B ([1, N]).  cuBLASLt (tensorwise) and
-CUTLASS (rowwise) run them at different rates: measured on an H200 (``tests/data/h200/float8_gemms.csv``,
+CUTLASS (rowwise) run them at different rates: measured on an H200 (``tests/data/h200/float8_gemms.csv.gz``,
 ``benchmarks/record_float8.py``), GEMMs of at least 2^33 multiply-adds ran 1.59x (tensorwise, fast
 accumulation), 1.51x (tensorwise), 1.51x (rowwise, fast) and 1.34x (rowwise) faster than bf16 at the same
 shape, where the datasheets' peaks differ 2x.

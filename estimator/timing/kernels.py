@@ -10,8 +10,9 @@ constants (:class:`~.constants.TimingModel`).
   grouped convolutions on the CUDA cores (fp32, or packed bf16/fp16 at twice that); depthwise ones at the
   rate measured for their backend, dtype, stride and kernel size (:mod:`.depthwise`).  ``eff`` is the achieved
   fraction per op family and precision (and backend for fp32 attention; backward kernels x ``attention_backward``
-  / ``conv_backward``); bf16 / fp16 attention kernels at their measured efficiency by backend, direction, head size
-  and sequence (:mod:`.attention`), float8 GEMMs at the bf16 one times their variant's ratio (:mod:`.float8`).  ``size = rows/(rows + fill_rows) * m/(m + n0) * n/(n + n0) * k/(k + k0)``
+  / ``conv_backward``); bf16 / fp16 attention kernels at their measured efficiency by backend, direction, head
+  size and sequence (:mod:`.attention`), float8 GEMMs at the bf16 one times their variant's ratio
+  (:mod:`.float8`).  ``size = rows/(rows + fill_rows) * m/(m + n0) * n/(n + n0) * k/(k + k0)``
   (rows = batch * m * n output elements): small GEMMs fill too few tiles, narrow ones pad their
   tiles, short inner loops do not amortise prologue and epilogue.  ``align = (a / 16) ** gamma``
   for tensor-core kernels whose leading dimensions are only ``a``-byte aligned (GPT-2's 50,257
