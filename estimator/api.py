@@ -208,7 +208,8 @@ def estimate(
         t, profile = _analyse(cap, options, device, progress)
     report = Report(cap, t, model_name=model_name or type(model).__name__, depth=depth, memory=profile,
                     device=device, precision=options.precision.name, mode=mode, gpu=target_gpu,
-                    generation=generation, quantize=quantize)
+                    generation=generation, quantize=quantize,
+                    cuda_torch=options.cuda.torch if options.cuda is not None else None)
     if classes:
         report.checkpoint = _checkpoint_what_if(model, inputs, options, classes, policy, trace, device, t, profile,
                                                 progress)

@@ -90,6 +90,8 @@ class ReportData:
     quantize: str | None = None  # "int8" or "int4": the estimate is sized with those weights (estimator.quantize)
     # estimate(compile=...): the compiled step's figures beside the eager step's (estimator.api._eager_beside)
     compiled: dict[str, Any] | None = None
+    # the torch release whose kernel choices the CUDA step follows (estimate(cuda_torch=...), else the installed one)
+    cuda_torch: tuple[int, int] | None = None
 
     # -- access ---------------------------------------------------------------
     @property

@@ -105,6 +105,7 @@ def test_the_torch_release_that_runs_the_step_picks_the_attention_kernel(release
     x = torch.randn(2, 32, 64)
     report = estimate(Attn(), x, device="cuda", precision="bf16-mixed", gpu="H100", cuda_torch=release)
     assert _attention_ops(report) == {forward_op, forward_op + "_backward"}
+    assert f"(torch {release}'s choice; --cuda-torch for another release)" in " ".join(report.render().split())
     planner = Planner(Attn(), x, gpu="H100", precision="bf16-mixed", cuda_torch=release)
     assert planner.options.cuda.torch == tuple(int(v) for v in release.split("."))
 

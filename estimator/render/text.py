@@ -51,7 +51,9 @@ def _memory_rows(report: ReportData, train: bool) -> list[tuple[str, str]]:
             rows.append(("Top ops by GPU time", ", ".join(
                 f"{op.removeprefix('aten.')} {sec * 1e3:.2f} ms" for op, sec in list(top.items())[:5])))
         if report.kernels:
-            rows.append(("Kernels assumed", ", ".join(f"{name} x{n}" for name, n in report.kernels.items())))
+            release = (f" (torch {report.cuda_torch[0]}.{report.cuda_torch[1]}'s choice; --cuda-torch for another "
+                       "release)") if report.cuda_torch else ""
+            rows.append(("Kernels assumed", ", ".join(f"{name} x{n}" for name, n in report.kernels.items()) + release))
         if m.reserve:
             traced = " as traced" if report.quantize else ""
             rows.append((f"Memory: CUDA reserve{traced}", f"{fmt_bytes(sum(m.reserve.values()))}: " + ", ".join(
