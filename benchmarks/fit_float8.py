@@ -1,4 +1,4 @@
-"""Fit the float8 GEMMs' achieved fraction of the float8 peak per variant (``estimator/timing/float8.py``) on the
+"""Fit the float8 GEMMs' efficiency relative to bf16's per variant (``estimator/timing/float8.py``) on the
 H200's float8 kernels (``tests/data/h200/float8_gemms.csv.gz``, ``benchmarks/record_float8.py``).
 
 Each kernel is read as ``fit_kernels.shipped_errors`` reads any: the shipped time model's ``gpu_seconds`` (the
@@ -19,7 +19,6 @@ import csv
 import gzip
 import math
 import os
-import statistics
 import sys
 from contextlib import contextmanager
 from dataclasses import replace

@@ -17,6 +17,7 @@ from ..graph import target_text
 from ..rules.attention import sdpa_backward_flops, sdpa_flops
 from ..rules.conv import conv_flops
 from ..rules.matmul import grouped_mm_flops
+from ..rules.registry import bind
 from . import float8
 from .depthwise import classify as classify_depthwise
 from .depthwise import is_channels_last
@@ -200,16 +201,8 @@ class _NodeShapes:
         return tuple(strides[0]) if len(strides) == 1 and strides[0] is not None else None
 
     def argument(self, name: str, default: Any = None) -> Any:
-        """The node's argument ``name``, bound by the op's schema (keyword or position)."""
-        node = self.node
-        if name in node.kwargs:
-            return node.kwargs[name]
-        try:
-            names = [a.name for a in node.target._schema.arguments]
-        except AttributeError:
-            return default
-        i = names.index(name) if name in names else len(node.args)
-        return node.args[i] if i < len(node.args) else default
+        """The node's argument ``name``, bound by the op's schema (keyword, position or the schema's default)."""
+        return bind(self.node.target, self.node.args, self.node.kwargs).get(name, default)
 
 
 def _node_inputs(node) -> tuple[list, list]:
@@ -265,16 +258,7 @@ def _dense_strides_masked(shape, mask) -> tuple[int, ...]:
 
 
 def _node_causal(node) -> bool:
-    is_causal = node.kwargs.get("is_causal")
-    if is_causal is None:
-        try:
-            schema = node.target._schema
-            for i, a in enumerate(schema.arguments):
-                if a.name == "is_causal" and i < len(node.args):
-                    is_causal = node.args[i]
-        except AttributeError:
-            return False
-    return bool(is_causal)
+    return bool(bind(node.target, node.args, node.kwargs).get("is_causal"))
 
 
 def _kind_of(base: str, phase: str, ins) -> str:
