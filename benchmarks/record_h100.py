@@ -393,6 +393,8 @@ def record_kernels(out, name, precision, compile_, float8=None):
         torch.cuda.synchronize()
     rows = []
     for e in prof.events():
+        if getattr(e, "is_user_annotation", False):
+            continue  # a range on the GPU timeline (the optimizer's step), not a kernel
         if e.device_type.name == "CUDA" or getattr(e, "device_type", None) == "cuda":
             rows.append([e.name[:200], round(e.device_time if hasattr(e, "device_time") else e.cuda_time, 2)])
     emit(out, "kernels.jsonl", {"case": name, "precision": precision, "compile": compile_, "float8": float8,
@@ -415,6 +417,11 @@ def guarded(fn, out, *args, need=10):
         clean()
 
 
+def _parsed(items: list[str] | None) -> list[tuple]:
+    """CASE:PRECISION:COMPILE:FLOAT8 arguments as tuples ("none": None)."""
+    return [tuple(None if v == "none" else v for v in item.split(":")) for item in items or ()]
+
+
 def main():
     global BUDGET, PASS
     ap = argparse.ArgumentParser()
@@ -432,9 +439,8 @@ def main():
     PASS = "warm" if "compile-warm" in a.phases else "main"
     os.makedirs(a.out, exist_ok=True)
     keep = (lambda n: n in a.only) if a.only else (lambda n: True)
-    rows = [tuple(None if v == "none" else v for v in r.split(":")) for r in a.compile_rows or ()] or COMPILE
-    profiles = [tuple(None if v == "none" else v for v in r.split(":")) for r in a.kernel_rows or ()] or \
-        [(*k, None) for k in KERNELS]
+    rows = _parsed(a.compile_rows) or COMPILE
+    profiles = _parsed(a.kernel_rows) or [(*k, None) for k in KERNELS]
     emit(a.out, "meta.jsonl", {"pass": PASS, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                               "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
                               "total_memory": torch.cuda.get_device_properties(0).total_memory})
