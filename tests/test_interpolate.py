@@ -14,7 +14,7 @@ from estimator.plan.layout import Layout
 from estimator.plan.search import _refine
 from estimator.workspace import library_memory
 
-from test_plan import _gpt
+from test_plan import _gpt, _gpu_with
 
 CFG = {"vocab_size": 257, "block_size": 64, "n_layer": 2, "n_head": 4, "n_embd": 64}
 
@@ -110,3 +110,43 @@ def test_a_traces_deferred_need_is_the_need_computed_from_scratch():
     assert step.fragmentation() == scratch
     assert step.profile.deferred_need is None and step.fragmentation() == scratch  # asked once, kept
     assert simulate(step.cap, "cuda", target=step.cuda_target).reserve["fragmentation"] == scratch
+
+
+def _hf_llama(batch: int):
+    """A 2-layer Hugging Face Llama on the meta device, fed token ids as labels too (as bench_llama7b.py)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=4, vocab_size=256)
+    cfg._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    ids = torch.zeros(batch, 64, dtype=torch.int64, device="meta")
+    return model, {"input_ids": ids, "labels": ids}
+
+
+def test_a_micro_batch_of_one_is_searched_from_two_and_four():
+    """At a micro-batch of one the shifted logits are reshaped as a view where larger batches copy them, so the
+    trace at 1 has its own op sequence and cannot be interpolated with the trace at 2 (which made every such
+    search trace its way up).  The search interpolates from 2 and 4 and traces the answer's next; the answer's
+    bytes, between traces, are those of an independent plan at that batch, to the byte, and the next does not
+    fit."""
+    model, inputs = _hf_llama(1)
+    planner = Planner(model, inputs, gpu="H100", device="cuda", precision="bf16-mixed")
+    layout = _fsdp(planner)
+    one, two = (planner.traced(layout, (), "batch", v) for v in (1, 2))
+    assert one.structure() != two.structure(), "the case was chosen for its own op sequence at batch 1"
+    # a card with room for about 9 micro-batches: what FSDP on 2 needs at 9, plus 1 MiB
+    gpu = _gpu_with(Planner(*_hf_llama(9), gpu="H100").plan("fsdp", 2, solve=(), suggest=False).verdict.needed
+                    + 2**20)
+    planner = Planner(model, inputs, gpu=gpu, device="cuda", precision="bf16-mixed")
+    p = planner.plan("fsdp", 2)
+    assert p.batch.confirmed and p.batch.traced == [2, 4] and "the next traced" in p.batch.method, p.batch
+    traced = {k[3] for k in planner._steps if k[0] != "single" and k[2] == "batch"}
+    assert traced <= {2, 4, p.max_batch + 1}, sorted(traced)  # (besides the given batch, traced as given)
+    for value, fits in ((p.max_batch, True), (p.max_batch + 1, False)):
+        other = Planner(*_hf_llama(value), gpu=gpu).plan("fsdp", 2, solve=(), suggest=False)
+        assert other.fits is fits, (value, other.verdict.needed)
+        if fits:
+            assert (p.batch.needed_at_answer, p.batch.peak_at_answer) == (other.verdict.needed, other.per_gpu.peak)

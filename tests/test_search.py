@@ -79,3 +79,22 @@ def test_bytes_that_jump_back_and_forth_are_narrowed_from_the_traces_made():
     solve, traced = _search(need, _linear)
     assert solve.confirmed and need(solve.value) <= CAPACITY < need(solve.value + 1)
     assert len(traced) == len(set(traced)) <= 8, traced
+
+
+def test_an_answer_whose_next_trace_reproduces_the_interpolation_is_not_traced():
+    """When the trace at the answer's next does not fit and has every size the interpolation gives there
+    (``reproduced``), the answer, between that trace and the points, takes the interpolation's bytes: one trace,
+    not two.  A next that is not reproduced falls back to tracing the answer too."""
+    answer = (CAPACITY - 2**30) // PER_SAMPLE  # the largest v with 1 GiB + 3 MB x v <= 80 GiB
+    for reproduces, expected in ((True, [answer + 1]), (False, [answer, answer + 1])):
+        traced: list[int] = []
+
+        def trace(v: int):
+            traced.append(v)
+            return _linear(v) <= CAPACITY, _linear(v), _linear(v)
+
+        solve = largest_fitting("batch", 4, lambda v: _linear(v) <= CAPACITY, trace, [4, 8], confirm=True,
+                                capacity=CAPACITY, exact=_linear, reproduced=lambda v: reproduces,
+                                peak_at=_linear)
+        assert (solve.value, solve.confirmed, sorted(traced)) == (answer, True, expected)
+        assert solve.needed_at_answer == _linear(answer) and solve.peak_at_next == _linear(answer + 1)

@@ -40,33 +40,59 @@ def _library_from(like: LibraryMemory, values: Sequence[float]) -> LibraryMemory
                          resize=dict(zip(sorted(like.resize), sizes[k + p:])))
 
 
-def need_at(steps: Sequence[Any], points: Sequence[int], target: Any = None) -> Callable[[int], int] | None:
+class NeedAt:
     """``need(v)``: the bytes of the card the step needs at size ``v`` (the caching allocator's peak, the CUDA
     context and the fragmentation reserve, as :meth:`Planner.needed` counts a trace at ``v``), from ``steps``
-    traced at ``points`` with one op sequence on the CUDA device; None when their libraries' allocations
-    differ in kind.  ``target``: the :class:`~estimator.target.CudaTarget` the steps were simulated for."""
+    traced at ``points`` with one op sequence on the CUDA device (:func:`need_at`); ``peak(v)``: the allocator's
+    peak there; ``reproduces(step, v)``: whether a trace at ``v`` is what the interpolation gives."""
+
+    def __init__(self, steps: Sequence[Any], points: Sequence[int], target: Any, libs: list[LibraryMemory]):
+        self.first, self.points, self.target, self.lib = steps[0], list(points), target, libs[0]
+        self.per = [list(s.cap.storage_bytes) for s in steps]
+        self.lib_per = [_library_vector(lib) for lib in libs]
+        self.known: dict[int, tuple[int, int]] = {}  # v -> (need, peak)
+
+    def sizes(self, v: int) -> tuple[list[int], list[int]]:
+        """Every storage's bytes and every library allocation's at ``v``, interpolated."""
+        return ([max(0, int(round(x))) for x in lagrange(self.points, self.per, v)],
+                [max(0, int(round(x))) for x in lagrange(self.points, self.lib_per, v)] if self.lib_per[0] else [])
+
+    def __call__(self, v: int) -> int:
+        if v not in self.known:
+            sizes, lib_sizes = self.sizes(v)
+            lib = _library_from(self.lib, lib_sizes)
+            for sid, nbytes in lib.resize.items():  # the bytes on the GPU, not the fake kernel's
+                sizes[sid] = nbytes
+            prof = simulate(self.first.cap, "cuda", resize=dict(enumerate(sizes)), target=self.target, library=lib)
+            self.known[v] = (prof.peak + sum(prof.reserve.values()), prof.peak)
+        return self.known[v][0]
+
+    def peak(self, v: int) -> int:
+        self(v)
+        return self.known[v][1]
+
+    def reproduces(self, step: Any, v: int) -> bool:
+        """``step``, traced at ``v``, has the points' op sequence, and every storage and library allocation the
+        size the interpolation gives there: the bytes of every size between the traces are then a trace's."""
+        if step.structure() != self.first.structure():
+            return False
+        lib = library_memory(step.cap, self.target)
+        if _library_key(lib) != _library_key(self.lib):
+            return False
+        return (list(step.cap.storage_bytes), _library_vector(lib)) == self.sizes(v)
+
+
+def need_at(steps: Sequence[Any], points: Sequence[int], target: Any = None) -> NeedAt | None:
+    """:class:`NeedAt` of ``steps`` traced at ``points`` with one op sequence on the CUDA device; None when
+    their libraries' allocations differ in kind.  ``target``: the :class:`~estimator.target.CudaTarget` the
+    steps were simulated for."""
     from ..target import CudaTarget
 
     target = target or CudaTarget()
     libs = [library_memory(s.cap, target) for s in steps]
     if any(_library_key(lib) != _library_key(libs[0]) for lib in libs[1:]):
         return None
-    per = [list(s.cap.storage_bytes) for s in steps]
-    lib_per = [_library_vector(lib) for lib in libs]
-    cap = steps[0].cap
-    known: dict[int, int] = {}
-
-    def need(v: int) -> int:
-        if v not in known:
-            sizes = [max(0, int(round(x))) for x in lagrange(points, per, v)]
-            lib = _library_from(libs[0], lagrange(points, lib_per, v) if lib_per[0] else [])
-            for sid, nbytes in lib.resize.items():  # the bytes on the GPU, not the fake kernel's
-                sizes[sid] = nbytes
-            prof = simulate(cap, "cuda", resize=dict(enumerate(sizes)), target=target, library=lib)
-            known[v] = prof.peak + sum(prof.reserve.values())
-        return known[v]
-
-    return need
+    return NeedAt(steps, points, target, libs)
 
 
 def searched_allocator(planner: Any, layout: Any, checkpoint: tuple, what: str, unit: int, steps: Sequence[Any],

@@ -271,6 +271,12 @@ class Planner:
             need = self.needed(pk, layout, st)
             return need <= gpu.capacity, pk, need
 
+        if what == "batch" and base == 1 and steps[0].structure() != steps[1].structure() and traced(2)[0]:
+            # a micro-batch of one takes views where larger ones copy (a slice of the logits reshaped for the
+            # loss), so its op sequence is its own: the sizes are interpolated from 2 and 4
+            points = [2, 4]
+            steps = [steps[1], self.traced(layout, checkpoint, what, 4)]
+
         interpolated = recalibrate = None
         if all(s.structure() == steps[0].structure() for s in steps[1:]):
             per = [list(s.cap.storage_bytes) for s in steps]
@@ -289,10 +295,13 @@ class Planner:
         exact, anchor = searched_allocator(self, layout, checkpoint, what, unit, steps, points) \
             if interpolated is not None else (None, None)
         limit = position_limit(self.model) if what == "seq" else None
+        reproduced = None if exact is None else \
+            (lambda v: exact.reproduces(self.traced(layout, checkpoint, what, v * unit), v))
         found = largest_fitting(what, base, interpolated, traced, points, confirm,
                                 model_limit=limit and (limit[0] // unit, limit[1]),
                                 real=any(s.cap.fallback_reason for s in steps), recalibrate=recalibrate,
-                                capacity=gpu.capacity, exact=exact, anchor=anchor)
+                                capacity=gpu.capacity, exact=exact, anchor=anchor, reproduced=reproduced,
+                                peak_at=exact.peak if exact is not None else None)
         return found if unit == 1 else in_chunks(found, unit, limit)
 
     def suggestions(self, layout: Layout, checkpoint: tuple[type, ...], gpu: GPU,

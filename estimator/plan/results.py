@@ -100,7 +100,9 @@ class Solve:
     value: int | None  # None: unbounded within the search
     method: str
     traced: list[int]
-    confirmed: bool | None = None  # traced at the answer (fits) and the next (does not)
+    # traced at the answer (fits) and the next (does not), or at the next only when that trace has every size the
+    # interpolation gives (the answer's bytes, between traces, are then what its trace would give)
+    confirmed: bool | None = None
     peak_at_answer: int | None = None
     peak_at_next: int | None = None
     needed_at_answer: int | None = None  # the card's bytes the step needs at the answer (allocator simulated)

@@ -114,7 +114,9 @@ def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], boo
                     limit: int = 1 << 24, model_limit: tuple[int, str] | None = None, real: bool = False,
                     recalibrate: Callable[[int, int], bool] | None = None, capacity: int | None = None,
                     exact: Callable[[int], int] | None = None,
-                    anchor: Callable[[list[int]], Callable[[int], int] | None] | None = None) -> Solve:
+                    anchor: Callable[[list[int]], Callable[[int], int] | None] | None = None,
+                    reproduced: Callable[[int], bool] | None = None,
+                    peak_at: Callable[[int], int] | None = None) -> Solve:
     """The largest value (>= 1) that fits: interpolated when ``fits_interpolated`` is given (the
     traces at ``points`` share their structure), then confirmed by ``traced(v) -> (fits, peak, bytes needed)``.
     ``real``: the traces ran on real CPU tensors (data-dependent control flow), so a trace at the
@@ -128,7 +130,9 @@ def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], boo
     (:func:`.interpolate.need_at`), which refines the first guess before any trace; ``anchor(values)``: the
     same interpolated from the traces at ``values`` (None where they differ in op sequence or in the kernels'
     allocations), used when a confirmation misses: from the two traces around the miss, the answer is
-    searched again."""
+    searched again.  ``reproduced(v)``: the trace at ``v`` (made) has every size the interpolation gives there;
+    when the answer's next is traced, does not fit and is reproduced, the answer (between that trace and the
+    points) is not traced: its bytes are ``exact``'s and its peak ``peak_at``'s, which a trace would repeat."""
     method = "interpolated" if fits_interpolated is not None else "traced (the op sequence changes with the size)"
     if real:
         if fits_interpolated is None:
@@ -154,6 +158,11 @@ def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], boo
             known[v] = traced(v)
         return known[v][0]
 
+    if reproduced is not None and exact is not None and peak_at is not None and best >= min(points):
+        if not probe(best + 1) and reproduced(best + 1):
+            return Solve(what, best, method + " (the next traced: every size as interpolated)", list(points),
+                         confirmed=True, peak_at_answer=peak_at(best), peak_at_next=known[best + 1][1],
+                         needed_at_answer=exact(best))
     probe(best), probe(best + 1)
     rounds = 0
     while not _closed(known, best) and anchor is not None and capacity is not None and best >= 1 and rounds < 3:
