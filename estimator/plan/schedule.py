@@ -51,7 +51,8 @@ import torch.utils._pytree as pytree
 from ..graph import OpNode
 from ..hardware import GPU, Link
 from ..rules.registry import MATMUL
-from ..timing import load_model, node_band, node_times
+from ..timing import load_model, node_band
+from ..timing.simulate import node_times_of, node_works
 from .traced import Collective, Step, _op_name
 from .results import StepTime
 
@@ -221,7 +222,8 @@ def traced_time(step: Step, gpu: GPU, intra: Link, inter: Link, optimizer_on_gpu
     end = 0.0
     host = 0.0  # when the host has issued the ops so far
     waited = 0.0  # compute-stream time spent waiting for collectives and their side streams
-    times = node_times(step.cap.nodes, gpu)
+    works = node_works(step.cap.nodes)
+    times = node_times_of(works, gpu)
     for i in step.cap.node_order("first"):  # every micro-step of an accumulation; the gradient sync once
         node = step.cap.nodes[i]
         phase = node.meta.get("phase", "forward")
@@ -282,7 +284,7 @@ def traced_time(step: Step, gpu: GPU, intra: Link, inter: Link, optimizer_on_gpu
         end = max(end, t_compute)
     waited += max(0.0, end - max(t_compute, host))  # collectives still running after the last op
     end = max(end, host)
-    band_log, band_note = node_band(step.cap.nodes, end, gpu)
+    band_log, band_note = node_band(step.cap.nodes, end, gpu, works=works, times=times)
     return StepTime(step_time_s=end, compute_s=busy, comm_s=sum(comm_s.values()), exposed_comm_s=waited,
                     by_phase_s=dict(by_phase), comm_by_kind_s=dict(comm_s), comm_bytes_per_gpu=dict(comm_bytes),
                     links=sorted(links), model=f"traced schedule, {_model_name(gpu)}", band_log=band_log,
@@ -351,7 +353,8 @@ def zero_time(step: Step, gpu: GPU, stage: int, n: int, gpus_per_node: int, intr
     wrap class's instances, ZeRO-3's gathering units (:func:`zero3_gathers`)."""
     by_phase: dict[str, float] = defaultdict(float)
     host_by_phase: dict[str, float] = defaultdict(float)
-    times = node_times(step.cap.nodes, gpu)
+    works = node_works(step.cap.nodes)
+    times = node_times_of(works, gpu)
     for i in step.cap.node_order():  # every micro-step of an accumulation
         node, (seconds, issue, _) = step.cap.nodes[i], times[i]
         phase = node.meta.get("phase", "forward")
@@ -376,7 +379,7 @@ def zero_time(step: Step, gpu: GPU, stage: int, n: int, gpus_per_node: int, intr
     else:
         exposed = rs_s + ag_s
     compute = sum(by_phase.values())
-    band_log, band_note = node_band(step.cap.nodes, compute + exposed, gpu)
+    band_log, band_note = node_band(step.cap.nodes, compute + exposed, gpu, works=works, times=times)
     return StepTime(step_time_s=compute + exposed, compute_s=compute, comm_s=sum(comm_s.values()),
                     exposed_comm_s=exposed, by_phase_s=dict(by_phase), comm_by_kind_s=comm_s,
                     comm_bytes_per_gpu=comm_bytes,

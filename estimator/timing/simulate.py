@@ -217,28 +217,45 @@ def node_times(nodes: Sequence[Any], gpu: GPU | str = "H100-SXM", model: TimingM
     order): the per-op model of this module, for schedules that place ops themselves (the planner's
     streams and links).  Placeholders, bookkeeping and (``steady_state``) the first step's
     optimizer-state initialisation take (0, 0, False)."""
-    gpu = lookup_gpu(gpu) if isinstance(gpu, str) else gpu
-    model = model or load_model(gpu)
-    out = []
+    return node_times_of(node_works(nodes, steady_state), gpu, model, matmul_tf32=matmul_tf32)
+
+
+def node_works(nodes: Sequence[Any], steady_state: bool = True) -> list[OpWork | None]:
+    """The OpWork of each of ``nodes`` (None: no kernel, or (``steady_state``) a first step's state
+    initialisation), for :func:`node_times_of` and :func:`node_band` to share."""
+    works: list[OpWork | None] = []
     for node in nodes:
         w = OpWork.from_node(node)
-        if w is None or (steady_state and _first_step_only(w)):
-            out.append((0.0, 0.0, False))
-        else:
-            out.append((gpu_seconds(w, model, matmul_tf32), cpu_seconds(w, model), w.sync))
-    return out
+        works.append(None if w is None or (steady_state and _first_step_only(w)) else w)
+    return works
+
+
+def node_times_of(works: Sequence[OpWork | None], gpu: GPU | str = "H100-SXM", model: TimingModel | None = None, *,
+                  matmul_tf32: bool = False) -> list[tuple[float, float, bool]]:
+    """:func:`node_times` of :func:`node_works`' records."""
+    gpu = lookup_gpu(gpu) if isinstance(gpu, str) else gpu
+    model = model or load_model(gpu)
+    return [(0.0, 0.0, False) if w is None else (gpu_seconds(w, model, matmul_tf32), cpu_seconds(w, model), w.sync)
+            for w in works]
 
 
 def node_band(nodes: Sequence[Any], total: float, gpu: GPU | str = "H100-SXM", model: TimingModel | None = None, *,
-              matmul_tf32: bool = False) -> tuple[float, str]:
+              matmul_tf32: bool = False, works: Sequence[OpWork | None] | None = None,
+              times: Sequence[tuple[float, float, bool]] | None = None) -> tuple[float, str]:
     """(log half-width, what it rests on) of the likely range of a step of ``total`` seconds whose
     compute is ``nodes`` (estimator.timing.band; the planner's schedules, whose step adds communication
-    to the kernels: the range covers the kernels' and the host's error, not the links')."""
+    to the kernels: the range covers the kernels' and the host's error, not the links').  ``works`` and
+    ``times``: :func:`node_works` and :func:`node_times_of` of ``nodes`` when the caller has them."""
     gpu = lookup_gpu(gpu) if isinstance(gpu, str) else gpu
     model = model or load_model(gpu)
-    works = works_of(nodes)
-    share = shares(works, [gpu_seconds(w, model, matmul_tf32) for w in works], total, model, matmul_tf32)
-    return half_width(model.band, share), _note(model, share, works)
+    if works is None or times is None:
+        ws = works_of(nodes)
+        seconds = [gpu_seconds(w, model, matmul_tf32) for w in ws]
+    else:
+        ws = [w for w in works if w is not None]
+        seconds = [t[0] for w, t in zip(works, times) if w is not None]
+    share = shares(ws, seconds, total, model, matmul_tf32)
+    return half_width(model.band, share), _note(model, share, ws)
 
 
 def _note(model: TimingModel, share: dict[str, float], works: Sequence[OpWork]) -> str:
