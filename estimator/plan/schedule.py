@@ -224,15 +224,15 @@ def traced_time(step: Step, gpu: GPU, intra: Link, inter: Link, optimizer_on_gpu
     waited = 0.0  # compute-stream time spent waiting for collectives and their side streams
     works = node_works(step.cap.nodes)
     times = node_times_of(works, gpu)
+    static: dict[int, tuple] = {}  # what an op's every run shares (its micro-steps repeat it): read once
     for i in step.cap.node_order("first"):  # every micro-step of an accumulation; the gradient sync once
-        node = step.cap.nodes[i]
-        phase = node.meta.get("phase", "forward")
-        inputs = _sids_of((node.args, node.kwargs))
-        outputs = set(node.meta.get("storage", ()))
-        coll = step.collectives.get(i)
+        if i not in static:
+            node = step.cap.nodes[i]
+            static[i] = (node, node.meta.get("phase", "forward"), _sids_of((node.args, node.kwargs)),
+                         set(node.meta.get("storage", ())), step.collectives.get(i), _op_name(node))
+        node, phase, inputs, outputs, coll, name = static[i]
         waited_for = fused.waits_for(inputs) if fused is not None and coll is None else inputs
         deps = max((avail.get(s, 0.0) for s in waited_for), default=0.0)
-        name = _op_name(node)
         seconds, issue, sync = times[i]
         if phase == "optimizer" and not optimizer_on_gpu:
             seconds = issue = 0.0
