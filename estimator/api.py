@@ -287,12 +287,12 @@ def _check_mode(mode: str, grad_accum: Any, quantize: str | None, prompt_len: An
 
 
 def _largest_batch(model, inputs, gpu: GPU, **kwargs: Any) -> tuple[int | None, str | None, int | None]:
-    """The largest micro-batch that fits on one ``gpu`` (:func:`estimator.plan.plan`, DDP on one GPU),
+    """The largest micro-batch that fits on one ``gpu`` (:meth:`estimator.plan.Planner.largest_batch`, DDP on one GPU),
     searched whether or not the given batch fits, with the bytes to spare at it when it was traced there;
     or None and why not ("not searched: ...", or "over ...")."""
     import logging
 
-    from .plan import plan
+    from .plan import Planner
 
     def once(record: logging.LogRecord) -> bool:  # the estimate has said it; the planner's traces need not
         message = record.getMessage()
@@ -301,15 +301,13 @@ def _largest_batch(model, inputs, gpu: GPU, **kwargs: Any) -> tuple[int | None, 
     tally_log = logging.getLogger("estimator.tally")
     tally_log.addFilter(once)
     try:
-        p = plan(model, inputs, gpu=gpu, gpus=1, strategy="ddp", solve_unfit=True, **kwargs)
+        solve = Planner(model, inputs, gpu=gpu, **kwargs).largest_batch()
     except DataDependentError:  # the search traces the engine on fake tensors only
         return None, "not searched: the model reads tensor values in its forward, and the search traces on fake tensors", None
     except UserError as exc:
         return None, f"not searched: {exc}", None
     finally:
         tally_log.removeFilter(once)
-    if p.batch is None:
-        return None, "not searched: the batch size cannot be varied for this model's inputs", None
-    need = p.batch.needed_at_answer
-    margin = gpu.capacity - need if need and p.batch.value else None
-    return p.batch.value, p.batch.reason, margin
+    need = solve.needed_at_answer
+    margin = gpu.capacity - need if need and solve.value else None
+    return solve.value, solve.reason, margin

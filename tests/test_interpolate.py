@@ -150,3 +150,13 @@ def test_a_micro_batch_of_one_is_searched_from_two_and_four():
         assert other.fits is fits, (value, other.verdict.needed)
         if fits:
             assert (p.batch.needed_at_answer, p.batch.peak_at_answer) == (other.verdict.needed, other.per_gpu.peak)
+
+
+def test_the_largest_batch_alone_is_the_plans():
+    """``Planner.largest_batch`` (``estimate --gpu``'s search, without the plan's step time and FLOPs) answers
+    what the whole plan of DDP on one GPU answers, with the same bytes at the answer."""
+    gpu = _gpu_with(Planner(*_hf_llama(9), gpu="H100").plan("ddp", 1, solve=(), suggest=False).verdict.needed
+                    + 2**20)
+    alone = Planner(*_hf_llama(1), gpu=gpu).largest_batch()
+    whole = Planner(*_hf_llama(1), gpu=gpu).plan("ddp", 1).batch
+    assert alone == whole and alone.value >= 9, (alone, whole)

@@ -370,6 +370,17 @@ class Planner:
             return guess
         return fewest_gpus(counts, traced_fits)  # the interpolation missed: bisect with traces
 
+    @young_only_during
+    def largest_batch(self, gpu: str | GPU | None = None) -> Solve:
+        """The largest micro-batch that fits one ``gpu`` (default: the planner's) as DDP on one GPU runs it: the
+        search of :meth:`plan` alone (``estimate --gpu``'s question), without the plan's step time, FLOPs per
+        token or suggestions, whose traces it would not use."""
+        target = self.gpu if gpu is None else (gpu if isinstance(gpu, GPU) else lookup(gpu))
+        layout = Layout("ddp", 1, 1, False, self.gpus_per_node, 0, None, None, False, 1, "1f1b", 0, 1, "allgather", 1,
+                        False)
+        check_layout(layout, self.precision)
+        return self.solve("batch", layout, (), target)
+
     # -- one plan ------------------------------------------------------------------------------------------
     @young_only_during
     def plan(self, strategy: str = "ddp", gpus: int = 1, *, tp: int = 1, sequence_parallel: bool = False,
