@@ -10,7 +10,6 @@ its CUDA reserve).
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
@@ -23,7 +22,6 @@ from ..collect import young_only_during
 from ..errors import UserError
 from ..hardware import GPU, gpu_links, link, lookup
 from ..memory import CUDA_RESERVE, FRAGMENTATION, simulate
-from ..rules.registry import MATMUL
 from ..tally import tally
 from ..target import CudaTarget, parse_release
 from .context import in_chunks, shard_sequence
@@ -31,6 +29,7 @@ from .describe import engine_text, layout_notes
 from .engine import one_sequence_per_sample, trace_engine
 from .interpolate import searched_allocator
 from .layout import Layout, check_layout, parse_plan_precision
+from .model_flops import attention_term, matmul_params
 from .report import Comparison, Plan
 from .results import Config, Flops, PerGpu, Solve, StepTime, Suggestion, Training, Verdict
 from .schedule import matmul_flops, traced_time, zero_time
@@ -254,13 +253,16 @@ class Planner:
         return peak + sum(self.reserve(peak, layout, step).values())
 
     # -- searches -----------------------------------------------------------------------------------------
-    def solve(self, what: str, layout: Layout, checkpoint: tuple[type, ...], gpu: GPU, confirm: bool = True) -> Solve:
+    def solve(self, what: str, layout: Layout, checkpoint: tuple[type, ...], gpu: GPU, confirm: bool = True,
+              given: bool = True) -> Solve:
         """Largest micro-batch (``what="batch"``) or sequence length that fits one GPU of ``layout``.  Under
-        context parallelism a sequence is searched in steps of ``2 x cp`` (the load-balanced chunks)."""
+        context parallelism a sequence is searched in steps of ``2 x cp`` (the load-balanced chunks).
+        ``given``: the step at the given size is traced anyway (a plan's own); without it, a micro-batch of one
+        is searched from 2 and 4 at once (see below)."""
         unit = 2 * layout.cp if what == "seq" and layout.cp > 1 else 1
         base = self.base(what) // unit
         if what == "batch":
-            points = [base, 2 * base]
+            points = [base, 2 * base] if given or base > 1 else [2, 4]
         else:  # at and below the given length: a model may reject longer sequences
             points = [base // 4, base // 2, base] if base >= 4 else [base, 2 * base, 3 * base]
         steps = [self.traced(layout, checkpoint, what, v * unit) for v in points]
@@ -379,7 +381,7 @@ class Planner:
         layout = Layout("ddp", 1, 1, False, self.gpus_per_node, 0, None, None, False, 1, "1f1b", 0, 1, "allgather", 1,
                         False)
         check_layout(layout, self.precision)
-        return self.solve("batch", layout, (), target)
+        return self.solve("batch", layout, (), target, given=False)
 
     # -- one plan ------------------------------------------------------------------------------------------
     @young_only_during
@@ -544,75 +546,3 @@ class Planner:
         from .comparison import compare_layouts
 
         return compare_layouts(self, gpus, **kwargs)
-
-
-# -- FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B) ------------------------------------------------
-
-
-def matmul_params(step: Step, tokens: int | None = None) -> int:
-    """Parameters that enter a matmul-class op in forward (through views and casts): the N of 6N.  With
-    ``tokens`` (the step's), a mixture of experts' weights count as much as a token uses of them: a grouped
-    GEMM of ``S`` routed rows over ``G`` experts' weights uses ``S / (G x tokens)`` of them per token (top-k / E:
-    the "active" parameters)."""
-    cap = step.cap
-    users: dict[int, list] = defaultdict(list)
-    from ..graph import OpNode
-    import torch.utils._pytree as pytree
-
-    for rec in cap.records:
-        for a in pytree.tree_leaves((rec.args, rec.kwargs)):
-            if isinstance(a, OpNode):
-                users[id(a)].append(rec)
-    holders = {n.target: n for n in cap.records if n.op == "placeholder" and n.meta.get("kind") == "parameter"}
-    count = 0
-    for name, p in cap.params.items():
-        holder = holders.get(f"param_{name}")
-        frontier, seen, hit, share = [holder] if holder is not None else [], set(), False, 1.0
-        while frontier and not hit:
-            node = frontier.pop()
-            for user in users.get(id(node), ()):
-                if id(user) in seen or user.meta.get("phase") not in ("forward", "loss"):
-                    continue
-                seen.add(id(user))
-                cost = user.meta.get("cost")
-                if cost is not None and cost.kind == MATMUL:
-                    hit = True
-                    share = _routed_share(user, p, tokens)
-                    break
-                if user.op == "call_function" and (cost is None or cost.kind == "zero"):
-                    frontier.append(user)
-        if hit:
-            count += round(p.numel() * share)
-    return count
-
-
-def _routed_share(node: Any, p: torch.Tensor, tokens: int | None) -> float:
-    """The share of ``p`` one token uses when ``node`` (its first matmul) is a grouped GEMM over its dimension 0
-    (a mixture of experts): routed rows / (experts x tokens); 1 for any other matmul."""
-    if tokens is None or "grouped_mm" not in str(node.target) or p.ndim != 3 or not node.args:
-        return 1.0
-    spec = getattr(node.args[0], "meta", {}).get("spec", (None,))[0]
-    if spec is None or len(spec.shape) != 2:
-        return 1.0
-    return min(1.0, spec.shape[0] / (p.shape[0] * tokens))
-
-
-def attention_term(step: Step) -> int | None:
-    """12 * sum over attention ops of H * Q * T_k (PaLM's 12 L H Q T per token), None without attention."""
-    from ..graph import OpNode
-
-    total, found = 0, False
-    for node in step.cap.nodes:
-        packet = getattr(node.target, "overloadpacket", None)
-        name = packet.__name__ if packet is not None else ""
-        if node.meta.get("phase") != "forward" or "scaled_dot_product" not in name or "backward" in name:
-            continue
-        args = [a for a in node.args[:2] if isinstance(a, OpNode)]
-        if len(args) < 2:
-            continue
-        q, k = (args[0].meta.get("spec") or (None,))[0], (args[1].meta.get("spec") or (None,))[0]
-        if q is None or k is None or len(q.shape) < 4:
-            continue
-        found = True
-        total += 12 * q.shape[-3] * q.shape[-1] * k.shape[-2]
-    return total if found else None
