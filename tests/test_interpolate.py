@@ -142,7 +142,7 @@ def test_a_micro_batch_of_one_is_searched_from_two_and_four():
                     + 2**20)
     planner = Planner(model, inputs, gpu=gpu, device="cuda", precision="bf16-mixed")
     p = planner.plan("fsdp", 2)
-    assert p.batch.confirmed and p.batch.traced == [2, 4] and "the next traced" in p.batch.method, p.batch
+    assert p.batch.confirmed and p.batch.by_next and p.batch.traced == [2, 4], p.batch
     traced = {k[3] for k in planner._steps if k[0] != "single" and k[2] == "batch"}
     assert traced <= {2, 4, p.max_batch + 1}, sorted(traced)  # (besides the given batch, traced as given)
     for value, fits in ((p.max_batch, True), (p.max_batch + 1, False)):

@@ -96,5 +96,5 @@ def test_an_answer_whose_next_trace_reproduces_the_interpolation_is_not_traced()
         solve = largest_fitting("batch", 4, lambda v: _linear(v) <= CAPACITY, trace, [4, 8], confirm=True,
                                 capacity=CAPACITY, exact=_linear, reproduced=lambda v: reproduces,
                                 peak_at=_linear)
-        assert (solve.value, solve.confirmed, sorted(traced)) == (answer, True, expected)
+        assert (solve.value, solve.confirmed, sorted(traced), solve.by_next) == (answer, True, expected, reproduces)
         assert solve.needed_at_answer == _linear(answer) and solve.peak_at_next == _linear(answer + 1)

@@ -38,7 +38,8 @@ def _fmt_solve(solve: Solve | None) -> str:
     if solve.limited_by:
         text += f" (the model's limit, {solve.limited_by}; memory allows {solve.memory_allows})"
     elif solve.confirmed is not None:
-        text += " (confirmed by tracing it and the next)" if solve.confirmed else " (interpolated)"
+        text += (" (interpolated)" if not solve.confirmed else " (confirmed by tracing the next, which has every size the "
+                 "interpolation gives)" if solve.by_next else " (confirmed by tracing it and the next)")
     return text
 
 

@@ -101,7 +101,7 @@ class Solve:
     method: str
     traced: list[int]
     # traced at the answer (fits) and the next (does not), or at the next only when that trace has every size the
-    # interpolation gives (the answer's bytes, between traces, are then what its trace would give)
+    # interpolation gives (``by_next``: the answer's bytes, between traces, are then what its trace would give)
     confirmed: bool | None = None
     peak_at_answer: int | None = None
     peak_at_next: int | None = None
@@ -109,6 +109,7 @@ class Solve:
     limited_by: str | None = None  # the model's own limit (position embeddings)
     memory_allows: int | None = None
     reason: str | None = None  # why there is no answer (``value`` None): not searched, or no limit found
+    by_next: bool = False  # confirmed by the trace at the next value alone (see ``confirmed``)
 
 
 @dataclass(frozen=True)

@@ -162,7 +162,7 @@ def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], boo
         if not probe(best + 1) and reproduced(best + 1):
             return Solve(what, best, method + " (the next traced: every size as interpolated)", list(points),
                          confirmed=True, peak_at_answer=peak_at(best), peak_at_next=known[best + 1][1],
-                         needed_at_answer=exact(best))
+                         needed_at_answer=exact(best), by_next=True)
     probe(best), probe(best + 1)
     rounds = 0
     while not _closed(known, best) and anchor is not None and capacity is not None and best >= 1 and rounds < 3:
