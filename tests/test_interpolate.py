@@ -160,3 +160,33 @@ def test_the_largest_batch_alone_is_the_plans():
     alone = Planner(*_hf_llama(1), gpu=gpu).largest_batch()
     whole = Planner(*_hf_llama(1), gpu=gpu).plan("ddp", 1).batch
     assert alone == whole and alone.value >= 9, (alone, whole)
+
+
+def test_a_temporary_that_is_not_linear_in_the_batch_is_its_rule_at_that_size():
+    """A Llama of 2,048 hidden at 2,048 tokens: the sum reductions' partial-sum buffers stop growing between
+    batches 4 and 9 (capped by the reduction's grid: 128 MiB at 4, 132 MiB at 9 where a line through 2 and 4
+    says 288 MiB) and cuDNN's attention backward rounds its workspace.  The interpolation evaluates each
+    temporary's workspace rule on the op's arguments at 9 (their shapes and strides interpolated), so the bytes
+    needed at 9 are the trace's to the byte, and the trace at 9 reproduces every size."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from estimator.plan.interpolate import _library_vector
+    from estimator.plan.search import lagrange
+
+    cfg = AutoConfig.for_model("llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=2,
+                               num_attention_heads=32, num_key_value_heads=8, vocab_size=128256)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    ids = torch.zeros(1, 2048, dtype=torch.long, device="meta")
+    planner = Planner(model, {"input_ids": ids, "labels": ids}, gpu="H100", precision="bf16-mixed")
+    layout = Layout("ddp", 1, 1, False, planner.gpus_per_node, 0, None, None, False, 1, "1f1b", 0, 1, "allgather",
+                    1, False)
+    steps = [planner.traced(layout, (), "batch", v) for v in (2, 4)]
+    need = need_at(steps, [2, 4], steps[0].cuda_target)
+    nine = planner.traced(layout, (), "batch", 9)
+    traced = _library_vector(library_memory(nine.cap, need.target))
+    line = [round(x) for x in lagrange([2, 4], need.lib_per, 9)]
+    assert traced != line, "the case was chosen for a temporary that is not linear in the batch"
+    assert need.sizes(9)[1] == traced and need.reproduces(nine, 9)
+    assert need(9) == planner.needed(planner.memory(layout, nine).peak.total, layout, nine)

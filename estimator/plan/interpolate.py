@@ -6,8 +6,12 @@ with the same op sequence every storage's size is a polynomial of the batch (deg
 workspaces, kernel temporaries).  :func:`need_at` interpolates both (:func:`.search.lagrange`) and runs the
 caching allocator on them (:func:`estimator.memory.simulate`): the allocator's peak and its fragmentation
 reserve at that size, which are not polynomials (block rounding, segment reuse) and so are simulated rather
-than interpolated.  Where the libraries' allocations differ in kind between the traces (an op that takes
-another kernel at another size), there is no interpolation: ``None``.
+than interpolated.  A kernel's temporary is not always a polynomial either (a reduction's partial sums are
+capped by its grid, cuDNN rounds its workspace): it is the workspace rule (:data:`estimator.workspace.TRANSIENT`)
+evaluated on the op's arguments at that size, whose shapes and strides are polynomials of it (interpolated
+argument by argument, :func:`_at`); an argument that is not (a float that changes) leaves that temporary
+interpolated.  Where the libraries' allocations differ in kind between the traces (an op that takes another
+kernel at another size), there is no interpolation: ``None``.
 """
 
 from __future__ import annotations
@@ -15,8 +19,37 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from ..memory import simulate
-from ..workspace import LibraryMemory, library_memory
+from ..rules import OpCall, TensorSpec
+from ..tally import op_call
+from ..workspace import TRANSIENT, Layout, LibraryMemory, layout_of, library_memory
 from .search import lagrange
+
+
+class _NotPolynomial(Exception):
+    """An argument whose values at the traced sizes are not those of one polynomial (see :func:`_at`)."""
+
+
+def _at(values: Sequence[Any], points: Sequence[int], v: int) -> Any:
+    """An op argument at size ``v`` from its values at ``points`` (one per trace, alike in structure): equal
+    values are kept, integers (sizes, shapes, strides) interpolated and required to stay integers, tuples,
+    lists, mappings and tensor specs element by element; anything else that differs raises
+    :class:`_NotPolynomial`."""
+    first = values[0]
+    if all(x == first for x in values[1:]):
+        return first
+    if isinstance(first, TensorSpec) and all(x.dtype == first.dtype for x in values):
+        return TensorSpec(_at([x.shape for x in values], points, v), first.dtype)
+    if isinstance(first, int) and not isinstance(first, bool):
+        y = lagrange(points, [[float(x)] for x in values], v)[0]
+        if abs(y - round(y)) > 1e-6:
+            raise _NotPolynomial(values)
+        return int(round(y))
+    if isinstance(first, (tuple, list)) and all(type(x) is type(first) and len(x) == len(first) for x in values):
+        out = [_at([x[k] for x in values], points, v) for k in range(len(first))]
+        return tuple(out) if isinstance(first, tuple) else out
+    if isinstance(first, dict) and all(x.keys() == first.keys() for x in values):
+        return {k: _at([x[k] for x in values], points, v) for k in first}
+    raise _NotPolynomial(values)
 
 
 def _library_key(lib: LibraryMemory) -> tuple:
@@ -51,11 +84,33 @@ class NeedAt:
         self.per = [list(s.cap.storage_bytes) for s in steps]
         self.lib_per = [_library_vector(lib) for lib in libs]
         self.known: dict[int, tuple[int, int]] = {}  # v -> (need, peak)
+        # each temporary's op as every trace calls it: (rule, calls, layouts), in _library_vector's order
+        self.calls = [(TRANSIENT[steps[0].cap.nodes[i].target.overloadpacket],
+                       [op_call(s.cap.nodes[i]) for s in steps], [layout_of(s.cap.nodes[i]) for s in steps])
+                      for i in sorted(self.lib.transients)]
+
+    def _transient(self, k: int, v: int) -> int | None:
+        """Temporary ``k``'s bytes at ``v``: its rule on the op's arguments there; None where they are not
+        polynomials of the size."""
+        rule, calls, layouts = self.calls[k]
+        try:
+            call = OpCall(calls[0].op, _at([c.args for c in calls], self.points, v),
+                          _at([c.outputs for c in calls], self.points, v))
+            layout = Layout(_at([dict(x.args) for x in layouts], self.points, v),
+                            _at([x.outputs for x in layouts], self.points, v))
+        except _NotPolynomial:
+            return None
+        return int(rule(call, self.target, layout))
 
     def sizes(self, v: int) -> tuple[list[int], list[int]]:
-        """Every storage's bytes and every library allocation's at ``v``, interpolated."""
-        return ([max(0, int(round(x))) for x in lagrange(self.points, self.per, v)],
-                [max(0, int(round(x))) for x in lagrange(self.points, self.lib_per, v)] if self.lib_per[0] else [])
+        """Every storage's bytes and every library allocation's at ``v``: interpolated, the kernels' temporaries
+        by their rules where the op's arguments interpolate."""
+        lib = [max(0, int(round(x))) for x in lagrange(self.points, self.lib_per, v)] if self.lib_per[0] else []
+        for k in range(len(self.calls)):
+            nbytes = self._transient(k, v)
+            if nbytes is not None:
+                lib[k] = nbytes
+        return [max(0, int(round(x))) for x in lagrange(self.points, self.per, v)], lib
 
     def __call__(self, v: int) -> int:
         if v not in self.known:
