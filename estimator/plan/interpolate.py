@@ -91,16 +91,16 @@ class NeedAt:
 
     def _transient(self, k: int, v: int) -> int | None:
         """Temporary ``k``'s bytes at ``v``: its rule on the op's arguments there; None where they are not
-        polynomials of the size."""
+        polynomials of the size or the rule does not take them (the temporary is then interpolated)."""
         rule, calls, layouts = self.calls[k]
         try:
             call = OpCall(calls[0].op, _at([c.args for c in calls], self.points, v),
                           _at([c.outputs for c in calls], self.points, v))
             layout = Layout(_at([dict(x.args) for x in layouts], self.points, v),
                             _at([x.outputs for x in layouts], self.points, v))
-        except _NotPolynomial:
+            return int(rule(call, self.target, layout))
+        except Exception:  # (_NotPolynomial, or a rule that cannot take sizes no trace had): the line instead
             return None
-        return int(rule(call, self.target, layout))
 
     def sizes(self, v: int) -> tuple[list[int], list[int]]:
         """Every storage's bytes and every library allocation's at ``v``: interpolated, the kernels' temporaries
