@@ -190,3 +190,36 @@ def test_a_temporary_that_is_not_linear_in_the_batch_is_its_rule_at_that_size():
     assert traced != line, "the case was chosen for a temporary that is not linear in the batch"
     assert need.sizes(9)[1] == traced and need.reproduces(nine, 9)
     assert need(9) == planner.needed(planner.memory(layout, nine).peak.total, layout, nine)
+
+
+class _Branchy:
+    """An MLP that copies its input once the batch exceeds 3: another op sequence at 4 than at 2."""
+
+    @staticmethod
+    def build(batch: int):
+        import torch
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a, self.b = torch.nn.Linear(256, 1024), torch.nn.Linear(1024, 256)
+
+            def forward(self, x):
+                if x.shape[0] > 3:
+                    x = x.clone()
+                return self.b(torch.relu(self.a(x))).square().mean()
+
+        return Net(), (torch.randn(batch, 256),)
+
+
+def test_a_micro_batch_of_one_whose_larger_sizes_differ_is_searched_by_traces():
+    """The search alone (``estimate --gpu``) from a micro-batch of one starts at 2 and 4; where those two differ in
+    op sequence it searches by traces, and its answer is the largest batch an independent plan fits, the next one
+    not."""
+    model, inputs = _Branchy.build(1)
+    need = lambda b: Planner(*_Branchy.build(b), gpu="H100", loss_fn=None).plan(  # noqa: E731
+        "ddp", 1, solve=(), suggest=False).verdict.needed
+    gpu = _gpu_with(need(20) + 2**20)
+    solve = Planner(model, inputs, gpu=gpu, loss_fn=None).largest_batch()
+    assert solve.value is not None and solve.method.startswith("traced"), solve
+    assert need(solve.value) <= gpu.capacity < need(solve.value + 1)

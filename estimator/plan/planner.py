@@ -273,7 +273,7 @@ class Planner:
             need = self.needed(pk, layout, st)
             return need <= gpu.capacity, pk, need
 
-        if what == "batch" and base == 1 and steps[0].structure() != steps[1].structure() and traced(2)[0]:
+        if what == "batch" and points == [1, 2] and steps[0].structure() != steps[1].structure() and traced(2)[0]:
             # a micro-batch of one takes views where larger ones copy (a slice of the logits reshaped for the
             # loss), so its op sequence is its own: the sizes are interpolated from 2 and 4
             points = [2, 4]
