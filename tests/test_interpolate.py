@@ -180,8 +180,7 @@ def test_a_temporary_that_is_not_linear_in_the_batch_is_its_rule_at_that_size():
         model = AutoModelForCausalLM.from_config(cfg)
     ids = torch.zeros(1, 2048, dtype=torch.long, device="meta")
     planner = Planner(model, {"input_ids": ids, "labels": ids}, gpu="H100", precision="bf16-mixed")
-    layout = Layout("ddp", 1, 1, False, planner.gpus_per_node, 0, None, None, False, 1, "1f1b", 0, 1, "allgather",
-                    1, False)
+    layout = Layout("ddp", 1, gpus_per_node=planner.gpus_per_node)
     steps = [planner.traced(layout, (), "batch", v) for v in (2, 4)]
     need = need_at(steps, [2, 4], steps[0].cuda_target)
     nine = planner.traced(layout, (), "batch", 9)
@@ -192,32 +191,29 @@ def test_a_temporary_that_is_not_linear_in_the_batch_is_its_rule_at_that_size():
     assert need(9) == planner.needed(planner.memory(layout, nine).peak.total, layout, nine)
 
 
-class _Branchy:
-    """An MLP that copies its input once the batch exceeds 3: another op sequence at 4 than at 2."""
+def _branchy(batch: int):
+    """An MLP that copies its input once the batch exceeds 3 (another op sequence at 4 than at 2), and its input."""
+    import torch
 
-    @staticmethod
-    def build(batch: int):
-        import torch
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(256, 1024), torch.nn.Linear(1024, 256)
 
-        class Net(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.a, self.b = torch.nn.Linear(256, 1024), torch.nn.Linear(1024, 256)
+        def forward(self, x):
+            if x.shape[0] > 3:
+                x = x.clone()
+            return self.b(torch.relu(self.a(x))).square().mean()
 
-            def forward(self, x):
-                if x.shape[0] > 3:
-                    x = x.clone()
-                return self.b(torch.relu(self.a(x))).square().mean()
-
-        return Net(), (torch.randn(batch, 256),)
+    return Net(), (torch.randn(batch, 256),)
 
 
 def test_a_micro_batch_of_one_whose_larger_sizes_differ_is_searched_by_traces():
     """The search alone (``estimate --gpu``) from a micro-batch of one starts at 2 and 4; where those two differ in
     op sequence it searches by traces, and its answer is the largest batch an independent plan fits, the next one
     not."""
-    model, inputs = _Branchy.build(1)
-    need = lambda b: Planner(*_Branchy.build(b), gpu="H100", loss_fn=None).plan(  # noqa: E731
+    model, inputs = _branchy(1)
+    need = lambda b: Planner(*_branchy(b), gpu="H100", loss_fn=None).plan(  # noqa: E731
         "ddp", 1, solve=(), suggest=False).verdict.needed
     gpu = _gpu_with(need(20) + 2**20)
     solve = Planner(model, inputs, gpu=gpu, loss_fn=None).largest_batch()

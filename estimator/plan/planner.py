@@ -378,8 +378,7 @@ class Planner:
         search of :meth:`plan` alone (``estimate --gpu``'s question), without the plan's step time, FLOPs per
         token or suggestions, whose traces it would not use."""
         target = self.gpu if gpu is None else (gpu if isinstance(gpu, GPU) else lookup(gpu))
-        layout = Layout("ddp", 1, 1, False, self.gpus_per_node, 0, None, None, False, 1, "1f1b", 0, 1, "allgather", 1,
-                        False)
+        layout = Layout("ddp", 1, gpus_per_node=self.gpus_per_node)
         check_layout(layout, self.precision)
         return self.solve("batch", layout, (), target, given=False)
 
