@@ -73,7 +73,17 @@ SHAPED = {"zamba": {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_
           "esm": {"pad_token_id": 1},
           # Reformer trains only on sequences of prod(axial_pos_shape) tokens (64 x 64 by default), its axial
           # position embeddings summing to the hidden size: 4 x 8 = the sweep's 32 tokens, 16 + 48 = 64 wide
-          "reformer": {"axial_pos_shape": [4, 8], "axial_pos_embds_dim": [16, 48]}}
+          "reformer": {"axial_pos_shape": [4, 8], "axial_pos_embds_dim": [16, 48]},
+          # LLaVA-NeXT's default configuration puts its image token (32000, video 32000 / image 32001) just past
+          # its text model's default vocabulary (32000), where the real embedding fails: the published
+          # checkpoints' vocabulary (llava-v1.6-vicuna-7b, LLaVA-NeXT-Video-7B: 32,064)
+          "llava_next": {"text_config.vocab_size": 32064}, "llava_next_video": {"text_config.vocab_size": 32064},
+          # Pix2Struct's text attention projects heads x d_kv back with a hidden x hidden weight: d_kv 64 / 4 heads
+          "pix2struct": {"text_config.d_kv": 16},
+          # Mllama's tower concatenates its output with intermediate layers' (intermediate_layers_indices, of 32
+          # layers by default): layers 0 and 1 of the sweep's 2, 64 x 3 wide
+          "mllama": {"vision_config.intermediate_layers_indices": [0, 1], "vision_config.vision_output_dim": 192},
+          "mllama_vision_model": {"intermediate_layers_indices": [0, 1], "vision_output_dim": 192}}
 SEQ, BATCH = 32, 2
 MAX_TRUTH_PARAMS = 150_000_000  # a real AdamW step of more (x16 bytes) is too slow and large for the sweep
 
@@ -113,14 +123,27 @@ def shrink_overrides(model_type: str, level: int) -> dict[str, Any]:
                 if key in fields and fields[key] > value:
                     out[prefix + key] = value
             rope = getattr(c, "rope_parameters", None)
-            partial = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
-            if isinstance(rope, dict) and partial in (None, 1, 1.0) and prefix + "num_attention_heads" in out \
-                    and _uses_mrope(c):
-                # multimodal rotary sections (temporal, height, width) are sized for the default head: a head of
-                # WIDTHS' 64 / 4 = 16 rotates 8 frequency pairs, split as the defaults' 16:24:24 (Qwen2-VL, GLM-4V);
-                # families that rotate part of the head (Qwen3.5) run on their own sections
-                out[prefix + "rope_parameters"] = {**rope, "mrope_section": [2, 3, 3]}
+            if isinstance(rope, dict) and prefix + "num_attention_heads" in out and _uses_mrope(c):
+                head = out.get(prefix + "head_dim") or fields.get("head_dim") \
+                    or out.get(prefix + "hidden_size", 64) // out[prefix + "num_attention_heads"]
+                sections = _mrope_sections(rope, head)
+                # (its own sections where they fit; Qwen3.5 rotates a quarter of the head, 2 frequencies, and
+                # interleaves its own sections, which it clips to the head)
+                if sum(rope.get("mrope_section") or ()) != sum(sections) and min(sections) > 0:
+                    out[prefix + "rope_parameters"] = {**rope, "mrope_section": sections}
     return {**out, **SHAPED.get(model_type, {})}
+
+
+def _mrope_sections(rope: dict, head: int) -> list[int]:
+    """Multimodal rotary sections (temporal, height, width) for the shrunk head: a head of ``head`` (WIDTHS'
+    64 / 4 = 16) rotating a ``partial_rotary_factor`` of its dimensions has ``ceil(head x partial / 2)``
+    frequencies (the modeling files' ``arange(0, dim, 2)``), split as the defaults' 16:24:24 (Qwen2-VL; full
+    heads of 16: 2, 3, 3) with the remainder on the last (GLM-4V-MoE rotates half: 4 frequencies, 1, 1, 2)."""
+    partial = float(rope.get("partial_rotary_factor") or 1.0)
+    pairs = -(-int(head * partial) // 2)
+    temporal = max(1, pairs // 4)
+    height = max(1, (pairs - temporal) // 2)
+    return [temporal, height, pairs - temporal - height]
 
 
 def _uses_mrope(cfg: Any) -> bool:

@@ -53,6 +53,9 @@ FAMILIES = {
     "time_series_transformer": "past values with their lags, time features and mask, and the future values",
     "decision_transformer": "trajectories: states, actions, rewards, returns-to-go and timesteps",
     "blip_2_qformer": "a module fed another's output: query embeddings, and the image features it cross-attends",
+    "llava_next": "images tiled at any resolution (image_grid_pinpoints): tiles per image and image_sizes",
+    "pix2struct": "a page of flattened patches (row, column, pixels) into a text decoder with labels",
+    "mllama": "tiles with aspect-ratio ids, the text model cross-attending to them from one image token",
 }
 
 

@@ -16,6 +16,8 @@ from ..errors import UserError
 from .hf_towers import (audio_inputs, first_that_runs, grid_inputs, grid_layouts, naflex_patches, patches_per_side,
                         series_inputs, spectrogram_inputs, speech_seq2seq_inputs, takes_audio, takes_grid,
                         takes_series, trajectory_inputs)
+from .hf_flat_patches import flat_patch_inputs, takes_flat_patches
+from .hf_tiles import takes_tiles, tiled_inputs
 from .options import DEFAULT_IMAGE_SIZE, SpecOptions, default_seq, first_line
 from .signature import required, takes
 
@@ -45,9 +47,13 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
     main = getattr(model, "main_input_name", "input_ids")
     batch = opts.batch or 1
     meta = dict(device="meta")
+    if takes_tiles(model):  # Llama 3.2 Vision: tiles of each image and their aspect ratio
+        return tiled_inputs(model, cfg, opts)
     if takes(model, "pixel_values") and getattr(cfg, "vision_config", None) is not None \
             and _image_token_id(cfg) is not None:
         return _vlm_inputs(model, cfg, opts)
+    if takes_flat_patches(model) and not takes(model, "input_ids"):  # Pix2Struct: a page of flattened patches
+        return flat_patch_inputs(model, cfg, opts)
     if takes_grid(model, cfg):  # a Qwen2-VL-style vision tower: patches and their grid
         return grid_inputs(model, cfg, opts)
     if takes_audio(model, cfg, main):  # log-mel features, or raw audio without a loss of its own
@@ -58,6 +64,9 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
         return _speech_text_inputs(model, cfg, opts)
     if takes_series(model, main):  # a time series: past values in their channels
         return series_inputs(model, cfg, opts)
+    body = getattr(model, "perceiver", model)  # (the heads hold the Perceiver as .perceiver)
+    if main == "inputs" and type(getattr(body, "input_preprocessor", None)).__name__ == "PerceiverTextPreprocessor":
+        return _perceiver_text_inputs(model, cfg, opts)
     if main == "input_ids" and not takes(model, "input_ids"):
         main = _first_required(model) or main  # a vision tower that keeps the default main_input_name
     if main in ("spectrogram", "mel_spectrogram"):  # a vocoder
@@ -101,6 +110,24 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
 
 
 EMBEDDING_INPUTS = ("hidden_states", "inputs_embeds", "query_embeds", "context")
+
+
+def _perceiver_text_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[dict, str]:
+    """Perceiver's text models take token ids as ``inputs`` (its text preprocessor embeds them): ``--batch`` x
+    ``--seq`` ids; labels per sample (classification) or, for masked LM, one per position its decoder queries
+    (``max_position_embeddings`` of them, whatever the input's length)."""
+    if opts.image_size is not None:
+        raise UserError(f"--image-size: {type(model).__name__} takes token ids; use --seq")
+    limit = max_positions(cfg)
+    batch, seq = opts.batch or 1, opts.seq or default_seq(limit)
+    ids = torch.zeros(batch, seq, dtype=torch.int64, device="meta")
+    if type(model).__name__.endswith("ForSequenceClassification"):
+        return {"inputs": ids, "labels": torch.zeros(batch, dtype=torch.int64, device="meta")}, \
+            f"inputs {batch}x{seq} (token ids), class labels"
+    queried = limit or seq
+    labels = torch.zeros(batch, queried, dtype=torch.int64, device="meta")
+    return {"inputs": ids, "labels": labels}, \
+        f"inputs {batch}x{seq} (token ids), labels {batch}x{queried} (the decoder's {queried} positions)"
 
 
 def _embedding_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, name: str) -> tuple[dict, str]:
@@ -361,14 +388,21 @@ def _vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[An
     size = opts.image_size or getattr(vision, "image_size", None) or DEFAULT_IMAGE_SIZE
     h, w = (int(size[0]), int(size[-1])) if isinstance(size, (list, tuple)) else (int(size), int(size))
     channels = int(getattr(vision, "num_channels", 3) or 3)
-    pixels = torch.zeros(batch, channels, h, w)
-    n_tokens = _image_tokens(model, cfg, pixels[:1])
+    tiles = _any_resolution_tiles(model, cfg, h, w)
+    crop = int(getattr(vision, "image_size", h) or h)
+    pixels = torch.zeros(batch, tiles, channels, crop, crop) if tiles else torch.zeros(batch, channels, h, w)
+    sizes = torch.tensor([[h, w]] * batch)  # (each image's size before tiling: LLaVA-NeXT unpads by it)
+    n_tokens = _image_tokens(model, cfg, pixels[:1], sizes[:1])
     seq = _seq_for(cfg, opts, n_tokens, "image tokens")
     ids, labels = _image_text_ids(batch, seq, n_tokens, image_token)
     inputs = {"input_ids": ids, "pixel_values": pixels, "labels": labels}
     if takes(model, "token_type_ids"):  # PaliGemma, Gemma 3: image positions marked 1
         inputs["token_type_ids"] = (ids == image_token).to(torch.int64)
-    desc = f"input_ids {batch}x{seq} ({n_tokens} image tokens each), pixel_values {batch}x{channels}x{h}x{w}, labels"
+    shown = f"{batch}x{channels}x{h}x{w}"
+    if tiles:
+        inputs["image_sizes"] = sizes
+        shown = f"{batch}x{tiles}x{channels}x{crop}x{crop} ({tiles} tiles of each {h}x{w} image), image_sizes"
+    desc = f"input_ids {batch}x{seq} ({n_tokens} image tokens each), pixel_values {shown}, labels"
     return _with_qformer_text(model, cfg, inputs, desc, seq - n_tokens)
 
 
@@ -424,16 +458,30 @@ def _image_text_ids(batch: int, seq: int, n_image: int, image_token: int) -> tup
     return ids, labels
 
 
-def _image_tokens(model: torch.nn.Module, cfg: Any, pixels: torch.Tensor) -> int:
-    """How many tokens one image becomes: the vision tower and projector run on the meta device (the
-    weights are not needed for shapes), else the count the configuration states."""
+def _any_resolution_tiles(model: torch.nn.Module, cfg: Any, h: int, w: int) -> int | None:
+    """How many crops of the tower's size an ``h`` x ``w`` image is cut into by a model that tiles images at
+    any resolution (LLaVA-NeXT, LLaVA-OneVision: the best of ``image_grid_pinpoints`` plus the whole image
+    resized), by its modeling file's own ``image_size_to_num_patches``; None for another model."""
+    import sys
+
+    count = getattr(sys.modules.get(type(model).__module__), "image_size_to_num_patches", None)
+    pinpoints = getattr(cfg, "image_grid_pinpoints", None)
+    crop = getattr(cfg.vision_config, "image_size", None)
+    if count is None or not isinstance(pinpoints, list) or not isinstance(crop, int) or not takes(model, "image_sizes"):
+        return None
+    return int(count(image_size=[h, w], grid_pinpoints=pinpoints, patch_size=crop))
+
+
+def _image_tokens(model: torch.nn.Module, cfg: Any, pixels: torch.Tensor, sizes: torch.Tensor) -> int:
+    """How many tokens one image (of size ``sizes``, one row) becomes: the vision tower and projector run on
+    the meta device (the weights are not needed for shapes), else the count the configuration states."""
     name = type(model).__name__
     get = getattr(model, "get_image_features", None)
     failure: Exception | None = None
     if get is not None:
         try:
             sig = inspect.signature(get).parameters
-            extra = {"image_sizes": torch.tensor([list(pixels.shape[-2:])])} if "image_sizes" in sig else {}
+            extra = {"image_sizes": sizes} if "image_sizes" in sig else {}
             with torch.no_grad():
                 out = get(pixel_values=pixels.to("meta"), **extra)
             features = getattr(out, "pooler_output", out)
@@ -448,7 +496,7 @@ def _image_tokens(model: torch.nn.Module, cfg: Any, pixels: torch.Tensor) -> int
         if isinstance(value, int) and value > 0:
             return value
     why = f" ({type(failure).__name__}: {first_line(failure)})" if failure is not None else ""
-    raise UserError(f"{name}: cannot tell how many tokens an image of {pixels.shape[-2]}x{pixels.shape[-1]} "
+    raise UserError(f"{name}: cannot tell how many tokens an image of {int(sizes[0, 0])}x{int(sizes[0, 1])} "
                     f"becomes{why}; this model needs more than pixel_values (tiles, image sizes): write a SPEC "
                     f"file that returns (model, inputs)")
 

@@ -1,0 +1,68 @@
+"""The batch of a ``hf:`` document model fed ``flattened_patches`` (Pix2Struct, Kosmos-2.5's vision tower).
+
+Their image processors cut a page into at most ``max_patches`` patches of 16 x 16 pixels and give each as
+one row: its row and column index (read as embedding indices), then its ``16 * 16 * 3`` pixel values
+(``patch_embed_hidden_size``), padded with zero rows to ``max_patches`` and an ``attention_mask`` marking
+the real ones.  The patch count is the processor's default: a page of that many patches is what the
+model trains on (Pix2StructImageProcessor ``max_patches = 2048``, Kosmos2_5ImageProcessor ``4096``), capped
+by the configuration's embedding of positions (``seq_len``, ``max_num_patches``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import UserError
+from .options import SpecOptions, default_seq
+from .signature import takes
+
+# the image processors' default patches per page, by model family (transformers 5.17
+# image_processing_pix2struct.py and image_processing_kosmos2_5.py: ``max_patches``)
+PROCESSOR_MAX_PATCHES = {"Pix2Struct": 2048, "Kosmos2_5": 4096}
+
+
+def takes_flat_patches(model: torch.nn.Module) -> bool:
+    return takes(model, "flattened_patches")
+
+
+def flat_patch_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[dict, str]:
+    """``--batch`` pages of the processor's patch count (``--image-size`` is not theirs: a page is any size,
+    resized to fit the patches), ``attention_mask`` all ones; a model with a text decoder gets ``--seq``
+    decoder tokens as labels (Pix2Struct's conditional generation shifts them itself)."""
+    name = type(model).__name__
+    if opts.image_size is not None:
+        raise UserError(f"--image-size: {name} takes a page cut into flattened patches, resized to fit "
+                        f"{_patches(name, cfg)} of them; leave --image-size out")
+    vision = getattr(cfg, "vision_config", None) or cfg
+    width = getattr(vision, "patch_embed_hidden_size", None)
+    if not isinstance(width, int):
+        raise UserError(f"hf: {name}.forward needs 'flattened_patches' and its configuration has no "
+                        f"patch_embed_hidden_size: write a SPEC file, path/to/file.py:build whose build() returns "
+                        f"(model, inputs)")
+    batch, n = opts.batch or 1, _patches(name, cfg)
+    inputs: dict[str, torch.Tensor] = {
+        "flattened_patches": torch.zeros(batch, n, 2 + width),  # (row, column, pixels...) per patch
+        # integer ones (the processors' are float): values the trace keeps, so a mask of ones is skipped as the
+        # real step skips it (transformers' create_bidirectional_mask reads ``mask.all()``)
+        "attention_mask": torch.ones(batch, n, dtype=torch.int64)}
+    desc = f"flattened_patches {batch}x{n}x{2 + width} ({n} patches a page: row, column, {width} pixel values), " \
+           "attention_mask"
+    text = getattr(cfg, "text_config", None)
+    if text is not None and takes(model, "labels"):
+        seq = opts.seq or default_seq(getattr(text, "n_positions", None) or getattr(text, "max_position_embeddings",
+                                                                                      None))
+        inputs["labels"] = torch.ones(batch, seq, dtype=torch.int64)
+        desc += f", labels {batch}x{seq} (the decoder's tokens)"
+    elif opts.seq is not None:
+        raise UserError(f"--seq: {name} takes a page of flattened patches and no text; leave --seq out")
+    return inputs, desc
+
+
+def _patches(name: str, cfg: Any) -> int:
+    vision = getattr(cfg, "vision_config", None) or cfg
+    family = next((k for k in PROCESSOR_MAX_PATCHES if name.startswith(k)), None)
+    limit = getattr(vision, "seq_len", None) or getattr(vision, "max_num_patches", None)
+    n = PROCESSOR_MAX_PATCHES.get(family, limit or 2048)
+    return min(n, limit) if isinstance(limit, int) else n
