@@ -78,6 +78,11 @@ SHAPED = {"zamba": {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_
           # its text model's default vocabulary (32000), where the real embedding fails: the published
           # checkpoints' vocabulary (llava-v1.6-vicuna-7b, LLaVA-NeXT-Video-7B: 32,064)
           "llava_next": {"text_config.vocab_size": 32064}, "llava_next_video": {"text_config.vocab_size": 32064},
+          # the same for Idefics2 (image token 32001, Mistral's 32,000; idefics2-8b's vocabulary: 32,003) and
+          # ModernVBERT (image token 50407 of 50,368; its image size, 224, is not a multiple of its pixel
+          # shuffle: 14 patches a side by 4, where 512 gives 32)
+          "idefics2": {"text_config.vocab_size": 32003},
+          "modernvbert": {"text_config.vocab_size": 50408, "vision_config.image_size": 512},
           # Pix2Struct's text attention projects heads x d_kv back with a hidden x hidden weight: d_kv 64 / 4 heads
           "pix2struct": {"text_config.d_kv": 16},
           # Mllama's tower concatenates its output with intermediate layers' (intermediate_layers_indices, of 32

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 from typing import Any
 
 import torch
@@ -389,16 +390,19 @@ def _vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[An
     h, w = (int(size[0]), int(size[-1])) if isinstance(size, (list, tuple)) else (int(size), int(size))
     channels = int(getattr(vision, "num_channels", 3) or 3)
     tiles = _any_resolution_tiles(model, cfg, h, w)
-    crop = int(getattr(vision, "image_size", h) or h)
-    pixels = torch.zeros(batch, tiles, channels, crop, crop) if tiles else torch.zeros(batch, channels, h, w)
+    crop = int(vision.image_size) if tiles else h  # (a tile is the tower's own size)
+    # (ones, not zeros: Idefics2 drops all-zero images as padding)
+    pixels = torch.ones(batch, tiles, channels, crop, crop) if tiles else torch.ones(batch, channels, h, w)
     sizes = torch.tensor([[h, w]] * batch)  # (each image's size before tiling: LLaVA-NeXT unpads by it)
-    n_tokens = _image_tokens(model, cfg, pixels[:1], sizes[:1])
+    n_tokens, per_sample = _image_tokens(model, cfg, pixels[:1], sizes[:1])
+    if per_sample:
+        pixels = pixels.unsqueeze(1)
     seq = _seq_for(cfg, opts, n_tokens, "image tokens")
     ids, labels = _image_text_ids(batch, seq, n_tokens, image_token)
     inputs = {"input_ids": ids, "pixel_values": pixels, "labels": labels}
     if takes(model, "token_type_ids"):  # PaliGemma, Gemma 3: image positions marked 1
         inputs["token_type_ids"] = (ids == image_token).to(torch.int64)
-    shown = f"{batch}x{channels}x{h}x{w}"
+    shown = f"{batch}x1x{channels}x{h}x{w} (one image per sample)" if per_sample else f"{batch}x{channels}x{h}x{w}"
     if tiles:
         inputs["image_sizes"] = sizes
         shown = f"{batch}x{tiles}x{channels}x{crop}x{crop} ({tiles} tiles of each {h}x{w} image), image_sizes"
@@ -472,33 +476,60 @@ def _any_resolution_tiles(model: torch.nn.Module, cfg: Any, h: int, w: int) -> i
     return int(count(image_size=[h, w], grid_pinpoints=pinpoints, patch_size=crop))
 
 
-def _image_tokens(model: torch.nn.Module, cfg: Any, pixels: torch.Tensor, sizes: torch.Tensor) -> int:
-    """How many tokens one image (of size ``sizes``, one row) becomes: the vision tower and projector run on
-    the meta device (the weights are not needed for shapes), else the count the configuration states."""
+def _image_tokens(model: torch.nn.Module, cfg: Any, pixels: torch.Tensor, sizes: torch.Tensor) -> tuple[int, bool]:
+    """How many tokens one image (of size ``sizes``, one row) becomes, and whether the model takes its images
+    with an images-per-sample dimension (batch x images x C x H x W: Idefics2): the vision tower and projector
+    (``get_image_features``, the model's or its base model's) traced by the estimator's capture on fake tensors
+    (nothing allocated; a mask of known values is read as the real step reads it), else the count the
+    configuration states."""
     name = type(model).__name__
-    get = getattr(model, "get_image_features", None)
+    get = getattr(model, "get_image_features", None) or getattr(getattr(model, "model", None), "get_image_features",
+                                                                 None)
     failure: Exception | None = None
-    if get is not None:
+    for per_sample in (False, True) if get is not None else ():
         try:
-            sig = inspect.signature(get).parameters
-            extra = {"image_sizes": sizes} if "image_sizes" in sig else {}
-            with torch.no_grad():
-                out = get(pixel_values=pixels.to("meta"), **extra)
-            features = getattr(out, "pooler_output", out)
-            if isinstance(features, (list, tuple)):
-                features = features[0]
-            if isinstance(features, torch.Tensor) and features.ndim >= 2:
-                return features.numel() // features.shape[-1]
-        except Exception as exc:  # noqa: BLE001 - a tower that does not run on meta: the configuration's count
-            failure = exc
+            return _features_per_image(model, get, pixels.unsqueeze(1) if per_sample else pixels, sizes), per_sample
+        except Exception as exc:  # noqa: BLE001 - a tower that does not trace so: the configuration's count
+            failure = failure or exc
+            if "expected 5, got 4" not in str(exc):  # (4-D images where it unpacks 5: images per sample)
+                break
     for key in ("mm_tokens_per_image", "image_seq_length", "num_image_tokens", "num_query_tokens"):
         value = getattr(cfg, key, None)
         if isinstance(value, int) and value > 0:
-            return value
+            return value, False
     why = f" ({type(failure).__name__}: {first_line(failure)})" if failure is not None else ""
     raise UserError(f"{name}: cannot tell how many tokens an image of {int(sizes[0, 0])}x{int(sizes[0, 1])} "
                     f"becomes{why}; this model needs more than pixel_values (tiles, image sizes): write a SPEC "
                     f"file that returns (model, inputs)")
+
+
+class _ImageFeatures(torch.nn.Module):
+    """``get_image_features`` as a module's forward, its first image's features as the output."""
+
+    def __init__(self, owner: torch.nn.Module, get: Any, extra: dict) -> None:
+        super().__init__()
+        self.owner, self.get, self.extra = owner, get, extra
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        out = self.get(pixel_values=pixel_values, **self.extra)
+        features = getattr(out, "pooler_output", None)
+        features = out if features is None else features
+        if isinstance(features, (list, tuple)):  # (one tensor per image: LLaVA-NeXT)
+            features = features[0]
+        if not isinstance(features, torch.Tensor) or features.ndim < 2:
+            raise TypeError(f"get_image_features gave {type(features).__name__}, not image features")
+        return features
+
+
+def _features_per_image(model: torch.nn.Module, get: Any, pixels: torch.Tensor, sizes: torch.Tensor) -> int:
+    from ..capture.options import StepOptions
+    from ..capture.run import capture
+
+    extra = {"image_sizes": sizes} if "image_sizes" in inspect.signature(get).parameters else {}
+    cap = capture(_ImageFeatures(model, get, extra), {"pixel_values": pixels.to("meta")},
+                  StepOptions(train=False, optimizer="none"), mode="auto")
+    shape = cap.module_outputs[""][0]
+    return math.prod(shape[:-1])
 
 
 CTC_SAMPLES = 16000 * 10  # speech encoders: 10 s of 16 kHz audio by default
