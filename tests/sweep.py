@@ -74,19 +74,21 @@ SHAPED = {"zamba": {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_
           # Reformer trains only on sequences of prod(axial_pos_shape) tokens (64 x 64 by default), its axial
           # position embeddings summing to the hidden size: 4 x 8 = the sweep's 32 tokens, 16 + 48 = 64 wide
           "reformer": {"axial_pos_shape": [4, 8], "axial_pos_embds_dim": [16, 48]},
-          # LLaVA-NeXT's default configuration puts its image token (32000, video 32000 / image 32001) just past
-          # its text model's default vocabulary (32000), where the real embedding fails: the published
-          # checkpoints' vocabulary (llava-v1.6-vicuna-7b, LLaVA-NeXT-Video-7B: 32,064)
-          "llava_next": {"text_config.vocab_size": 32064}, "llava_next_video": {"text_config.vocab_size": 32064},
-          # the same for Idefics2 (image token 32001, Mistral's 32,000; idefics2-8b's vocabulary: 32,003) and
-          # ModernVBERT (image token 50407 of 50,368; its image size, 224, is not a multiple of its pixel
-          # shuffle: 14 patches a side by 4, where 512 gives 32)
-          "idefics2": {"text_config.vocab_size": 32003},
-          "modernvbert": {"text_config.vocab_size": 50408, "vision_config.image_size": 512},
+          # VipLLaVA concatenates 5 of its tower's hidden states (-2, -5, -8, -11 and 6 of 24 layers): 5 of the
+          # 3 a 2-layer tower has
+          "vipllava": {"vision_feature_layers": [-2, -1, 0, 1, 2]},
+          # ModernVBERT's default image size, 224, is not a multiple of its pixel shuffle: 14 patches a side by 4,
+          # where 512 gives 32
+          "modernvbert": {"vision_config.image_size": 512},
           # Pix2Struct's text attention projects heads x d_kv back with a hidden x hidden weight: d_kv 64 / 4 heads
           "pix2struct": {"text_config.d_kv": 16},
           # Mllama's tower concatenates its output with intermediate layers' (intermediate_layers_indices, of 32
           # layers by default): layers 0 and 1 of the sweep's 2, 64 x 3 wide
+          # Llama 4's vision adapter takes the pixel-shuffled patches (hidden / ratio^2 = 64 / 0.25) into a layer
+          # of the tower's intermediate_size: 256, as the defaults' 1,408 x 4 = 5,632; its projections 64 wide
+          "llama4": {"vision_config.intermediate_size": 256, "vision_config.projector_input_dim": 64,
+                     "vision_config.projector_output_dim": 64, "vision_config.vision_output_dim": 64},
+          "llama4_vision_model": {"intermediate_size": 256},
           "mllama": {"vision_config.intermediate_layers_indices": [0, 1], "vision_config.vision_output_dim": 192},
           "mllama_vision_model": {"intermediate_layers_indices": [0, 1], "vision_output_dim": 192}}
 SEQ, BATCH = 32, 2
@@ -136,7 +138,22 @@ def shrink_overrides(model_type: str, level: int) -> dict[str, Any]:
                 # interleaves its own sections, which it clips to the head)
                 if sum(rope.get("mrope_section") or ()) != sum(sections) and min(sections) > 0:
                     out[prefix + "rope_parameters"] = {**rope, "mrope_section": sections}
+    out.update(_vocabulary_with_special_tokens(cfg))
     return {**out, **SHAPED.get(model_type, {})}
+
+
+def _vocabulary_with_special_tokens(cfg: Any) -> dict[str, int]:
+    """A text vocabulary that holds the composite's own special tokens: many default configurations put the
+    image token just past their text model's default vocabulary (LLaVA-NeXT 32000 of 32,000, Idefics2 32001,
+    Janus 100581 of 32,000), where the real embedding fails; the published checkpoints' vocabularies hold them
+    (llava-v1.6-vicuna-7b: 32,064)."""
+    text = vars(cfg).get("text_config")
+    vocab = getattr(text, "vocab_size", None)
+    ids = [v for k, v in cfg.to_dict().items() if k.endswith(("token_id", "token_index")) and isinstance(v, int)
+           and not isinstance(v, bool)]
+    if not isinstance(vocab, int) or not ids or max(ids) < vocab:
+        return {}
+    return {"text_config.vocab_size": max(ids) + 1}
 
 
 def _mrope_sections(rope: dict, head: int) -> list[int]:

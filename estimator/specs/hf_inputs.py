@@ -406,6 +406,9 @@ def _vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[An
     if tiles:
         inputs["image_sizes"] = sizes
         shown = f"{batch}x{tiles}x{channels}x{crop}x{crop} ({tiles} tiles of each {h}x{w} image), image_sizes"
+    elif _needs_image_sizes(model):  # Mistral 3, LightOnOCR (Pixtral's tower): each image's size
+        inputs["image_sizes"] = sizes
+        shown += ", image_sizes"
     desc = f"input_ids {batch}x{seq} ({n_tokens} image tokens each), pixel_values {shown}, labels"
     return _with_qformer_text(model, cfg, inputs, desc, seq - n_tokens)
 
@@ -483,8 +486,7 @@ def _image_tokens(model: torch.nn.Module, cfg: Any, pixels: torch.Tensor, sizes:
     (nothing allocated; a mask of known values is read as the real step reads it), else the count the
     configuration states."""
     name = type(model).__name__
-    get = getattr(model, "get_image_features", None) or getattr(getattr(model, "model", None), "get_image_features",
-                                                                 None)
+    get = _image_features_of(model)
     failure: Exception | None = None
     for per_sample in (False, True) if get is not None else ():
         try:
@@ -503,6 +505,19 @@ def _image_tokens(model: torch.nn.Module, cfg: Any, pixels: torch.Tensor, sizes:
                     f"file that returns (model, inputs)")
 
 
+def _image_features_of(model: torch.nn.Module) -> Any:
+    return getattr(model, "get_image_features", None) or getattr(getattr(model, "model", None), "get_image_features",
+                                                                  None)
+
+
+def _needs_image_sizes(model: torch.nn.Module) -> bool:
+    """Whether the model's image features need each image's size (a required ``image_sizes``: Pixtral's tower);
+    LLaVA takes it too, for Pixtral towers only (a CLIP tower fails on it)."""
+    get = _image_features_of(model)
+    param = inspect.signature(get).parameters.get("image_sizes") if get is not None else None
+    return param is not None and param.default is inspect.Parameter.empty
+
+
 class _ImageFeatures(torch.nn.Module):
     """``get_image_features`` as a module's forward, its first image's features as the output."""
 
@@ -512,8 +527,8 @@ class _ImageFeatures(torch.nn.Module):
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         out = self.get(pixel_values=pixel_values, **self.extra)
-        features = getattr(out, "pooler_output", None)
-        features = out if features is None else features
+        features = next((f for f in (getattr(out, "pooler_output", None), getattr(out, "last_hidden_state", None))
+                         if f is not None), out)  # (the projected features; Llama 4 leaves them as the last state)
         if isinstance(features, (list, tuple)):  # (one tensor per image: LLaVA-NeXT)
             features = features[0]
         if not isinstance(features, torch.Tensor) or features.ndim < 2:
@@ -525,7 +540,13 @@ def _features_per_image(model: torch.nn.Module, get: Any, pixels: torch.Tensor, 
     from ..capture.options import StepOptions
     from ..capture.run import capture
 
-    extra = {"image_sizes": sizes} if "image_sizes" in inspect.signature(get).parameters else {}
+    params = inspect.signature(get).parameters
+    extra = {"image_sizes": sizes} if "image_sizes" in params else {}
+    configs = (model.config, getattr(model.config, "vision_config", None))
+    for name, p in params.items():  # required settings the model's forward takes from its configuration
+        found = [getattr(c, name) for c in configs if hasattr(c, name)]
+        if p.default is inspect.Parameter.empty and name not in ("pixel_values", "image_sizes") and found:
+            extra[name] = found[0]  # (Llama 4's vision_feature_select_strategy)
     cap = capture(_ImageFeatures(model, get, extra), {"pixel_values": pixels.to("meta")},
                   StepOptions(train=False, optimizer="none"), mode="auto")
     shape = cap.module_outputs[""][0]
