@@ -449,13 +449,14 @@ def _query_token_placeholder(cfg: Any) -> str:
     OPT's 50,272 for Salesforce/blip2-opt-2.7b).  A configuration made from the defaults has none, and the
     forward then fails; the last id of the text vocabulary stands for it (what it is does not change the step's
     cost).  Returns the note for the description, or ''."""
-    key = "image_token_index" if "image_token_index" in vars(cfg) else "image_token_id"
+    keys = [k for k in ("image_token_index", "image_token_id", "video_token_index", "video_token_id") if k in vars(cfg)]
+    key = keys[0] if keys else "image_token_id"  # (InstructBLIP-Video: its video token)
     vocab = getattr(getattr(cfg, "text_config", None), "vocab_size", None)
     if getattr(cfg, key, 0) is not None or not isinstance(getattr(cfg, "num_query_tokens", None), int) or \
             not isinstance(vocab, int):
         return ""
     setattr(cfg, key, vocab - 1)
-    return f" (the image token: id {vocab - 1}, the configuration has none)"
+    return f" (the {key.split('_')[0]} token: id {vocab - 1}, the configuration has none)"
 
 
 def _no_forward(transformers, model: torch.nn.Module, cfg: Any) -> str:

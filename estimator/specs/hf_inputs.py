@@ -6,9 +6,7 @@ vision-language model's images with their image tokens in the text.
 
 from __future__ import annotations
 
-import inspect
 import logging
-import math
 from typing import Any
 
 import torch
@@ -18,8 +16,9 @@ from .hf_towers import (audio_inputs, first_that_runs, grid_inputs, grid_layouts
                         series_inputs, spectrogram_inputs, speech_seq2seq_inputs, takes_audio, takes_grid,
                         takes_series, trajectory_inputs)
 from .hf_flat_patches import flat_patch_inputs, takes_flat_patches
+from .hf_image_tokens import VIDEO_FRAMES, any_resolution_tiles, image_tokens, needs_image_sizes, queried_size
 from .hf_tiles import takes_tiles, tiled_inputs
-from .options import DEFAULT_IMAGE_SIZE, SpecOptions, default_seq, first_line
+from .options import DEFAULT_IMAGE_SIZE, SpecOptions, default_seq
 from .signature import required, takes
 
 log = logging.getLogger(__name__)
@@ -335,7 +334,7 @@ def _with_side_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, input
 
 
 def _image_token_id(cfg: Any) -> int | None:
-    for key in ("image_token_id", "image_token_index"):
+    for key in ("image_token_id", "image_token_index", "video_token_id", "video_token_index"):
         value = getattr(cfg, key, None)
         if isinstance(value, int):
             return value
@@ -386,27 +385,31 @@ def _vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[An
     tower = _grid_tower(model) if takes(model, "image_grid_thw") else None
     if tower is not None:  # other towers fed patches and their grid (Kimi-K2.5, PaddleOCR-VL, ERNIE-4.5-VL ...)
         return _grid_vlm_inputs(model, cfg, opts, tower, image_token)
-    size = opts.image_size or getattr(vision, "image_size", None) or DEFAULT_IMAGE_SIZE
+    size = opts.image_size or queried_size(cfg, vision) or getattr(vision, "image_size", None) or DEFAULT_IMAGE_SIZE
     h, w = (int(size[0]), int(size[-1])) if isinstance(size, (list, tuple)) else (int(size), int(size))
     channels = int(getattr(vision, "num_channels", 3) or 3)
-    tiles = _any_resolution_tiles(model, cfg, h, w)
+    tiles = any_resolution_tiles(model, cfg, h, w)
     crop = int(vision.image_size) if tiles else h  # (a tile is the tower's own size)
     # (ones, not zeros: Idefics2 drops all-zero images as padding)
     pixels = torch.ones(batch, tiles, channels, crop, crop) if tiles else torch.ones(batch, channels, h, w)
     sizes = torch.tensor([[h, w]] * batch)  # (each image's size before tiling: LLaVA-NeXT unpads by it)
-    n_tokens, per_sample = _image_tokens(model, cfg, pixels[:1], sizes[:1])
+    frames = VIDEO_FRAMES if "Video" in name else 1  # (InstructBLIP-Video: a clip of frames per sample)
+    n_tokens, per_sample = image_tokens(model, cfg, pixels[:1], sizes[:1], frames)
     if per_sample:
-        pixels = pixels.unsqueeze(1)
+        pixels = pixels.unsqueeze(1).expand(-1, frames, -1, -1, -1).contiguous()
     seq = _seq_for(cfg, opts, n_tokens, "image tokens")
     ids, labels = _image_text_ids(batch, seq, n_tokens, image_token)
     inputs = {"input_ids": ids, "pixel_values": pixels, "labels": labels}
     if takes(model, "token_type_ids"):  # PaliGemma, Gemma 3: image positions marked 1
         inputs["token_type_ids"] = (ids == image_token).to(torch.int64)
-    shown = f"{batch}x1x{channels}x{h}x{w} (one image per sample)" if per_sample else f"{batch}x{channels}x{h}x{w}"
+    shown = f"{batch}x{channels}x{h}x{w}"
+    if per_sample:
+        shown = f"{batch}x{frames}x{channels}x{h}x{w} " + (f"({frames} frames a clip)" if frames > 1 else
+                                                             "(one image per sample)")
     if tiles:
         inputs["image_sizes"] = sizes
         shown = f"{batch}x{tiles}x{channels}x{crop}x{crop} ({tiles} tiles of each {h}x{w} image), image_sizes"
-    elif _needs_image_sizes(model):  # Mistral 3, LightOnOCR (Pixtral's tower): each image's size
+    elif needs_image_sizes(model):  # Mistral 3, LightOnOCR (Pixtral's tower): each image's size
         inputs["image_sizes"] = sizes
         shown += ", image_sizes"
     desc = f"input_ids {batch}x{seq} ({n_tokens} image tokens each), pixel_values {shown}, labels"
@@ -463,94 +466,6 @@ def _image_text_ids(batch: int, seq: int, n_image: int, image_token: int) -> tup
     labels = ids.clone()
     labels[:, :n_image] = -100
     return ids, labels
-
-
-def _any_resolution_tiles(model: torch.nn.Module, cfg: Any, h: int, w: int) -> int | None:
-    """How many crops of the tower's size an ``h`` x ``w`` image is cut into by a model that tiles images at
-    any resolution (LLaVA-NeXT, LLaVA-OneVision: the best of ``image_grid_pinpoints`` plus the whole image
-    resized), by its modeling file's own ``image_size_to_num_patches``; None for another model."""
-    import sys
-
-    count = getattr(sys.modules.get(type(model).__module__), "image_size_to_num_patches", None)
-    pinpoints = getattr(cfg, "image_grid_pinpoints", None)
-    crop = getattr(cfg.vision_config, "image_size", None)
-    if count is None or not isinstance(pinpoints, list) or not isinstance(crop, int) or not takes(model, "image_sizes"):
-        return None
-    return int(count(image_size=[h, w], grid_pinpoints=pinpoints, patch_size=crop))
-
-
-def _image_tokens(model: torch.nn.Module, cfg: Any, pixels: torch.Tensor, sizes: torch.Tensor) -> tuple[int, bool]:
-    """How many tokens one image (of size ``sizes``, one row) becomes, and whether the model takes its images
-    with an images-per-sample dimension (batch x images x C x H x W: Idefics2): the vision tower and projector
-    (``get_image_features``, the model's or its base model's) traced by the estimator's capture on fake tensors
-    (nothing allocated; a mask of known values is read as the real step reads it), else the count the
-    configuration states."""
-    name = type(model).__name__
-    get = _image_features_of(model)
-    failure: Exception | None = None
-    for per_sample in (False, True) if get is not None else ():
-        try:
-            return _features_per_image(model, get, pixels.unsqueeze(1) if per_sample else pixels, sizes), per_sample
-        except Exception as exc:  # noqa: BLE001 - a tower that does not trace so: the configuration's count
-            failure = failure or exc
-            if "expected 5, got 4" not in str(exc):  # (4-D images where it unpacks 5: images per sample)
-                break
-    for key in ("mm_tokens_per_image", "image_seq_length", "num_image_tokens", "num_query_tokens"):
-        value = getattr(cfg, key, None)
-        if isinstance(value, int) and value > 0:
-            return value, False
-    why = f" ({type(failure).__name__}: {first_line(failure)})" if failure is not None else ""
-    raise UserError(f"{name}: cannot tell how many tokens an image of {int(sizes[0, 0])}x{int(sizes[0, 1])} "
-                    f"becomes{why}; this model needs more than pixel_values (tiles, image sizes): write a SPEC "
-                    f"file that returns (model, inputs)")
-
-
-def _image_features_of(model: torch.nn.Module) -> Any:
-    return getattr(model, "get_image_features", None) or getattr(getattr(model, "model", None), "get_image_features",
-                                                                  None)
-
-
-def _needs_image_sizes(model: torch.nn.Module) -> bool:
-    """Whether the model's image features need each image's size (a required ``image_sizes``: Pixtral's tower);
-    LLaVA takes it too, for Pixtral towers only (a CLIP tower fails on it)."""
-    get = _image_features_of(model)
-    param = inspect.signature(get).parameters.get("image_sizes") if get is not None else None
-    return param is not None and param.default is inspect.Parameter.empty
-
-
-class _ImageFeatures(torch.nn.Module):
-    """``get_image_features`` as a module's forward, its first image's features as the output."""
-
-    def __init__(self, owner: torch.nn.Module, get: Any, extra: dict) -> None:
-        super().__init__()
-        self.owner, self.get, self.extra = owner, get, extra
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        out = self.get(pixel_values=pixel_values, **self.extra)
-        features = next((f for f in (getattr(out, "pooler_output", None), getattr(out, "last_hidden_state", None))
-                         if f is not None), out)  # (the projected features; Llama 4 leaves them as the last state)
-        if isinstance(features, (list, tuple)):  # (one tensor per image: LLaVA-NeXT)
-            features = features[0]
-        if not isinstance(features, torch.Tensor) or features.ndim < 2:
-            raise TypeError(f"get_image_features gave {type(features).__name__}, not image features")
-        return features
-
-
-def _features_per_image(model: torch.nn.Module, get: Any, pixels: torch.Tensor, sizes: torch.Tensor) -> int:
-    from ..capture.options import StepOptions
-    from ..capture.run import capture
-
-    params = inspect.signature(get).parameters
-    extra = {"image_sizes": sizes} if "image_sizes" in params else {}
-    configs = (model.config, getattr(model.config, "vision_config", None))
-    for name, p in params.items():  # required settings the model's forward takes from its configuration
-        found = [getattr(c, name) for c in configs if hasattr(c, name)]
-        if p.default is inspect.Parameter.empty and name not in ("pixel_values", "image_sizes") and found:
-            extra[name] = found[0]  # (Llama 4's vision_feature_select_strategy)
-    cap = capture(_ImageFeatures(model, get, extra), {"pixel_values": pixels.to("meta")},
-                  StepOptions(train=False, optimizer="none"), mode="auto")
-    shape = cap.module_outputs[""][0]
-    return math.prod(shape[:-1])
 
 
 CTC_SAMPLES = 16000 * 10  # speech encoders: 10 s of 16 kHz audio by default
