@@ -92,6 +92,44 @@ def _first_difference(rec: dict) -> str:
     return (rec.get("message") or rec.get("truth_error") or "").replace("|", "/")[:160]
 
 
+# Why a type got no estimate, first match wins: (reason, whether transformers itself can build and run the type
+# in this environment, a test of the message)
+NOT_ESTIMATED = (
+    ("needs an optional library or the Hub", False,
+     lambda m: ("requires the" in m and "library" in m) or "huggingface.co" in m or "pip install" in m),
+    ("no model class", False, lambda m: "has no model class" in m),
+    ("no forward of its own", False, lambda m: "has no forward of its own" in m),
+    ("transformers cannot build its default configuration", False, lambda m: "building " in m or "has no default" in m),
+)
+
+
+def not_estimated(rec: dict) -> tuple[str, bool] | None:
+    """Why ``rec``'s type has no estimate and whether transformers can build and run it here (None: estimated).
+    A refusal whose real step fails too (transformers' own failure on these inputs) is not the loader's; every
+    other refusal is: inputs the loader cannot make."""
+    if rec.get("estimate_s") is not None:
+        return None
+    message = rec.get("message") or ""
+    for reason, runs, says in NOT_ESTIMATED:
+        if says(message):
+            return reason, runs
+    if rec.get("truth_error") and "too large" not in rec["truth_error"]:
+        return "its real step fails too", False
+    return "inputs the loader cannot make (refused in one line)", True
+
+
+def coverage(records: list[dict]) -> str:
+    """Issue 25's loader goal as a sentence: the share of types estimated, of all and of those transformers can
+    build and run here, and the count of each reason for the others."""
+    reasons = Counter(not_estimated(r) for r in records)
+    estimated = reasons.pop(None, 0)
+    runnable = estimated + sum(n for (_, runs), n in reasons.items() if runs)
+    parts = ", ".join(f"{n} {reason}" for (reason, _), n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+    return (f"Estimated: {estimated} of {len(records)} types ({100 * estimated / max(len(records), 1):.1f} %), "
+            f"{100 * estimated / max(runnable, 1):.1f} % of the {runnable} that transformers can build and run here. "
+            f"The others: {parts}.")
+
+
 def table(records: list[dict]) -> str:
     outcomes = ("exact", "differs", "no-truth", "refused", "crash", "timeout", "unbuilt")
     by_family: dict[str, Counter] = defaultdict(Counter)
@@ -109,7 +147,7 @@ def table(records: list[dict]) -> str:
     slow = sorted((r for r in records if r.get("estimate_s", 0) > 10), key=lambda r: -r["estimate_s"])
     lines += ["", f"Of the {both} types where the estimate and the real step both ran: {total['exact']} exact "
               f"({100 * total['exact'] / max(both, 1):.1f} %), {len(over)} with a number over 1 % off. "
-              f"Estimates over 10 s: {len(slow)}.", "",
+              f"Estimates over 10 s: {len(slow)}.", "", coverage(records), "",
               "| type | outcome | class | first difference or message | estimate s |", "|---|---|---|---|---:|"]
     for r in sorted(records, key=lambda r: (outcomes.index(r["outcome"]), r["type"])):
         if r["outcome"] != "exact" or r.get("estimate_s", 0) > 10:

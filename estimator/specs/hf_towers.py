@@ -160,6 +160,10 @@ def audio_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, main: str)
         positions = _first_int(cfg, ("max_source_positions",))
         frames = opts.seq or (2 * positions if positions else AUDIO_FRAMES)
         shapes = _feature_layouts(model, cfg, batch, frames)
+        if takes(model, "feature_lens"):  # Qwen2.5-Omni's audio encoder: the batch packed as mels x all frames
+            mels = _first_int(cfg, MEL_KEYS) or 80
+            shapes.insert(0, ((mels, batch * frames), f"{mels}x{batch * frames} (mels x the {batch} clips' frames), "
+                                                      "feature_lens"))
         key, unit = "input_features", "log-mel frames"
     else:
         frames = opts.seq or AUDIO_SECONDS * (_first_int(cfg, ("sampling_rate",)) or 16000)
@@ -173,6 +177,8 @@ def audio_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, main: str)
     candidates = []
     for shape, shown in shapes:
         inputs: dict[str, Any] = {key: torch.zeros(shape), **_masks(model, batch, frames)}
+        if takes(model, "feature_lens"):  # each clip's frames (real: the encoder cuts its windows by them)
+            inputs["feature_lens"] = torch.full((batch,), frames, dtype=torch.int64)
         desc = f"{key} {shown} ({unit})"
         if takes(model, "labels"):  # a CTC head: short label sequences (the loss reads their lengths)
             n_labels = max(1, frames // 16)
@@ -220,6 +226,10 @@ def speech_seq2seq_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -
     # activations than their real steps, +0.15 %, not yet explained; without one both are exact)
     candidates = [({"input_features": torch.zeros(shape, dtype=torch.float32, **meta), **tokens},
                    f"input_features {text}, {shown}") for shape, text in shapes]
+    if takes(model, "attention_mask"):  # then with one, for a transducer that counts its frames by it (Parakeet's
+        candidates += [({**inputs, "attention_mask": torch.ones(batch, frames, dtype=torch.int64)},  # RNN-T, TDT)
+                        desc.replace(f", {shown}", f", attention_mask {batch}x{frames}, {shown}"))
+                       for inputs, desc in candidates]
     return first_that_runs(model, candidates, "log-mel features (input_features) and decoder tokens")
 
 
@@ -306,6 +316,9 @@ def first_that_runs(model: torch.nn.Module, candidates: list[tuple[dict, str]], 
             failures.append(first_line(exc))
             continue
         return inputs, desc
+    missing = [f for f in failures if "requires the" in f and "library" in f]
+    if missing:  # a layout that ran up to a loss in an optional library (Parakeet's RNN-T loss in torchaudio)
+        raise UserError(f"hf: {type(model).__name__}: {missing[0]}")
     raise UserError(f"hf: {type(model).__name__} takes {what}, but none of the {len(candidates)} layouts tried ran "
                     f"(first: {failures[0]}); write a SPEC file, path/to/file.py:build whose build() returns "
                     f"(model, inputs) (docs/cli.md, SPEC forms)")
