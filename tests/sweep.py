@@ -82,6 +82,11 @@ SHAPED = {"zamba": {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_
           "step3p7": {"text_config.sliding_window": 512},
           # Idefics3's (and SmolVLM's) default image size, 224, is 7 patches of 32 a side, not a multiple of its pixel shuffle (2)
           "idefics3": {"vision_config.image_size": 448}, "smolvlm": {"vision_config.image_size": 448},
+          # fields the model reads and its configuration class does not declare (its defaults cannot build):
+          # T5Gemma 2's text encoder's dropout, Pix2Struct's text initializer; LFM2-MoE leaves its layer kinds unset
+          # (one convolution and one attention layer)
+          "t5gemma2_text": {"+dropout_rate": 0.0}, "pix2struct_text_model": {"+initializer_range": 0.02},
+          "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
           # ModernVBERT's default image size, 224, is not a multiple of its pixel shuffle: 14 patches a side by 4,
           # where 512 gives 32
           "modernvbert": {"vision_config.image_size": 512},

@@ -56,6 +56,8 @@ FAMILIES = {
     "llava_next": "images tiled at any resolution (image_grid_pinpoints): tiles per image and image_sizes",
     "pix2struct": "a page of flattened patches (row, column, pixels) into a text decoder with labels",
     "mllama": "tiles with aspect-ratio ids, the text model cross-attending to them from one image token",
+    "idefics2": "images with an images-per-sample dimension, counted by tracing get_image_features on fake tensors",
+    "qwen2_5_omni_audio_encoder": "an audio encoder fed the batch packed as mels x frames, with each clip's length",
 }
 
 

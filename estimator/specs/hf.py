@@ -21,7 +21,7 @@ import torch
 
 from ..build import empty_weights
 from ..errors import UserError
-from .hf_fixups import cache_off_without_attention, composite_parts, derived_fields, unset_fields
+from .hf_fixups import cache_off_without_attention, composite_parts, derived_fields, undeclared_field, unset_fields
 from .hf_inputs import inputs_for
 from .options import Loaded, SpecOptions, close_matches, first_line, short_message
 
@@ -71,6 +71,8 @@ def _split_overrides(cfg: Any, overrides: dict[str, Any]) -> tuple[dict[str, Any
         if key in SPECIAL_HF_KEYS:
             special[key] = value
             continue
+        added = key.startswith("+")  # (+field=value: a field the configuration class does not declare)
+        key = key[1:] if added else key
         head, dot, tail = key.partition(".")
         if dot:  # a sub-configuration's field, at any depth (encoder.text_config.num_hidden_layers)
             *path, field = key.split(".")
@@ -83,12 +85,14 @@ def _split_overrides(cfg: Any, overrides: dict[str, Any]) -> tuple[dict[str, Any
                                     f"{close_matches(part, subs)}")
                 parent, where = sub, f"{where}.{part}"
             sub_fields = _hf_config_fields(parent)
-            if field not in sub_fields:
+            if field not in sub_fields and not added:
                 raise UserError(f"{type(parent).__name__} ({where}) has no field {field!r} (--set {key}=...)"
-                                f"{close_matches(field, sub_fields)}")
+                                f"{close_matches(field, sub_fields)}; --set +{key}=... adds a field the "
+                                f"configuration class does not declare")
             nested.setdefault(head, {})[tail] = value
-        elif key not in fields:
-            raise UserError(f"{cname} has no field {key!r} (--set {key}=...){close_matches(key, fields)}")
+        elif key not in fields and not added:
+            raise UserError(f"{cname} has no field {key!r} (--set {key}=...){close_matches(key, fields)}; "
+                            f"--set +{key}=... adds a field the configuration class does not declare")
         else:
             top[key] = value
     return top, nested, special
@@ -420,7 +424,7 @@ def _base_instead(transformers, cfg: Any, cls: Any, how: str, kwargs: dict[str, 
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
     failed = UserError(f"building {getattr(cls, '__name__', cls)} from {type(cfg).__name__} failed: "
-                       f"{type(exc).__name__}: {first_line(exc)}{unset_fields(cfg, exc)}")
+                       f"{type(exc).__name__}: {first_line(exc)}{unset_fields(cfg, exc)}{undeclared_field(cfg, exc)}")
     base = getattr(transformers, "AutoModel", None)
     if not how.startswith("AutoModelFor") or base is None or cfg.model_type not in MODEL_MAPPING_NAMES:
         raise failed from exc

@@ -121,3 +121,30 @@ def unset_fields(cfg: Any, exc: BaseException) -> str:
         return ""
     shown = ", ".join(unset[:6]) + (f" and {len(unset) - 6} more" if len(unset) > 6 else "")
     return f"; {type(cfg).__name__} leaves {shown} unset: give them with --set {unset[0]}=... or a config.json"
+
+
+def undeclared_field(cfg: Any, exc: BaseException) -> str:
+    """For a build that failed reading a field its configuration class does not declare (``'T5Gemma2TextConfig'
+    object has no attribute 'dropout_rate'``: the model reads it, the class never sets it), the way to give it,
+    as a clause for the one-line error; '' for another failure."""
+    import re
+
+    found = re.search(r"'(\w+Config)' object has no attribute '(\w+)'", str(exc))
+    if not isinstance(exc, AttributeError) or found is None:
+        return ""
+    owner, field = found.groups()
+    paths = _paths_to(cfg, owner, "", 3)
+    if not paths:
+        return ""
+    return (f"; the model reads {field}, which {owner} does not declare: give it with --set +{paths[0]}{field}=... "
+            f"(a config.json that has it works too)")
+
+
+def _paths_to(cfg: Any, owner: str, prefix: str, depth: int) -> list[str]:
+    """``--set`` prefixes of the (sub-)configurations of class ``owner``: '' for ``cfg`` itself, ``talker_config.
+    text_config.`` for one two levels down (Qwen3-Omni-MoE's talker)."""
+    found = [prefix] if type(cfg).__name__ == owner else []
+    for k, v in vars(cfg).items() if depth > 0 else ():
+        if hasattr(v, "to_dict") and not k.startswith("_"):
+            found += _paths_to(v, owner, f"{prefix}{k}.", depth - 1)
+    return found

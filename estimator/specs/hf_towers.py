@@ -93,7 +93,7 @@ def takes_audio(model: torch.nn.Module, cfg: Any, main: str) -> bool:
     """An audio model the token, Whisper and CTC paths do not take: log-mel features (encoders, or a
     CTC head on features), or raw audio without labels."""
     first = (required(model) or [main])[0]
-    if first == "input_features" or main == "input_features":
+    if first in FEATURE_KEYS or main in FEATURE_KEYS:
         return not getattr(cfg, "is_encoder_decoder", False)
     return main == "input_values" and not takes(model, "labels")
 
@@ -113,13 +113,16 @@ def _first_int(cfg: Any, keys: tuple[str, ...]) -> int | None:
 
 
 MASKS = ("attention_mask", "input_features_mask", "feature_attention_mask", "padding_mask")
+FEATURE_KEYS = ("input_features", "audio_mel")  # log-mel features (Gemma 3n's audio encoder: audio_mel)
+PADDING_MASKS = ("audio_mel_mask",)  # masks that mark the padded frames True (Gemma 3n), all False unpadded
 
 
 def _masks(model: torch.nn.Module, batch: int, frames: int) -> dict[str, torch.Tensor]:
     """Every required ``*mask`` argument and the usual optional ones (``MASKS``): all frames valid, as a
     feature extractor returns them for unpadded audio."""
     names = [n for n in required(model) if n.endswith("mask")] + [n for n in MASKS if takes(model, n)]
-    return {n: torch.ones(batch, frames, dtype=torch.int64) for n in dict.fromkeys(names)}
+    return {n: torch.zeros(batch, frames, dtype=torch.bool) if n in PADDING_MASKS else
+            torch.ones(batch, frames, dtype=torch.int64) for n in dict.fromkeys(names)}
 
 
 def _first_layer(model: torch.nn.Module) -> tuple[str, int] | None:
@@ -156,7 +159,8 @@ def audio_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, main: str)
     if opts.image_size is not None:
         raise UserError(f"--image-size: {name} takes audio; use --seq for the number of frames or samples")
     batch = opts.batch or 1
-    if "input_features" in (main, (required(model) or [main])[0]):
+    first = (required(model) or [main])[0]
+    if first in FEATURE_KEYS or main in FEATURE_KEYS:
         positions = _first_int(cfg, ("max_source_positions",))
         frames = opts.seq or (2 * positions if positions else AUDIO_FRAMES)
         shapes = _feature_layouts(model, cfg, batch, frames)
@@ -164,7 +168,7 @@ def audio_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, main: str)
             mels = _first_int(cfg, MEL_KEYS) or 80
             shapes.insert(0, ((mels, batch * frames), f"{mels}x{batch * frames} (mels x the {batch} clips' frames), "
                                                       "feature_lens"))
-        key, unit = "input_features", "log-mel frames"
+        key, unit = (first if first in FEATURE_KEYS else "input_features"), "log-mel frames"
     else:
         frames = opts.seq or AUDIO_SECONDS * (_first_int(cfg, ("sampling_rate",)) or 16000)
         channels = _first_int(cfg, ("audio_channels",)) or 1
