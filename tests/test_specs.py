@@ -298,6 +298,23 @@ def test_hf_errors_are_one_line_and_name_what_to_fix(transformers, spec, sets, p
     assert "\n" not in str(info.value)
 
 
+def test_hf_set_plus_adds_a_field_the_configuration_class_does_not_declare(transformers):
+    """T5Gemma 2's text encoder reads ``dropout_rate``, which T5Gemma2TextConfig never sets: its default fails to
+    build, the error says how to give the field, and ``--set +dropout_rate=...`` gives it (the built dropout
+    modules hold the value); a plain ``--set`` of an undeclared field stays a typo error that names the + form."""
+    shrink = ["num_hidden_layers=1", "hidden_size=64", "intermediate_size=128", "num_attention_heads=4",
+              "num_key_value_heads=2", "head_dim=16"]
+    with pytest.raises(UserError, match=r"reads dropout_rate, which T5Gemma2TextConfig does not declare: give it "
+                                        r"with --set \+dropout_rate=\.\.\.") as info:
+        load_spec("hf:t5gemma2_text", seq=16, overrides=shrink)
+    assert "\n" not in str(info.value)
+    loaded = load_spec("hf:t5gemma2_text", seq=16, overrides=shrink + ["+dropout_rate=0.25"])
+    assert loaded.config.dropout_rate == 0.25
+    assert {m.p for m in loaded.model.modules() if isinstance(m, torch.nn.Dropout)} == {0.25}
+    with pytest.raises(UserError, match=r"has no field 'dropout_rat'.*--set \+dropout_rat=\.\.\. adds a field"):
+        load_spec("hf:t5gemma2_text", seq=16, overrides=shrink + ["dropout_rat=0.25"])
+
+
 # -- torchvision: and timm: (extra [vision]; CI has torch 2.13 only, so these skip there) --------
 
 
