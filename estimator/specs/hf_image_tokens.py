@@ -49,19 +49,19 @@ VIDEO_FRAMES = 4  # frames a clip for a video-language model (InstructBLIP-Video
 
 
 def image_tokens(model: torch.nn.Module, cfg: Any, pixels: torch.Tensor, sizes: torch.Tensor,
-                  frames: int = 1) -> tuple[int, bool]:
+                 frames: int = 1, side: dict[str, torch.Tensor] | None = None) -> tuple[int, bool]:
     """How many tokens one image (of size ``sizes``, one row) becomes, and whether the model takes its images
     with an images-per-sample dimension (batch x images x C x H x W: Idefics2): the vision tower and projector
     (``get_image_features``, the model's or its base model's) traced by the estimator's capture on fake tensors
     (nothing allocated; a mask of known values is read as the real step reads it), else the count the
     configuration states."""
     name = type(model).__name__
-    get = _image_features_of(model)
+    get = image_features_of(model)
     failure: Exception | None = None
     for per_sample in (False, True) if get is not None else ():
         try:
             shaped = pixels.unsqueeze(1).expand(-1, frames, -1, -1, -1) if per_sample else pixels
-            return _features_per_image(model, get, shaped, sizes), per_sample
+            return _features_per_image(model, get, shaped, sizes, side or {}), per_sample
         except Exception as exc:  # noqa: BLE001 - a tower that does not trace so: the configuration's count
             failure = failure or exc
             if "expected 5, got 4" not in str(exc):  # (4-D images where it unpacks 5: images per sample)
@@ -76,7 +76,7 @@ def image_tokens(model: torch.nn.Module, cfg: Any, pixels: torch.Tensor, sizes: 
                     f"file that returns (model, inputs)")
 
 
-def _image_features_of(model: torch.nn.Module) -> Any:
+def image_features_of(model: torch.nn.Module) -> Any:
     return getattr(model, "get_image_features", None) or getattr(getattr(model, "model", None), "get_image_features",
                                                                   None)
 
@@ -84,7 +84,7 @@ def _image_features_of(model: torch.nn.Module) -> Any:
 def needs_image_sizes(model: torch.nn.Module) -> bool:
     """Whether the model's image features need each image's size (a required ``image_sizes``: Pixtral's tower);
     LLaVA takes it too, for Pixtral towers only (a CLIP tower fails on it)."""
-    get = _image_features_of(model)
+    get = image_features_of(model)
     param = inspect.signature(get).parameters.get("image_sizes") if get is not None else None
     return param is not None and param.default is inspect.Parameter.empty
 
@@ -96,8 +96,8 @@ class _ImageFeatures(torch.nn.Module):
         super().__init__()
         self.owner, self.get, self.extra = owner, get, extra
 
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        out = self.get(pixel_values=pixel_values, **self.extra)
+    def forward(self, **inputs: torch.Tensor) -> torch.Tensor:
+        out = self.get(**inputs, **self.extra)
         features = next((f for f in (getattr(out, "pooler_output", None), getattr(out, "last_hidden_state", None))
                          if f is not None), out)  # (the projected features; Llama 4 leaves them as the last state)
         if isinstance(features, (list, tuple)):  # (one tensor per image: LLaVA-NeXT)
@@ -107,7 +107,8 @@ class _ImageFeatures(torch.nn.Module):
         return features
 
 
-def _features_per_image(model: torch.nn.Module, get: Any, pixels: torch.Tensor, sizes: torch.Tensor) -> int:
+def _features_per_image(model: torch.nn.Module, get: Any, pixels: torch.Tensor, sizes: torch.Tensor,
+                        side: dict[str, torch.Tensor]) -> int:
     from ..capture.options import StepOptions
     from ..capture.run import capture
 
@@ -116,9 +117,23 @@ def _features_per_image(model: torch.nn.Module, get: Any, pixels: torch.Tensor, 
     configs = (model.config, getattr(model.config, "vision_config", None))
     for name, p in params.items():  # required settings the model's forward takes from its configuration
         found = [getattr(c, name) for c in configs if hasattr(c, name)]
-        if p.default is inspect.Parameter.empty and name not in ("pixel_values", "image_sizes") and found:
+        if p.default is inspect.Parameter.empty and name not in ("pixel_values", "image_sizes", *side) and found:
             extra[name] = found[0]  # (Llama 4's vision_feature_select_strategy)
-    cap = capture(_ImageFeatures(model, get, extra), {"pixel_values": pixels.to("meta")},
+    cap = capture(_ImageFeatures(model, get, extra), {"pixel_values": pixels.to("meta"), **side},
                   StepOptions(train=False, optimizer="none"), mode="auto")
     shape = cap.module_outputs[""][0]
     return math.prod(shape[:-1])
+
+
+def more_pixels(model: torch.nn.Module, cfg: Any, batch: int, channels: int) -> dict[str, torch.Tensor]:
+    """Images a second tower needs beside ``pixel_values`` (DeepSeek-VL-Hybrid's ``high_res_pixel_values``): each
+    ``<name>_pixel_values`` the image features require, at the size of the configuration's ``<name>_vision_config``."""
+    get = image_features_of(model)
+    params = inspect.signature(get).parameters if get is not None else {}
+    out = {}
+    for name, p in params.items():
+        tower = getattr(cfg, name.replace("pixel_values", "vision_config"), None)
+        size = getattr(tower, "image_size", None)
+        if name.endswith("_pixel_values") and p.default is inspect.Parameter.empty and isinstance(size, int):
+            out[name] = torch.ones(batch, channels, size, size)
+    return out

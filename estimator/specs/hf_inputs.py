@@ -16,7 +16,8 @@ from .hf_towers import (audio_inputs, first_that_runs, grid_inputs, grid_layouts
                         series_inputs, spectrogram_inputs, speech_seq2seq_inputs, takes_audio, takes_grid,
                         takes_series, trajectory_inputs)
 from .hf_flat_patches import flat_patch_inputs, takes_flat_patches
-from .hf_image_tokens import VIDEO_FRAMES, any_resolution_tiles, image_tokens, needs_image_sizes, queried_size
+from .hf_image_tokens import (VIDEO_FRAMES, any_resolution_tiles, image_tokens, more_pixels, needs_image_sizes,
+                              queried_size)
 from .hf_tiles import takes_tiles, tiled_inputs
 from .options import DEFAULT_IMAGE_SIZE, SpecOptions, default_seq
 from .signature import required, takes
@@ -385,6 +386,16 @@ def _vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[An
     tower = _grid_tower(model) if takes(model, "image_grid_thw") else None
     if tower is not None:  # other towers fed patches and their grid (Kimi-K2.5, PaddleOCR-VL, ERNIE-4.5-VL ...)
         return _grid_vlm_inputs(model, cfg, opts, tower, image_token)
+    naflex = naflex_patches(model, cfg, batch, opts.image_size)
+    if naflex is not None:  # a NaFlex tower (LFM2-VL's SigLIP 2): patches, their mask and each image's grid
+        patches, shown = naflex
+        first = {k: v[:1] for k, v in patches.items() if k != "pixel_values"}
+        pixels_a_side = patches["spatial_shapes"][:1] * int(vision.patch_size)  # (for the error message)
+        n_tokens, _ = image_tokens(model, cfg, patches["pixel_values"][:1], pixels_a_side, side=first)
+        seq = _seq_for(cfg, opts, n_tokens, "image tokens")
+        ids, labels = _image_text_ids(batch, seq, n_tokens, image_token)
+        return {"input_ids": ids, **patches, "labels": labels}, \
+            f"input_ids {batch}x{seq} ({n_tokens} image tokens each), {shown}, labels"
     size = opts.image_size or queried_size(cfg, vision) or getattr(vision, "image_size", None) or DEFAULT_IMAGE_SIZE
     h, w = (int(size[0]), int(size[-1])) if isinstance(size, (list, tuple)) else (int(size), int(size))
     channels = int(getattr(vision, "num_channels", 3) or 3)
@@ -394,12 +405,13 @@ def _vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[An
     pixels = torch.ones(batch, tiles, channels, crop, crop) if tiles else torch.ones(batch, channels, h, w)
     sizes = torch.tensor([[h, w]] * batch)  # (each image's size before tiling: LLaVA-NeXT unpads by it)
     frames = VIDEO_FRAMES if "Video" in name else 1  # (InstructBLIP-Video: a clip of frames per sample)
-    n_tokens, per_sample = image_tokens(model, cfg, pixels[:1], sizes[:1], frames)
+    second = more_pixels(model, cfg, batch, channels)  # (a second tower's images: DeepSeek-VL-Hybrid's high-res)
+    n_tokens, per_sample = image_tokens(model, cfg, pixels[:1], sizes[:1], frames, {k: v[:1] for k, v in second.items()})
     if per_sample:
         pixels = pixels.unsqueeze(1).expand(-1, frames, -1, -1, -1).contiguous()
     seq = _seq_for(cfg, opts, n_tokens, "image tokens")
     ids, labels = _image_text_ids(batch, seq, n_tokens, image_token)
-    inputs = {"input_ids": ids, "pixel_values": pixels, "labels": labels}
+    inputs = {"input_ids": ids, "pixel_values": pixels, **second, "labels": labels}
     if takes(model, "token_type_ids"):  # PaliGemma, Gemma 3: image positions marked 1
         inputs["token_type_ids"] = (ids == image_token).to(torch.int64)
     shown = f"{batch}x{channels}x{h}x{w}"
@@ -412,6 +424,7 @@ def _vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[An
     elif needs_image_sizes(model):  # Mistral 3, LightOnOCR (Pixtral's tower): each image's size
         inputs["image_sizes"] = sizes
         shown += ", image_sizes"
+    shown += "".join(f", {k} {'x'.join(map(str, v.shape))}" for k, v in second.items())
     desc = f"input_ids {batch}x{seq} ({n_tokens} image tokens each), pixel_values {shown}, labels"
     return _with_qformer_text(model, cfg, inputs, desc, seq - n_tokens)
 
