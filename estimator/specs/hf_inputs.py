@@ -230,6 +230,12 @@ def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, key: str 
     elif captions:  # image captioning (BLIP): the caption's tokens, and labels when it has a loss
         limit = max_positions(cfg.text_config)
         seq = opts.seq or default_seq(limit)
+        latents = getattr(cfg, "latent_query_num", None)
+        if takes(model, "image_embeds_position_mask") and isinstance(latents, int):  # Kosmos-2: the image's
+            seq = _seq_for(cfg, opts, latents + 1, "image tokens")  # latent queries after <image>, where the
+            inputs["image_embeds_position_mask"] = torch.zeros(batch, seq, dtype=torch.int64)  # mask marks them
+            inputs["image_embeds_position_mask"][:, 1:1 + latents] = 1
+            desc += f", image_embeds_position_mask ({latents} image tokens each)"
         ids = torch.zeros(batch, seq, dtype=torch.int64, **meta)
         inputs["input_ids"] = ids
         desc += f", input_ids {batch}x{seq}"
