@@ -21,6 +21,7 @@ Used by ``benchmarks/zoo_sweep.py`` (every type, one subprocess each) and ``test
 from __future__ import annotations
 
 import copy
+import re
 import time
 import traceback
 from typing import Any
@@ -254,7 +255,8 @@ def _line(exc: BaseException) -> str:
 
 
 def _load(load_spec, model_type: str, overrides: dict[str, Any]):
-    """The loader's batch at a short sequence (token models) or its default inputs (images, audio)."""
+    """The loader's batch at a short sequence (token models; a vision-language model: its image tokens and 32 more)
+    or its default inputs (images, audio)."""
     from estimator.errors import UserError
     from estimator.specs.hf_inputs import max_positions
 
@@ -268,6 +270,9 @@ def _load(load_spec, model_type: str, overrides: dict[str, Any]):
     except UserError as exc:
         if not (str(exc).startswith("--seq") or "takes audio" in str(exc)):
             raise
+        least = re.search(r"use --seq (\d+) or more", str(exc))
+        if least:  # a vision-language model: its image tokens, then the sweep's 32 tokens of text
+            return load_spec(f"hf:{model_type}", batch=BATCH, seq=int(least.group(1)) + SEQ - 1, overrides=overrides)
     return load_spec(f"hf:{model_type}", batch=BATCH, overrides=overrides)
 
 

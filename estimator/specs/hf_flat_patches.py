@@ -50,6 +50,9 @@ def flat_patch_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tu
     desc = f"flattened_patches {batch}x{n}x{2 + width} ({n} patches a page: row, column, {width} pixel values), " \
            "attention_mask"
     text = getattr(cfg, "text_config", None)
+    latents = getattr(cfg, "latent_query_num", None)
+    if takes(model, "input_ids") and takes(model, "image_embeds_position_mask") and isinstance(latents, int):
+        return _with_image_tokens(model, cfg, opts, inputs, desc, latents)
     if text is not None and takes(model, "labels"):
         seq = opts.seq or default_seq(getattr(text, "n_positions", None) or getattr(text, "max_position_embeddings",
                                                                                       None))
@@ -66,3 +69,24 @@ def _patches(name: str, cfg: Any) -> int:
     limit = getattr(vision, "seq_len", None) or getattr(vision, "max_num_patches", None)
     n = PROCESSOR_MAX_PATCHES.get(family, limit or 2048)
     return min(n, limit) if isinstance(limit, int) else n
+
+
+def _with_image_tokens(model: torch.nn.Module, cfg: Any, opts: SpecOptions, inputs: dict, desc: str,
+                       latents: int) -> tuple[dict, str]:
+    """Kosmos-2.5: the page's ``latent_query_num`` image embeddings (2,048) take the token positions after the
+    first, where ``image_embeds_position_mask`` marks them, then text; labels on the text."""
+    batch = inputs["flattened_patches"].shape[0]
+    text = getattr(cfg, "text_config", cfg)
+    limit = getattr(text, "max_position_embeddings", None)
+    seq = opts.seq or max(default_seq(limit), latents + 33)
+    if seq <= latents + 1:
+        raise UserError(f"--seq {seq} leaves no text after the {latents} image tokens: use --seq {latents + 2} or more")
+    ids = torch.ones(batch, seq, dtype=torch.int64)
+    mask = torch.zeros(batch, seq, dtype=torch.int64)
+    mask[:, 1:1 + latents] = 1
+    labels = ids.clone()
+    labels[:, :1 + latents] = -100
+    inputs.update(input_ids=ids, image_embeds_position_mask=mask, labels=labels)
+    inputs.pop("attention_mask")  # (the forward's attention_mask is the text's; the tower masks its padding rows)
+    return inputs, f"input_ids {batch}x{seq} ({latents} image tokens each), " + \
+        desc.replace(", attention_mask", "") + ", image_embeds_position_mask, labels"

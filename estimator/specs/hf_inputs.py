@@ -53,7 +53,7 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
     if takes(model, "pixel_values") and getattr(cfg, "vision_config", None) is not None \
             and _image_token_id(cfg) is not None:
         return _vlm_inputs(model, cfg, opts)
-    if takes_flat_patches(model) and not takes(model, "input_ids"):  # Pix2Struct: a page of flattened patches
+    if takes_flat_patches(model):  # Pix2Struct, Kosmos-2.5: a page of flattened patches
         return flat_patch_inputs(model, cfg, opts)
     if takes_grid(model, cfg):  # a Qwen2-VL-style vision tower: patches and their grid
         return grid_inputs(model, cfg, opts)
