@@ -99,6 +99,7 @@ NOT_ESTIMATED = (
      lambda m: ("requires the" in m and "library" in m) or "huggingface.co" in m or "pip install" in m),
     ("no model class", False, lambda m: "has no model class" in m),
     ("no forward of its own", False, lambda m: "has no forward of its own" in m),
+    ("no training step (an inference session)", False, lambda m: "runs only inside an inference session" in m),
     ("transformers cannot build its default configuration", False, lambda m: "building " in m or "has no default" in m),
 )
 

@@ -23,6 +23,7 @@ from ..build import empty_weights
 from ..errors import UserError
 from .hf_fixups import cache_off_without_attention, composite_parts, derived_fields, undeclared_field, unset_fields
 from .hf_inputs import inputs_for
+from .signature import required
 from .options import Loaded, SpecOptions, close_matches, first_line, short_message
 
 
@@ -410,6 +411,10 @@ def load_hf(target: str, opts: SpecOptions) -> Loaded:
             head += more
     if type(model).forward is torch.nn.Module.forward:
         raise UserError(_no_forward(transformers, model, cfg))
+    if "inference_session" in required(model):  # SAM 3 / EdgeTAM video trackers
+        raise UserError(f"hf:{cfg.model_type}: {type(model).__name__}.forward runs only inside an inference session "
+                        f"(a video tracker's state, which its processor builds frame by frame), so there is no "
+                        f"training step to trace: estimate its image model or write a SPEC file")
     head += _query_token_placeholder(cfg) + _default_language(model, cfg)
     inputs, desc = inputs_for(model, cfg, opts)
     return Loaded(model, inputs, name=f"hf:{target}", description=f"{type(model).__name__}{head}; {desc}",

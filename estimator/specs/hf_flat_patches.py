@@ -1,4 +1,5 @@
-"""The batch of a ``hf:`` document model fed ``flattened_patches`` (Pix2Struct, Kosmos-2.5's vision tower).
+"""The batch of a ``hf:`` model fed its image as a list of patches: ``flattened_patches`` (Pix2Struct, Kosmos-2.5),
+or patches with ``pixel_position_ids`` (Gemma 4's vision tower).
 
 Their image processors cut a page into at most ``max_patches`` patches of 16 x 16 pixels and give each as
 one row: its row and column index (read as embedding indices), then its ``16 * 16 * 3`` pixel values
@@ -10,6 +11,7 @@ by the configuration's embedding of positions (``seq_len``, ``max_num_patches``)
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -90,3 +92,38 @@ def _with_image_tokens(model: torch.nn.Module, cfg: Any, opts: SpecOptions, inpu
     inputs.pop("attention_mask")  # (the forward's attention_mask is the text's; the tower masks its padding rows)
     return inputs, f"input_ids {batch}x{seq} ({latents} image tokens each), " + \
         desc.replace(", attention_mask", "") + ", image_embeds_position_mask, labels"
+
+
+# Gemma 4's image processor (image_processing_gemma4.py): ``max_soft_tokens = 280`` image tokens, each the pool of
+# ``pooling_kernel_size``^2 = 9 patches, so at most 2,520 patches, the rest padding at position -1
+GEMMA4_SOFT_TOKENS = 280
+
+
+def takes_positioned_patches(model: torch.nn.Module) -> bool:
+    return takes(model, "pixel_position_ids")
+
+
+def positioned_patch_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[dict, str]:
+    """``--batch`` square images as Gemma 4's processor gives them: the largest square of patches whose side is a
+    multiple of the pooling kernel within its 2,520 patches (48 x 48 = 2,304, 256 image tokens; ``--image-size``
+    for another, rounded down to whole pooled cells), padded to 2,520 rows at position -1."""
+    name = type(model).__name__
+    if opts.seq is not None:
+        raise UserError(f"--seq: {name} takes image patches; use --image-size")
+    patch, kernel = int(cfg.patch_size), int(getattr(cfg, "pooling_kernel_size", 1) or 1)
+    most = GEMMA4_SOFT_TOKENS * kernel * kernel
+    side = math.isqrt(most) // kernel * kernel
+    if opts.image_size is not None:
+        side = opts.image_size // (patch * kernel) * kernel
+        if not 0 < side * side <= most:
+            raise UserError(f"--image-size {opts.image_size}: {name} takes {kernel * patch} to "
+                            f"{math.isqrt(most) // kernel * kernel * patch} pixels a side")
+    batch, n = opts.batch or 1, side * side
+    rows = torch.arange(side).repeat_interleave(side)
+    grid = torch.stack([rows, torch.arange(side).repeat(side)], dim=-1)  # (row, column) of each real patch
+    positions = torch.full((batch, most, 2), -1, dtype=torch.int64)
+    positions[:, :n] = grid
+    pixels = torch.zeros(batch, most, 3 * patch * patch)
+    return {"pixel_values": pixels, "pixel_position_ids": positions}, \
+        (f"pixel_values {batch}x{most}x{3 * patch * patch} ({side}x{side} patches of a {side * patch}-pixel image, "
+         f"padded to {most}), pixel_position_ids; no loss of its own: the default loss")

@@ -7,6 +7,7 @@ vision-language model's images with their image tokens in the text.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import torch
@@ -15,7 +16,7 @@ from ..errors import UserError
 from .hf_towers import (audio_inputs, first_that_runs, grid_inputs, grid_layouts, naflex_patches, patches_per_side,
                         series_inputs, spectrogram_inputs, speech_seq2seq_inputs, takes_audio, takes_grid,
                         takes_series, trajectory_inputs)
-from .hf_flat_patches import flat_patch_inputs, takes_flat_patches
+from .hf_flat_patches import flat_patch_inputs, positioned_patch_inputs, takes_flat_patches, takes_positioned_patches
 from .hf_image_tokens import (VIDEO_FRAMES, any_resolution_tiles, image_tokens, more_pixels, needs_image_sizes,
                               queried_size)
 from .hf_tiles import takes_tiles, tiled_inputs
@@ -53,6 +54,8 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
     if takes(model, "pixel_values") and getattr(cfg, "vision_config", None) is not None \
             and _image_token_id(cfg) is not None:
         return _vlm_inputs(model, cfg, opts)
+    if takes_positioned_patches(model) and not takes(model, "input_ids"):  # Gemma 4's tower: patches, positions
+        return positioned_patch_inputs(model, cfg, opts)
     if takes_flat_patches(model):  # Pix2Struct, Kosmos-2.5: a page of flattened patches
         return flat_patch_inputs(model, cfg, opts)
     if takes_grid(model, cfg):  # a Qwen2-VL-style vision tower: patches and their grid
@@ -192,7 +195,8 @@ def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, key: str 
     if opts.seq is not None and not (captions or decoded):
         raise UserError(f"--seq: {type(model).__name__} takes images; use --image-size")
     vision = getattr(cfg, "vision_config", None)
-    size = (opts.image_size or _setting(cfg, vision, ("image_size", "crop_size")) or DEFAULT_IMAGE_SIZE)
+    size = (opts.image_size or _setting(cfg, vision, ("image_size", "crop_size")) or _scaled_size(cfg)
+            or DEFAULT_IMAGE_SIZE)
     if isinstance(size, (list, tuple)):
         h, w = int(size[0]), int(size[-1])
     else:
@@ -249,6 +253,15 @@ def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, key: str 
         inputs.update(decoder_input_ids=ids, labels=ids)
         desc += f", decoder_input_ids {batch}x{seq}, labels"
     return inputs, desc
+
+
+def _scaled_size(cfg: Any) -> int | None:
+    """The smallest image a multi-scale model takes (Depth Pro: patches of ``patch_size`` pixels cut from the image
+    scaled by each of ``scaled_images_ratios``, the smallest of which must still hold one: 384 / 0.25 = 1,536)."""
+    ratios, patch = getattr(cfg, "scaled_images_ratios", None), getattr(cfg, "patch_size", None)
+    if not ratios or not isinstance(patch, int):
+        return None
+    return math.ceil(patch / min(ratios))
 
 
 def _video_layout(model: torch.nn.Module, key: str, video: torch.Tensor, desc: str) -> tuple[torch.Tensor, str]:
