@@ -334,6 +334,11 @@ def _with_side_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, input
         if isinstance(frames, int) and frames > 0:  # a video-text dual encoder (X-CLIP): frames per sample
             inputs["pixel_values"] = torch.zeros(batch, frames, channels, size, size, device="meta")
             desc += f", pixel_values {batch}x{frames}x{channels}x{size}x{size} (video)"
+        elif takes(model, "image_attention_mask"):  # IDEFICS: images per sample, each text token seeing them
+            seq = inputs["input_ids"].shape[1]
+            inputs["pixel_values"] = torch.zeros(batch, 1, channels, size, size, device="meta")
+            inputs["image_attention_mask"] = torch.ones(batch, seq, 1, dtype=torch.int64)
+            desc += f", pixel_values {batch}x1x{channels}x{size}x{size} (one image per sample), image_attention_mask"
         else:
             inputs["pixel_values"] = torch.zeros(batch, channels, size, size, device="meta")
             desc += f", pixel_values {batch}x{channels}x{size}x{size}"
