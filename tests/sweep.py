@@ -88,6 +88,9 @@ SHAPED = {"zamba": {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_
           # (one convolution and one attention layer)
           "t5gemma2_text": {"+dropout_rate": 0.0}, "pix2struct_text_model": {"+initializer_range": 0.02},
           "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+          # CLAP's audio tower (Swin stages doubling 96 wide) ends 192 wide after the sweep's 2 stages, the width its
+          # projection takes (its own tower alone, clap_audio_model, has no projection)
+          "clap": {"audio_config.hidden_size": 192},
           # ModernVBERT's default image size, 224, is not a multiple of its pixel shuffle: 14 patches a side by 4,
           # where 512 gives 32
           "modernvbert": {"vision_config.image_size": 512},

@@ -202,3 +202,33 @@ def test_vitpose_images_take_the_backbones_size():
     vitpose = load_spec("hf:vitpose", batch=2)  # built on the meta device: the defaults cost nothing
     height, width = vitpose.config.backbone_config.image_size
     assert tuple(vitpose.inputs["pixel_values"].shape) == (2, 3, height, width) and height != width
+
+
+def test_a_video_tracker_that_needs_an_inference_session_is_refused_as_having_no_training_step():
+    """SAM 3's video tracker runs only on an inference session its processor builds frame by frame: no forward
+    a training step could call, refused in one line that says so."""
+    with pytest.raises(UserError) as info:
+        load_spec("hf:sam3_video", batch=1)
+    msg = str(info.value)
+    assert "runs only inside an inference session" in msg and "no training step" in msg and "\n" not in msg
+
+
+def test_gemma4_vision_patches_come_with_their_positions_padded_as_its_processor_pads_them():
+    """Gemma 4's tower takes patches and their (row, column); its processor pads to max_soft_tokens x kernel^2
+    patches at position -1 (hf_flat_patches.GEMMA4_SOFT_TOKENS): the largest square of whole pooled cells is
+    real, the rest padding, and the estimate of that batch runs."""
+    from estimator.specs.hf_flat_patches import GEMMA4_SOFT_TOKENS
+
+    loaded = load_spec("hf:gemma4_vision", batch=2, overrides={"num_hidden_layers": 1, "hidden_size": 32,
+                                                               "intermediate_size": 64, "num_attention_heads": 2,
+                                                               "num_key_value_heads": 2, "head_dim": 16})
+    cfg = loaded.config
+    kernel = cfg.pooling_kernel_size
+    most = GEMMA4_SOFT_TOKENS * kernel * kernel
+    positions = loaded.inputs["pixel_position_ids"]
+    assert tuple(loaded.inputs["pixel_values"].shape) == (2, most, 3 * cfg.patch_size ** 2)
+    real = (positions[0] >= 0).all(-1)
+    side = int(positions[0, real, 0].max()) + 1  # rows of real patches
+    assert int(real.sum()) == side * side and side % kernel == 0 and (side + kernel) ** 2 > most
+    d = estimate(loaded.model, loaded.inputs, device="cpu").to_dict()
+    assert d["memory"]["activations"] > 0 and not d["unsupported_ops"]

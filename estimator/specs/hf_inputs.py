@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -345,6 +346,15 @@ def _with_side_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, input
         if takes(model, "return_loss") and "labels" not in inputs:  # CLIP-style contrastive loss
             inputs["return_loss"] = True
             desc += ", return_loss"
+    audio = _audio_tower(model, cfg) if "pixel_values" not in inputs else None
+    if audio is not None:  # an audio-text dual encoder (CLAP, PE-Audio): the audio its tower runs on
+        key = "input_features" if takes(model, "input_features") else "input_values"
+        clips, shown = audio_inputs(audio, cfg.audio_config, replace(opts, seq=None, batch=batch), key)
+        inputs.update({k: v for k, v in clips.items() if takes(model, k) and k not in ("attention_mask", "labels")})
+        desc += ", " + shown.split(";")[0]
+        if takes(model, "return_loss"):
+            inputs["return_loss"] = True
+            desc += ", return_loss"
     if "bbox" in required(model) or (takes(model, "bbox") and hasattr(cfg, "dim_bbox")):
         # a document model that needs each token's box (BROS: dim_bbox 8 coordinates, its forward raises without)
         dim = int(getattr(cfg, "dim_bbox", 4) or 4)
@@ -356,6 +366,14 @@ def _with_side_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, input
         inputs["visual_pos"] = torch.zeros(batch, VISUAL_REGIONS, pos, device="meta")
         desc += f", visual_feats {batch}x{VISUAL_REGIONS}x{feat}, visual_pos {batch}x{VISUAL_REGIONS}x{pos}"
     return inputs, desc
+
+
+def _audio_tower(model: torch.nn.Module, cfg: Any) -> torch.nn.Module | None:
+    """The audio tower of a model that takes text and audio (its child named for audio, beside an
+    ``audio_config``), or None."""
+    if getattr(cfg, "audio_config", None) is None or not (takes(model, "input_features") or takes(model, "input_values")):
+        return None
+    return next((m for name, m in model.named_children() if "audio" in name), None)
 
 
 def _image_token_id(cfg: Any) -> int | None:
@@ -468,8 +486,6 @@ def _grid_vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, tower:
     patches: ``spatial_merge_size``, Kimi's ``merge_kernel_size``), ``image_grid_thw``, labels on the text;
     the patches in the first of the tower's layouts (:func:`~.hf_towers.grid_layouts`) the whole model's forward
     runs on (PaddleOCR-VL adds the packed sequence's batch dimension itself)."""
-    from dataclasses import replace
-
     vision = tower.config
     batch = opts.batch or 1
     kernel = getattr(vision, "merge_kernel_size", None)
