@@ -48,6 +48,8 @@ def inputs_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
 
 def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any, str]:
     main = getattr(model, "main_input_name", "input_ids")
+    if isinstance(main, (list, tuple)):  # (OneFormer names two: pixel_values, task_inputs)
+        main = main[0]
     batch = opts.batch or 1
     meta = dict(device="meta")
     if takes_tiles(model):  # Llama 3.2 Vision: tiles of each image and their aspect ratio
@@ -229,6 +231,10 @@ def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, key: str 
         for name in prompts:
             inputs[name] = torch.zeros(pixels.shape, dtype=pixels.dtype, **meta)
         desc += f", {', '.join(prompts)} like pixel_values"
+    task = getattr(cfg, "task_seq_len", None)
+    if "task_inputs" in required(model) and isinstance(task, int):  # OneFormer: the task prompt's tokens
+        inputs["task_inputs"] = torch.zeros(batch, task, dtype=torch.int64, **meta)  # ("the task is semantic")
+        desc += f", task_inputs {batch}x{task}"
     if type(model).__name__.endswith("ForImageClassification") and takes(model, "labels"):
         inputs["labels"] = torch.zeros(batch, dtype=torch.int64, **meta)
         desc += ", labels"
