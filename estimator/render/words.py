@@ -82,7 +82,9 @@ def place(report: ReportData, snapshot: Any) -> str:
 
 
 def inputs_words(report: ReportData) -> str:
-    """'batch 8, sequence 1024' or 'batch 32, images 224x224', from the traced inputs."""
+    """'batch 8, sequence 1024' or 'batch 32, images 224x224', from the traced inputs: the sequence is the
+    longest integer batch x length input (token ids, not a vision-language model's aspect-ratio ids or lengths),
+    an image the last two sizes of the first float input of 4 or more dimensions (tiles and clips included)."""
     batch = seq = image = None
     for t in report.capture.inputs:
         shape = tuple(t.shape)
@@ -90,10 +92,10 @@ def inputs_words(report: ReportData) -> str:
             continue
         if batch is None:
             batch = shape[0]
-        if not t.is_floating_point() and len(shape) == 2 and seq is None:
+        if not t.is_floating_point() and len(shape) == 2 and (seq is None or shape[1] > seq):
             seq = shape[1]
-        if t.is_floating_point() and len(shape) == 4 and image is None:
-            image = f"{shape[2]}x{shape[3]}"
+        if t.is_floating_point() and len(shape) >= 4 and image is None:
+            image = f"{shape[-2]}x{shape[-1]}"
     parts = []
     if batch is not None:
         parts.append(f"batch {batch}")
