@@ -78,10 +78,11 @@ SHAPED = {"zamba": {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_
           # VipLLaVA concatenates 5 of its tower's hidden states (-2, -5, -8, -11 and 6 of 24 layers): 5 of the
           # 3 a 2-layer tower has
           "vipllava": {"vision_feature_layers": [-2, -1, 0, 1, 2]},
-          # Step3p7's (and Step3p5's) text model has sliding-window layers and leaves the window unset (any window: its cost at
-          # the sweep's 32 tokens is the full attention's)
+          # Step3p7's (and Step3p5's) text model has sliding-window layers and leaves the window unset (any window:
+          # its cost at the sweep's 32 tokens is the full attention's)
           "step3p7": {"text_config.sliding_window": 512}, "step3p5": {"sliding_window": 512},
-          # Idefics3's (and SmolVLM's) default image size, 224, is 7 patches of 32 a side, not a multiple of its pixel shuffle (2)
+          # Idefics3's (and SmolVLM's) default image size, 224, is 7 patches of 32 a side, not a multiple of its pixel
+          # shuffle (2)
           "idefics3": {"vision_config.image_size": 448}, "smolvlm": {"vision_config.image_size": 448},
           # fields the model reads and its configuration class does not declare (its defaults cannot build):
           # T5Gemma 2's text encoder's dropout, Pix2Struct's text initializer; LFM2-MoE leaves its layer kinds unset

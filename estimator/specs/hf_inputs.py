@@ -377,7 +377,8 @@ def _with_side_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, input
 def _audio_tower(model: torch.nn.Module, cfg: Any) -> torch.nn.Module | None:
     """The audio tower of a model that takes text and audio (its child named for audio, beside an
     ``audio_config``), or None."""
-    if getattr(cfg, "audio_config", None) is None or not (takes(model, "input_features") or takes(model, "input_values")):
+    audio_input = takes(model, "input_features") or takes(model, "input_values")
+    if getattr(cfg, "audio_config", None) is None or not audio_input:
         return None
     return next((m for name, m in model.named_children() if "audio" in name), None)
 
@@ -454,7 +455,8 @@ def _vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[An
     sizes = torch.tensor([[h, w]] * batch)  # (each image's size before tiling: LLaVA-NeXT unpads by it)
     frames = VIDEO_FRAMES if "Video" in name else 1  # (InstructBLIP-Video: a clip of frames per sample)
     second = more_pixels(model, cfg, batch, channels)  # (a second tower's images: DeepSeek-VL-Hybrid's high-res)
-    n_tokens, per_sample = image_tokens(model, cfg, pixels[:1], sizes[:1], frames, {k: v[:1] for k, v in second.items()})
+    firsts = {k: v[:1] for k, v in second.items()}
+    n_tokens, per_sample = image_tokens(model, cfg, pixels[:1], sizes[:1], frames, firsts)
     if per_sample:
         pixels = pixels.unsqueeze(1).expand(-1, frames, -1, -1, -1).contiguous()
     seq = _seq_for(cfg, opts, n_tokens, "image tokens")
