@@ -54,20 +54,6 @@ def keeps_values(t: torch.Tensor) -> bool:
     return is_real(t) and not (t.is_floating_point() or t.is_complex())
 
 
-MASK_VALUES_LIMIT = 1 << 24  # elements of a float mask whose values the trace keeps (64 MiB of float32)
-
-
-def keeper(kwargs: dict) -> Callable[[torch.Tensor], bool]:
-    """Which of the user's tensors are traced with their values: :func:`keeps_values`' integer and boolean
-    tensors, and float masks given by name (a keyword argument named ``*mask*`` whose values are all 0 or 1: a
-    float ``attention_mask`` of ones), whose values decide whether the model skips the mask, as the real step
-    does (transformers' mask builders read ``mask.all()``)."""
-    masks = {id(v) for k, v in kwargs.items()
-             if "mask" in k and isinstance(v, torch.Tensor) and is_real(v) and v.is_floating_point()
-             and v.numel() <= MASK_VALUES_LIMIT and bool(((v == 0) | (v == 1)).all())}
-    return lambda t: keeps_values(t) or id(t) in masks
-
-
 def real_copy(shape: tuple[int, ...], dtype: torch.dtype, source: torch.Tensor) -> torch.Tensor:
     """A private real copy of ``source``'s whole storage as a flat tensor (``shape``: its element count)
     or, when ``shape`` is ``source``'s own shape, of ``source`` itself."""
@@ -97,12 +83,12 @@ def convert_inputs(inputs: Any, make_base: Callable[[tuple[int, ...], torch.dtyp
         whole = t.storage_offset() == 0 and t.is_contiguous() and t.numel() * t.element_size() == storage.nbytes()
         real = keep(t)
         if base is None and whole:  # the common case: a tensor that owns its storage
-            out = bases[storage._cdata] = (real_copy(tuple(t.shape), t.dtype, t).to(dtype) if real
+            out = bases[storage._cdata] = (real_copy(tuple(t.shape), t.dtype, t) if real
                                            else make_base(tuple(t.shape), dtype))
         else:
             if base is None:
                 n = storage.nbytes() // t.element_size()
-                base = bases[storage._cdata] = real_copy((n,), t.dtype, t).to(dtype) if real else make_base((n,), dtype)
+                base = bases[storage._cdata] = real_copy((n,), t.dtype, t) if real else make_base((n,), dtype)
             with torch.no_grad():
                 out = base.as_strided(t.shape, t.stride(), t.storage_offset())
         if t.requires_grad:

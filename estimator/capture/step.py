@@ -36,7 +36,7 @@ from .fake import (
     GROUPED_MM, RecordingFakeMode, clear_shared_cache, fake_ctc_loss, fake_grouped_mm, fake_pack_padded_sequence,
     output_kernels, real_output_bytes,
 )
-from .inputs import convert_inputs, is_real, keeper, keeps_values, materialize, meta_twin, real_param_copy
+from .inputs import convert_inputs, is_real, keeps_values, materialize, meta_twin, real_param_copy
 from .loss import select_loss
 from .options import DATA_DEPENDENT, Capture, Progress, ReadsValues, StepFailed, StepOptions
 from .recorder import FORWARD_PHASES, INPUT_MODULE, Phase, Recorder
@@ -170,7 +170,7 @@ class Step:
             # integer and boolean buffers and inputs keep their values (see .fake: known values)
             self.buffers = {n: b.detach().clone() if keeps_values(b) else to_traced(b, False)
                             for n, b in named_buffers.items()}
-            self.t_args, self.t_kwargs = convert_inputs((args, kwargs), fake_base, dtype_of, keep=keeper(kwargs))
+            self.t_args, self.t_kwargs = convert_inputs((args, kwargs), fake_base, dtype_of, keep=keeps_values)
         else:
             self.params = {n: real_param_copy(p, True, dtype_of(p.dtype)) for n, p in self.named_params.items()}
             self.buffers = {n: real_param_copy(b, False, dtype_of(b.dtype)) for n, b in named_buffers.items()}
