@@ -137,3 +137,12 @@ def more_pixels(model: torch.nn.Module, cfg: Any, batch: int, channels: int) -> 
         if name.endswith("_pixel_values") and p.default is inspect.Parameter.empty and isinstance(size, int):
             out[name] = torch.ones(batch, channels, size, size)
     return out
+
+
+def image_text_ids(batch: int, seq: int, n_image: int, image_token: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids (image tokens first, then text token 1) and labels (-100 on the image tokens)."""
+    ids = torch.ones(batch, seq, dtype=torch.int64)
+    ids[:, :n_image] = image_token
+    labels = ids.clone()
+    labels[:, :n_image] = -100
+    return ids, labels

@@ -18,8 +18,8 @@ from .hf_towers import (audio_inputs, first_that_runs, grid_inputs, grid_layouts
                         series_inputs, spectrogram_inputs, speech_seq2seq_inputs, takes_audio, takes_grid,
                         takes_series, trajectory_inputs)
 from .hf_flat_patches import flat_patch_inputs, positioned_patch_inputs, takes_flat_patches, takes_positioned_patches
-from .hf_image_tokens import (VIDEO_FRAMES, any_resolution_tiles, image_tokens, more_pixels, needs_image_sizes,
-                              queried_size)
+from .hf_image_tokens import (VIDEO_FRAMES, any_resolution_tiles, image_text_ids, image_tokens, more_pixels,
+                              needs_image_sizes, queried_size)
 from .hf_tiles import takes_tiles, tiled_inputs
 from .options import DEFAULT_IMAGE_SIZE, SpecOptions, default_seq
 from .signature import required, takes
@@ -422,7 +422,7 @@ def _vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[An
         channels = int(getattr(vision, "in_channels", 3) or 3)
         n_tokens = side * side // (merge * merge)
         seq = _seq_for(cfg, opts, n_tokens, "image tokens")
-        ids, labels = _image_text_ids(batch, seq, n_tokens, image_token)
+        ids, labels = image_text_ids(batch, seq, n_tokens, image_token)
         inputs = {"input_ids": ids,
                   "pixel_values": torch.zeros(batch * side * side, channels * temporal * patch * patch),
                   "image_grid_thw": torch.tensor([[1, side, side]] * batch),
@@ -442,7 +442,7 @@ def _vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[An
         pixels_a_side = patches["spatial_shapes"][:1] * int(vision.patch_size)  # (for the error message)
         n_tokens, _ = image_tokens(model, cfg, patches["pixel_values"][:1], pixels_a_side, side=first)
         seq = _seq_for(cfg, opts, n_tokens, "image tokens")
-        ids, labels = _image_text_ids(batch, seq, n_tokens, image_token)
+        ids, labels = image_text_ids(batch, seq, n_tokens, image_token)
         return {"input_ids": ids, **patches, "labels": labels}, \
             f"input_ids {batch}x{seq} ({n_tokens} image tokens each), {shown}, labels"
     size = opts.image_size or queried_size(cfg, vision) or getattr(vision, "image_size", None) or DEFAULT_IMAGE_SIZE
@@ -460,7 +460,7 @@ def _vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[An
     if per_sample:
         pixels = pixels.unsqueeze(1).expand(-1, frames, -1, -1, -1).contiguous()
     seq = _seq_for(cfg, opts, n_tokens, "image tokens")
-    ids, labels = _image_text_ids(batch, seq, n_tokens, image_token)
+    ids, labels = image_text_ids(batch, seq, n_tokens, image_token)
     inputs = {"input_ids": ids, "pixel_values": pixels, **second, "labels": labels}
     if takes(model, "token_type_ids"):  # PaliGemma, Gemma 3: image positions marked 1
         inputs["token_type_ids"] = (ids == image_token).to(torch.int64)
@@ -505,7 +505,7 @@ def _grid_vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, tower:
         side = int(grid[0, 1])
         n_tokens = side * side // (merge * merge)
         seq = _seq_for(cfg, opts, n_tokens, "image tokens")
-        ids, labels = _image_text_ids(batch, seq, n_tokens, image_token)
+        ids, labels = image_text_ids(batch, seq, n_tokens, image_token)
         pixels = next(v for k, v in patches.items() if k not in ("grid_thw", "merge_sizes"))
         inputs = {"input_ids": ids, "pixel_values": pixels, "image_grid_thw": grid, "labels": labels}
         if takes(model, "mm_token_type_ids"):
@@ -518,15 +518,6 @@ def _grid_vlm_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, tower:
 
 
 QWEN_VL_IMAGE_SIZE = 448  # Qwen2-VL takes any multiple of 28 pixels; 448 x 448 = 256 image tokens
-
-
-def _image_text_ids(batch: int, seq: int, n_image: int, image_token: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids (image tokens first, then text token 1) and labels (-100 on the image tokens)."""
-    ids = torch.ones(batch, seq, dtype=torch.int64)
-    ids[:, :n_image] = image_token
-    labels = ids.clone()
-    labels[:, :n_image] = -100
-    return ids, labels
 
 
 CTC_SAMPLES = 16000 * 10  # speech encoders: 10 s of 16 kHz audio by default

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ..errors import UserError
+from .hf_image_tokens import image_text_ids
 from .options import SpecOptions, default_seq
 from .signature import takes
 
@@ -52,10 +53,7 @@ def tiled_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[d
             raise UserError(f"--seq: {name} takes images; use --image-size")
         return inputs, desc
     seq = opts.seq or default_seq(getattr(getattr(cfg, "text_config", cfg), "max_position_embeddings", None))
-    ids = torch.ones(batch, seq, dtype=torch.int64)
-    ids[:, 0] = int(cfg.image_token_index)
-    labels = ids.clone()
-    labels[:, 0] = -100
+    ids, labels = image_text_ids(batch, seq, 1, int(cfg.image_token_index))
     mask = torch.zeros(batch, seq, 1, most, dtype=torch.int64)
     mask[:, :, 0, :used] = 1  # every token from the image token on sees the image's real tiles
     inputs.update(input_ids=ids, cross_attention_mask=mask, labels=labels)
