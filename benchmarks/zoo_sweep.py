@@ -131,6 +131,16 @@ def coverage(records: list[dict]) -> str:
             f"The others: {parts}.")
 
 
+def _without_gradient(records: list[dict]) -> str:
+    """The types whose estimated step leaves trainable parameters without a gradient (inputs that reach only
+    part of the model, or parts unused by design), over the records that say (``no_gradient``, 2026-11-29 on)."""
+    said = [r for r in records if "no_gradient" in r]
+    some = sorted(r["type"] for r in said if r["no_gradient"])
+    shown = ", ".join(some[:20]) + (f" and {len(some) - 20} more" if len(some) > 20 else "")
+    return (f"Types whose step leaves trainable parameters without a gradient: {len(some)} of the {len(said)} "
+            f"records that count them" + (f" ({shown})." if some else "."))
+
+
 def table(records: list[dict]) -> str:
     outcomes = ("exact", "differs", "no-truth", "refused", "crash", "timeout", "unbuilt")
     by_family: dict[str, Counter] = defaultdict(Counter)
@@ -148,7 +158,7 @@ def table(records: list[dict]) -> str:
     slow = sorted((r for r in records if r.get("estimate_s", 0) > 10), key=lambda r: -r["estimate_s"])
     lines += ["", f"Of the {both} types where the estimate and the real step both ran: {total['exact']} exact "
               f"({100 * total['exact'] / max(both, 1):.1f} %), {len(over)} with a number over 1 % off. "
-              f"Estimates over 10 s: {len(slow)}.", "", coverage(records), "",
+              f"Estimates over 10 s: {len(slow)}.", "", coverage(records), "", _without_gradient(records), "",
               "| type | outcome | class | first difference or message | estimate s |", "|---|---|---|---|---:|"]
     for r in sorted(records, key=lambda r: (outcomes.index(r["outcome"]), r["type"])):
         if r["outcome"] != "exact" or r.get("estimate_s", 0) > 10:

@@ -334,6 +334,9 @@ def sweep_one(model_type: str, levels: tuple[int, ...] = (2, 1, 0)) -> dict[str,
         rec.update(outcome="crash", message=_line(exc), where="estimate", trace=traceback.format_exc()[-2000:])
         return rec
     rec["unsupported"] = sorted({r["op"] for r in d.get("unsupported_ops", []) if r.get("module") != "(optimizer)"})
+    # trainable parameters the step leaves without a gradient: a type fed only part of its inputs shows here (a
+    # vision tower the text never reaches), beside those a model leaves unused by design (an unused pooler)
+    rec["no_gradient"] = sum(int(r.get("count", 0)) for r in d.get("no_gradient", []))
     if truth is None:
         return rec
     errors = {}
