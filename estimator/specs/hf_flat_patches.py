@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..errors import UserError
+from .hf_image_tokens import latent_positions
 from .options import SpecOptions, default_seq
 from .signature import takes
 
@@ -84,8 +85,7 @@ def _with_image_tokens(model: torch.nn.Module, cfg: Any, opts: SpecOptions, inpu
     if seq <= latents + 1:
         raise UserError(f"--seq {seq} leaves no text after the {latents} image tokens: use --seq {latents + 2} or more")
     ids = torch.ones(batch, seq, dtype=torch.int64)
-    mask = torch.zeros(batch, seq, dtype=torch.int64)
-    mask[:, 1:1 + latents] = 1
+    mask = latent_positions(batch, seq, latents)
     labels = ids.clone()
     labels[:, :1 + latents] = -100
     inputs.update(input_ids=ids, image_embeds_position_mask=mask, labels=labels)

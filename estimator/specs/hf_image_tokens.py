@@ -146,3 +146,11 @@ def image_text_ids(batch: int, seq: int, n_image: int, image_token: int) -> tupl
     labels = ids.clone()
     labels[:, :n_image] = -100
     return ids, labels
+
+
+def latent_positions(batch: int, seq: int, latents: int) -> torch.Tensor:
+    """``image_embeds_position_mask`` of Kosmos-2 and Kosmos-2.5: the image's ``latent_query_num`` embeddings take
+    the token positions after the first (``<image>``), marked 1; text after them."""
+    mask = torch.zeros(batch, seq, dtype=torch.int64)
+    mask[:, 1:1 + latents] = 1
+    return mask

@@ -18,8 +18,8 @@ from .hf_towers import (audio_inputs, first_that_runs, grid_inputs, grid_layouts
                         series_inputs, spectrogram_inputs, speech_seq2seq_inputs, takes_audio, takes_grid,
                         takes_series, trajectory_inputs)
 from .hf_flat_patches import flat_patch_inputs, positioned_patch_inputs, takes_flat_patches, takes_positioned_patches
-from .hf_image_tokens import (VIDEO_FRAMES, any_resolution_tiles, image_text_ids, image_tokens, more_pixels,
-                              needs_image_sizes, queried_size)
+from .hf_image_tokens import (VIDEO_FRAMES, any_resolution_tiles, image_text_ids, image_tokens, latent_positions,
+                              more_pixels, needs_image_sizes, queried_size)
 from .hf_tiles import takes_tiles, tiled_inputs
 from .options import DEFAULT_IMAGE_SIZE, SpecOptions, default_seq
 from .signature import required, takes
@@ -244,8 +244,7 @@ def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, key: str 
         latents = getattr(cfg, "latent_query_num", None)
         if takes(model, "image_embeds_position_mask") and isinstance(latents, int):  # Kosmos-2: the image's
             seq = _seq_for(cfg, opts, latents + 1, "image tokens")  # latent queries after <image>, where the
-            inputs["image_embeds_position_mask"] = torch.zeros(batch, seq, dtype=torch.int64)  # mask marks them
-            inputs["image_embeds_position_mask"][:, 1:1 + latents] = 1
+            inputs["image_embeds_position_mask"] = latent_positions(batch, seq, latents)  # mask marks them
             desc += f", image_embeds_position_mask ({latents} image tokens each)"
         ids = torch.zeros(batch, seq, dtype=torch.int64, **meta)
         inputs["input_ids"] = ids
