@@ -62,6 +62,28 @@ def _parse_value(v: str) -> Any:
     return v
 
 
+# Optimizers whose step updates each element of a parameter from that element of its gradient and state alone
+# (no reduction over a tensor, no communication): on an engine's DTensor parameters their step is the same
+# step on each rank's local shards (DTensor runs every op of it on the local tensors), so it can be traced there.
+ELEMENTWISE = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, torch.optim.RMSprop,
+               torch.optim.Adamax, torch.optim.Adadelta, torch.optim.NAdam, torch.optim.RAdam, torch.optim.ASGD)
+
+
+def optimizer_class(spec: Any) -> type | None:
+    """The ``torch.optim.Optimizer`` class ``spec`` names (a name, a class or an instance); None for none."""
+    if isinstance(spec, str):
+        name = parse_optimizer(spec)[0]
+        return None if name == "none" else OPTIMIZERS[name][0]
+    if isinstance(spec, type):
+        return spec
+    return type(spec) if spec is not None else None
+
+
+def elementwise(spec: Any) -> bool:
+    """Whether the optimizer ``spec`` is exactly one of :data:`ELEMENTWISE` (a subclass may do more)."""
+    return optimizer_class(spec) in ELEMENTWISE
+
+
 def wants_fused(spec: Any, kwargs: Mapping[str, Any] | None) -> bool:
     """Whether the optimizer asks for a fused implementation (its kernels need a real device type)."""
     if (kwargs or {}).get("fused"):

@@ -57,3 +57,27 @@ def test_a_plan_scans_only_its_own_objects_and_restores_the_collector():
 
     Planner(model, x, gpu="H100", loss_fn=loss_fn).plan("ddp", 1, solve=False)
     assert seen and all(n > 0 for n in seen) and gc.get_freeze_count() == 0 and gc.isenabled()
+
+
+def test_no_automatic_collection_runs_during_a_plan_and_its_cycles_are_collected_after():
+    """Between its traces too (the progress callback runs outside the step, which pauses the collector itself),
+    the collector is off; a reference cycle made during the plan is freed by the first collection after it."""
+    import weakref
+
+    model, x = _model_and_inputs()
+    enabled, cycles = [], []
+
+    class Node:
+        pass
+
+    def loss_fn(out):
+        node = Node()
+        node.me = node  # a cycle: only the collector frees it
+        cycles.append(weakref.ref(node))
+        return out.sum()
+
+    Planner(model, x, gpu="H100", loss_fn=loss_fn,
+            progress=lambda *_: enabled.append(gc.isenabled())).plan("ddp", 1)
+    assert enabled and not any(enabled) and gc.isenabled() and gc.get_freeze_count() == 0
+    gc.collect()
+    assert cycles and all(ref() is None for ref in cycles)

@@ -115,10 +115,12 @@ def real_param_copy(t: torch.Tensor, is_param: bool, dtype: torch.dtype) -> torc
     return out.requires_grad_(is_param and t.requires_grad)
 
 
-def meta_twin(rec: Any, p: torch.Tensor) -> torch.Tensor:
-    """A meta tensor standing for the fake parameter ``p`` (and its gradient) in the recorder
-    (same storage ids): the optimizer step runs on such twins, since meta kernels skip
-    FakeTensorMode's per-op work and the state they make is the same."""
+def meta_twin(rec: Any, p: torch.Tensor, grad: torch.Tensor | None = None,
+              requires_grad: bool | None = None) -> torch.Tensor:
+    """A meta tensor standing for the fake parameter ``p`` (and its gradient: ``p.grad``, or ``grad`` for a
+    shard whose gradient is held by the engine's parameter) in the recorder (same storage ids): the optimizer
+    step runs on such twins, since meta kernels skip FakeTensorMode's per-op work and the state they make is
+    the same."""
 
     def twin(t: torch.Tensor) -> torch.Tensor:
         with _disable_current_modes():  # making the twin is bookkeeping, not part of the step
@@ -126,7 +128,8 @@ def meta_twin(rec: Any, p: torch.Tensor) -> torch.Tensor:
         rec.adopt(out, t)
         return out
 
-    out = twin(p).requires_grad_(p.requires_grad)
-    if p.grad is not None:
-        out.grad = twin(p.grad)
+    out = twin(p).requires_grad_(p.requires_grad if requires_grad is None else requires_grad)
+    grad = p.grad if grad is None else grad
+    if grad is not None:
+        out.grad = twin(grad)
     return out

@@ -28,7 +28,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import UnsupportedModelError, UserError, from_outside
-from ..optim import build_optimizer, wants_fused
+from ..optim import build_optimizer, elementwise, wants_fused
 from ..target import FAKE_KERNELS, CudaTarget, installed
 from .as_is import AsIs, AsIsRecorder
 from .checkpoint import wrap_checkpointed
@@ -414,12 +414,20 @@ class Step:
         rec.phase = Phase.OPTIMIZER
         self.progress("tracing the optimizer step")
         opt_params = self.params if opts.prepare is None else self.named_params
-        if (self.fake_entered is not None and self.fake_entered.active and scaler is None and opts.prepare is None
-                and not wants_fused(opts.optimizer, opts.optimizer_kwargs)):
+        twins = (self.fake_entered is not None and self.fake_entered.active and scaler is None
+                 and not wants_fused(opts.optimizer, opts.optimizer_kwargs))
+        if twins and opts.prepare is None:
             # The step runs on meta twins of the fake parameters and gradients (same storage
             # ids): meta kernels skip FakeTensorMode's per-op work, and the state is the same.
             self.fake_entered.exit()
             opt_params = {n: meta_twin(rec, p) for n, p in self.params.items()}
+        elif twins and elementwise(opts.optimizer) and all(map(_on_local_shard, self.named_params.values())):
+            # An engine's DTensor parameters: an element-wise optimizer's step is the same step on the local
+            # shards (DTensor runs each op there), so it runs on meta twins of the shards and their gradients,
+            # without DTensor's sharding propagation of every foreach op (0.3-0.4 s of a 7B FSDP trace)
+            self.fake_entered.exit()
+            opt_params = {n: meta_twin(rec, self.params[n], AsIs.local(p.grad) if p.grad is not None else None,
+                                       p.requires_grad) for n, p in self.named_params.items()}
         opt, self.optimizer_name = build_optimizer(opts.optimizer, opt_params, self.named_params,
                                                    opts.optimizer_kwargs, opts.foreach)
         if opt is None:
@@ -570,3 +578,19 @@ def _caused_by(exc: BaseException | None, types: tuple[type, ...]) -> bool:
         exc = exc.__cause__ or exc.__context__
         seen += 1
     return False
+
+
+def _on_local_shard(p: torch.Tensor) -> bool:
+    """Whether an engine's parameter ``p`` is a plain fake tensor or a DTensor over one, sharded or replicated
+    as its gradient is (no pending reduction: a ``Partial`` gradient would be reduced by the step's ops)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if type(p) in (torch.nn.Parameter, torch.Tensor) or isinstance(p, FakeTensor):
+        return isinstance(p, FakeTensor) and (p.grad is None or isinstance(p.grad, FakeTensor))
+    local, placements = getattr(p, "_local_tensor", None), getattr(p, "placements", None)
+    if not isinstance(local, FakeTensor) or placements is None:
+        return False
+    grad = p.grad
+    return grad is None or (isinstance(getattr(grad, "_local_tensor", None), FakeTensor)
+                            and tuple(grad.placements) == tuple(placements)
+                            and not any(pl.is_partial() for pl in placements))
