@@ -13,7 +13,9 @@ hundreds of thousands of objects each), and the full collections those objects t
 11 times in a 7B plan (1.1 s of its 7.8 s, with 0.3 s of young collections).  The cycles made during the call
 are collected after it, by the collector's next automatic run (a 7B FSDP plan holds 51 MiB more at its peak:
 463 -> 514 MiB of RSS).  The step itself runs with the collector off anyway (:mod:`.capture.step`: the same
-timeline on every run).
+timeline on every run).  A call that makes many traces in turn (a comparison's rows) settles after each
+(:func:`settle`): the cycles made so far are collected once and what survives (the traces it keeps) is put
+out of sight too, so the next collection walks only what was made after.
 """
 
 from __future__ import annotations
@@ -34,11 +36,24 @@ def young_only() -> Iterator[None]:
         return
     gc.freeze()
     gc.disable()
+    _owned[0] += 1
     try:
         yield
     finally:
+        _owned[0] -= 1
         gc.enable()
         gc.unfreeze()
+
+
+_owned = [0]  # depth of young_only blocks that froze and paused the collector themselves
+
+
+def settle() -> None:
+    """Inside a :func:`young_only` block that owns the collector: collect the cycles made so far and freeze the
+    survivors (see the module doc); elsewhere nothing."""
+    if _owned[0]:
+        gc.collect()
+        gc.freeze()
 
 
 def young_only_during(fn: F) -> F:

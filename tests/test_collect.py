@@ -81,3 +81,22 @@ def test_no_automatic_collection_runs_during_a_plan_and_its_cycles_are_collected
     assert enabled and not any(enabled) and gc.isenabled() and gc.get_freeze_count() == 0
     gc.collect()
     assert cycles and all(ref() is None for ref in cycles)
+
+
+def test_a_comparison_settles_after_each_row():
+    """After each row the cycles made so far are collected and the survivors frozen: the second row runs with
+    more objects frozen than the first (the traces the planner keeps), and all are back in sight after."""
+    from estimator.plan import compare
+
+    model, x = _model_and_inputs()
+    frozen: dict[str, list[int]] = {"plan 1 of": [], "plan 2 of": []}
+
+    def progress(stage, detail=""):
+        for row, counts in frozen.items():
+            if stage.startswith(row):
+                counts.append(gc.get_freeze_count())
+
+    compare(model, x, gpu="H100", gpus=[2], strategies=["ddp", "fsdp"], progress=progress)
+    assert frozen["plan 1 of"] and frozen["plan 2 of"]
+    assert min(frozen["plan 2 of"]) > max(frozen["plan 1 of"])
+    assert gc.get_freeze_count() == 0 and gc.isenabled()

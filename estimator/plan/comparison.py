@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from ..capture.checkpoint import resolve_classes
+from ..collect import settle
 from ..errors import UserError
 from ..hardware import GPU
 from .layout import STRATEGIES, PlanPrecision, parse_plan_precision
@@ -96,6 +97,7 @@ def compare_layouts(planner: Any, gpus: int | Sequence[int], *, strategies: Sequ
                 skipped.append(f"{s} on {n} GPUs: {exc}")
         finally:
             sub.progress = outer
+            settle()  # the row's garbage collected once; the traces the planner keeps out of later walks
     if not plans:
         raise UserError("no layout applies: " + "; ".join(skipped))
     low = _LOW.get(planner.precision.name)
