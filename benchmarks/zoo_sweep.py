@@ -3,6 +3,14 @@
     python benchmarks/zoo_sweep.py                      # every type: results.jsonl + a table by family
     python benchmarks/zoo_sweep.py --types gpt2,bert    # some
     python benchmarks/zoo_sweep.py --table-only         # the table from what results.jsonl holds
+    python benchmarks/zoo_sweep.py --zoo torchvision    # every torchvision.models builder, as it is
+
+torchvision's models are built as they are (no configuration to shrink: ``torchvision:NAME`` at batch 2 and the
+input size of the model's weights; video models 16 frames) and recorded with their family (the
+``torchvision.models`` module that lists them) in ``zoo_sweep_torchvision.jsonl`` and ``.md``.  Where torchvision's
+wheel links the CUDA torch (PyPI's do) its C++ operators cannot load beside a CPU torch: ``tests/sweep.py``'s
+``import_torchvision`` defines the schemas its import needs, and the models that call those operators (detection)
+fail in their real step, recorded as such.
 
 Each type runs in its own process (``tests/sweep.py``'s :func:`sweep_one`: the estimator's loader builds
 ``hf:TYPE`` at 2 layers of width 64, batch 2 x 32 tokens or the model's own image/audio size; the
@@ -48,7 +56,13 @@ def family(cls: str | None) -> str:
     return "base model (AutoModel)"
 
 
-def all_types() -> list[str]:
+def all_types(zoo: str = "transformers") -> list[str]:
+    """Every model type transformers offers, or every ``torchvision:NAME``."""
+    if zoo == "torchvision":
+        sys.path.insert(0, TESTS)
+        from sweep import import_torchvision
+
+        return [f"torchvision:{name}" for name in import_torchvision().models.list_models()]
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     return sorted(CONFIG_MAPPING_NAMES)
@@ -64,8 +78,10 @@ def _memory_cap() -> None:  # (in the child) instead of the kernel's OOM killer 
 
 
 def run_one(model_type: str, timeout: float) -> dict:
-    code = ("import json, sys; sys.path.insert(0, %r); from sweep import sweep_one; "
-            "print('SWEEP ' + json.dumps(sweep_one(%r)))" % (TESTS, model_type))
+    call = "sweep_torchvision(%r)" % model_type.split(":", 1)[1] if model_type.startswith("torchvision:") \
+        else "sweep_one(%r)" % model_type
+    code = ("import json, sys; sys.path.insert(0, %r); from sweep import sweep_one, sweep_torchvision; "
+            "print('SWEEP ' + json.dumps(%s))" % (TESTS, call))
     t0 = time.perf_counter()
     env = dict(os.environ, OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
     try:
@@ -119,7 +135,7 @@ def not_estimated(rec: dict) -> tuple[str, bool] | None:
     return "inputs the loader cannot make (refused in one line)", True
 
 
-def coverage(records: list[dict]) -> str:
+def coverage(records: list[dict], zoo: str = "transformers") -> str:
     """Issue 25's loader goal as a sentence: the share of types estimated, of all and of those transformers can
     build and run here, and the count of each reason for the others."""
     reasons = Counter(not_estimated(r) for r in records)
@@ -127,7 +143,7 @@ def coverage(records: list[dict]) -> str:
     runnable = estimated + sum(n for (_, runs), n in reasons.items() if runs)
     parts = ", ".join(f"{n} {reason}" for (reason, _), n in sorted(reasons.items(), key=lambda kv: -kv[1]))
     return (f"Estimated: {estimated} of {len(records)} types ({100 * estimated / max(len(records), 1):.1f} %), "
-            f"{100 * estimated / max(runnable, 1):.1f} % of the {runnable} that transformers can build and run here. "
+            f"{100 * estimated / max(runnable, 1):.1f} % of the {runnable} that {zoo} can build and run here. "
             f"The others: {parts}.")
 
 
@@ -141,13 +157,13 @@ def _without_gradient(records: list[dict]) -> str:
             f"records that count them" + (f" ({shown})." if some else "."))
 
 
-def table(records: list[dict]) -> str:
+def table(records: list[dict], zoo: str = "transformers") -> str:
     outcomes = ("exact", "differs", "no-truth", "refused", "crash", "timeout", "unbuilt")
     by_family: dict[str, Counter] = defaultdict(Counter)
     for r in records:
-        by_family[family(r.get("cls"))][r["outcome"]] += 1
+        by_family[r.get("family") or family(r.get("cls"))][r["outcome"]] += 1
     total = Counter(r["outcome"] for r in records)
-    lines = [f"# Zoo sweep: {len(records)} transformers model types", "",
+    lines = [f"# Zoo sweep: {len(records)} {zoo} model{' types' if zoo == 'transformers' else 's'}", "",
              "| family | " + " | ".join(outcomes) + " |", "|---|" + "---:|" * len(outcomes)]
     for fam in sorted(by_family):
         lines.append(f"| {fam} | " + " | ".join(str(by_family[fam][o]) for o in outcomes) + " |")
@@ -158,7 +174,7 @@ def table(records: list[dict]) -> str:
     slow = sorted((r for r in records if r.get("estimate_s", 0) > 10), key=lambda r: -r["estimate_s"])
     lines += ["", f"Of the {both} types where the estimate and the real step both ran: {total['exact']} exact "
               f"({100 * total['exact'] / max(both, 1):.1f} %), {len(over)} with a number over 1 % off. "
-              f"Estimates over 10 s: {len(slow)}.", "", coverage(records), "", _without_gradient(records), "",
+              f"Estimates over 10 s: {len(slow)}.", "", coverage(records, zoo), "", _without_gradient(records), "",
               "| type | outcome | class | first difference or message | estimate s |", "|---|---|---|---|---:|"]
     for r in sorted(records, key=lambda r: (outcomes.index(r["outcome"]), r["type"])):
         if r["outcome"] != "exact" or r.get("estimate_s", 0) > 10:
@@ -169,14 +185,18 @@ def table(records: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--zoo", choices=("transformers", "torchvision"), default="transformers")
     ap.add_argument("--types", help="comma-separated model types (default: every type)")
-    ap.add_argument("--out", default=os.path.join(HERE, "zoo_sweep.jsonl"))
-    ap.add_argument("--table", default=os.path.join(HERE, "zoo_sweep.md"))
+    ap.add_argument("--out", help="records (default: zoo_sweep.jsonl; zoo_sweep_torchvision.jsonl)")
+    ap.add_argument("--table", help="the table (default: zoo_sweep.md; zoo_sweep_torchvision.md)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--rerun", action="store_true", help="run types already in --out again")
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args(argv)
+    suffix = "" if args.zoo == "transformers" else f"_{args.zoo}"
+    args.out = args.out or os.path.join(HERE, f"zoo_sweep{suffix}.jsonl")
+    args.table = args.table or os.path.join(HERE, f"zoo_sweep{suffix}.md")
     done: dict[str, dict] = {}
     if os.path.exists(args.out):
         with open(args.out) as fh:
@@ -185,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                     rec = json.loads(line)
                     done[rec["type"]] = rec
     if not args.table_only:
-        types = args.types.split(",") if args.types else all_types()
+        types = args.types.split(",") if args.types else all_types(args.zoo)
         todo = [t for t in types if args.rerun or t not in done]
         start = time.perf_counter()
         with open(args.out, "a") as fh, ThreadPoolExecutor(args.jobs) as pool:
@@ -200,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in sorted(done):
             fh.write(json.dumps({k: v for k, v in done[name].items() if k != "trace"}) + "\n")
     with open(args.table, "w") as fh:
-        fh.write(table(list(done.values())))
+        fh.write(table(list(done.values()), args.zoo))
     print(f"table: {args.table}")
     return 0
 

@@ -282,7 +282,6 @@ def _load(load_spec, model_type: str, overrides: dict[str, Any]):
 
 def sweep_one(model_type: str, levels: tuple[int, ...] = (2, 1, 0)) -> dict[str, Any]:
     """The sweep's record of one model type (see the module doc); never raises."""
-    from estimator import estimate
     from estimator.errors import UserError
     from estimator.specs import load_spec
 
@@ -300,33 +299,67 @@ def sweep_one(model_type: str, levels: tuple[int, ...] = (2, 1, 0)) -> dict[str,
             continue
         for stale in ("outcome", "message", "where", "truth_error"):  # a smaller configuration's failure
             rec.pop(stale, None)
-        rec.update(level=level, overrides=overrides, cls=type(loaded.model).__name__, inputs=loaded.description)
-        n_params = sum(p.numel() for p in loaded.model.parameters())
-        if n_params > MAX_TRUTH_PARAMS:  # a real step this size takes minutes and GBs: estimate only
-            rec.update(outcome="no-truth", truth_error=f"{n_params:,} parameters: too large for the real step")
-            truth = None
+        rec.update(level=level, overrides=overrides)
+        truth, out_of_memory = _truth(rec, loaded)
+        if truth is None and "too large" in rec.get("truth_error", ""):
             break  # the next level is larger still
-        try:
-            real = without_layerdrop(materialize(loaded.model))
-            t0 = time.perf_counter()
-            truth = measure(real, real_inputs(loaded.inputs), "adamw", loss_fn=loaded.loss_fn)
-            rec["truth_s"] = round(time.perf_counter() - t0, 2)
-        except Exception as exc:  # noqa: BLE001 - transformers' own failure on these inputs
-            rec.update(outcome="no-truth", truth_error=_line(exc))
-            truth = None
-            out_of_memory = isinstance(exc, MemoryError) or "can't allocate memory" in str(exc)
-            if level != levels[-1] and not out_of_memory:  # (the next level is larger: it would not fit either)
-                continue
+        if truth is None and level != levels[-1] and not out_of_memory:
+            continue  # (the next level is larger: out of memory there too)
         break
     if loaded is None:
         rec.setdefault("outcome", "unbuilt")
         return rec
+    return _estimate_and_compare(rec, loaded, truth)
+
+
+def sweep_spec(spec: str, **options: Any) -> dict[str, Any]:
+    """The sweep's record of one model the loader builds from ``spec`` as it is (``torchvision:resnet18``: no
+    configuration to shrink), at batch :data:`BATCH` and the loader's default input size unless ``options``
+    say otherwise; the outcomes of :func:`sweep_one`; never raises."""
+    from estimator.errors import UserError
+    from estimator.specs import load_spec
+
+    rec: dict[str, Any] = {"type": spec}
+    try:
+        loaded = load_spec(spec, batch=BATCH, **options)
+    except UserError as exc:
+        return {**rec, "outcome": "refused", "message": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - a defect of the loader
+        return {**rec, "outcome": "crash", "message": _line(exc), "where": "load"}
+    truth, _ = _truth(rec, loaded)
+    return _estimate_and_compare(rec, loaded, truth)
+
+
+def _truth(rec: dict[str, Any], loaded: Any) -> tuple[dict | None, bool]:
+    """The real CPU step of ``loaded`` (random weights) measured, or None with ``rec["truth_error"]`` (and
+    whether it ran out of memory); the model's class and inputs recorded."""
+    rec.update(cls=type(loaded.model).__name__, inputs=loaded.description)
+    n_params = sum(p.numel() for p in loaded.model.parameters())
+    if n_params > MAX_TRUTH_PARAMS:  # a real step this size takes minutes and GBs: estimate only
+        rec.update(outcome="no-truth", truth_error=f"{n_params:,} parameters: too large for the real step")
+        return None, False
+    try:
+        real = without_layerdrop(materialize(loaded.model))
+        t0 = time.perf_counter()
+        truth = measure(real, real_inputs(loaded.inputs), "adamw", loss_fn=loaded.loss_fn)
+        rec["truth_s"] = round(time.perf_counter() - t0, 2)
+        return truth, False
+    except Exception as exc:  # noqa: BLE001 - the model's own failure on these inputs
+        rec.update(outcome="no-truth", truth_error=_line(exc))
+        return None, isinstance(exc, MemoryError) or "can't allocate memory" in str(exc)
+
+
+def _estimate_and_compare(rec: dict[str, Any], loaded: Any, truth: dict | None) -> dict[str, Any]:
+    """The estimate of ``loaded`` (CPU target, fp32, AdamW) beside ``truth``: the record completed."""
+    from estimator import estimate
+    from estimator.errors import UserError
+
     try:
         t0 = time.perf_counter()
         d = estimate(loaded.model, loaded.inputs, loss_fn=loaded.loss_fn, device="cpu", precision="fp32",
                      optimizer="adamw", model_name=loaded.name).to_dict()
         rec["estimate_s"] = round(time.perf_counter() - t0, 2)
-    except UserError as exc:  # where the real step fails too, transformers cannot run these inputs either
+    except UserError as exc:  # where the real step fails too, the model cannot run these inputs either
         rec.update(outcome="refused" if truth is not None or "truth_error" not in rec or "too large" in
                    rec["truth_error"] else "no-truth", message=str(exc))
         return rec
@@ -346,3 +379,49 @@ def sweep_one(model_type: str, levels: tuple[int, ...] = (2, 1, 0)) -> dict[str,
             errors[name] = {"estimate": est, "measured": meas, "rel": (est - meas) / meas if meas else None}
     rec.update(outcome="differs" if errors else "exact", errors=errors)
     return rec
+
+
+_TORCHVISION_LIBRARY: list[Any] = []  # the schemas defined by import_torchvision, kept alive
+
+
+def import_torchvision() -> Any:
+    """torchvision, imported where its wheel's C++ operators cannot load: PyPI's wheels link the CUDA torch's
+    libraries, so beside the CPU torch the import fails registering fake kernels for two of them ("operator
+    torchvision::nms does not exist").  Their schemas (torchvision's ``csrc/ops/nms.cpp``) are defined so that
+    it imports; the models are pure PyTorch, and a model that calls torchvision's operators (detection's NMS
+    and RoI pooling) fails in its real step, which the sweep records as such."""
+    import sys
+
+    try:
+        import torchvision
+
+        return torchvision
+    except RuntimeError as exc:
+        if "torchvision::nms" not in str(exc):
+            raise
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        del sys.modules[name]
+    lib = torch.library.Library("torchvision", "FRAGMENT")
+    for op in ("nms", "qnms"):
+        lib.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _TORCHVISION_LIBRARY.append(lib)
+    import torchvision
+
+    return torchvision
+
+
+
+SWEEP_CLIP = 16  # frames of a video model's clip in the sweep (the weights' own: up to 128, S3D, too slow for a real step)
+
+
+def sweep_torchvision(name: str) -> dict[str, Any]:
+    """:func:`sweep_spec` of ``torchvision:NAME`` (weights' input size; video models :data:`SWEEP_CLIP` frames),
+    with its family: the ``torchvision.models`` module that lists it."""
+    tv = import_torchvision()
+    models = tv.models
+    family = next((label for label, module in (("detection", models.detection), ("segmentation", models.segmentation),
+                                               ("video", models.video), ("optical flow", models.optical_flow),
+                                               ("quantized", models.quantization))
+                   if name in models.list_models(module=module)), "classification")
+    options = {"seq": SWEEP_CLIP} if family == "video" else {}
+    return {**sweep_spec(f"torchvision:{name}", **options), "family": f"torchvision {family}"}

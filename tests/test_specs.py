@@ -497,3 +497,23 @@ def test_a_torchvision_built_for_another_torch_is_one_line_naming_the_install(mo
     assert code == 2 and out == "" and len(lines) == 1, err
     assert "operator torchvision::nms does not exist" in lines[0]
     assert vision.matching_torchvision() in lines[0] and f"torch {torch.__version__}" in lines[0]
+
+
+def test_a_torchvision_video_model_takes_clips_of_its_weights_clip_length():
+    """torchvision's video classifiers take (batch, 3, frames, H, W); the frames default to the ``clip_len`` the
+    weights' documentation gives (read from it here: a stand-in ``models`` module), ``--seq`` overrides them."""
+    from types import SimpleNamespace
+
+    from estimator.specs.options import SpecOptions
+    from estimator.specs.vision import _torchvision_clip, _video_inputs
+
+    docs = "The accuracies are estimated on video-level with parameters `frame_rate=15`, `clip_len=32`."
+    models = SimpleNamespace(get_model_weights=lambda name: SimpleNamespace(DEFAULT=SimpleNamespace(meta={"_docs": docs})))
+    clip = _torchvision_clip(models, "swin3d_t")
+    assert str(clip) in docs
+    x, desc = _video_inputs(SpecOptions(batch=2), 112, clip)
+    assert tuple(x.shape) == (2, 3, clip, 112, 112) and f"{clip} frames" in desc
+    x, _ = _video_inputs(SpecOptions(batch=2, seq=8), 112, clip)
+    assert x.shape[2] == 8
+    no_docs = SimpleNamespace(get_model_weights=lambda name: SimpleNamespace(DEFAULT=SimpleNamespace(meta={})))
+    assert _torchvision_clip(no_docs, "r3d_18") == 16  # the Kinetics clips of R3D, MC3, R(2+1)D and MViT

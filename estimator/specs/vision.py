@@ -126,8 +126,33 @@ def load_torchvision(name: str, opts: SpecOptions) -> Loaded:
         inputs, desc = detection_inputs(model, opts)
         return Loaded(model, inputs, loss_fn=detection_loss, description=f"{type(model).__name__}; {desc}")
     size = opts.image_size or getattr(model, "image_size", None) or _torchvision_crop(models, name)
-    inputs, desc = _image_inputs(opts, size)
+    if name in models.list_models(module=models.video):
+        inputs, desc = _video_inputs(opts, size, _torchvision_clip(models, name))
+    else:
+        inputs, desc = _image_inputs(opts, size)
     return Loaded(model, inputs, loss_fn=classification_loss, description=f"{type(model).__name__}; {desc}")
+
+
+def _video_inputs(opts: SpecOptions, size: int, clip: int) -> tuple[torch.Tensor, str]:
+    """Clips of ``--batch`` x 3 x frames x ``--image-size`` squared, as torchvision's video classifiers take
+    them (channels before time); the frames are ``--seq`` (default ``clip``: the weights' clip length)."""
+    batch, frames = opts.batch or 1, opts.seq or clip
+    labels = ", class labels" if opts.labels else ""
+    return (torch.zeros(batch, 3, frames, size, size, device="meta"),
+            f"videos {batch}x3x{frames}x{size}x{size} ({frames} frames: --seq){labels}")
+
+
+def _torchvision_clip(models, name: str) -> int:
+    """Frames per clip of a video model's default weights: the ``clip_len`` their accuracy was measured with
+    (torchvision's weight documentation: 16 for R3D, MC3, R(2+1)D and MViT, 32 for Swin3D, 128 for S3D), 16
+    where it does not say."""
+    import re
+
+    try:
+        found = re.search(r"clip_len=(\d+)", models.get_model_weights(name).DEFAULT.meta.get("_docs", ""))
+        return int(found.group(1)) if found else 16
+    except Exception:
+        return 16
 
 
 DETECTION_IMAGE_SIZE = 800  # torchvision's detection transforms resize the shorter side to 800 anyway
