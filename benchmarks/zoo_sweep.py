@@ -4,6 +4,7 @@
     python benchmarks/zoo_sweep.py --types gpt2,bert    # some
     python benchmarks/zoo_sweep.py --table-only         # the table from what results.jsonl holds
     python benchmarks/zoo_sweep.py --zoo torchvision    # every torchvision.models builder, as it is
+    python benchmarks/zoo_sweep.py --zoo timm           # the smallest model of each of timm's modules
 
 torchvision's models are built as they are (no configuration to shrink: ``torchvision:NAME`` at batch 2 and the
 input size of the model's weights; video models 16 frames) and recorded with their family (the
@@ -57,15 +58,39 @@ def family(cls: str | None) -> str:
 
 
 def all_types(zoo: str = "transformers") -> list[str]:
-    """Every model type transformers offers, or every ``torchvision:NAME``."""
-    if zoo == "torchvision":
+    """Every model type transformers offers, every ``torchvision:NAME``, or timm's architectures: the model with
+    the fewest parameters of each of timm's model modules (``timm.list_modules()``, one per architecture
+    family: resnet, vision_transformer, efficientnet, ...)."""
+    if zoo in ("torchvision", "timm"):
         sys.path.insert(0, TESTS)
         from sweep import import_torchvision
 
-        return [f"torchvision:{name}" for name in import_torchvision().models.list_models()]
+        tv = import_torchvision()
+        if zoo == "torchvision":
+            return [f"torchvision:{name}" for name in tv.models.list_models()]
+        return [f"timm:{name}" for name in timm_representatives()]
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     return sorted(CONFIG_MAPPING_NAMES)
+
+
+def timm_representatives() -> list[str]:
+    """Of each of timm's model modules, the model with the fewest parameters (each built on the meta device)."""
+    import timm
+    import torch
+
+    chosen = []
+    for module in timm.list_modules():
+        sizes = {}
+        for name in timm.list_models(module=module):
+            try:
+                with torch.device("meta"):
+                    sizes[name] = sum(p.numel() for p in timm.create_model(name, pretrained=False).parameters())
+            except Exception:  # noqa: BLE001 - a model that does not build on meta: another of the module
+                continue
+        if sizes:
+            chosen.append(min(sizes, key=lambda n: (sizes[n], n)))
+    return chosen
 
 
 MEMORY_CAP = 12 << 30  # address space of one type's process: a real step that runs away fails (no-truth)
@@ -78,9 +103,10 @@ def _memory_cap() -> None:  # (in the child) instead of the kernel's OOM killer 
 
 
 def run_one(model_type: str, timeout: float) -> dict:
-    call = "sweep_torchvision(%r)" % model_type.split(":", 1)[1] if model_type.startswith("torchvision:") \
-        else "sweep_one(%r)" % model_type
-    code = ("import json, sys; sys.path.insert(0, %r); from sweep import sweep_one, sweep_torchvision; "
+    prefix, _, name = model_type.partition(":")
+    call = {"torchvision": "sweep_torchvision(%r)" % name, "timm": "sweep_timm(%r)" % name}.get(
+        prefix if name else "", "sweep_one(%r)" % model_type)
+    code = ("import json, sys; sys.path.insert(0, %r); from sweep import sweep_one, sweep_timm, sweep_torchvision; "
             "print('SWEEP ' + json.dumps(%s))" % (TESTS, call))
     t0 = time.perf_counter()
     env = dict(os.environ, OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
@@ -111,12 +137,14 @@ def _first_difference(rec: dict) -> str:
 # Why a type got no estimate, first match wins: (reason, whether transformers itself can build and run the type
 # in this environment, a test of the message)
 NOT_ESTIMATED = (
+    ("its library's C++ operators cannot load here (a CUDA build beside the CPU torch)", False,
+     lambda m: "Couldn't load custom C++ ops" in m),
     ("needs an optional library or the Hub", False,
      lambda m: ("requires the" in m and "library" in m) or "huggingface.co" in m or "pip install" in m),
     ("no model class", False, lambda m: "has no model class" in m),
     ("no forward of its own", False, lambda m: "has no forward of its own" in m),
     ("no training step (an inference session)", False, lambda m: "runs only inside an inference session" in m),
-    ("transformers cannot build its default configuration", False, lambda m: "building " in m or "has no default" in m),
+    ("the library cannot build its default configuration", False, lambda m: "building " in m or "has no default" in m),
 )
 
 
@@ -185,10 +213,10 @@ def table(records: list[dict], zoo: str = "transformers") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--zoo", choices=("transformers", "torchvision"), default="transformers")
+    ap.add_argument("--zoo", choices=("transformers", "torchvision", "timm"), default="transformers")
     ap.add_argument("--types", help="comma-separated model types (default: every type)")
-    ap.add_argument("--out", help="records (default: zoo_sweep.jsonl; zoo_sweep_torchvision.jsonl)")
-    ap.add_argument("--table", help="the table (default: zoo_sweep.md; zoo_sweep_torchvision.md)")
+    ap.add_argument("--out", help="records (default: zoo_sweep.jsonl; zoo_sweep_ZOO.jsonl for another zoo)")
+    ap.add_argument("--table", help="the table (default: zoo_sweep.md; zoo_sweep_ZOO.md)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--rerun", action="store_true", help="run types already in --out again")

@@ -425,3 +425,13 @@ def sweep_torchvision(name: str) -> dict[str, Any]:
                    if name in models.list_models(module=module)), "classification")
     options = {"seq": SWEEP_CLIP} if family == "video" else {}
     return {**sweep_spec(f"torchvision:{name}", **options), "family": f"torchvision {family}"}
+
+
+def sweep_timm(name: str) -> dict[str, Any]:
+    """:func:`sweep_spec` of ``timm:NAME`` at the size of its pretrained configuration, with its family: the timm
+    module that defines it (its architecture: ``resnet``, ``vision_transformer``, ...)."""
+    import_torchvision()  # timm imports torchvision
+    from timm.models import _registry
+
+    module = getattr(_registry, "_model_to_module", {}).get(name, "")
+    return {**sweep_spec(f"timm:{name}"), "family": f"timm {module}".strip()}

@@ -82,12 +82,21 @@ def _import_vision(name: str):
 
 
 def _construct(call: Callable[[], torch.nn.Module], what: str, known: list[str] | None = None) -> torch.nn.Module:
+    import contextlib
     import warnings
 
-    try:
-        with empty_weights(), warnings.catch_warnings():
+    def build(device: Any) -> torch.nn.Module:
+        with empty_weights(), warnings.catch_warnings(), device:
             warnings.simplefilter("ignore")  # notes about weight initialisation, which is skipped anyway
             return call()
+
+    try:
+        try:
+            return build(contextlib.nullcontext())
+        except RuntimeError as exc:  # a builder that runs its layers on a probe it makes (SSDlite's backbone,
+            if "device" not in str(exc):  # for its channels) meets meta weights: everything made on meta
+                raise
+            return build(torch.device("meta"))
     except TypeError as exc:
         msg = first_line(exc)
         if "unexpected keyword argument" in msg:
@@ -128,6 +137,10 @@ def load_torchvision(name: str, opts: SpecOptions) -> Loaded:
     size = opts.image_size or getattr(model, "image_size", None) or _torchvision_crop(models, name)
     if name in models.list_models(module=models.video):
         inputs, desc = _video_inputs(opts, size, _torchvision_clip(models, name))
+    elif name in models.list_models(module=models.optical_flow):  # RAFT: forward(image1, image2)
+        (first, desc), (second, _) = _image_inputs(opts, size), _image_inputs(opts, size)
+        inputs, desc = (first, second), desc.replace("images", "image pairs (two frames)") \
+            .replace(", class labels", "")
     else:
         inputs, desc = _image_inputs(opts, size)
     return Loaded(model, inputs, loss_fn=classification_loss, description=f"{type(model).__name__}; {desc}")
