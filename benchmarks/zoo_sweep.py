@@ -172,7 +172,7 @@ def coverage(records: list[dict], zoo: str = "transformers") -> str:
     parts = ", ".join(f"{n} {reason}" for (reason, _), n in sorted(reasons.items(), key=lambda kv: -kv[1]))
     return (f"Estimated: {estimated} of {len(records)} types ({100 * estimated / max(len(records), 1):.1f} %), "
             f"{100 * estimated / max(runnable, 1):.1f} % of the {runnable} that {zoo} can build and run here. "
-            f"The others: {parts}.")
+            f"The others: {parts or 'none'}.")
 
 
 def _without_gradient(records: list[dict]) -> str:

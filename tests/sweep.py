@@ -428,10 +428,10 @@ def sweep_torchvision(name: str) -> dict[str, Any]:
 
 
 def sweep_timm(name: str) -> dict[str, Any]:
-    """:func:`sweep_spec` of ``timm:NAME`` at the size of its pretrained configuration, with its family: the timm
-    module that defines it (its architecture: ``resnet``, ``vision_transformer``, ...)."""
+    """:func:`sweep_spec` of ``timm:NAME`` at the size of its pretrained configuration, with the timm module that
+    defines it (its architecture: ``resnet``, ``vision_transformer``, ...)."""
     import_torchvision()  # timm imports torchvision
     from timm.models import _registry
 
     module = getattr(_registry, "_model_to_module", {}).get(name, "")
-    return {**sweep_spec(f"timm:{name}"), "family": f"timm {module}".strip()}
+    return {**sweep_spec(f"timm:{name}"), "family": "timm", "module": module}

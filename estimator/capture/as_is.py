@@ -66,6 +66,22 @@ class AsIs:
         return t
 
     @staticmethod
+    def on_local_shard(p: torch.Tensor) -> bool:
+        """Whether an engine's parameter ``p`` is a plain fake tensor or a DTensor over one, sharded or replicated
+        as its gradient is (no pending reduction: a ``Partial`` gradient would be reduced by the step's ops)."""
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if type(p) in (torch.nn.Parameter, torch.Tensor) or isinstance(p, FakeTensor):
+            return isinstance(p, FakeTensor) and (p.grad is None or isinstance(p.grad, FakeTensor))
+        local, placements = getattr(p, "_local_tensor", None), getattr(p, "placements", None)
+        if not isinstance(local, FakeTensor) or placements is None:
+            return False
+        grad = p.grad
+        return grad is None or (isinstance(getattr(grad, "_local_tensor", None), FakeTensor)
+                                and tuple(grad.placements) == tuple(placements)
+                                and not any(pl.is_partial() for pl in placements))
+
+    @staticmethod
     def prepare(model: torch.nn.Module, prepare: Callable, fake_mode: Any):
         """Run ``prepare``; return (model to trace, module to call, tensors it left allocated in ``fake``)."""
         made = _Allocations(fake_mode)

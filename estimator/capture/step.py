@@ -125,6 +125,11 @@ class Step:
         for i, t in enumerate(engine_state):
             rec.placeholder(f"engine_{i}", t, "engine")
 
+        # each buffer slot (module, local name) -> the buffer's name: a module that assigns a new tensor to its
+        # buffer in forward (ConViT's relative indices, made for the sequence it meets) holds that one after
+        self.buffer_slots = {(id(mod), local): f"{path}.{local}" if path else local
+                             for path, mod in model.named_modules(remove_duplicate=False)
+                             for local in mod._buffers} if opts.prepare is None else {}
         param_by_id = {id(p): n for n, p in self.params.items()}
         param_owner = self.param_owner
 
@@ -243,6 +248,8 @@ class Step:
             path = rec.module_stack.pop() if rec.module_stack else ""
             if path not in outputs and rec.phase in FORWARD_PHASES:
                 outputs[path] = [tuple(t.shape) for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor)]
+            if rec.phase in FORWARD_PHASES:
+                self._reassigned_buffers(mod)
 
         handles = []
         try:
@@ -255,6 +262,14 @@ class Step:
         finally:
             for h in handles:
                 h.remove()
+
+    def _reassigned_buffers(self, mod: torch.nn.Module) -> None:
+        """A buffer ``mod`` replaced with a new tensor in its forward is that tensor from then on (counted as a
+        buffer, as the model holds it after the step); the tensor it replaced is freed when the step ends."""
+        for local, t in mod._buffers.items():
+            name = self.buffer_slots.get((id(mod), local))
+            if name is not None and isinstance(t, torch.Tensor) and t is not self.buffers.get(name, t):
+                self.buffers[name] = t
 
     def _recording(self):
         """Record the ops run inside: the fake mode records itself; on real tensors, the recorder mode."""
@@ -421,7 +436,7 @@ class Step:
             # ids): meta kernels skip FakeTensorMode's per-op work, and the state is the same.
             self.fake_entered.exit()
             opt_params = {n: meta_twin(rec, p) for n, p in self.params.items()}
-        elif twins and elementwise(opts.optimizer) and all(map(_on_local_shard, self.named_params.values())):
+        elif twins and elementwise(opts.optimizer) and all(map(AsIs.on_local_shard, self.named_params.values())):
             # An engine's DTensor parameters: an element-wise optimizer's step is the same step on the local
             # shards (DTensor runs each op there), so it runs on meta twins of the shards and their gradients,
             # without DTensor's sharding propagation of every foreach op (0.3-0.4 s of a 7B FSDP trace)
@@ -579,18 +594,3 @@ def _caused_by(exc: BaseException | None, types: tuple[type, ...]) -> bool:
         seen += 1
     return False
 
-
-def _on_local_shard(p: torch.Tensor) -> bool:
-    """Whether an engine's parameter ``p`` is a plain fake tensor or a DTensor over one, sharded or replicated
-    as its gradient is (no pending reduction: a ``Partial`` gradient would be reduced by the step's ops)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    if type(p) in (torch.nn.Parameter, torch.Tensor) or isinstance(p, FakeTensor):
-        return isinstance(p, FakeTensor) and (p.grad is None or isinstance(p.grad, FakeTensor))
-    local, placements = getattr(p, "_local_tensor", None), getattr(p, "placements", None)
-    if not isinstance(local, FakeTensor) or placements is None:
-        return False
-    grad = p.grad
-    return grad is None or (isinstance(getattr(grad, "_local_tensor", None), FakeTensor)
-                            and tuple(grad.placements) == tuple(placements)
-                            and not any(pl.is_partial() for pl in placements))

@@ -93,8 +93,11 @@ def _construct(call: Callable[[], torch.nn.Module], what: str, known: list[str] 
     try:
         try:
             return build(contextlib.nullcontext())
-        except RuntimeError as exc:  # a builder that runs its layers on a probe it makes (SSDlite's backbone,
-            if "device" not in str(exc):  # for its channels) meets meta weights: everything made on meta
+        except (RuntimeError, NotImplementedError) as exc:
+            # a builder that runs its layers on a probe it makes (SSDlite's backbone, for its channels) or copies
+            # what it computed from a weight into a buffer (Swin V2's log-spaced coordinates) meets meta
+            # weights: everything made on meta
+            if "device" not in str(exc) and "meta" not in str(exc):
                 raise
             return build(torch.device("meta"))
     except TypeError as exc:
