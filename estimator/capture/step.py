@@ -129,6 +129,7 @@ class Step:
         # buffer in forward (ConViT's relative indices, made for the sequence it meets) holds that one after
         self.buffer_slots = {(id(mod), local): f"{path}.{local}" if path else local
                              for path, mod in model.named_modules(remove_duplicate=False)
+                             if not isinstance(mod, torch.jit.ScriptModule)  # (takes no hooks)
                              for local in mod._buffers} if opts.prepare is None else {}
         param_by_id = {id(p): n for n, p in self.params.items()}
         param_owner = self.param_owner
