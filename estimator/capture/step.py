@@ -594,4 +594,3 @@ def _caused_by(exc: BaseException | None, types: tuple[type, ...]) -> bool:
         exc = exc.__cause__ or exc.__context__
         seen += 1
     return False
-
