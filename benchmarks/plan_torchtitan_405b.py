@@ -18,10 +18,11 @@ block, float8 tensorwise.  Not expressible: asynchronous TP, torchao's float8 te
 torchtitan logs it (reserved: the plan's need less the CUDA context).  Printed, not asserted: the published
 runs judge the planner, never fit it.
 
-Measured on 2026-11-27 (2 cores): 1F1B 112 TPS/GPU (1.118 of 100), 43.7 GiB on rank 0 (0.530 of 82.5), planned in
-84 s; interleaved 1F1B 124 TPS/GPU (0.967 of 128), 49.7 GiB on rank 0 (0.684 of 72.7), 83 s.  The step is the
-schedule's actions simulated on every rank (bubble 6.5 s of 36.6 s for 1F1B, 3.0 s of 33.1 s interleaved); the
-published runs gain 28 % from interleaving where the plan gains 11 %, the bubble's (pp - 1)/(v M) share.  The
+Measured on 2026-11-29 (2 cores): 1F1B 120 TPS/GPU (1.204 of 100), 43.7 GiB on rank 0 (0.530 of 82.5), planned in
+57 s; interleaved 1F1B 133 TPS/GPU (1.038 of 128), 49.7 GiB on rank 0 (0.684 of 72.7), 59 s (112 and 124 TPS/GPU,
+84 and 83 s, on 2026-11-27).  The step is the schedule's actions simulated on every rank (bubble 6.1 s of 34.0 s
+for 1F1B, 2.8 s of 30.8 s interleaved); the published runs gain 28 % from interleaving where the plan gains 11 %,
+the bubble's (pp - 1)/(v M) share.  The
 memory is well under the published figures, which the plan does not explain (rank 0 of 1F1B at its second
 backward with 8 micro-batches in flight: sharded states 8.7 GiB, the stage's unsharded bf16 parameters 11.6 GiB,
 unreduced gradients and temporaries 17.1 GiB, checkpointed inputs 4.2 GiB; candidates: asynchronous TP's

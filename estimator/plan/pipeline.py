@@ -340,6 +340,7 @@ def _trace_stages(planner: Any, layout: Any, group: Any, split: Split, inputs: A
                   gpu: Any, microbatches: int, micro: int, n_stages: int) -> tuple[list[dict[str, Any]], Any]:
     """Every stage traced on ``group`` (its own ranks): one dict per stage (its traced step and time, what the
     schedule's composition needs of it), and the link between stages."""
+    from ..collect import settle
     from .engine import trace_engine
     from .pipeline_schedule import rank_stages
     from .stage_bytes import stage_bytes
@@ -366,6 +367,7 @@ def _trace_stages(planner: Any, layout: Any, group: Any, split: Split, inputs: A
             tp_plan = stage_tp_plan(planner.tp_plan(), split, s, n_stages) if layout.tp > 1 else None
             step = trace_engine(model, inputs, group, planner.precision, options, units, tp_plan, planner.device)
             traced[key] = (step, planner._time(group, step, gpu))
+            settle()  # the stage model's and its trace's garbage collected once (automatic collection is off)
         step, time = traced[key]
         sizes = recv_sizes(split, s, n_stages, micro, shards, policy)
         sent = max(sizes)  # one activation (or its gradient) between stages
