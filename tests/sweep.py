@@ -410,8 +410,8 @@ def import_torchvision() -> Any:
     return torchvision
 
 
-
-SWEEP_CLIP = 16  # frames of a video model's clip in the sweep (the weights' own: up to 128, S3D, too slow for a real step)
+# frames of a video model's clip in the sweep (the weights' own go up to 128, S3D's: too slow for a real step)
+SWEEP_CLIP = 16
 
 
 def sweep_torchvision(name: str) -> dict[str, Any]:

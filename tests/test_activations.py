@@ -205,7 +205,7 @@ class LazyIndices(nn.Module):
 def test_a_buffer_remade_in_forward_is_the_new_tensor_after_the_step():
     """The tensor a module assigns to its buffer in forward is the buffer the model holds after the step (timm's
     ConViT differed by 4,609,920 B before: its 120 B placeholders counted instead)."""
-    model, x = nn.Sequential(LazyIndices(), ), torch.randn(2, 5, 4)
+    model, x = nn.Sequential(LazyIndices()), torch.randn(2, 5, 4)
     truth = measure(model, x)
     model[0].rel_indices = torch.zeros(1, 1, 1, 3)  # as built again
     d = estimate(model, x, device="cpu").to_dict()

@@ -24,7 +24,9 @@ def _llama():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     with torch.device("meta"):
-        model = module.Llama(module.LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, vocab_size=128, max_seq_len=32))
+        config = module.LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, vocab_size=128,
+                                    max_seq_len=32)
+        model = module.Llama(config)
     idx = torch.zeros(2, 16, dtype=torch.long)
     return model, (idx, idx.clone())
 

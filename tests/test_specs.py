@@ -508,12 +508,14 @@ def test_a_torchvision_video_model_takes_clips_of_its_weights_clip_length():
     from estimator.specs.vision import _torchvision_clip, _video_inputs
 
     docs = "The accuracies are estimated on video-level with parameters `frame_rate=15`, `clip_len=32`."
-    models = SimpleNamespace(get_model_weights=lambda name: SimpleNamespace(DEFAULT=SimpleNamespace(meta={"_docs": docs})))
+    def weights(meta):
+        return SimpleNamespace(get_model_weights=lambda name: SimpleNamespace(DEFAULT=SimpleNamespace(meta=meta)))
+
+    models = weights({"_docs": docs})
     clip = _torchvision_clip(models, "swin3d_t")
     assert str(clip) in docs
     x, desc = _video_inputs(SpecOptions(batch=2), 112, clip)
     assert tuple(x.shape) == (2, 3, clip, 112, 112) and f"{clip} frames" in desc
     x, _ = _video_inputs(SpecOptions(batch=2, seq=8), 112, clip)
     assert x.shape[2] == 8
-    no_docs = SimpleNamespace(get_model_weights=lambda name: SimpleNamespace(DEFAULT=SimpleNamespace(meta={})))
-    assert _torchvision_clip(no_docs, "r3d_18") == 16  # the Kinetics clips of R3D, MC3, R(2+1)D and MViT
+    assert _torchvision_clip(weights({}), "r3d_18") == 16  # the Kinetics clips of R3D, MC3, R(2+1)D and MViT
