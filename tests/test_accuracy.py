@@ -211,7 +211,8 @@ def test_a_fake_kernel_that_rejects_the_inputs_is_an_error_naming_the_op():
             self.lin = torch.nn.Linear(4, 4)
 
         def forward(self, x):
-            return (self.lin(x) + torch.ops.estimator_test.strict(x)).sum()  # x needs no grad
+            h = self.lin(x)  # fake in the trace (an input's values are kept; the weights' outputs are not)
+            return (h + torch.ops.estimator_test.strict(h.detach())).sum()
 
     with pytest.raises(UserError, match=r"estimator_test\.strict") as err:
         estimate(Strict(), torch.randn(2, 4), device="cpu")

@@ -53,10 +53,6 @@ class SkipsAnAllOnesMask(torch.nn.Module):
         return scores.softmax(-1).sum()
 
 
-@pytest.mark.xfail(strict=True, reason="a user's float mask is traced fake: a branch on its all() falls back to real "
-                   "tensors here, and transformers, which takes a fake mask for tracing, builds the 4-D mask the real "
-                   "step skips (Pix2Struct's tower: +74 % activations). Keeping it real double-counts it where float "
-                   "ops mix it with fake tensors (+512 B on test_memory's dict_inputs): known, not fixed")
 def test_a_float_mask_given_by_name_keeps_its_values_so_an_all_ones_mask_is_skipped_as_in_the_real_step():
     """A user's float attention_mask of ones (Pix2Struct's processor gives float masks): traced with its values,
     the model skips it as the real step does; traced fake it would count the bias the real step never makes

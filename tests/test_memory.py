@@ -316,30 +316,36 @@ def test_a_leaf_made_in_forward_keeps_its_gradient_while_the_loss_lives():
     assert estimated == real
 
 
-def test_packed_lengths_computed_from_values_fall_back_to_a_real_trace():
-    """Lengths computed from floating-point values are fake in the trace, so the packed rows cannot be
-    sized: the fake kernel says it reads values and the capture traces the model on real CPU tensors
-    (as it did for every packed sequence before), with the real step's numbers."""
+def test_packed_lengths_computed_from_the_weights_outputs_fall_back_to_a_real_trace():
+    """Lengths computed from what the weights compute are fake in the trace, so the packed rows cannot be
+    sized: the fake kernel says it reads values and the capture traces the model on real CPU tensors, with
+    the real step's numbers.  Lengths computed from the input's own values (a float input without grad keeps
+    its values, see estimator.capture.fake) are known: traced on fake tensors, with the same numbers."""
 
     class Padded(torch.nn.Module):
-        def __init__(self):
+        def __init__(self, from_input: bool):
             super().__init__()
             self.proj, self.rnn = torch.nn.Linear(4, 8), torch.nn.GRU(8, 8, batch_first=True)
+            self.from_input = from_input
 
         def forward(self, x):  # x: (B, T, 4); all-zero rows are padding
-            lengths = (x.abs().sum(-1) > 0).sum(-1)
-            packed = torch.nn.utils.rnn.pack_padded_sequence(self.proj(x), lengths, batch_first=True,
-                                                             enforce_sorted=False)
+            h = self.proj(x)
+            lengths = (x.abs().sum(-1) > 0).sum(-1) if self.from_input else (h.abs().sum(-1) > 0.5).sum(-1)
+            packed = torch.nn.utils.rnn.pack_padded_sequence(h, lengths, batch_first=True, enforce_sorted=False)
             return self.rnn(packed)[1].sum()
 
     torch.manual_seed(0)
     x = torch.randn(3, 5, 4)
     x[1, 3:], x[2, 2:] = 0, 0
-    model = Padded()
-    report = estimate(model, x, loss_fn=lambda o: o, device="cpu")
-    assert "_pack_padded_sequence" in report.capture.fallback_reason
-    first, steady = measure_peaks(copy.deepcopy(model), x, lambda p: torch.optim.AdamW(p, lr=1e-3), lambda o: o)
-    assert (report.memory.peak, report.memory.peak_first_step) == (steady, first)
+    for from_input in (False, True):
+        model = Padded(from_input)
+        report = estimate(model, x, loss_fn=lambda o: o, device="cpu")
+        if from_input:
+            assert report.capture.fallback_reason is None
+        else:
+            assert "_pack_padded_sequence" in report.capture.fallback_reason
+        first, steady = measure_peaks(copy.deepcopy(model), x, lambda p: torch.optim.AdamW(p, lr=1e-3), lambda o: o)
+        assert (report.memory.peak, report.memory.peak_first_step) == (steady, first)
 
 
 def test_a_tensor_saved_by_a_node_the_loss_does_not_reach_dies_with_the_forward():

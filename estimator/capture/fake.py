@@ -17,16 +17,20 @@ Fake kernels that report another output size than the CPU kernel (``mkldnn_rnn_l
 oneDNN workspace, measured once per shape; ``_embedding_bag``'s ``offset2bag``, one element
 longer in storage) are corrected here too (:func:`real_output_bytes`).
 
-**Known values.**  Index arithmetic on the inputs (position ids, padding and causal masks,
-``mask.all()`` checks) runs on real CPU tensors, so that code which reads those values
-(transformers drops an all-ones attention mask and then lets SDPA take its causal path; a
-packed-sequence check reads the position ids) takes the branch a real run takes.  An op runs
-for real when every tensor it reads is real (integer and boolean inputs and buffers stay real,
-see :mod:`.step`) and everything it returns is integer or boolean and at most
-:data:`KNOWN_VALUES_LIMIT` elements (decided on the meta device first; an op whose output size
-depends on the values, such as ``repeat_interleave`` of an image grid, runs when its real inputs
-are small); anything that touches a fake tensor, a weight or a floating-point value stays fake.  Such tensors are small (the size
-of the input ids) and are counted in memory like any other.
+**Known values.**  Arithmetic on the inputs' own values (position ids, padding and causal masks,
+``mask.all()`` checks, a detector's target boxes matched to its anchors) runs on real CPU tensors, so
+that code which reads those values (transformers drops an all-ones attention mask and then lets SDPA
+take its causal path; a packed-sequence check reads the position ids; RetinaNet's loss indexes the
+anchors its targets match) takes the branch a real run takes.  The user's inputs keep their values
+(integer and boolean ones, and floating-point ones that need no gradient, up to
+:data:`KNOWN_VALUES_LIMIT` elements: see :func:`~.inputs.keeps_values`), and so do integer and boolean
+buffers.  An op runs for real when every tensor it reads is real and what it returns is at most
+:data:`KNOWN_VALUES_LIMIT` elements (decided on the meta device first; an op whose output size depends
+on the values, such as ``repeat_interleave`` of an image grid, runs when its real inputs are small);
+an op that reads no tensor runs for real when it makes integer or boolean values, a constant fill, or
+one element (a random draw, or ``torch.empty(1)`` that a draw then fills).  Anything that touches a
+fake tensor (a weight, or what a weight computed) stays fake.  Real tensors are counted in memory like
+any other.
 """
 
 from __future__ import annotations
@@ -281,8 +285,9 @@ def _all_real(values: Any) -> bool | None:
 
 
 def _runs_on_known_values(func: Any, args: tuple, kwargs: dict) -> bool:
-    """Whether ``func`` reads only real tensors and returns only small integer/boolean tensors (or a
-    scalar read of a real tensor): then it runs for real and its values stay known."""
+    """Whether ``func`` reads only real tensors (at least one) and returns at most :data:`KNOWN_VALUES_LIMIT`
+    elements, or reads none and makes small integer/boolean values, a constant fill or one element (or is
+    a scalar read of a real tensor): then it runs for real and its values stay known."""
     real = _all_real(args)
     if real is False or (kwargs and _all_real(kwargs.values()) is False):
         return False
@@ -303,7 +308,7 @@ def _runs_on_known_values(func: Any, args: tuple, kwargs: dict) -> bool:
         return True  # one random draw (LayerDrop's torch.rand([]) < p): real, so a branch on it can be taken
     if real is None and id(func) in _CONSTANT_FACTORIES and len(outs) == 1 and outs[0].numel() <= KNOWN_VALUES_LIMIT:
         return True  # a constant fill (OPT's float all-ones attention mask): its values are known
-    return bool(outs) and all(not (o.is_floating_point() or o.is_complex()) for o in outs) and \
+    return bool(outs) and (bool(real) or all(not (o.is_floating_point() or o.is_complex()) for o in outs)) and \
         sum(o.numel() for o in outs) <= KNOWN_VALUES_LIMIT
 
 
@@ -362,9 +367,12 @@ def _masks_as_positions(indices: list) -> list:
 
 # Random factories whose single-element draw runs for real (from the capture's seeded generator): a
 # model that compares one draw with a probability (OPT's, BART's and wav2vec2's LayerDrop, stochastic
-# depth written by hand) branches on its value, which a fake draw does not have.
+# depth written by hand) branches on its value, which a fake draw does not have.  ``empty`` of one
+# element is the scratch a draw then fills (torchvision's detection transform picks its training size
+# with ``torch.empty(1).uniform_(0, n).item()``).
 _RANDOM_FACTORIES = frozenset(map(id, [getattr(torch.ops.aten, n).default for n in ("rand", "randn")]
-                                  + [torch.ops.aten.rand.generator, torch.ops.aten.randn.generator]))
+                                  + [torch.ops.aten.rand.generator, torch.ops.aten.randn.generator,
+                                     torch.ops.aten.empty.memory_format]))
 
 
 _ARG_NAMES: dict[int, frozenset[str]] = {}

@@ -50,8 +50,17 @@ def materialize(t: torch.Tensor) -> torch.Tensor:
 
 def keeps_values(t: torch.Tensor) -> bool:
     """Whether a tensor of the user's is traced with its values: integer and boolean tensors with data
-    (token ids, masks, positions: small, and read by the code that builds attention masks)."""
-    return is_real(t) and not (t.is_floating_point() or t.is_complex())
+    (token ids, masks, positions: small, and read by the code that builds attention masks), and
+    floating-point ones that need no gradient and hold at most ``KNOWN_VALUES_LIMIT`` elements (a float
+    attention mask, which transformers skips when it is all ones; a detector's target boxes; images, which
+    the first weight's op turns fake).  Values the real step's control flow can read without depending on
+    the weights."""
+    from .fake import KNOWN_VALUES_LIMIT
+    if not is_real(t):
+        return False
+    if t.is_floating_point() or t.is_complex():
+        return not t.requires_grad and t.numel() <= KNOWN_VALUES_LIMIT
+    return True
 
 
 def real_copy(shape: tuple[int, ...], dtype: torch.dtype, source: torch.Tensor) -> torch.Tensor:
@@ -83,12 +92,12 @@ def convert_inputs(inputs: Any, make_base: Callable[[tuple[int, ...], torch.dtyp
         whole = t.storage_offset() == 0 and t.is_contiguous() and t.numel() * t.element_size() == storage.nbytes()
         real = keep(t)
         if base is None and whole:  # the common case: a tensor that owns its storage
-            out = bases[storage._cdata] = (real_copy(tuple(t.shape), t.dtype, t) if real
+            out = bases[storage._cdata] = (real_copy(tuple(t.shape), t.dtype, t).to(dtype) if real
                                            else make_base(tuple(t.shape), dtype))
         else:
             if base is None:
                 n = storage.nbytes() // t.element_size()
-                base = bases[storage._cdata] = real_copy((n,), t.dtype, t) if real else make_base((n,), dtype)
+                base = bases[storage._cdata] = real_copy((n,), t.dtype, t).to(dtype) if real else make_base((n,), dtype)
             with torch.no_grad():
                 out = base.as_strided(t.shape, t.stride(), t.storage_offset())
         if t.requires_grad:
