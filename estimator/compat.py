@@ -50,3 +50,44 @@ def optional_attr(obj: Any, *path: str) -> Any:
         if obj is None:
             return None
     return obj
+
+
+_TORCHVISION_LIBRARY: list[Any] = []  # the schemas' library, kept alive for the process
+
+
+def import_torchvision() -> Any:
+    """torchvision, imported also where its C++ library cannot load.
+
+    PyPI's torchvision wheels link the CUDA torch's libraries (``libtorch_cuda.so``, ``libc10_cuda.so``):
+    beside a CPU torch of the same release (the README's ``torch==2.13.0``) the C++ library does not
+    load, and the import fails registering Python fake kernels for two of its operators ("operator
+    torchvision::nms does not exist"), which breaks transformers too (it imports torchvision whenever it
+    is installed).  Those two schemas are defined as torchvision's ``csrc/ops/nms.cpp`` defines them and
+    the import is retried: the models are pure PyTorch, and a model that calls torchvision's C++
+    operators (the R-CNNs' RoI align, any detector's NMS after inference) fails in torchvision, naming
+    them.  ``ImportError`` when torchvision is not installed; any other failure as it is."""
+    import sys
+
+    try:
+        import torchvision
+
+        return torchvision
+    except RuntimeError as exc:
+        if "torchvision::nms" not in str(exc) or _TORCHVISION_LIBRARY:
+            raise
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        del sys.modules[name]  # the half-imported package
+    lib = torch.library.Library("torchvision", "FRAGMENT")  # noqa: TOR901
+    for op in ("nms", "qnms"):
+        if not hasattr(torch.ops.torchvision, op):
+            lib.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _TORCHVISION_LIBRARY.append(lib)
+    import torchvision
+
+    return torchvision
+
+
+def torchvision_has_ops() -> bool:
+    """Whether torchvision's C++ operators loaded (False where :func:`import_torchvision` stood in)."""
+    extension = __import__("sys").modules.get("torchvision.extension")
+    return bool(extension is not None and extension._has_ops())

@@ -319,7 +319,7 @@ def sweep_spec(spec: str, **options: Any) -> dict[str, Any]:
     from estimator.errors import UserError
     from estimator.specs import load_spec
 
-    rec: dict[str, Any] = {"type": spec}
+    rec: dict[str, Any] = {"type": spec, "options": options}
     try:
         loaded = load_spec(spec, batch=BATCH, **options)
     except UserError as exc:
@@ -381,33 +381,27 @@ def _estimate_and_compare(rec: dict[str, Any], loaded: Any, truth: dict | None) 
     return rec
 
 
-_TORCHVISION_LIBRARY: list[Any] = []  # the schemas defined by import_torchvision, kept alive
+def estimate_alone(rec: dict[str, Any]) -> float:
+    """Seconds the estimate of ``rec``'s model takes, the model built as the sweep built it (its overrides or
+    loader options) in this process: the sweep runs it alone with the machine's threads, the time a user
+    waits, where the sweep's own ``estimate_s`` ran on one thread beside another type's real step."""
+    from estimator import estimate
+    from estimator.specs import load_spec
+
+    spec = rec["type"]
+    loaded = load_spec(spec, batch=BATCH, **rec.get("options", {})) if ":" in spec else \
+        _load(load_spec, spec, rec.get("overrides") or {})
+    t0 = time.perf_counter()
+    estimate(loaded.model, loaded.inputs, loss_fn=loaded.loss_fn, device="cpu", precision="fp32", optimizer="adamw",
+             model_name=loaded.name)
+    return round(time.perf_counter() - t0, 2)
 
 
 def import_torchvision() -> Any:
-    """torchvision, imported where its wheel's C++ operators cannot load: PyPI's wheels link the CUDA torch's
-    libraries, so beside the CPU torch the import fails registering fake kernels for two of them ("operator
-    torchvision::nms does not exist").  Their schemas (torchvision's ``csrc/ops/nms.cpp``) are defined so that
-    it imports; the models are pure PyTorch, and a model that calls torchvision's operators (detection's NMS
-    and RoI pooling) fails in its real step, which the sweep records as such."""
-    import sys
+    """torchvision, also beside the CPU torch (:func:`estimator.compat.import_torchvision`)."""
+    from estimator.compat import import_torchvision as imported
 
-    try:
-        import torchvision
-
-        return torchvision
-    except RuntimeError as exc:
-        if "torchvision::nms" not in str(exc):
-            raise
-    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-        del sys.modules[name]
-    lib = torch.library.Library("torchvision", "FRAGMENT")
-    for op in ("nms", "qnms"):
-        lib.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    _TORCHVISION_LIBRARY.append(lib)
-    import torchvision
-
-    return torchvision
+    return imported()
 
 
 # frames of a video model's clip in the sweep (the weights' own go up to 128, S3D's: too slow for a real step)

@@ -128,21 +128,22 @@ TORCHVISION_SCHEMAS = {  # torchvision/csrc/ops/{nms,roi_align}.cpp, as torchvis
                            "SymInt pooled_width, SymInt batch_size, SymInt channels, SymInt height, SymInt width, "
                            "int sampling_ratio, bool aligned) -> Tensor",
 }
-_LIB = None
+_LIBS: list = []  # the libraries defined here, kept alive for the session
 
 
 def torchvision_ops():
-    """torchvision's ops: the real ones where torchvision imports, else the same schemas defined here."""
-    global _LIB
+    """torchvision's ops: the real ones where torchvision's C++ library loads, else the same schemas defined
+    here (each that is missing: beside the CPU torch, conftest's import defines nms alone)."""
     try:
         import torchvision  # noqa: F401
-        return torch.ops.torchvision
     except Exception:  # not installed, or built for another torch
         pass
-    if _LIB is None and not hasattr(torch.ops.torchvision, "nms"):
-        _LIB = torch.library.Library("torchvision", "DEF")  # noqa: TOR901
-        for schema in TORCHVISION_SCHEMAS.values():
-            _LIB.define(schema)
+    missing = [name for name in TORCHVISION_SCHEMAS if not hasattr(torch.ops.torchvision, name)]
+    if missing:
+        lib = torch.library.Library("torchvision", "FRAGMENT")  # noqa: TOR901
+        for name in missing:
+            lib.define(TORCHVISION_SCHEMAS[name])
+        _LIBS.append(lib)
     return torch.ops.torchvision
 
 

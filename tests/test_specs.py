@@ -315,7 +315,7 @@ def test_hf_set_plus_adds_a_field_the_configuration_class_does_not_declare(trans
         load_spec("hf:t5gemma2_text", seq=16, overrides=shrink + ["dropout_rat=0.25"])
 
 
-# -- torchvision: and timm: (extra [vision]; CI has torch 2.13 only, so these skip there) --------
+# -- torchvision: and timm: (the test extras install both; conftest imports PyPI's torchvision beside the CPU torch)
 
 
 @pytest.mark.parametrize("name,expected,size", [

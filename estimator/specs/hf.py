@@ -31,6 +31,12 @@ from .options import Loaded, SpecOptions, close_matches, first_line, short_messa
 
 
 def import_transformers():
+    from ..compat import import_torchvision
+
+    try:  # transformers imports torchvision when it is installed: PyPI's beside a CPU torch needs help
+        import_torchvision()
+    except Exception:  # noqa: BLE001 - not installed, or broken otherwise: transformers says so, or manages
+        pass
     try:
         import transformers
     except ImportError as exc:

@@ -7,12 +7,14 @@ models get one synthetic object per image and sum the losses they return.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from typing import Any, Callable
 
 import torch
 
 from ..build import empty_weights
+from ..compat import import_torchvision, torchvision_has_ops
 from ..errors import UserError
 from .options import DEFAULT_IMAGE_SIZE, Loaded, SpecOptions, close_matches, first_line
 
@@ -71,6 +73,8 @@ def matching_torchvision(torch_version: str | None = None, cpu: bool | None = No
 def _import_vision(name: str):
     fix = f"install the torchvision built for torch {torch.__version__}: {matching_torchvision()}"
     try:
+        with contextlib.suppress(ImportError):  # PyPI's torchvision beside a CPU torch (timm imports it too)
+            import_torchvision()
         return importlib.import_module(name)
     except ImportError as exc:
         if getattr(exc, "name", None) == name:
@@ -134,6 +138,10 @@ def load_torchvision(name: str, opts: SpecOptions) -> Loaded:
         return build
 
     model = _construct_sized(make, kwargs, "image_size", opts, f"torchvision model {name}")
+    if isinstance(model, models.detection.generalized_rcnn.GeneralizedRCNN) and not torchvision_has_ops():
+        raise UserError(f"torchvision:{name} trains with torchvision's C++ operators (the RPN's NMS, RoI align), "
+                        f"which this torchvision cannot load beside torch {torch.__version__}: "
+                        f"{matching_torchvision()}")
     if name in models.list_models(module=models.detection):
         inputs, desc = detection_inputs(model, opts)
         return Loaded(model, inputs, loss_fn=detection_loss, description=f"{type(model).__name__}; {desc}")
