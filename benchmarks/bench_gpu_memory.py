@@ -24,6 +24,9 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), os.path.join(os.path.dirname(HERE), "tests")]
+import torchvision_env  # noqa: E402  (transformers beside PyPI's torchvision and the CPU torch)
+
+torchvision_env.load()
 
 
 def _gpt2(batch=8, seq=1024):

@@ -48,6 +48,16 @@ KINDS = ("peer", "estimate")
 # -- child ----------------------------------------------------------------------------------
 
 
+def _torchvision_beside_cpu_torch() -> None:
+    """transformers imports torchvision where it is installed; PyPI's wheel beside the CPU torch needs the two
+    schemas its C++ library would define (tests/torchvision_env.py, which imports nothing from estimator, so
+    that the peer's process holds no more than the peer)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    import torchvision_env
+
+    torchvision_env.load()
+
+
 def _maxrss_mib() -> float:
     import resource
 
@@ -56,6 +66,8 @@ def _maxrss_mib() -> float:
 
 def _build(layers: int, seq: int):
     import torch
+
+    _torchvision_beside_cpu_torch()
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.for_model(
@@ -158,6 +170,7 @@ def child(kind: str, layers: int, seq: int) -> None:
     import torch
 
     torch.set_num_threads(2)
+    _torchvision_beside_cpu_torch()
     import transformers
 
     transformers.logging.set_verbosity_error()

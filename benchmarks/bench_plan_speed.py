@@ -42,6 +42,10 @@ def child(kind: str, layers: int) -> None:
     import torch
 
     torch.set_num_threads(2)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_llama7b import _torchvision_beside_cpu_torch
+
+    _torchvision_beside_cpu_torch()
     import transformers
 
     transformers.logging.set_verbosity_error()

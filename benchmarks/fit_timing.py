@@ -69,7 +69,10 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from estimator import timing as T  # noqa: E402
+from estimator.compat import import_torchvision  # noqa: E402
 from estimator.hardware import lookup as lookup_gpu  # noqa: E402
+
+import_torchvision()  # transformers imports torchvision: PyPI's beside the CPU torch needs the schemas it defines
 
 DATA = os.path.join(ROOT, "tests", "data", "cuda_reference", "timing")
 OUT = os.path.join(ROOT, "estimator", "data", "timing_h100.json")

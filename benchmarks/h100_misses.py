@@ -34,6 +34,9 @@ sys.path.insert(0, ROOT)
 
 from estimator import empty_weights, estimate  # noqa: E402
 from estimator import timing as T  # noqa: E402
+from estimator.compat import import_torchvision  # noqa: E402
+
+import_torchvision()  # transformers imports torchvision: PyPI's beside the CPU torch needs the schemas it defines
 
 BEFORE_COMMIT = "475b661"
 # the classes before the fix: each new class was timed as this one

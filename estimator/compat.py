@@ -65,13 +65,15 @@ def import_torchvision() -> Any:
     is installed).  Those two schemas are defined as torchvision's ``csrc/ops/nms.cpp`` defines them and
     the import is retried: the models are pure PyTorch, and a model that calls torchvision's C++
     operators (the R-CNNs' RoI align, any detector's NMS after inference) fails in torchvision, naming
-    them.  ``ImportError`` when torchvision is not installed; any other failure as it is."""
+    them.  None where torchvision is not installed; any other failure as it is."""
     import sys
 
     try:
         import torchvision
 
         return torchvision
+    except ImportError:
+        return None
     except RuntimeError as exc:
         if "torchvision::nms" not in str(exc) or _TORCHVISION_LIBRARY:
             raise

@@ -21,18 +21,13 @@ for path in (HERE, ROOT):
         sys.path.insert(0, path)
 
 import groundtruth  # noqa: E402
+import torchvision_env  # noqa: E402
 import zoo  # noqa: E402
 
-# torchvision's PyPI wheels (the test extras install one) link the CUDA torch's libraries: beside the CPU
-# torch it imports only with the schemas its C++ library would have defined (estimator.compat's
-# import_torchvision, which the loaders call).  Done first in every process, so that every test sees the
-# same torchvision, or none, whatever ran before it.
-try:
-    from estimator.compat import import_torchvision  # noqa: E402
-
-    import_torchvision()
-except ImportError:
-    pass
+# torchvision's PyPI wheels (the test extras install one) link the CUDA torch's libraries: imported first in
+# every process with the two schemas its C++ library would have defined (torchvision_env), so that every test
+# sees the same torchvision, or none, whatever ran before it; the test's subprocesses do the same.
+torchvision_env.load()
 
 # The estimator warns about ops without a cost rule; the tests inspect that list directly.
 logging.getLogger("estimator").setLevel(logging.ERROR)

@@ -403,6 +403,9 @@ def main(argv: list[str]) -> int:
     rank, world_size, init_file, out_path, cfg_json = int(argv[0]), int(argv[1]), argv[2], argv[3], argv[4]
     cfg = json.loads(cfg_json)
     torch.set_num_threads(1)
+    import torchvision_env  # (this script's folder): transformers beside PyPI's torchvision and the CPU torch
+
+    torchvision_env.load()
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=120))
     try:

@@ -398,10 +398,14 @@ def estimate_alone(rec: dict[str, Any]) -> float:
 
 
 def import_torchvision() -> Any:
-    """torchvision, also beside the CPU torch (:func:`estimator.compat.import_torchvision`)."""
+    """torchvision, also beside the CPU torch (:func:`estimator.compat.import_torchvision`); ImportError where
+    it is not installed."""
     from estimator.compat import import_torchvision as imported
 
-    return imported()
+    tv = imported()
+    if tv is None:
+        raise ImportError("torchvision is not installed", name="torchvision")
+    return tv
 
 
 # frames of a video model's clip in the sweep (the weights' own go up to 128, S3D's: too slow for a real step)

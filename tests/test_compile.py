@@ -36,6 +36,8 @@ def _real_compiled_saves(build: str, tmp_path) -> list[tuple[int, str, list[int]
     script = f"""
 import json, sys, torch
 sys.path.insert(0, {HERE!r})
+import torchvision_env
+torchvision_env.load()
 import test_compile as t
 call, model, inputs, loss_fn = t.{build}()
 kept = {{x.untyped_storage().data_ptr() for x in list(model.parameters()) + list(model.buffers())}}

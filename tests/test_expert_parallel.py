@@ -229,7 +229,10 @@ def test_six_n_counts_the_parameters_a_token_activates():
 
 
 EP_BIAS_CHECK = """
-import sys, tempfile, torch, torch.distributed as dist, transformers
+import sys, tempfile, torch, torch.distributed as dist
+from estimator.compat import import_torchvision
+import_torchvision()  # PyPI's torchvision beside the CPU torch (the test extras): transformers imports it
+import transformers
 from torch.distributed.device_mesh import init_device_mesh
 from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 from estimator.plan.expert import ep_forward

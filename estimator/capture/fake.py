@@ -284,10 +284,12 @@ def _all_real(values: Any) -> bool | None:
     return found
 
 
-def _runs_on_known_values(func: Any, args: tuple, kwargs: dict) -> bool:
+def _runs_on_known_values(func: Any, args: tuple, kwargs: dict, floats: bool = True) -> bool:
     """Whether ``func`` reads only real tensors (at least one) and returns at most :data:`KNOWN_VALUES_LIMIT`
     elements, or reads none and makes small integer/boolean values, a constant fill or one element (or is
-    a scalar read of a real tensor): then it runs for real and its values stay known."""
+    a scalar read of a real tensor): then it runs for real and its values stay known.  ``floats`` False: only
+    integer and boolean outputs (a real step's fake backward, where the real tensors are what forward saved
+    and floating-point work on them is the backward's own, to be done on fake tensors)."""
     real = _all_real(args)
     if real is False or (kwargs and _all_real(kwargs.values()) is False):
         return False
@@ -308,8 +310,8 @@ def _runs_on_known_values(func: Any, args: tuple, kwargs: dict) -> bool:
         return True  # one random draw (LayerDrop's torch.rand([]) < p): real, so a branch on it can be taken
     if real is None and id(func) in _CONSTANT_FACTORIES and len(outs) == 1 and outs[0].numel() <= KNOWN_VALUES_LIMIT:
         return True  # a constant fill (OPT's float all-ones attention mask): its values are known
-    return bool(outs) and (bool(real) or all(not (o.is_floating_point() or o.is_complex()) for o in outs)) and \
-        sum(o.numel() for o in outs) <= KNOWN_VALUES_LIMIT
+    integral = all(not (o.is_floating_point() or o.is_complex()) for o in outs)
+    return bool(outs) and (bool(real and floats) or integral) and sum(o.numel() for o in outs) <= KNOWN_VALUES_LIMIT
 
 
 # All-ones fills made from shapes alone, real whatever their dtype: the attention mask a model makes when
@@ -421,6 +423,10 @@ class RecordingFakeMode(FakeTensorMode):
         self._depth = 0
         self._fast_entries: dict[tuple, Any] = {}
         self._key_slot: list | None = None
+        # real tensors an op mixes with fake ones become fake tensors that stand for them in the recorder
+        # (same storage id and record): a real step's backward on fake tensors (.step: _fake_from_here)
+        self.adopt_real = False
+        self._adopted: set[int] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self._depth or not self.recording or id(func) in METADATA_QUERY_IDS:
@@ -429,7 +435,7 @@ class RecordingFakeMode(FakeTensorMode):
         kwargs = kwargs or {}
         self._depth += 1
         try:
-            if _runs_on_known_values(func, args, kwargs):
+            if _runs_on_known_values(func, args, kwargs, floats=not self.adopt_real):
                 # inside this method the mode is off: ``func`` runs the CPU kernel on the real tensors
                 return self.rec.record(func, args, kwargs, func)
             if id(func) in _LIKE_FILLS and _integral_fill(args, kwargs):
@@ -440,11 +446,24 @@ class RecordingFakeMode(FakeTensorMode):
                 # nonzero positions as integer indices, so the output's size is known
                 return self.rec.record(func, args, kwargs, lambda *a, **k: self.dispatch(
                     func, types, (a[0], _masks_as_positions(a[1]), *a[2:]), k))
+            if self.adopt_real:
+                args, kwargs = pytree.tree_map_only(torch.Tensor, self._stand_in, (args, kwargs))
             # ``dispatch`` is FakeTensorMode.__torch_dispatch__ without its wrappers (a dynamo
             # guard that this method already has, and a call counter)
             return self.rec.record(func, args, kwargs, lambda *a, **k: self.dispatch(func, types, a, k))
         finally:
             self._depth -= 1
+
+    def _stand_in(self, t: torch.Tensor) -> torch.Tensor:
+        """The fake tensor that stands for the real tensor ``t`` (FakeTensorMode's own conversion, which
+        keeps views of one storage on one fake storage), adopted by the recorder the first time."""
+        if type(t) is not torch.Tensor or t.is_meta:
+            return t
+        fake = self.from_tensor(t)
+        if id(fake) not in self._adopted:
+            self._adopted.add(id(fake))
+            self.rec.adopt(fake, t)
+        return fake
 
     @contextlib.contextmanager
     def recording_on(self):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import inspect
 import logging
 import weakref
 from typing import Any, Callable
@@ -27,18 +26,19 @@ import torch.utils._pytree as pytree
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._python_dispatch import _disable_current_modes
 
-from ..errors import UnsupportedModelError, UserError, from_outside
+from ..errors import UserError
 from ..optim import build_optimizer, elementwise, wants_fused
 from ..target import FAKE_KERNELS, CudaTarget, installed
 from .as_is import AsIs, AsIsRecorder
 from .checkpoint import wrap_checkpointed
+from .failures import guard, input_hint
 from .fake import (
     GROUPED_MM, RecordingFakeMode, clear_shared_cache, fake_ctc_loss, fake_grouped_mm, fake_pack_padded_sequence,
     output_kernels, real_output_bytes,
 )
 from .inputs import convert_inputs, is_real, keeps_values, materialize, meta_twin, real_param_copy
 from .loss import select_loss
-from .options import DATA_DEPENDENT, Capture, Progress, ReadsValues, StepFailed, StepOptions
+from .options import Capture, Progress, StepOptions
 from .recorder import FORWARD_PHASES, INPUT_MODULE, Phase, Recorder
 
 
@@ -75,8 +75,10 @@ class Step:
     """One capture: set-up (traced stand-ins, placeholders, hooks), then one method per phase."""
 
     def __init__(self, model: torch.nn.Module, args: tuple, kwargs: dict, opts: StepOptions, *, fake: bool,
-                 progress: Progress | None):
+                 progress: Progress | None, fake_backward: bool = False):
         self.model, self.opts, self.fake = model, opts, fake
+        # a real step whose backward and optimizer step run on fake tensors (see _fake_from_here)
+        self.fake_backward = fake_backward and not fake
         self.progress = progress or (lambda stage, detail="": None)
         if fake:
             clear_shared_cache()
@@ -84,17 +86,9 @@ class Step:
         rec.target = opts.target
         self.fake_mode = RecordingFakeMode(rec, allow_non_fake_inputs=True) if fake else None
         if fake:
-            rec.substitute.update(output_kernels(cuda=opts.target != "cpu"))
-            rec.substitute[id(torch.ops.aten._pack_padded_sequence.default)] = fake_pack_padded_sequence
-            rec.substitute[id(torch.ops.aten._ctc_loss.default)] = fake_ctc_loss
-            if GROUPED_MM is not None:
-                rec.substitute[id(GROUPED_MM)] = fake_grouped_mm
-            if opts.target == "cpu":
-                rec.real_sizes = real_output_bytes
-            else:
-                rec.real_sizes = functools.partial(real_output_bytes, cpu=False)
-                rec.substitute.update({id(op): fn for op, fn in FAKE_KERNELS.items()})
+            self._fake_kernels(opts.target)
         self.fake_entered: _Entered | None = None
+        self._stack: contextlib.ExitStack | None = None
         self.call: torch.nn.Module = model  # the module the step calls (a wrapper such as DDP: see AsIs)
         engine_state: list[torch.Tensor] = []
         if opts.prepare is not None:
@@ -158,6 +152,35 @@ class Step:
         self.notes: list[str] = []  # what the capture assumed (the report's assumptions)
 
     # -- set-up ---------------------------------------------------------------------------------
+    def _fake_kernels(self, target: str) -> None:
+        """The recorder's hooks for ops run on fake tensors: kernels that make other outputs than their fake
+        kernels, fake kernels FakeTensorMode lacks, and (CUDA target) the CUDA kernels' outputs."""
+        rec = self.rec
+        rec.substitute.update(output_kernels(cuda=target != "cpu"))
+        rec.substitute[id(torch.ops.aten._pack_padded_sequence.default)] = fake_pack_padded_sequence
+        rec.substitute[id(torch.ops.aten._ctc_loss.default)] = fake_ctc_loss
+        if GROUPED_MM is not None:
+            rec.substitute[id(GROUPED_MM)] = fake_grouped_mm
+        if target == "cpu":
+            rec.real_sizes = real_output_bytes
+        else:
+            rec.real_sizes = functools.partial(real_output_bytes, cpu=False)
+            rec.substitute.update({id(op): fn for op, fn in FAKE_KERNELS.items()})
+
+    def _fake_from_here(self) -> None:
+        """The rest of a real step (backward, the optimizer step) on fake tensors: its values were read in the
+        forward, where control flow reads them; backward's and the optimizer's are read by nothing the
+        capture needs (a backward that does read one raises :class:`ReadsValues`, and the caller traces the
+        whole step on real tensors).  The real tensors autograd saved enter each op as fake tensors that
+        stand for them (same storage ids); kernels are the CPU's, as the forward ran them."""
+        rec = self.rec
+        self.fake_mode = RecordingFakeMode(rec, allow_non_fake_inputs=True)
+        self.fake_mode.adopt_real = True
+        self._fake_kernels("cpu")
+        rec.fake_values = True
+        logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)  # (_enter restores it)
+        self.fake_entered = self._stack.enter_context(_Entered(self.fake_mode))
+
     def _make_traced(self, args: tuple, kwargs: dict, named_buffers: dict) -> None:
         """Traced stand-ins for the parameters, buffers and inputs (fake, or real CPU copies)."""
         dtype_of = self.opts.precision.traced_dtype
@@ -286,6 +309,7 @@ class Step:
         until the next one replaces it."""
         opts = self.opts
         with contextlib.ExitStack() as stack:
+            self._stack = stack
             self._enter(stack)
             if opts.generation is not None:
                 from .generate import GenerationStep
@@ -401,6 +425,8 @@ class Step:
         self.loss = loss
 
     def backward(self) -> None:
+        if self.fake_backward and self.fake_mode is None:
+            self._fake_from_here()
         with self._recording():
             self.rec.phase = Phase.BACKWARD
             self.progress("tracing backward")
@@ -531,66 +557,6 @@ class Step:
 
     # -- errors ---------------------------------------------------------------------------------
     def _guard(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn``; turn data-dependent failures into :class:`ReadsValues`, others into one-line user errors."""
-        rec = self.rec
-        try:
-            return fn()
-        except UserError:
-            raise
-        except Exception as exc:
-            if from_outside(exc):  # an alarm's or a signal's exception: not the model's error
-                raise
-            where = rec.current_module
-            if _caused_by(exc, DATA_DEPENDENT):
-                raise ReadsValues(f"module {where or '(root)'!r} reads tensor values in "
-                                     f"{rec.current_op} ({rec.phase})") from exc
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            if "HigherOrderOperator" in first:
-                import re
-
-                found = re.search(r"HigherOrderOperator (\w+)", first)
-                hop = found.group(1) if found else "operator"
-                raise UnsupportedModelError(
-                    f"the {rec.phase} pass{f' in module {where!r}' if where else ''} uses the higher-order "
-                    f"operator {hop} (torch.{hop}), which the capture cannot run; use plain Python control "
-                    f"flow there") from exc
-            op = f" in {rec.current_op}" if rec.current_op is not None else ""
-            raise StepFailed(
-                f"the {rec.phase} pass failed{f' in module {where!r}' if where else ''}{op}: "
-                f"{type(exc).__name__}: {first}; {self._input_hint()}"
-            ) from exc
-
-    def _input_hint(self) -> str:
-        """What to check after a failed pass: the forward's inputs that were not given, when there are any
-        (a model that needs an input its signature lets default to None: ViLT's pixel_values)."""
-        try:
-            params = inspect.signature(self.call.forward).parameters.values()
-        except (TypeError, ValueError, AttributeError):
-            params = []
-        given = set(self.t_kwargs)
-        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        given |= {p.name for p in positional[:len(self.t_args)]}
-        missing = [p.name for p in params if p.name not in given and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-                   and p.name not in NOT_INPUTS]
-        if not missing:
-            return "check the input shapes and dtypes"
-        shown = ", ".join(missing[:6]) + (f" (+{len(missing) - 6} more)" if len(missing) > 6 else "")
-        return (f"check the input shapes and dtypes, and whether the model needs inputs not given "
-                f"(its forward also takes {shown}; a SPEC file path/to/file.py:build can return (model, inputs) "
-                f"with them)")
-
-
-# forward arguments that are options, not inputs (transformers' flags)
-NOT_INPUTS = frozenset({"return_dict", "output_attentions", "output_hidden_states", "use_cache", "past_key_values",
-                        "cache_position", "return_loss", "logits_to_keep", "interpolate_pos_encoding", "kwargs"})
-
-
-def _caused_by(exc: BaseException | None, types: tuple[type, ...]) -> bool:
-    """Whether ``exc`` or an exception in its cause/context chain is one of ``types``."""
-    seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, types):
-            return True
-        exc = exc.__cause__ or exc.__context__
-        seen += 1
-    return False
+        """Run ``fn``; turn data-dependent failures into :class:`ReadsValues`, others into one-line user errors
+        (:func:`.failures.guard`)."""
+        return guard(self.rec, fn, lambda: input_hint(self.call, self.t_args, self.t_kwargs))

@@ -35,7 +35,7 @@ def import_transformers():
 
     try:  # transformers imports torchvision when it is installed: PyPI's beside a CPU torch needs help
         import_torchvision()
-    except Exception:  # noqa: BLE001 - not installed, or broken otherwise: transformers says so, or manages
+    except Exception:  # noqa: BLE001 - broken otherwise: transformers says so, or manages without it
         pass
     try:
         import transformers

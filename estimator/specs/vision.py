@@ -7,7 +7,6 @@ models get one synthetic object per image and sum the losses they return.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 from typing import Any, Callable
 
@@ -73,8 +72,7 @@ def matching_torchvision(torch_version: str | None = None, cpu: bool | None = No
 def _import_vision(name: str):
     fix = f"install the torchvision built for torch {torch.__version__}: {matching_torchvision()}"
     try:
-        with contextlib.suppress(ImportError):  # PyPI's torchvision beside a CPU torch (timm imports it too)
-            import_torchvision()
+        import_torchvision()  # PyPI's torchvision beside a CPU torch (timm imports it too)
         return importlib.import_module(name)
     except ImportError as exc:
         if getattr(exc, "name", None) == name:

@@ -1,0 +1,79 @@
+"""What a failure inside the step becomes: a value read (:class:`~.options.ReadsValues`, for the real-tensor
+fallback), an unsupported construct, or a one-line :class:`~.options.StepFailed` naming the pass, module and op
+(with a hint at inputs the forward takes and was not given)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Any, Callable
+
+import torch
+
+from ..errors import UnsupportedModelError, UserError, from_outside
+from .options import DATA_DEPENDENT, ReadsValues, StepFailed
+
+
+def guard(rec: Any, fn: Callable[[], Any], hint: Callable[[], str]) -> Any:
+    """Run ``fn``; turn data-dependent failures into :class:`ReadsValues`, others into one-line user errors
+    (``rec``: the recorder, which knows the phase, module and op; ``hint()``: what to check)."""
+    try:
+        return fn()
+    except UserError:
+        raise
+    except Exception as exc:
+        if from_outside(exc):  # an alarm's or a signal's exception: not the model's error
+            raise
+        where = rec.current_module
+        if caused_by(exc, DATA_DEPENDENT):
+            raise ReadsValues(f"module {where or '(root)'!r} reads tensor values in "
+                              f"{rec.current_op} ({rec.phase})") from exc
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if "HigherOrderOperator" in first:
+            found = re.search(r"HigherOrderOperator (\w+)", first)
+            hop = found.group(1) if found else "operator"
+            raise UnsupportedModelError(
+                f"the {rec.phase} pass{f' in module {where!r}' if where else ''} uses the higher-order "
+                f"operator {hop} (torch.{hop}), which the capture cannot run; use plain Python control "
+                f"flow there") from exc
+        op = f" in {rec.current_op}" if rec.current_op is not None else ""
+        raise StepFailed(
+            f"the {rec.phase} pass failed{f' in module {where!r}' if where else ''}{op}: "
+            f"{type(exc).__name__}: {first}; {hint()}"
+        ) from exc
+
+
+def input_hint(call: torch.nn.Module, args: tuple, kwargs: dict) -> str:
+    """What to check after a failed pass: the forward's inputs that were not given, when there are any
+    (a model that needs an input its signature lets default to None: ViLT's pixel_values)."""
+    try:
+        params = inspect.signature(call.forward).parameters.values()
+    except (TypeError, ValueError, AttributeError):
+        params = []
+    given = set(kwargs)
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    given |= {p.name for p in positional[:len(args)]}
+    missing = [p.name for p in params if p.name not in given and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+               and p.name not in NOT_INPUTS]
+    if not missing:
+        return "check the input shapes and dtypes"
+    shown = ", ".join(missing[:6]) + (f" (+{len(missing) - 6} more)" if len(missing) > 6 else "")
+    return (f"check the input shapes and dtypes, and whether the model needs inputs not given "
+            f"(its forward also takes {shown}; a SPEC file path/to/file.py:build can return (model, inputs) "
+            f"with them)")
+
+
+# forward arguments that are options, not inputs (transformers' flags)
+NOT_INPUTS = frozenset({"return_dict", "output_attentions", "output_hidden_states", "use_cache", "past_key_values",
+                        "cache_position", "return_loss", "logits_to_keep", "interpolate_pos_encoding", "kwargs"})
+
+
+def caused_by(exc: BaseException | None, types: tuple[type, ...]) -> bool:
+    """Whether ``exc`` or an exception in its cause/context chain is one of ``types``."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, types):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False

@@ -1,0 +1,102 @@
+"""The real-tensor fallback: a model that reads values its weights computed (a detector's loss masking its
+predicted boxes, as torchvision's GIoU loss does) is traced with a real forward, then backward and the optimizer
+step on fake tensors; a backward that reads values too is traced on real tensors throughout.  Every number
+equals the real step's, measured in the same test (``groundtruth.measure``: saved-tensor hooks, real
+gradients and AdamW state, FlopCounterMode; ``measure_peaks``: the live-tensor tracker)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import groundtruth
+from estimator import estimate
+from estimator.capture import run as capture_run
+from estimator.capture.step import Step
+from livetracker import measure_peaks
+
+
+class MasksItsPredictions(torch.nn.Module):
+    """Boxes predicted by a small convolutional head; the loss keeps the boxes whose corners are in order, as
+    torchvision's generalized_box_iou_loss does (``intersection[mask] = ...``), so the sizes depend on what the
+    weights computed."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
+                                        torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 1))
+
+    def forward(self, images):
+        boxes = self.body(images).flatten(2).transpose(1, 2)  # (B, H * W, 4)
+        x1, y1, x2, y2 = boxes.unbind(-1)
+        ordered = (x2 > x1) & (y2 > y1)  # values of the weights' output
+        area = torch.zeros_like(x1)
+        area[ordered] = (x2[ordered] - x1[ordered]) * (y2[ordered] - y1[ordered])
+        return area.sum() + boxes.pow(2).mean()
+
+
+class ReadsInBackward(torch.autograd.Function):
+    """An identity whose backward reads a value of the gradient it is given (a gradient check written by hand).
+    A value of what forward saved is known (real) in the fake backward; the gradient's is not."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * 0 if (grad.abs().max() + x.abs().max()).item() > 1e30 else grad
+
+
+class ReadsForwardAndBackward(MasksItsPredictions):
+    def forward(self, images):
+        return super().forward(ReadsInBackward.apply(self.body[0](images))[:, :3])
+
+
+def _runs(monkeypatch) -> list[bool]:
+    """The ``fake_backward`` of every real step the capture runs."""
+    seen: list[bool] = []
+    original = Step.run
+
+    def run(self):
+        if not self.fake:
+            seen.append(self.fake_backward)
+        return original(self)
+
+    monkeypatch.setattr(Step, "run", run)
+    return seen
+
+
+@pytest.mark.parametrize("model_cls,steps", [(MasksItsPredictions, [True]),
+                                             (ReadsForwardAndBackward, [True, False])])
+def test_a_real_forward_then_a_fake_backward_gives_the_real_steps_numbers(monkeypatch, model_cls, steps):
+    torch.manual_seed(0)
+    model, images = model_cls(), torch.randn(2, 3, 12, 12)
+    seen = _runs(monkeypatch)
+    report = estimate(model, images, loss_fn=lambda out: out, device="cpu")
+    d = report.to_dict()
+    assert d["capture"] == "real" and "reads tensor values" in d["capture_fallback"]
+    assert seen == steps  # (the second: the backward read a value, so all of the step ran on real tensors)
+    truth = groundtruth.measure(copy.deepcopy(model), images, "adamw", loss_fn=lambda out: out)
+    assert d["memory"]["activations"] == truth["activation_bytes"]
+    assert d["memory"]["gradients"] == truth["grad_bytes"]
+    assert d["memory"]["optimizer_state"] == truth["optimizer_state_bytes"]
+    assert d["flops"]["matmul_forward"] == truth["matmul_forward"]
+    assert d["flops"]["matmul_backward"] == truth["matmul_backward"]
+    # lr=0: the second (steady) step meets the weights of the first, so its masks keep their sizes (with lr > 0
+    # the updated weights order another count of boxes: 2 elements, 8 bytes, in this model's steady peak)
+    first, steady = measure_peaks(copy.deepcopy(model), images, lambda p: torch.optim.AdamW(p, lr=0.0),
+                                  lambda out: out)
+    assert (report.memory.peak, report.memory.peak_first_step) == (steady, first)
+
+
+def test_gradient_accumulation_traces_the_whole_step_on_real_tensors(monkeypatch):
+    """Two micro-steps are traced: the second's forward must read real values, so no fake backward."""
+    seen = _runs(monkeypatch)
+    estimate(MasksItsPredictions(), torch.randn(2, 3, 12, 12), loss_fn=lambda out: out, device="cpu", grad_accum=2)
+    assert seen == [False]
+    assert capture_run is not None
