@@ -57,6 +57,8 @@ FAMILIES = {
     "pix2struct": "a page of flattened patches (row, column, pixels) into a text decoder with labels",
     "mllama": "tiles with aspect-ratio ids, the text model cross-attending to them from one image token",
     "idefics2": "images with an images-per-sample dimension, counted by tracing get_image_features on fake tensors",
+    "audioflamingo3": "an audio-language model: a clip's audio tokens, counted by tracing get_audio_features, lead "
+                      "its text",
     "qwen2_5_omni_audio_encoder": "an audio encoder fed the batch packed as mels x frames, with each clip's length",
 }
 

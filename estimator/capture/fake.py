@@ -426,7 +426,6 @@ class RecordingFakeMode(FakeTensorMode):
         # real tensors an op mixes with fake ones become fake tensors that stand for them in the recorder
         # (same storage id and record): a real step's backward on fake tensors (.step: _fake_from_here)
         self.adopt_real = False
-        self._adopted: set[int] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self._depth or not self.recording or id(func) in METADATA_QUERY_IDS:
@@ -459,9 +458,9 @@ class RecordingFakeMode(FakeTensorMode):
         keeps views of one storage on one fake storage), adopted by the recorder the first time."""
         if type(t) is not torch.Tensor or t.is_meta:
             return t
-        fake = self.from_tensor(t)
-        if id(fake) not in self._adopted:
-            self._adopted.add(id(fake))
+        fake = self.from_tensor(t)  # (the same fake tensor for as long as ``t`` lives)
+        if not getattr(fake, "_estimator_adopted", False):
+            fake._estimator_adopted = True
             self.rec.adopt(fake, t)
         return fake
 

@@ -89,8 +89,9 @@ def needs_image_sizes(model: torch.nn.Module) -> bool:
     return param is not None and param.default is inspect.Parameter.empty
 
 
-class _ImageFeatures(torch.nn.Module):
-    """``get_image_features`` as a module's forward, its first image's features as the output."""
+class Features(torch.nn.Module):
+    """``get_image_features`` (or ``get_audio_features``) as a module's forward, its first image's features as
+    the output."""
 
     def __init__(self, owner: torch.nn.Module, get: Any, extra: dict) -> None:
         super().__init__()
@@ -103,7 +104,8 @@ class _ImageFeatures(torch.nn.Module):
         if isinstance(features, (list, tuple)):  # (one tensor per image: LLaVA-NeXT)
             features = features[0]
         if not isinstance(features, torch.Tensor) or features.ndim < 2:
-            raise TypeError(f"get_image_features gave {type(features).__name__}, not image features")
+            raise TypeError(f"{getattr(self.get, '__name__', 'get_features')} gave {type(features).__name__}, not "
+                            f"features")
         return features
 
 
@@ -119,7 +121,7 @@ def _features_per_image(model: torch.nn.Module, get: Any, pixels: torch.Tensor, 
         found = [getattr(c, name) for c in configs if hasattr(c, name)]
         if p.default is inspect.Parameter.empty and name not in ("pixel_values", "image_sizes", *side) and found:
             extra[name] = found[0]  # (Llama 4's vision_feature_select_strategy)
-    cap = capture(_ImageFeatures(model, get, extra), {"pixel_values": pixels.to("meta"), **side},
+    cap = capture(Features(model, get, extra), {"pixel_values": pixels.to("meta"), **side},
                   StepOptions(train=False, optimizer="none"), mode="auto")
     shape = cap.module_outputs[""][0]
     return math.prod(shape[:-1])

@@ -17,6 +17,7 @@ from ..errors import UserError
 from .hf_towers import (audio_inputs, first_that_runs, grid_inputs, grid_layouts, naflex_patches, patches_per_side,
                         series_inputs, spectrogram_inputs, speech_seq2seq_inputs, takes_audio, takes_grid,
                         takes_series, trajectory_inputs)
+from .hf_audio_tokens import audio_text_inputs, audio_token_id
 from .hf_flat_patches import flat_patch_inputs, positioned_patch_inputs, takes_flat_patches, takes_positioned_patches
 from .hf_image_tokens import (VIDEO_FRAMES, any_resolution_tiles, image_text_ids, image_tokens, latent_positions,
                               more_pixels, needs_image_sizes, queried_size)
@@ -355,7 +356,14 @@ def _with_side_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, input
     if audio is not None:  # an audio-text dual encoder (CLAP, PE-Audio): the audio its tower runs on
         key = "input_features" if takes(model, "input_features") else "input_values"
         clips, shown = audio_inputs(audio, cfg.audio_config, replace(opts, seq=None, batch=batch), key)
-        inputs.update({k: v for k, v in clips.items() if takes(model, k) and k not in ("attention_mask", "labels")})
+        clips = {k: v for k, v in clips.items() if takes(model, k) and k not in ("attention_mask", "labels")}
+        spoken = audio_text_inputs(model, cfg, clips, shown.split(";")[0], batch,
+                                   lambda n, what: _seq_for(cfg, opts, n, what))
+        if spoken is not None:  # an audio-language model: the clip's audio tokens lead its text, else text alone
+            return first_that_runs(model, [spoken, (inputs, desc)], "token ids and audio")
+        if audio_token_id(cfg) is not None:  # clips need their tokens, which cannot be counted here: text alone
+            return inputs, desc
+        inputs.update(clips)
         desc += ", " + shown.split(";")[0]
         if takes(model, "return_loss"):
             inputs["return_loss"] = True
