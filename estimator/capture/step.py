@@ -18,6 +18,7 @@ import contextlib
 import functools
 import gc
 import logging
+import time
 import weakref
 from typing import Any, Callable
 
@@ -43,6 +44,10 @@ from .recorder import FORWARD_PHASES, INPUT_MODULE, Phase, Recorder
 
 
 # -- the step ---------------------------------------------------------------------------------
+
+# A real step's backward runs on fake tensors where its forward took more than this per op (seconds)
+FAKE_BACKWARD_OP_S = 3e-4
+
 
 
 def _same(t: torch.Tensor) -> torch.Tensor:
@@ -89,6 +94,7 @@ class Step:
             self._fake_kernels(opts.target)
         self.fake_entered: _Entered | None = None
         self._stack: contextlib.ExitStack | None = None
+        self._forward_clock = (0.0, 0)  # (when the forward began, ops recorded before it)
         self.call: torch.nn.Module = model  # the module the step calls (a wrapper such as DDP: see AsIs)
         engine_state: list[torch.Tensor] = []
         if opts.prepare is not None:
@@ -370,6 +376,7 @@ class Step:
 
     def forward_and_loss(self) -> None:
         rec, saved, param_sids = self.rec, self.saved, self.param_sids
+        self._forward_clock = (time.perf_counter(), len(rec.order))
         storage_of = AsIs.local if self.opts.prepare is not None else (lambda t: t)  # a DTensor: its local tensor
 
         first_micro_step = rec.micro_step == 0
@@ -426,7 +433,12 @@ class Step:
 
     def backward(self) -> None:
         if self.fake_backward and self.fake_mode is None:
-            self._fake_from_here()
+            started, ops = self._forward_clock
+            # fake ops cost about 0.1 ms each (Python dispatch); real ones what their kernels take: a forward of
+            # large kernels (RetinaNet's 800 x 800 convolutions, 1.7 ms an op) gains, one of many small ones
+            # (SLANeXt's table decoder, tens of microseconds an op) loses
+            if (time.perf_counter() - started) / max(len(self.rec.order) - ops, 1) > FAKE_BACKWARD_OP_S:
+                self._fake_from_here()
         with self._recording():
             self.rec.phase = Phase.BACKWARD
             self.progress("tracing backward")

@@ -383,9 +383,12 @@ def _with_side_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, input
 
 def _audio_tower(model: torch.nn.Module, cfg: Any) -> torch.nn.Module | None:
     """The audio tower of a model that takes text and audio (its child named for audio, beside an
-    ``audio_config``), or None."""
+    ``audio_config``): an audio-text dual encoder (a contrastive ``return_loss``) or an audio-language model
+    (an audio token), or None.  (Another model's clips would need tokens it has no id for: Voxtral's.)"""
     audio_input = takes(model, "input_features") or takes(model, "input_values")
     if getattr(cfg, "audio_config", None) is None or not audio_input:
+        return None
+    if not takes(model, "return_loss") and audio_token_id(cfg) is None:
         return None
     return next((m for name, m in model.named_children() if "audio" in name), None)
 
