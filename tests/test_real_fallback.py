@@ -1,6 +1,6 @@
 """The real-tensor fallback: a model that reads values its weights computed (a detector's loss masking its
 predicted boxes, as torchvision's GIoU loss does) is traced with a real forward, then, where the forward's ops
-were slow enough for fake ones to be cheaper (``step.FAKE_BACKWARD_OP_S``), backward and the optimizer step on
+were large enough for fake ones to be cheaper (``step.FAKE_BACKWARD_OP_BYTES``), backward and the optimizer step on
 fake tensors; a backward that reads values too is traced on real tensors throughout.  Every number
 equals the real step's, measured in the same test (``groundtruth.measure``: saved-tensor hooks, real
 gradients and AdamW state, FlopCounterMode; ``measure_peaks``: the live-tensor tracker)."""
@@ -77,7 +77,7 @@ def _runs(monkeypatch) -> list[bool]:
 @pytest.mark.parametrize("model_cls,steps", [(MasksItsPredictions, [True]),
                                              (ReadsForwardAndBackward, [True, False])])
 def test_a_real_forward_then_a_fake_backward_gives_the_real_steps_numbers(monkeypatch, model_cls, steps):
-    monkeypatch.setattr(step_module, "FAKE_BACKWARD_OP_S", 0.0)  # (this model's ops are fast: fake backward anyway)
+    monkeypatch.setattr(step_module, "FAKE_BACKWARD_OP_BYTES", 0)  # (this model's ops are small: fake backward anyway)
     torch.manual_seed(0)
     model, images = model_cls(), torch.randn(2, 3, 12, 12)
     seen = _runs(monkeypatch)
@@ -108,9 +108,8 @@ def test_gradient_accumulation_traces_the_whole_step_on_real_tensors(monkeypatch
 
 def test_a_forward_of_fast_ops_keeps_its_backward_on_real_tensors(monkeypatch):
     """Small kernels run faster for real than fake ops dispatch (SLANeXt's table decoder: 4.4 s, 12.9 s with a fake
-    backward): a forward whose ops took less than the threshold keeps its backward real (the threshold set out of
-    reach here: the time an op takes depends on the machine's load), with the same numbers."""
-    monkeypatch.setattr(step_module, "FAKE_BACKWARD_OP_S", 10.0)
+    backward): a forward whose ops allocated less than the threshold on average keeps its backward real, with the
+    same numbers.  (This model's 12 x 12 maps: far under 256 KiB an op.)"""
     torch.manual_seed(0)
     model, images = MasksItsPredictions(), torch.randn(2, 3, 12, 12)
     seen = _runs(monkeypatch)

@@ -18,7 +18,6 @@ import contextlib
 import functools
 import gc
 import logging
-import time
 import weakref
 from typing import Any, Callable
 
@@ -45,8 +44,8 @@ from .recorder import FORWARD_PHASES, INPUT_MODULE, Phase, Recorder
 
 # -- the step ---------------------------------------------------------------------------------
 
-# A real step's backward runs on fake tensors where its forward took more than this per op (seconds)
-FAKE_BACKWARD_OP_S = 3e-4
+# A real step's backward runs on fake tensors where its forward allocated more than this per op (bytes)
+FAKE_BACKWARD_OP_BYTES = 256 << 10
 
 
 
@@ -94,7 +93,7 @@ class Step:
             self._fake_kernels(opts.target)
         self.fake_entered: _Entered | None = None
         self._stack: contextlib.ExitStack | None = None
-        self._forward_clock = (0.0, 0)  # (when the forward began, ops recorded before it)
+        self._forward_start = (0, 0)  # (ops recorded, storages seen) before the forward
         self.call: torch.nn.Module = model  # the module the step calls (a wrapper such as DDP: see AsIs)
         engine_state: list[torch.Tensor] = []
         if opts.prepare is not None:
@@ -376,7 +375,7 @@ class Step:
 
     def forward_and_loss(self) -> None:
         rec, saved, param_sids = self.rec, self.saved, self.param_sids
-        self._forward_clock = (time.perf_counter(), len(rec.order))
+        self._forward_start = (len(rec.order), len(rec.storage_bytes))
         storage_of = AsIs.local if self.opts.prepare is not None else (lambda t: t)  # a DTensor: its local tensor
 
         first_micro_step = rec.micro_step == 0
@@ -433,11 +432,14 @@ class Step:
 
     def backward(self) -> None:
         if self.fake_backward and self.fake_mode is None:
-            started, ops = self._forward_clock
-            # fake ops cost about 0.1 ms each (Python dispatch); real ones what their kernels take: a forward of
-            # large kernels (RetinaNet's 800 x 800 convolutions, 1.7 ms an op) gains, one of many small ones
-            # (SLANeXt's table decoder, tens of microseconds an op) loses
-            if (time.perf_counter() - started) / max(len(self.rec.order) - ops, 1) > FAKE_BACKWARD_OP_S:
+            ops, sids = self._forward_start
+            # fake ops cost about 0.1 ms each (Python dispatch) whatever their size; real ones what their kernels
+            # take, which grows with the bytes they write: a forward of large kernels gains (RetinaNet v2 at
+            # 800 x 800: 4.8 MB an op, 3.8 ms), one of many small ones loses (SLANeXt's table decoder: 16 KB an
+            # op, 0.05 ms; 4.4 s fully real, 12.9 s with a fake backward).  Bytes, not time: the same choice on
+            # any machine and load
+            made = sum(self.rec.storage_bytes[sids:]) / max(len(self.rec.order) - ops, 1)
+            if made > FAKE_BACKWARD_OP_BYTES:
                 self._fake_from_here()
         with self._recording():
             self.rec.phase = Phase.BACKWARD
