@@ -48,7 +48,6 @@ from .recorder import FORWARD_PHASES, INPUT_MODULE, Phase, Recorder
 FAKE_BACKWARD_OP_BYTES = 256 << 10
 
 
-
 def _same(t: torch.Tensor) -> torch.Tensor:
     return t
 
