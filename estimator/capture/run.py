@@ -144,20 +144,26 @@ def _real(model: torch.nn.Module, args, kw, opts: StepOptions, progress: Progres
     refuses these values) is an :class:`UnsupportedModelError`, never the capture's internal signal.
 
     The forward (and loss) runs on real tensors, where the model reads values; where one micro-step is
-    traced, eagerly, the backward and the optimizer step then run on fake tensors (``fake_backward``: what
-    they compute is read by nothing, and they are about two thirds of the step's arithmetic); a backward
-    that reads values after all is traced again on real tensors throughout."""
+    traced, eagerly, and the forward's ops were large (``step.FAKE_BACKWARD_OP_BYTES``), the backward and the
+    optimizer step then run on fake tensors (what they compute is read by nothing); a fake backward that
+    reads values after all is traced again on real tensors throughout."""
     hybrid = opts.train and opts.grad_accum == 1 and opts.generation is None and opts.compile is None
-    for fake_backward in (True, False) if hybrid else (False,):
-        try:
-            return Step(model, args, kw, opts, fake=False, progress=progress, fake_backward=fake_backward).run()
-        except ReadsValues as exc:
-            if fake_backward:
-                log.info("%s; tracing backward on real CPU tensors too", exc)
-                continue
-            raise UnsupportedModelError(f"{exc}: the step fails on real CPU tensors too ({exc.__cause__!r:.200}); "
-                                        f"check the inputs' values and shapes") from exc.__cause__
-    raise AssertionError("unreachable")
+    step = Step(model, args, kw, opts, fake=False, progress=progress, fake_backward=hybrid)
+    try:
+        return step.run()
+    except ReadsValues as exc:
+        if step.fake_mode is None:  # read on real tensors: the step cannot run on these values
+            raise _fails_for_real(exc) from exc.__cause__
+        log.info("%s; tracing backward on real CPU tensors too", exc)
+    try:
+        return Step(model, args, kw, opts, fake=False, progress=progress).run()
+    except ReadsValues as exc:
+        raise _fails_for_real(exc) from exc.__cause__
+
+
+def _fails_for_real(exc: ReadsValues) -> UnsupportedModelError:
+    return UnsupportedModelError(f"{exc}: the step fails on real CPU tensors too ({exc.__cause__!r:.200}); "
+                                 f"check the inputs' values and shapes")
 
 
 def _replicated(model: torch.nn.Module, args: tuple, kw: dict, opts: StepOptions,

@@ -11,12 +11,11 @@ match"), so a batch without them (text alone beside the clips) is no batch the m
 from __future__ import annotations
 
 import inspect
-import math
 from typing import Any, Callable
 
 import torch
 
-from .hf_image_tokens import Features, image_text_ids
+from .hf_image_tokens import features_count, image_text_ids
 
 
 def audio_token_id(cfg: Any) -> int | None:
@@ -36,14 +35,9 @@ def audio_features_of(model: torch.nn.Module) -> Any:
 def audio_tokens(model: torch.nn.Module, clip: dict[str, torch.Tensor]) -> int:
     """How many audio embeddings (tokens) one clip becomes: ``get_audio_features`` traced on fake tensors with
     the clip's inputs it takes (features and their mask)."""
-    from ..capture.options import StepOptions
-    from ..capture.run import capture
-
     get = audio_features_of(model)
     params = inspect.signature(get).parameters
-    cap = capture(Features(model, get, {}), {k: v for k, v in clip.items() if k in params},
-                  StepOptions(train=False, optimizer="none"), mode="auto")
-    return math.prod(cap.module_outputs[""][0][:-1])
+    return features_count(model, get, {k: v for k, v in clip.items() if k in params}, {})
 
 
 def _frames(features: torch.Tensor, cfg: Any) -> int:

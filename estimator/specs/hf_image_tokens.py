@@ -111,9 +111,6 @@ class Features(torch.nn.Module):
 
 def _features_per_image(model: torch.nn.Module, get: Any, pixels: torch.Tensor, sizes: torch.Tensor,
                         side: dict[str, torch.Tensor]) -> int:
-    from ..capture.options import StepOptions
-    from ..capture.run import capture
-
     params = inspect.signature(get).parameters
     extra = {"image_sizes": sizes} if "image_sizes" in params else {}
     configs = (model.config, getattr(model.config, "vision_config", None))
@@ -121,10 +118,17 @@ def _features_per_image(model: torch.nn.Module, get: Any, pixels: torch.Tensor, 
         found = [getattr(c, name) for c in configs if hasattr(c, name)]
         if p.default is inspect.Parameter.empty and name not in ("pixel_values", "image_sizes", *side) and found:
             extra[name] = found[0]  # (Llama 4's vision_feature_select_strategy)
-    cap = capture(Features(model, get, extra), {"pixel_values": pixels.to("meta"), **side},
-                  StepOptions(train=False, optimizer="none"), mode="auto")
-    shape = cap.module_outputs[""][0]
-    return math.prod(shape[:-1])
+    return features_count(model, get, {"pixel_values": pixels.to("meta"), **side}, extra)
+
+
+def features_count(model: torch.nn.Module, get: Any, inputs: dict[str, torch.Tensor], extra: dict) -> int:
+    """How many embeddings ``get(**inputs, **extra)`` (the model's ``get_image_features`` or
+    ``get_audio_features``) makes: traced by the estimator's capture of a forward on fake tensors."""
+    from ..capture.options import StepOptions
+    from ..capture.run import capture
+
+    cap = capture(Features(model, get, extra), inputs, StepOptions(train=False, optimizer="none"), mode="auto")
+    return math.prod(cap.module_outputs[""][0][:-1])
 
 
 def more_pixels(model: torch.nn.Module, cfg: Any, batch: int, channels: int) -> dict[str, torch.Tensor]:
