@@ -51,13 +51,16 @@ WIDTHS = {"hidden_size": 64, "d_model": 64, "n_embd": 64, "embed_dim": 64, "inte
           "num_attention_heads": 4, "n_head": 4, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
           "num_key_value_heads": 2, "head_dim": 16, "rotary_dim": 16, "moe_intermediate_size": 128,
           "shared_expert_intermediate_size": 128, "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4,
-          "num_experts_per_tok": 2, "kv_lora_rank": 32, "q_lora_rank": 32, "qk_nope_head_dim": 16,
+          "num_experts_per_tok": 2, "num_experts_per_token": 2, "kv_lora_rank": 32, "q_lora_rank": 32,
+          "qk_nope_head_dim": 16,
           "qk_rope_head_dim": 16, "v_head_dim": 16, "encoder_hidden_size": 64, "projection_dim": 64,
           "out_hidden_size": 64, "word_embed_proj_dim": 64, "num_heads": 4,
           # Mamba-2 mixers of hybrid models (Bamba, GraniteMoeHybrid, Falcon-H1, Jamba): heads x head size =
           # expand (2) x hidden size (64) = 128 (Falcon-H1: its own mamba_d_ssm, 8 x 8)
           "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_ssm": 64, "mamba_d_state": 16, "mamba_chunk_size": 16,
-          "mamba_dt_rank": 16}
+          "mamba_dt_rank": 16,
+          # Gemma 3n's and Gemma 4's per-layer token embeddings (vocabulary x layers x this width)
+          "hidden_size_per_layer_input": 16}
 # Fields some default configurations leave None though their model reads them (Dots1's expert counts,
 # DeepSeek-V2's routing groups, ESM's vocabulary, Autoformer's horizon): set at levels 1 and 2 (not
 # sliding_window: None is "no window" to most families)
@@ -69,6 +72,42 @@ UNSET = {"n_shared_experts": 1, "n_routed_experts": 4, "num_local_experts": 4, "
 # 49 = 7 x 7 tokens (a kernel of 2)
 SHAPED = {"zamba": {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_offset": 1},
           "gemma3": {"mm_tokens_per_image": 49}, "shieldgemma2": {"mm_tokens_per_image": 49},
+          # ESM-C's attention has no grouped key/value heads
+          "esmc": {"num_key_value_heads": 4},
+          # Mamba-2's heads x head size = expand (2) x hidden size (64)
+          "mamba2": {"num_heads": 8},
+          # Fun-ASR-Nano's adaptor is a quarter of its text model's width
+          "fun_asr_nano": {"adaptor_config.intermediate_size": 16},
+          # Qwen2.5-Omni's talker takes the thinker's states (3,584 wide by default)
+          "qwen2_5_omni_talker": {"embedding_size": 64},
+          # depth models that read 4 stages of their ViT backbone (6, 12, 18 and 24 of 24 layers): 4 layers, so that
+          # the loader moves them to 1-4
+          "zoedepth": {"backbone_config.num_hidden_layers": 4}, "chmv2": {"backbone_config.num_hidden_layers": 4},
+          # Mistral 4's head is its two parts (16 + 16), half of it rotated (the default's partial_rotary_factor)
+          "mistral4": {"head_dim": 32},
+          # ERNIE 4.5-VL rotates height, width and time on sections of a head's 8 frequencies (its defaults: 22,
+          # 22 and 20 of 64), height and width alike
+          "ernie4_5_vl_moe_text": {"rope_parameters": {"rope_theta": 500000.0, "rope_type": "default",
+                                                       "mrope_section": [3, 3, 2]}},
+          "ernie4_5_vl_moe": {"text_config.rope_parameters": {"rope_theta": 500000.0, "rope_type": "default",
+                                                              "mrope_section": [3, 3, 2]}},
+          # widths of their own names: xLSTM's embedding, XLM's (and FlauBERT's) embedding
+          # (xLSTM at 128: its configuration rounds the key width, hidden x 0.5, up to 64 where its model does not)
+          # Pixtral towers' default images are 1,540 px (3,025 tokens each, 3.7 GB of real attention): 224 px
+          "mistral3": {"vision_config.image_size": 224}, "lighton_ocr": {"vision_config.image_size": 224},
+          # V-JEPA 2's clips: 16 frames of 128 px, not 64 of 256
+          "vjepa2": {"frames_per_clip": 16, "crop_size": 128},
+          # vision adapters that take the tower's merged patches: MuseGlimmer's 2 x 2 of 64 (its defaults' 6,144 of
+          # 1,536), Kimi K2.5's projection of the tower's width
+          "muse_glimmer": {"out_hidden_size": 256, "projector_hidden_size": 64},
+          "kimi_k25": {"projection_hidden_size": 64},
+          # Wav2Vec2-BERT's default input is twice its 5,000 positions (the loader's rule for Whisper-style encoders):
+          # 200 s of 20 ms frames, 3.2 GB of real attention scores; 500 positions make it 1,000 frames
+          "wav2vec2-bert": {"max_source_positions": 500},
+          # RemBERT's embeddings (input and output) and Perceiver's latents
+          "rembert": {"input_embedding_size": 64, "output_embedding_size": 64},
+          "perceiver": {"d_latents": 64, "num_latents": 32, "num_self_attends_per_block": 2},
+          "xlstm": {"hidden_size": 128, "embedding_dim": 128}, "xlm": {"emb_dim": 64}, "flaubert": {"emb_dim": 64},
           # a default configuration that leaves the padding token unset where the forward reads it (ESM's
           # position ids): the value the published checkpoints use
           "esm": {"pad_token_id": 1},
@@ -140,10 +179,24 @@ def shrink_overrides(model_type: str, level: int) -> dict[str, Any]:
                 continue  # Swin's stage count, derived from its depths (a backbone's stage names follow it)
             if fields.get(key, 0) > 2:
                 out[prefix + key] = 2
-        if level >= 2:
+        # (a timm tower keeps its own widths whatever its configuration's: Gemma 3n's MobileNetV5, FastVLM's FastViT)
+        if level >= 2 and not isinstance(getattr(c, "architecture", None), str):
             for key, value in WIDTHS.items():
                 if key in fields and fields[key] > value:
                     out[prefix + key] = value
+                per_layer = c.to_dict().get(key)  # (Gemma 3n's MLP widths, one per layer of the shrunk stack)
+                if isinstance(per_layer, list) and per_layer and all(isinstance(v, int) for v in per_layer):
+                    layers = out.get(prefix + "num_hidden_layers", len(per_layer))
+                    out[prefix + key] = [min(v, value) for v in per_layer[:layers]]
+            depths = c.to_dict().get("depths")
+            if isinstance(depths, list) and "num_filters" in fields and all(isinstance(d, int) for d in depths):
+                # a convolutional codec's stages (VibeVoice's tokenizers: 32 filters doubling over 7 stages of 3-8
+                # blocks): one block each, from 4 filters
+                out.update({prefix + "depths": [1] * len(depths),
+                            prefix + "num_filters": min(fields["num_filters"], 4)})
+            if "kv_lora_rank" in fields and prefix + "num_attention_heads" in out:
+                # multi-head latent attention (DeepSeek-V2 and its kin) has no grouped key/value heads
+                out[prefix + "num_key_value_heads"] = out[prefix + "num_attention_heads"]
             rope = getattr(c, "rope_parameters", None)
             if isinstance(rope, dict) and prefix + "num_attention_heads" in out and _uses_mrope(c):
                 head = out.get(prefix + "head_dim") or fields.get("head_dim") \

@@ -59,6 +59,8 @@ FAMILIES = {
     "idefics2": "images with an images-per-sample dimension, counted by tracing get_image_features on fake tensors",
     "audioflamingo3": "an audio-language model: a clip's audio tokens, counted by tracing get_audio_features, lead "
                       "its text",
+    "deepseek_v2": "multi-head latent attention (low-rank keys and values) with routed and shared experts",
+    "gemma3n_text": "per-layer token embeddings, AltUp, and layers reusing an earlier layer's keys and values",
     "qwen2_5_omni_audio_encoder": "an audio encoder fed the batch packed as mels x frames, with each clip's length",
 }
 

@@ -51,6 +51,7 @@ from torch.utils._python_dispatch import _disable_current_modes, is_traceable_wr
 
 from ..compat import optional_op
 from ..rules.registry import bind
+from .index_bounds import check_known_indices
 from .recorder import METADATA_QUERY_IDS
 
 GROUPED_MM = optional_op("_grouped_mm")  # torch >= 2.8
@@ -445,6 +446,7 @@ class RecordingFakeMode(FakeTensorMode):
                 # nonzero positions as integer indices, so the output's size is known
                 return self.rec.record(func, args, kwargs, lambda *a, **k: self.dispatch(
                     func, types, (a[0], _masks_as_positions(a[1]), *a[2:]), k))
+            check_known_indices(func, args, kwargs)  # (the real kernel's check, where the indices are known)
             if self.adopt_real:
                 args, kwargs = pytree.tree_map_only(torch.Tensor, self._stand_in, (args, kwargs))
             # ``dispatch`` is FakeTensorMode.__torch_dispatch__ without its wrappers (a dynamo

@@ -202,6 +202,9 @@ def _merge_sub(base: dict[str, Any], sub: dict[str, Any]) -> dict[str, Any]:
 
 
 LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+# Fields that list layers by index (0-based): SAM's (and DeepSeek-VL's high-resolution tower's) global-attention
+# layers, Qwen2.5-VL's full-attention blocks
+LAYER_INDEX_FIELDS = ("global_attn_indexes", "fullatt_block_indexes")
 
 
 def per_layer_lists(base: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:
@@ -217,15 +220,70 @@ def per_layer_lists(base: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any
         for name, value in base.items():
             if name not in sets and isinstance(value, (list, tuple)) and len(value) == old:
                 out[name] = type(value)(_resized(list(value), new))
+        out.update(_backbone_outputs(base, sets, old, new))
+        for name in LAYER_INDEX_FIELDS:
+            value = base.get(name)
+            if name not in sets and isinstance(value, (list, tuple)) and value \
+                    and all(isinstance(i, int) and 0 <= i < old for i in value):
+                moved = list(dict.fromkeys(i * new // old for i in value))  # (layer k of old at k x new / old)
+                out[name] = type(value)(moved)
+        table = base.get("per_layer_config")
+        if isinstance(table, dict) and table and all(str(k).isdigit() for k in table) \
+                and "per_layer_config" not in sets:
+            kinds = base.get("layer_types")
+            kept = _kept_layers(list(kinds) if isinstance(kinds, (list, tuple)) and len(kinds) == old
+                                else list(range(old)), new)
+            out["per_layer_config"] = _per_layer_dict({str(k): v for k, v in table.items()}, kept)
+        shared = base.get("num_kv_shared_layers")
+        if isinstance(shared, int) and shared > 0 and "num_kv_shared_layers" not in sets:
+            kinds = out.get("layer_types", sets.get("layer_types")) or [None] * new
+            out["num_kv_shared_layers"] = _kv_shared_count(shared * new // old, list(kinds))
     return out
+
+
+def _backbone_outputs(base: dict[str, Any], sets: dict[str, Any], old: int, new: int) -> dict[str, Any]:
+    """A backbone's output stages (``out_features`` ``stage6 ... stage24`` of DPT's ViT, ``out_indices``) at the same
+    depths of a stack of ``new`` layers (stage ``k`` -> ``ceil(k x new / old)``), where they stay distinct."""
+    indices = base.get("out_indices")
+    if "out_features" in sets or "out_indices" in sets or not isinstance(indices, (list, tuple)) or not indices:
+        return {}
+    if not all(isinstance(i, int) and 0 < i <= old for i in indices):
+        return {}  # (negative or stem indices: left as they are)
+    moved = [-(-i * new // old) for i in indices]
+    if len(set(moved)) != len(moved):
+        return {}  # (fewer layers than outputs: the configuration's own error says so)
+    return {"out_indices": moved, "out_features": [f"stage{i}" for i in moved]}
+
+
+def _kv_shared_count(shared: int, kinds: list[Any]) -> int:
+    """Gemma 3n's (and Gemma 4's) ``num_kv_shared_layers`` for a shrunk stack of layers of ``kinds``: the last
+    layers reuse the keys and values of the last earlier layer of their kind, so at most the stack's share of
+    the default count (15 of 35 layers) and no more than leaves an earlier layer of each shared kind."""
+    shared = min(shared, len(kinds) - 1)
+    while shared > 0 and not set(kinds[len(kinds) - shared:]) <= set(kinds[:len(kinds) - shared]):
+        shared -= 1
+    return max(shared, 0)
 
 
 def _resized(items: list[Any], new: int) -> list[Any]:
     """``new`` entries of a per-layer list: fewer keep the first layer of each kind (a hybrid stack keeps its
     attention layers) and spread the rest over the stack, in order; more repeat the pattern."""
+    return [items[i] for i in _kept_layers(items, new)]
+
+
+def _per_layer_dict(table: dict[str, Any], kept: list[int]) -> dict[str, Any]:
+    """Gemma 4's ``per_layer_config`` (``{"05": {"head_dim": 512}, ...}``, keyed by layer index) for the stack of
+    the layers ``kept`` (old indices, in their new order)."""
+    width = max(len(k) for k in table)
+    return {f"{new:0{width}d}": table[f"{old:0{width}d}"] for new, old in enumerate(kept)
+            if f"{old:0{width}d}" in table}
+
+
+def _kept_layers(items: list[Any], new: int) -> list[int]:
+    """The old layers (indices into ``items``, one entry per layer) that a stack of ``new`` layers keeps."""
     old = len(items)
     if new >= old:
-        return (items * -(-new // old))[:new]
+        return [i % old for i in range(new)]
     chosen: list[int] = []
     for i, item in enumerate(items):  # the first layer of each kind, as far as they go
         if len(chosen) < new and all(items[j] != item for j in chosen):
@@ -237,7 +295,7 @@ def _resized(items: list[Any], new: int) -> list[Any]:
     for i in range(old):  # (spread indices that collided)
         if len(chosen) < new and i not in chosen:
             chosen.append(i)
-    return [items[i] for i in sorted(chosen)]
+    return sorted(chosen)
 
 
 def _apply_nested(cfg: Any, nested: dict[str, dict[str, Any]]) -> None:

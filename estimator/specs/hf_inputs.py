@@ -37,6 +37,20 @@ def max_positions(cfg: Any) -> int | None:
     return None
 
 
+def position_limit(model: torch.nn.Module, cfg: Any) -> int | None:
+    """The most tokens ``model`` takes: :func:`max_positions`, less the offset of position tables that start past
+    their padding row (RoBERTa and its kin number positions from ``padding_idx + 1``, so a table of 514 takes
+    512 tokens; a real step past that indexes out of the table)."""
+    limit = max_positions(cfg)
+    if limit is None:
+        return None
+    for name, module in model.named_modules():
+        if name.endswith("position_embeddings") and isinstance(module, torch.nn.Embedding) \
+                and module.num_embeddings == limit and module.padding_idx is not None:
+            return limit - module.padding_idx - 1
+    return limit
+
+
 def inputs_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any, str]:
     """The model's batch and its description; without labels when ``opts.labels`` is False (inference and
     generation feed the inputs alone, so the model computes no loss)."""
@@ -87,7 +101,7 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
     if main == "input_ids":
         if opts.image_size is not None:
             raise UserError(f"--image-size: {type(model).__name__} takes token ids; use --seq")
-        limit = max_positions(cfg)
+        limit = position_limit(model, cfg)
         seq = opts.seq or default_seq(limit)
         if limit and seq > limit:
             log.warning("--seq %d is longer than the model's %d positions: a real run may fail", seq, limit)
@@ -126,7 +140,7 @@ def _perceiver_text_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions) 
     (``max_position_embeddings`` of them, whatever the input's length)."""
     if opts.image_size is not None:
         raise UserError(f"--image-size: {type(model).__name__} takes token ids; use --seq")
-    limit = max_positions(cfg)
+    limit = position_limit(model, cfg)
     batch, seq = opts.batch or 1, opts.seq or default_seq(limit)
     ids = torch.zeros(batch, seq, dtype=torch.int64, device="meta")
     if type(model).__name__.endswith("ForSequenceClassification"):

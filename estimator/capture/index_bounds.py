@@ -1,0 +1,70 @@
+"""The index check a real kernel makes, made on fake tensors where the indices' values are known.
+
+A fake tensor has no values, so FakeTensorMode cannot check that an index is in range; a real step raises
+there.  Token ids and the position ids a model derives from them are real during the capture (their values
+are known: :func:`estimator.capture.fake._runs_on_known_values`), so an embedding, ``gather``,
+``index_select`` or advanced index of a fake tensor by them can be checked as ATen checks it, and an input
+that a real step cannot take (RoBERTa's positions past its table: ``padding_idx + 1 + seq`` of
+``max_position_embeddings``) is refused as the real step would refuse it, instead of being estimated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from ..rules.registry import bind
+
+aten = torch.ops.aten
+
+# op -> (the indexed tensor's argument, the index's argument, the dimension's argument or a fixed dimension,
+# whether negative indices count from the end as Python's do)
+_INDEXED = {
+    aten.embedding.default: ("weight", "indices", 0, False),
+    aten.index_select.default: ("self", "index", "dim", False),
+    aten.gather.default: ("self", "index", "dim", False),
+}
+
+
+def _known(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and type(t) is torch.Tensor and not t.is_meta \
+        and not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool) and t.numel() > 0
+
+
+def check_known_indices(func: Any, args: tuple, kwargs: dict) -> None:
+    """Raise the real kernel's ``IndexError`` where ``func`` indexes a fake tensor with real indices that are
+    out of its range; otherwise nothing (unknown indices, a real indexed tensor: the kernel checks)."""
+    if func is aten.index.Tensor:
+        _check_advanced(args, kwargs)
+        return
+    spec = _INDEXED.get(func)
+    if spec is None:
+        return
+    source_name, index_name, dim_arg, negative = spec
+    bound = bind(func, args, kwargs)
+    source, index = bound.get(source_name), bound.get(index_name)
+    if type(source) is not FakeTensor or not _known(index):
+        return
+    dim = bound.get(dim_arg, 0) if isinstance(dim_arg, str) else dim_arg
+    _check(index, dim, source, negative)
+
+
+def _check_advanced(args: tuple, kwargs: dict) -> None:
+    bound = bind(aten.index.Tensor, args, kwargs)
+    source, indices = bound.get("self"), bound.get("indices") or ()
+    if type(source) is not FakeTensor:
+        return
+    for dim, index in enumerate(indices):
+        if _known(index):
+            _check(index, dim, source, True)
+
+
+def _check(index: torch.Tensor, dim: int, source: torch.Tensor, negative: bool) -> None:
+    size = source.shape[dim] if source.dim() else 1
+    low, high = int(index.min()), int(index.max())
+    if high >= size:
+        raise IndexError(f"index {high} is out of bounds for dimension {dim} with size {size}")
+    if low < (-size if negative else 0):
+        raise IndexError(f"index {low} is out of bounds for dimension {dim} with size {size}")
