@@ -142,3 +142,17 @@ def test_layer_index_lists_follow_the_layer_count():
         "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "mlp_dim": 128, "output_channels": 32})
     assert list(loaded.model.config.global_attn_indexes) == [0, 1]
     _real_forward_runs(loaded)
+
+
+def test_the_sequence_search_stops_where_the_position_table_does():
+    from sweep import materialize
+
+    from estimator.plan.search import position_limit
+
+    loaded = load_spec("hf:roberta", batch=1, overrides={"num_hidden_layers": 1, **SMALL})
+    limit, source = position_limit(loaded.model)
+    assert limit == 510 and "padding_idx" in source  # 512 rows, positions from padding_idx + 1 = 2
+    model = materialize(loaded.model)
+    model(input_ids=torch.full((1, limit), 5)).logits.sum().backward()  # the real step takes 510 tokens ...
+    with pytest.raises((IndexError, RuntimeError), match="out of"):
+        model(input_ids=torch.full((1, limit + 1), 5))  # ... and not 511

@@ -66,7 +66,8 @@ def resize_inputs(inputs: Any, dim: int, old: int, new: int) -> Any:
 
 def position_limit(model: torch.nn.Module) -> tuple[int, str] | None:
     """The longest sequence the model accepts, if it says: a config / module attribute
-    (max_position_embeddings, n_positions, block_size...) or the rows of a position-embedding table."""
+    (max_position_embeddings, n_positions, block_size...) or the rows of a position-embedding table (less the
+    rows up to its padding row, where positions are numbered after it as RoBERTa numbers them)."""
     found: list[tuple[int, str]] = []
     cfg = getattr(model, "config", None)
     for holder, prefix in [(cfg, "config")] + [(m, p or "(root)") for p, m in model.named_modules()]:
@@ -77,7 +78,11 @@ def position_limit(model: torch.nn.Module) -> tuple[int, str] | None:
     for path, mod in model.named_modules():
         last = path.rpartition(".")[2].lower()
         if isinstance(mod, torch.nn.Embedding) and ("pos" in last or last == "wpe"):
-            found.append((mod.num_embeddings, f"{path}.num_embeddings"))
+            if mod.padding_idx is not None and mod.padding_idx >= 0:  # (RoBERTa numbers positions from pad + 1)
+                found.append((mod.num_embeddings - mod.padding_idx - 1,
+                              f"{path}.num_embeddings - padding_idx - 1"))
+            else:
+                found.append((mod.num_embeddings, f"{path}.num_embeddings"))
     return min(found) if found else None
 
 
