@@ -2,10 +2,13 @@
 
 Run as ``python tests/pp_worker.py RANK WORLD_SIZE INIT_FILE OUT_JSON CONFIG_JSON``; the test starts one process
 per rank (one pipeline stage each).  ``CONFIG_JSON``: ``{"config": {...} (examples/llama.py's LlamaConfig),
-"batch", "seq", "microbatches", "schedules": ["gpipe", "1f1b"], "tp": int, "sp": bool, "dp": int}``: with ``tp``
+"batch", "seq", "microbatches", "schedules": ["gpipe", "1f1b"], "tp": int, "sp": bool, "dp": int, "cp": int}``: with ``tp``
 > 1 the ranks form a (pp, tp) mesh, each stage split by tests/dist_worker.py's Megatron plan for the example
 Llama (torchtitan's sequence parallelism with ``sp``); with ``dp`` > 1 a (pp, dp) mesh, each stage's layers and
-the stage itself under FSDP2's ``fully_shard``; the stages talk over the mesh's pp groups.  Independent of estimator's code: nothing from
+the stage itself under FSDP2's ``fully_shard``; with ``cp`` > 1 a (pp, cp) mesh, each stage under FSDP2 over
+the cp ranks (torchtitan's ``dp_shard_cp``) and each step under ``context_parallel`` (the batch and targets
+sharded on the sequence, attention torch's ring with tests/dist_worker.py's CPU flash kernels); the stages talk
+over the mesh's pp groups.  Independent of estimator's code: nothing from
 ``estimator`` is imported here.
 
 For each schedule the rank builds the example Llama with real weights and keeps its stage, as torchtitan's
@@ -24,6 +27,7 @@ last ``step()``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -45,9 +49,9 @@ import llama  # noqa: E402
 class Stage(torch.nn.Module):
     """Layers ``lo``..``hi`` of the example Llama, with its embedding when first and its norm and head when last."""
 
-    def __init__(self, model: llama.Llama, lo: int, hi: int, first: bool, last: bool, seq: int):
+    def __init__(self, model: llama.Llama, lo: int, hi: int, first: bool, last: bool, seq: int, cp: int = 1):
         super().__init__()
-        self.cfg, self.seq = model.cfg, seq
+        self.cfg, self.seq = model.cfg, seq // cp  # (under context parallelism: the rank's share of the sequence)
         self.tok_embeddings = model.tok_embeddings if first else None
         self.layers = torch.nn.ModuleList(model.layers[lo:hi])
         self.norm = model.norm if last else None
@@ -94,10 +98,14 @@ def run(rank: int, world: int, cfg: dict, schedule_name: str) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.pipelining import PipelineStage, schedules
 
-    tp, dp = cfg.get("tp", 1), cfg.get("dp", 1)
-    pp = world // (tp * dp)
-    inner, name = (dp, "dp") if dp > 1 else (tp, "tp")
+    tp, dp, cp = cfg.get("tp", 1), cfg.get("dp", 1), cfg.get("cp", 1)
+    pp = world // (tp * dp * cp)
+    inner, name = (dp, "dp") if dp > 1 else (cp, "cp") if cp > 1 else (tp, "tp")
     mesh = init_device_mesh("cpu", (pp, inner), mesh_dim_names=("pp", name))
+    if cp > 1:
+        from dist_worker import flash_attention_on_cpu
+
+        flash_attention_on_cpu()
     r = rank // inner  # this rank's place in the pipeline
     style = MULTI.get(schedule_name)
     n_stages = pp * (2 if style else 1)
@@ -105,7 +113,7 @@ def run(rank: int, world: int, cfg: dict, schedule_name: str) -> dict:
     torch.manual_seed(0)
     model = llama.Llama(llama.LlamaConfig(**cfg["config"]))
     ranges = layer_ranges(cfg["config"]["n_layers"], n_stages)
-    modules = [Stage(model, *ranges[s], s == 0, s == n_stages - 1, cfg["seq"]) for s in mine]
+    modules = [Stage(model, *ranges[s], s == 0, s == n_stages - 1, cfg["seq"], cp) for s in mine]
     del model
     idx = torch.randint(0, cfg["config"]["vocab_size"], (cfg["batch"], cfg["seq"]))
     tracker = ResizeAwareTracker()
@@ -115,13 +123,13 @@ def run(rank: int, world: int, cfg: dict, schedule_name: str) -> dict:
                 from dist_worker import tensor_parallel
 
                 tensor_parallel(module, mesh["tp"], cfg.get("sp", False))
-            if dp > 1:  # FSDP2 on each layer and the stage, as torchtitan shards a stage (its default policy
-                from torch.distributed.fsdp import fully_shard  # under pp: not resharded after forward)
-
+            if dp > 1 or cp > 1:  # FSDP2 on each layer and the stage, as torchtitan shards a stage (its default
+                from torch.distributed.fsdp import fully_shard  # policy under pp: not resharded after forward; under
+                # cp over the cp ranks, its dp_shard_cp)
                 keep = cfg.get("reshard_after_forward", False)
                 for layer in module.layers:
-                    fully_shard(layer, mesh=mesh["dp"], reshard_after_forward=keep)
-                fully_shard(module, mesh=mesh["dp"], reshard_after_forward=keep)
+                    fully_shard(layer, mesh=mesh[name], reshard_after_forward=keep)
+                fully_shard(module, mesh=mesh[name], reshard_after_forward=keep)
         stages = [PipelineStage(m, s, n_stages, torch.device("cpu"), group=mesh["pp"].get_group())
                   for m, s in zip(modules, mine)]
         cls = {"gpipe": schedules.ScheduleGPipe, "1f1b": schedules.Schedule1F1B,
@@ -143,8 +151,16 @@ def run(rank: int, world: int, cfg: dict, schedule_name: str) -> dict:
                             tracker.register(v)
             if it >= 2:
                 tracker.reset_peak()
-            schedule.step(*((idx,) if first else ()), **(dict(target=idx, losses=[], return_outputs=False)
-                                                        if last else {}))
+            batch, target, ring = idx, idx, contextlib.nullcontext()
+            if cp > 1:  # a fresh batch and targets, sharded in place on the sequence (torchtitan's train_context)
+                from torch.distributed.tensor.experimental import context_parallel
+
+                batch, target = idx.clone(), idx.clone()
+                ring = context_parallel(mesh["cp"], buffers=[batch, target], buffer_seq_dims=[1, 1],
+                                        no_restore_buffers={batch, target})
+            with ring:
+                schedule.step(*((batch,) if first else ()), **(dict(target=target, losses=[], return_outputs=False)
+                                                                if last else {}))
             opt.step()
             if it >= 2:
                 peaks.append((tracker.peak, tracker.peak_op))

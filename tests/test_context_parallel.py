@@ -121,7 +121,6 @@ def test_each_rank_holds_its_share_of_the_sequence():
     ({"cp": 3}, "multiple of 6"),  # 64 is not 2 x 3 chunks
     ({"cp": 2, "gpus": 3}, "does not divide --gpus 3"),
     ({"cp": 2, "strategy": "zero2"}, "--cp runs torch's context_parallel"),
-    ({"cp": 2, "pp": 2, "gpus": 4}, "--cp with --pp"),
     ({"cp": 2, "cp_rotate": "ring"}, "--cp-rotate must be one of"),
 ])
 def test_impossible_context_parallel_layouts_are_one_line_errors(kw, message):

@@ -57,7 +57,7 @@ def _planner(config: dict | None = None, seq: int = SEQ, **kw) -> Planner:
 
 
 def _real_and_planned(directory, pp: int, tp: int = 1, sp: bool = False, dp: int = 1, config: dict | None = None,
-                      seq: int = SEQ, schedules: tuple[str, ...] = SCHEDULES):
+                      seq: int = SEQ, schedules: tuple[str, ...] = SCHEDULES, cp: int = 1):
     """The real runs (started first, running while the plans are traced) and the plans: (real by rank, plans by
     schedule)."""
     import torch.distributed as dist
@@ -67,16 +67,18 @@ def _real_and_planned(directory, pp: int, tp: int = 1, sp: bool = False, dp: int
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if sys.platform.startswith("linux"):
         env["GLOO_SOCKET_IFNAME"] = "lo"
-    world = pp * tp * dp
+    world = pp * tp * dp * cp
     cfg = json.dumps({"config": config or CONFIG, "batch": BATCH, "seq": seq, "microbatches": MICRO,
-                      "schedules": schedules, "tp": tp, "sp": sp, "dp": dp})
+                      "schedules": schedules, "tp": tp, "sp": sp, "dp": dp, "cp": cp})
     procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "pp_worker.py"), str(r), str(world),
                                str(directory / "init"), str(directory / f"r{r}.json"), cfg], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
     try:
         planner = _planner(config, seq)
         plans = {s: planner.plan("fsdp" if dp > 1 else "ddp", world, tp=tp, sequence_parallel=sp, pp=pp,
-                                 pp_schedule=s, microbatches=MICRO, solve=()) for s in schedules}
+                                 pp_schedule=s, microbatches=MICRO, solve=()) for s in schedules} if cp == 1 else \
+            {(s, r): planner.plan("fsdp", world, pp=pp, cp=cp, rank=r, pp_schedule=s, microbatches=MICRO, solve=())
+             for s in schedules for r in range(cp)}  # (each cp rank of the ring planned: its chunks differ)
         for r, p in enumerate(procs):
             _, err = p.communicate(timeout=420)
             assert p.returncode == 0, f"rank {r} failed:\n{err[-4000:]}"
@@ -116,6 +118,15 @@ def fsdp_runs(tmp_path_factory):
                              schedules=SCHEDULES + ("interleaved-1f1b",))
 
 
+@pytest.fixture(scope="module")
+def cp_runs(tmp_path_factory):
+    """2 ranks x context parallelism 2 (4 processes): each stage under FSDP2 over its 2 cp ranks, each step under
+    ``context_parallel`` (every sequence split over the cp ranks, attention torch's ring); multi-head attention,
+    as the CPU flash kernel takes it."""
+    mha = {**CONFIG, "n_kv_heads": CONFIG["n_heads"]}
+    return _real_and_planned(tmp_path_factory.mktemp("pp_cp"), 2, cp=2, config=mha)
+
+
 def _check(real: dict, planned: dict, schedule: str, tolerance: float = 0.01) -> None:
     """One rank: its model states exactly, its peak within ``tolerance`` (zero-bubble: ZBV_TOLERANCE)."""
     assert (planned["parameters"], planned["gradients"], planned["optimizer_state"]) == (
@@ -139,6 +150,18 @@ def test_ranks_under_tensor_parallelism_match_the_real_ranks(tp_runs, schedule, 
     first TP rank of each pipeline rank is planned: the TP ranks differ by a few bytes of uneven splits at most)."""
     real, plans = tp_runs
     _check(real[rank][schedule], plans[schedule].pipeline["per_rank"][rank // 2], schedule)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("rank", range(4))
+def test_ranks_under_context_parallelism_match_the_real_ranks(cp_runs, schedule, rank):
+    """Each process of a (pp 2, cp 2) mesh: its pipeline rank's model states exactly (FSDP2 over the 2 cp ranks),
+    its peak within 1 % (each cp rank planned: the ring's ranks hold different halves of the load-balanced
+    chunks)."""
+    real, plans = cp_runs
+    plan = plans[schedule, rank % 2]  # (the mesh is (pp, cp): process 3 is pipeline rank 1's second cp rank)
+    _check(real[rank][schedule], plan.pipeline["per_rank"][rank // 2], schedule)
+    assert any("ring attention" in n for n in plan.notes)
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

@@ -212,9 +212,6 @@ def check_layout(layout: Layout, precision: PlanPrecision) -> None:
         if s not in ENGINE_STRATEGIES:
             raise UserError(f"--cp runs torch's context_parallel on the traced engines: use --strategy ddp, fsdp or "
                             f"hsdp, not {s}")
-        if layout.pp > 1:
-            raise UserError("--cp with --pp is not planned yet: plan the pipeline without context parallelism, or "
-                            "context parallelism without --pp")
     if layout.ep != 1:
         _check_ep(layout)
     if layout.pp > 1:

@@ -22,8 +22,9 @@ How ``torch.distributed.pipelining`` runs a model over ``pp`` ranks, and how the
 
 The plan reports the rank with the highest peak.  Checked against real ``torch.distributed.pipelining`` runs
 (tests/test_pipeline.py, gloo): model states exact, every rank's peak within 1 % (GPipe, 1F1B, interleaved 1F1B,
-with tensor and sequence parallelism inside the stages).  Not modelled: context parallelism, stages whose
-blocks differ, the allocator's fragmentation of the composed peak (its first guess).
+with tensor and sequence parallelism inside the stages; with context parallelism inside them, each stage's
+attention torch's ring over its cp group and every activation between stages 1/cp of the sequence).  Not
+modelled: stages whose blocks differ, the allocator's fragmentation of the composed peak (its first guess).
 """
 
 from __future__ import annotations
@@ -235,12 +236,13 @@ def _dtype_of(cap: Any, path: str) -> torch.dtype:
 
 
 def stage_model(model: torch.nn.Module, split: Split, stage: int, pp: int, batch: int | None = None,
-                shards: int = 1, dtype: torch.dtype | None = None) -> StageModel:
+                shards: int = 1, dtype: torch.dtype | None = None, cp: int = 1) -> StageModel:
     """A copy of ``model`` (sharing nothing the step changes: its own module objects, the same parameter
     tensors) as stage ``stage`` of ``pp`` runs it; ``batch``: the micro-batch (the recorded shapes' dim 0);
     ``shards``: the activation received holds 1/shards of the sequence (sequence parallelism); ``dtype``: its
     dtype where the engine's differs from the single-device step's (FSDP2's MixedPrecisionPolicy computes in
-    its ``param_dtype``)."""
+    its ``param_dtype``); ``cp``: each rank of a context-parallel group holds 1/cp of every sequence (the
+    recorded shapes' dim 1, the activations received and the stand-ins' outputs alike)."""
     lo, hi = stage_ranges(split.repeats.count, pp)[stage]
     if hi <= lo:
         raise UserError(f"--pp {pp}: more stages than the {split.repeats.count} blocks; use --pp "
@@ -253,7 +255,8 @@ def stage_model(model: torch.nn.Module, split: Split, stage: int, pp: int, batch
     stack = parent._modules[attr] = shortened(parent._modules[attr], lo, hi)
 
     def resized(shape: tuple[int, ...]) -> tuple[int, ...]:
-        return (batch, *shape[1:]) if batch is not None and shape else shape
+        shape = (batch, *shape[1:]) if batch is not None and shape else shape
+        return (shape[0], shape[1] // cp, *shape[2:]) if cp > 1 and len(shape) > 1 else shape
 
     def put(path: str, new: torch.nn.Module) -> None:
         owner_path, _, name = path.rpartition(".")
@@ -358,7 +361,8 @@ def _trace_stages(planner: Any, layout: Any, group: Any, split: Split, inputs: A
     for s in range(n_stages):
         key = (ranges[s][1] - ranges[s][0], s == 0, s == n_stages - 1)
         if key not in traced:
-            model = stage_model(planner.model, split, s, n_stages, batch=micro, shards=shards, dtype=policy)
+            model = stage_model(planner.model, split, s, n_stages, batch=micro, shards=shards, dtype=policy,
+                                cp=layout.cp)
             units = [p for p, m in model.named_modules() if p and isinstance(m, tuple(planner.wrap))]
             options = replace(planner.options, checkpoint=checkpoint, keep_output=True, grad_accum=accumulate,
                               loss_fn=planner.options.loss_fn if s == n_stages - 1 else sent_loss,
@@ -369,7 +373,7 @@ def _trace_stages(planner: Any, layout: Any, group: Any, split: Split, inputs: A
             traced[key] = (step, planner._time(group, step, gpu))
             settle()  # the stage model's and its trace's garbage collected once (automatic collection is off)
         step, time = traced[key]
-        sizes = recv_sizes(split, s, n_stages, micro, shards, policy)
+        sizes = recv_sizes(split, s, n_stages, micro, shards * layout.cp, policy)
         sent = max(sizes)  # one activation (or its gradient) between stages
         optimizer = time.by_phase_s.get("optimizer", 0.0)
         work = (time.step_time_s - optimizer) / accumulate  # one micro-batch's forward and backward
@@ -454,6 +458,10 @@ def plan_pipeline(planner: Any, layout: Any, checkpoint: tuple[type, ...], gpu: 
                         f"blocks fill (the embedding and the head count as a block each, as torchtitan deals them); "
                         f"{fix}")
     inputs = resize_inputs(planner.inputs, 0, batch, micro) if micro != batch else planner.inputs
+    if layout.cp > 1:  # each rank of a context-parallel group feeds its stages 1/cp of every sequence
+        from .context import shard_sequence
+
+        inputs = shard_sequence(inputs, planner.seq, layout.cp)
     group = replace(layout, gpus=layout.gpus // pp, pp=1, microbatches=0,  # a stage's own ranks
                     reshard_after_forward=layout.reshards_after_forward)
     stages, hop = _trace_stages(planner, layout, group, split, inputs, checkpoint, gpu, microbatches, micro, n_stages)
