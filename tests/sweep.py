@@ -104,6 +104,9 @@ SHAPED = {"zamba": {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_
           # Wav2Vec2-BERT's default input is twice its 5,000 positions (the loader's rule for Whisper-style encoders):
           # 200 s of 20 ms frames, 3.2 GB of real attention scores; 500 positions make it 1,000 frames
           "wav2vec2-bert": {"max_source_positions": 500},
+          # LongCat-Flash's experts (512 routed and 256 zero-compute ones, 12 per token) and their widths
+          "longcat_flash": {"moe_topk": 2, "zero_expert_num": 2, "expert_ffn_hidden_size": 128, "ffn_hidden_size": 128,
+                            "qk_head_dim": 32},
           # RemBERT's embeddings (input and output) and Perceiver's latents
           "rembert": {"input_embedding_size": 64, "output_embedding_size": 64},
           "perceiver": {"d_latents": 64, "num_latents": 32, "num_self_attends_per_block": 2},
@@ -198,7 +201,7 @@ def shrink_overrides(model_type: str, level: int) -> dict[str, Any]:
                 # multi-head latent attention (DeepSeek-V2 and its kin) has no grouped key/value heads
                 out[prefix + "num_key_value_heads"] = out[prefix + "num_attention_heads"]
             rope = getattr(c, "rope_parameters", None)
-            if isinstance(rope, dict) and prefix + "num_attention_heads" in out and _uses_mrope(c):
+            if isinstance(rope, dict) and rope and prefix + "num_attention_heads" in out and _uses_mrope(c):
                 head = out.get(prefix + "head_dim") or fields.get("head_dim") \
                     or out.get(prefix + "hidden_size", 64) // out[prefix + "num_attention_heads"]
                 sections = _mrope_sections(rope, head)
