@@ -5,7 +5,8 @@ there.  Token ids and the position ids a model derives from them are real during
 are known: :func:`estimator.capture.fake._runs_on_known_values`), so an embedding, ``gather``,
 ``index_select`` or advanced index of a fake tensor by them can be checked as ATen checks it, and an input
 that a real step cannot take (RoBERTa's positions past its table: ``padding_idx + 1 + seq`` of
-``max_position_embeddings``) is refused as the real step would refuse it, instead of being estimated.
+``max_position_embeddings``) is refused as the real step would refuse it, instead of being estimated.  Not
+under a process group (the planner's engines): its fake collectives leave real outputs unwritten.
 """
 
 from __future__ import annotations
@@ -36,12 +37,14 @@ def _known(t: Any) -> bool:
 def check_known_indices(func: Any, args: tuple, kwargs: dict) -> None:
     """Raise the real kernel's ``IndexError`` where ``func`` indexes a fake tensor with real indices that are
     out of its range; otherwise nothing (unknown indices, a real indexed tensor: the kernel checks)."""
+    if func is not aten.index.Tensor and func not in _INDEXED:
+        return
+    if _collectives_leave_values_undefined():
+        return
     if func is aten.index.Tensor:
         _check_advanced(args, kwargs)
         return
-    spec = _INDEXED.get(func)
-    if spec is None:
-        return
+    spec = _INDEXED[func]
     source_name, index_name, dim_arg, negative = spec
     bound = bind(func, args, kwargs)
     source, index = bound.get(source_name), bound.get(index_name)
@@ -49,6 +52,15 @@ def check_known_indices(func: Any, args: tuple, kwargs: dict) -> None:
         return
     dim = bound.get(dim_arg, 0) if isinstance(dim_arg, str) else dim_arg
     _check(index, dim, source, negative)
+
+
+def _collectives_leave_values_undefined() -> bool:
+    """Whether a process group is up: the planner's fake one returns every collective at once, its outputs
+    allocated and never written (a real tensor of undefined values: an all-gathered index under tensor
+    parallelism), so no real tensor's values can be trusted there."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def _check_advanced(args: tuple, kwargs: dict) -> None:
