@@ -16,6 +16,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..errors import UserError
+from ..specs.options import usable_positions
 from .results import Solve
 
 _POSITION_ATTRS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "max_sequence_length",
@@ -78,11 +79,9 @@ def position_limit(model: torch.nn.Module) -> tuple[int, str] | None:
     for path, mod in model.named_modules():
         last = path.rpartition(".")[2].lower()
         if isinstance(mod, torch.nn.Embedding) and ("pos" in last or last == "wpe"):
-            if mod.padding_idx is not None and mod.padding_idx >= 0:  # (RoBERTa numbers positions from pad + 1)
-                found.append((mod.num_embeddings - mod.padding_idx - 1,
-                              f"{path}.num_embeddings - padding_idx - 1"))
-            else:
-                found.append((mod.num_embeddings, f"{path}.num_embeddings"))
+            rows = usable_positions(mod)  # (RoBERTa numbers positions from padding_idx + 1)
+            found.append((rows, f"{path}.num_embeddings" + (" - padding_idx - 1" if rows < mod.num_embeddings
+                                                              else "")))
     return min(found) if found else None
 
 

@@ -22,7 +22,7 @@ from .hf_flat_patches import flat_patch_inputs, positioned_patch_inputs, takes_f
 from .hf_image_tokens import (VIDEO_FRAMES, any_resolution_tiles, image_text_ids, image_tokens, latent_positions,
                               more_pixels, needs_image_sizes, queried_size)
 from .hf_tiles import takes_tiles, tiled_inputs
-from .options import DEFAULT_IMAGE_SIZE, SpecOptions, default_seq
+from .options import DEFAULT_IMAGE_SIZE, SpecOptions, default_seq, usable_positions
 from .signature import required, takes
 
 log = logging.getLogger(__name__)
@@ -46,8 +46,8 @@ def position_limit(model: torch.nn.Module, cfg: Any) -> int | None:
         return None
     for name, module in model.named_modules():
         if name.endswith("position_embeddings") and isinstance(module, torch.nn.Embedding) \
-                and module.num_embeddings == limit and module.padding_idx is not None:
-            return limit - module.padding_idx - 1
+                and module.num_embeddings == limit:
+            return usable_positions(module)
     return limit
 
 

@@ -26,6 +26,14 @@ FALLBACK_SEQ = 512  # token models whose configuration states no position limit
 def default_seq(limit: int | None) -> int:
     """Tokens per sample when ``--seq`` is not given: the model's position limit up to DEFAULT_SEQ."""
     return min(limit, DEFAULT_SEQ) if limit else FALLBACK_SEQ
+
+
+def usable_positions(table: torch.nn.Embedding) -> int:
+    """The positions a table of position embeddings gives a sequence: every row, or the rows after its padding
+    row where positions are numbered from ``padding_idx + 1`` (RoBERTa and its kin: 514 rows, 512 tokens)."""
+    pad = table.padding_idx
+    return table.num_embeddings - pad - 1 if pad is not None and pad >= 0 else table.num_embeddings
+
 DEFAULT_IMAGE_SIZE = 224
 
 DTYPES: dict[str, torch.dtype] = {
