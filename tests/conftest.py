@@ -103,4 +103,10 @@ def results() -> Results:
 
 
 def pytest_configure(config):
+    # one process per core between them: pytest-xdist's workers each take cores / workers intra-op threads (two
+    # workers of two threads each on the 2-core CI machine spin-waited on each other: a zoo test pair ran 26 %
+    # slower than with one thread each)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
     config.addinivalue_line("markers", "hf: needs transformers (shrunk configs, random weights)")
