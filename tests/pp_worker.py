@@ -2,8 +2,8 @@
 
 Run as ``python tests/pp_worker.py RANK WORLD_SIZE INIT_FILE OUT_JSON CONFIG_JSON``; the test starts one process
 per rank (one pipeline stage each).  ``CONFIG_JSON``: ``{"config": {...} (examples/llama.py's LlamaConfig),
-"batch", "seq", "microbatches", "schedules": ["gpipe", "1f1b"], "tp": int, "sp": bool, "dp": int, "cp": int}``: with ``tp``
-> 1 the ranks form a (pp, tp) mesh, each stage split by tests/dist_worker.py's Megatron plan for the example
+"batch", "seq", "microbatches", "schedules": ["gpipe", "1f1b"], "tp": int, "sp": bool, "dp": int, "cp": int}``:
+with ``tp`` > 1 the ranks form a (pp, tp) mesh, each stage split by tests/dist_worker.py's Megatron plan for the example
 Llama (torchtitan's sequence parallelism with ``sp``); with ``dp`` > 1 a (pp, dp) mesh, each stage's layers and
 the stage itself under FSDP2's ``fully_shard``; with ``cp`` > 1 a (pp, cp) mesh, each stage under FSDP2 over
 the cp ranks (torchtitan's ``dp_shard_cp``) and each step under ``context_parallel`` (the batch and targets

@@ -91,8 +91,6 @@ SHAPED = {"zamba": {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_
                                                        "mrope_section": [3, 3, 2]}},
           "ernie4_5_vl_moe": {"text_config.rope_parameters": {"rope_theta": 500000.0, "rope_type": "default",
                                                               "mrope_section": [3, 3, 2]}},
-          # widths of their own names: xLSTM's embedding, XLM's (and FlauBERT's) embedding
-          # (xLSTM at 128: its configuration rounds the key width, hidden x 0.5, up to 64 where its model does not)
           # Pixtral towers' default images are 1,540 px (3,025 tokens each, 3.7 GB of real attention): 224 px
           "mistral3": {"vision_config.image_size": 224}, "lighton_ocr": {"vision_config.image_size": 224},
           # V-JEPA 2's clips: 16 frames of 128 px, not 64 of 256
@@ -105,11 +103,13 @@ SHAPED = {"zamba": {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_
           # 200 s of 20 ms frames, 3.2 GB of real attention scores; 500 positions make it 1,000 frames
           "wav2vec2-bert": {"max_source_positions": 500},
           # LongCat-Flash's experts (512 routed and 256 zero-compute ones, 12 per token) and their widths
-          "longcat_flash": {"moe_topk": 2, "zero_expert_num": 2, "expert_ffn_hidden_size": 128, "ffn_hidden_size": 128,
-                            "qk_head_dim": 32},
+          "longcat_flash": {"moe_topk": 2, "zero_expert_num": 2, "expert_ffn_hidden_size": 128,
+                            "ffn_hidden_size": 128, "qk_head_dim": 32},
           # RemBERT's embeddings (input and output) and Perceiver's latents
           "rembert": {"input_embedding_size": 64, "output_embedding_size": 64},
           "perceiver": {"d_latents": 64, "num_latents": 32, "num_self_attends_per_block": 2},
+          # widths of their own names: xLSTM's embedding, XLM's (and FlauBERT's) embedding
+          # (xLSTM at 128: its configuration rounds the key width, hidden x 0.5, up to 64 where its model does not)
           "xlstm": {"hidden_size": 128, "embedding_dim": 128}, "xlm": {"emb_dim": 64}, "flaubert": {"emb_dim": 64},
           # a default configuration that leaves the padding token unset where the forward reads it (ESM's
           # position ids): the value the published checkpoints use
