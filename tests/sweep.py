@@ -146,7 +146,10 @@ SHAPED = {"zamba": {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_
           "llama4": {"vision_config.intermediate_size": 256, "vision_config.projector_input_dim": 64,
                      "vision_config.projector_output_dim": 64, "vision_config.vision_output_dim": 64},
           "llama4_vision_model": {"intermediate_size": 256},
-          "mllama": {"vision_config.intermediate_layers_indices": [0, 1], "vision_config.vision_output_dim": 192},
+          # and its text model cross-attends to the image at layers 3, 8, ... of 40: at layer 1 of the sweep's 2 (else
+          # no layer reads the tower and no gradient reaches it); tiles of 224 px, not 448
+          "mllama": {"vision_config.intermediate_layers_indices": [0, 1], "vision_config.vision_output_dim": 192,
+                     "text_config.cross_attention_layers": [1], "vision_config.image_size": 224},
           "mllama_vision_model": {"intermediate_layers_indices": [0, 1], "vision_output_dim": 192}}
 SEQ, BATCH = 32, 2
 MAX_TRUTH_PARAMS = 150_000_000  # a real AdamW step of more (x16 bytes) is too slow and large for the sweep
