@@ -1,5 +1,5 @@
 """Configurations shrunk with ``--set`` that the loader keeps consistent (issue 25 items 6 and 9), each checked by
-building the model and running a real step or forward of it in the same test:
+building the model and running a real forward of it (a real step where the test says so) in the same test:
 
 - Gemma 3n's ``num_kv_shared_layers`` (the last 15 of 35 layers reuse an earlier layer's keys and values) shrinks
   with the layer count, keeping an earlier layer of each shared kind;
@@ -58,7 +58,7 @@ def test_kv_shared_count_backs_off_until_each_kind_has_an_earlier_layer():
     assert _kv_shared_count(3, ["s", "f", "s", "f", "s", "f"]) == 3
 
 
-def test_gemma3n_shrunk_takes_a_real_step():
+def test_gemma3n_shrunk_runs_a_real_forward():
     loaded = load_spec("hf:gemma3n_text", batch=1, seq=16, overrides={
         "num_hidden_layers": 5, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 16, "hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": 64,
