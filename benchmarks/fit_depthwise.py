@@ -65,6 +65,9 @@ def fit() -> dict:
 
 
 def main() -> None:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help answers, writes nothing
     doc = fit()
     with open(OUT, "w") as f:
         json.dump(doc, f, indent=1)

@@ -39,9 +39,19 @@ class LossOnly(nn.Module):
         return self.inner(**batch).loss
 
 
+def _transformers():
+    """transformers, importable also beside PyPI's torchvision and the CPU torch (the test extras)."""
+    from estimator.compat import import_torchvision
+
+    import_torchvision()
+    import transformers
+
+    return transformers
+
+
 def _hf(model_cls: str, cfg_cls: str, vocab: int, b: int, s: int, wrap: bool = False, **cfg) -> Callable[..., Case]:
     def build(device: str = "meta") -> Case:
-        import transformers as T
+        T = _transformers()
 
         torch.manual_seed(0)
         with torch.device(device):
@@ -53,7 +63,7 @@ def _hf(model_cls: str, cfg_cls: str, vocab: int, b: int, s: int, wrap: bool = F
 
 def _hf_image(model_cls: str, cfg_cls: str, b: int, res: int = 224, **cfg) -> Callable[..., Case]:
     def build(device: str = "meta") -> Case:
-        import transformers as T
+        T = _transformers()
 
         torch.manual_seed(0)
         with torch.device(device):
