@@ -59,7 +59,8 @@ def _bool(text: str) -> bool:
 
 def _ints(text: str) -> list[int]:
     """``8``, ``8,16,32``, or a range ``1-64``: the powers of two from its first to its last number (each
-    end included), the counts a "how many GPUs do I need?" question compares."""
+    end included), the counts a "how many GPUs do I need?" question compares (and the parallel degrees a
+    layout search compares: ``--tp 1-8``)."""
     values: list[int] = []
     try:
         for part in (v.strip() for v in text.split(",")):
@@ -71,7 +72,8 @@ def _ints(text: str) -> list[int]:
                 continue
             lo, hi = int(low), int(high)
             if not 1 <= lo <= hi:
-                raise argparse.ArgumentTypeError(f"{part!r} is not a range of GPU counts: write LOW-HIGH, e.g. 1-64")
+                raise argparse.ArgumentTypeError(f"{part!r} is not a range: write LOW-HIGH with 1 <= LOW <= HIGH, "
+                                                 "e.g. 1-64")
             counts = {lo, hi} | {1 << k for k in range(hi.bit_length()) if lo <= 1 << k <= hi}
             values += sorted(counts)
     except ValueError:
@@ -85,9 +87,10 @@ def _ints(text: str) -> list[int]:
 def _add_model_parallel_options(p: argparse.ArgumentParser) -> None:
     """--tp, --sequence-parallel, --loss-parallel, --async-tp, --cp, --cp-rotate, --ep, --pp, --pp-schedule, --microbatches: how the model itself
     is split."""
-    p.add_argument("--tp", type=int, default=1, metavar="N",
+    p.add_argument("--tp", type=_ints, default=[1], metavar="N[,N|LOW-HIGH]",
                    help="tensor-parallel degree inside a node (parallelize_module, Megatron's colwise/rowwise "
-                        "pairs) (default: 1), e.g. --tp 2")
+                        "pairs) (default: 1); several (a list or a range of powers of two) compare layouts, e.g. --tp 2, "
+                        "--tp 1,2,4 or --tp 1-8")
     p.add_argument("--sequence-parallel", action="store_true",
                    help="with --tp: sequence parallelism (norms and the residual stream on sequence shards), "
                         "e.g. --tp 4 --sequence-parallel")
@@ -99,20 +102,22 @@ def _add_model_parallel_options(p: argparse.ArgumentParser) -> None:
                         "all-gathers and reduce-scatters pipelined with their matmuls (torch.compile's "
                         "micro-pipeline pass, torchtitan's enable_async_tensor_parallel), e.g. --tp 8 "
                         "--sequence-parallel --compile --async-tp")
-    p.add_argument("--cp", type=int, default=1, metavar="N",
+    p.add_argument("--cp", type=_ints, default=[1], metavar="N[,N|LOW-HIGH]",
                    help="context-parallel degree: each sequence split over N ranks, attention as torch's ring "
                         "attention (context_parallel, load-balanced causal); FSDP2 shards over dp x cp "
-                        "(default: 1), e.g. --cp 4")
+                        "(default: 1); several compare layouts, e.g. --cp 4 or --cp 1,2,4")
     p.add_argument("--cp-rotate", default="allgather", choices=PLAN_CP_ROTATE,
                    help="with --cp: the ring's key/value exchange, torchtitan's context_parallel_rotate_method "
                         "(default: allgather), e.g. --cp-rotate alltoall")
-    p.add_argument("--ep", type=int, default=1, metavar="N",
+    p.add_argument("--ep", type=_ints, default=[1], metavar="N[,N|LOW-HIGH]",
                    help="expert-parallel degree of mixture-of-experts layers: each layer's experts split over N "
                         "of the sharded data-parallel ranks, tokens dispatched by all-to-all (torchtitan's "
-                        "ExpertParallel; balanced routing assumed; fsdp or hsdp) (default: 1), e.g. --ep 8")
-    p.add_argument("--pp", type=int, default=1, metavar="N",
+                        "ExpertParallel; balanced routing assumed; fsdp or hsdp) (default: 1); several compare layouts, "
+                        "e.g. --ep 8 or --ep 1,8")
+    p.add_argument("--pp", type=_ints, default=[1], metavar="N[,N|LOW-HIGH]",
                    help="pipeline-parallel stages (torch.distributed.pipelining; the stack of blocks split by layer "
-                        "as torchtitan splits it; ddp, fsdp or hsdp inside each stage) (default: 1), e.g. --pp 4")
+                        "as torchtitan splits it; ddp, fsdp or hsdp inside each stage) (default: 1); several compare layouts, "
+                        "e.g. --pp 4 or --pp 1,2,4")
     p.add_argument("--pp-schedule", default="1f1b", choices=PLAN_PP_SCHEDULES,
                    help="with --pp: the schedule; interleaved-1f1b and zbv hold two stages per rank, as torchtitan's "
                         "default (default: 1f1b), e.g. --pp-schedule interleaved-1f1b")
@@ -244,24 +249,23 @@ def run_plan(args: argparse.Namespace) -> int:
                           checkpoint_policy=args.checkpoint_policy, compile=args.compile,
                           float8=args.float8, float8_all_gather=args.float8_all_gather, cuda_torch=args.cuda_torch)
         budget = dict(tokens=args.tokens, samples=args.samples, steps=steps, mfu=args.mfu)
-        if args.compare or len(gpus_names) > 1 or len(args.gpus) > 1:
-            if args.pp > 1:
-                raise UserError("--pp plans one layout: give one --gpu and one --gpus count, without --compare")
-            result = planner.compare(args.gpus, strategies=None if args.compare else [args.strategy], tp=args.tp,
+        degrees = dict(tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep)
+        if args.compare or len(gpus_names) > 1 or len(args.gpus) > 1 or any(len(v) > 1 for v in degrees.values()):
+            result = planner.compare(args.gpus, strategies=None if args.compare else [args.strategy],
                                      sequence_parallel=args.sequence_parallel, loss_parallel=args.loss_parallel,
-                                     async_tp=args.async_tp,
-                                     cp=args.cp, cp_rotate=args.cp_rotate, ep=args.ep,
+                                     async_tp=args.async_tp, pp_schedule=args.pp_schedule,
+                                     microbatches=args.microbatches, cp_rotate=args.cp_rotate,
                                      checkpoint=args.checkpoint or None,
                                      offload=args.offload, gpu=gpus_names, with_checkpointing=args.compare,
-                                     **budget)
+                                     **degrees, **budget)
         else:
-            result = planner.plan(args.strategy, args.gpus[0], tp=args.tp, sequence_parallel=args.sequence_parallel,
-                                  loss_parallel=args.loss_parallel, async_tp=args.async_tp, pp=args.pp,
-                                  pp_schedule=args.pp_schedule,
-                                  microbatches=args.microbatches, cp=args.cp, cp_rotate=args.cp_rotate,
-                                  ep=args.ep, checkpoint=args.checkpoint or None, offload=args.offload,
+            one = {k: v[0] for k, v in degrees.items()}
+            result = planner.plan(args.strategy, args.gpus[0], sequence_parallel=args.sequence_parallel,
+                                  loss_parallel=args.loss_parallel, async_tp=args.async_tp,
+                                  pp_schedule=args.pp_schedule, microbatches=args.microbatches,
+                                  cp_rotate=args.cp_rotate, checkpoint=args.checkpoint or None, offload=args.offload,
                                   solve=("batch", *args.solve), reshard_after_forward=args.reshard_after_forward,
-                                  rank=args.rank, **budget)
+                                  rank=args.rank, **one, **budget)
         progress.set("writing the plan")
         if fmt == "json":
             text = json.dumps(result.to_dict(), indent=2)

@@ -75,21 +75,27 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
 
 
 def compare(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU | Sequence[str | GPU],
-            gpus: int | Sequence[int], strategies: Sequence[str] | None = None, tp: int = 1,
-            optimizer: Any = "adamw", loss_fn=None, precision: str = "bf16-mixed", checkpoint: Any = None,
+            gpus: int | Sequence[int], strategies: Sequence[str] | None = None, tp: int | Sequence[int] = 1,
+            pp: int | Sequence[int] = 1, cp: int | Sequence[int] = 1, ep: int | Sequence[int] = 1,
+            pp_schedule: str = "1f1b", microbatches: int = 0, sequence_parallel: bool = False,
+            loss_parallel: bool = False, optimizer: Any = "adamw", loss_fn=None, precision: str = "bf16-mixed",
+            checkpoint: Any = None,
             offload: str | None = None, wrap: Any = None, tokens=None, samples=None, steps=None, mfu=None,
             gpus_per_node: int = 8, interconnect: str | None = None, inter_node: str | None = None,
             zero_semantics: str = "deepspeed", device: str = "cuda", confirm: bool = False,
             model_name: str | None = None, progress: Progress | None = None, keep_output: bool = False,
             grad_accum: int = 1, checkpoint_policy: Any = "full", compile: Any = None,
             float8: Any = None, float8_all_gather: bool = False) -> Comparison:
-    """Plans side by side: strategies x (no checkpointing, checkpointing) for each GPU type and count,
-    with the recommended row (the fastest that fits)."""
+    """Plans side by side: strategies x parallel degrees x (no checkpointing, checkpointing) for each GPU type and
+    count, with the recommended row (the fastest that fits).  ``tp``, ``pp``, ``cp``, ``ep``: a degree, or a list of
+    degrees to compare (:func:`.comparison.compare_layouts`)."""
     gpu_list = [gpu] if isinstance(gpu, (str, GPU)) else list(gpu)
     planner = Planner(model, inputs, gpu=gpu_list[0], optimizer=optimizer, loss_fn=loss_fn, precision=precision,
                       wrap=wrap, device=device, gpus_per_node=gpus_per_node, interconnect=interconnect,
                       inter_node=inter_node, zero_semantics=zero_semantics, model_name=model_name, progress=progress,
                       keep_output=keep_output, grad_accum=grad_accum, checkpoint_policy=checkpoint_policy,
                       compile=compile, float8=float8, float8_all_gather=float8_all_gather)
-    return planner.compare(gpus, strategies=strategies, tp=tp, checkpoint=checkpoint, offload=offload, tokens=tokens,
+    return planner.compare(gpus, strategies=strategies, tp=tp, pp=pp, cp=cp, ep=ep, pp_schedule=pp_schedule,
+                           microbatches=microbatches, sequence_parallel=sequence_parallel,
+                           loss_parallel=loss_parallel, checkpoint=checkpoint, offload=offload, tokens=tokens,
                            samples=samples, steps=steps, mfu=mfu, confirm=confirm, gpu=gpu_list)

@@ -11,6 +11,7 @@ fit, the fastest, the cheapest in GPU-hours): :class:`.results.ComparisonData`.
 from __future__ import annotations
 
 import copy
+import itertools
 import time
 from dataclasses import replace
 from typing import Any, Sequence
@@ -56,45 +57,66 @@ def for_strategy(planner: Any, strategy: str) -> Any:
     return planner._siblings[name]
 
 
+def _degrees(value: int | Sequence[int], flag: str) -> list[int]:
+    """A parallel degree as a list of the values to compare (``2`` or ``[1, 2, 4]``), each checked once."""
+    values = [value] if isinstance(value, int) else list(value)
+    if not values:
+        raise UserError(f"{flag} names no degree, e.g. {flag} 2 or {flag} 1,2,4")
+    for v in values:
+        if not isinstance(v, int) or v < 1:
+            raise UserError(f"{flag} must be >= 1, not {v}")
+    return list(dict.fromkeys(values))
+
+
 def compare_layouts(planner: Any, gpus: int | Sequence[int], *, strategies: Sequence[str] | None = None,
-                    tp: int = 1, sequence_parallel: bool = False, loss_parallel: bool = False,
-                    async_tp: bool = False, cp: int = 1,
-                    cp_rotate: str = "allgather", ep: int = 1, checkpoint: Any = None, offload: str | None = None,
+                    tp: int | Sequence[int] = 1, sequence_parallel: bool = False, loss_parallel: bool = False,
+                    async_tp: bool = False, cp: int | Sequence[int] = 1, cp_rotate: str = "allgather",
+                    ep: int | Sequence[int] = 1, pp: int | Sequence[int] = 1, pp_schedule: str = "1f1b",
+                    microbatches: int = 0, checkpoint: Any = None, offload: str | None = None,
                     tokens=None, samples=None, steps=None, mfu=None, confirm: bool = False,
                     gpu: str | GPU | Sequence[str | GPU] | None = None, with_checkpointing: bool = True) -> Comparison:
-    """Plans side by side: every GPU type x GPU count x strategy, without and with activation checkpointing
-    (``checkpoint`` classes, by default the wrap class); several strategies each in its engine's precision
-    policy (:func:`for_strategy`), one strategy in the precision asked for.  ``tp``, ``cp`` and ``ep`` hold for
-    every row (a strategy that cannot take them is listed as skipped, with the reason).  The progress line says
-    which row of how many, and about how long the rest takes at the pace of the rows done."""
+    """Plans side by side: every GPU type x GPU count x strategy x parallel degrees, without and with activation
+    checkpointing (``checkpoint`` classes, by default the wrap class); several strategies each in its engine's
+    precision policy (:func:`for_strategy`), one strategy in the precision asked for.  ``tp``, ``pp``, ``cp`` and
+    ``ep`` are a degree or a list of degrees to compare (torchtitan's tensor, pipeline, context and expert parallel
+    degrees; the data-parallel degree is what the GPUs leave); a combination a layout cannot take (a degree that
+    does not divide the GPUs, ZeRO with tensor parallelism, ...) is listed as skipped with its reason.  Sequence
+    parallelism, loss parallelism and asynchronous TP apply to the rows with tensor parallelism.  The progress
+    line says which row of how many, and about how long the rest takes at the pace of the rows done."""
     gpu_list = [planner.gpu] if gpu is None else ([gpu] if isinstance(gpu, (str, GPU)) else list(gpu))
     counts = [gpus] if isinstance(gpus, int) else list(gpus)
+    degrees = list(itertools.product(_degrees(tp, "--tp"), _degrees(pp, "--pp"), _degrees(cp, "--cp"),
+                                     _degrees(ep, "--ep")))
     ck = resolve_classes(planner.model, checkpoint, "--checkpoint") if checkpoint else tuple(planner.wrap)
     ckpt_sets = [()] + ([ck] if ck and with_checkpointing else [])
     names = list(strategies) if strategies else list(STRATEGIES)
     plans: list[Plan] = []
     skipped: list[str] = []
-    rows = [(g, n, s, ckset) for g in gpu_list for n in counts for s in names for ckset in ckpt_sets]
+    rows = [(g, n, s, d, ckset) for g in gpu_list for n in counts for s in names for d in degrees
+            for ckset in ckpt_sets]
+    one_layout = len(rows) == len(ckpt_sets)  # its error is the answer, not a skipped row
     outer = planner.progress
     started = time.monotonic()
-    for i, (g, n, s, ckset) in enumerate(rows):
+    for i, (g, n, s, (t, p, c, e), ckset) in enumerate(rows):
         done = time.monotonic() - started
         left = f", about {done / i * (len(rows) - i):.0f} s left" if i else ""
-        row = f"plan {i + 1} of {len(rows)}{left}: {n} x {g if isinstance(g, str) else g.name}, {s}" + (
+        shape = s + "".join(f" x {k} {v}" for k, v in (("tp", t), ("pp", p), ("cp", c), ("ep", e)) if v > 1)
+        row = f"plan {i + 1} of {len(rows)}{left}: {n} x {g if isinstance(g, str) else g.name}, {shape}" + (
             " with checkpointing" if ckset else "")
         sub = for_strategy(planner, s) if len(set(names)) > 1 else planner  # one strategy: as asked
         sub.progress = lambda stage, detail="", _row=row: outer(f"{_row}: {stage}", detail)  # noqa: E731
         try:
-            plans.append(sub.plan(s, n, tp=tp, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel,
-                                  async_tp=async_tp,
-                                  cp=cp, cp_rotate=cp_rotate, ep=ep, checkpoint=list(ckset) or None,
+            tp_flags = dict(sequence_parallel=sequence_parallel, loss_parallel=loss_parallel, async_tp=async_tp) \
+                if t > 1 or all(d[0] == 1 for d in degrees) else {}  # without tp: the layout check's error
+            pp_flags = dict(pp=p, pp_schedule=pp_schedule, microbatches=microbatches) if p > 1 else {}
+            plans.append(sub.plan(s, n, tp=t, cp=c, cp_rotate=cp_rotate, ep=e, checkpoint=list(ckset) or None,
                                   offload=offload, tokens=tokens, samples=samples, steps=steps, mfu=mfu, suggest=False,
-                                  confirm=confirm, gpu=g))
+                                  confirm=confirm, gpu=g, **tp_flags, **pp_flags))
         except UserError as exc:
-            if strategies and len(counts) == 1:
+            if one_layout or (strategies and len(counts) == 1 and len(degrees) == 1):
                 raise
             if not ckset:
-                skipped.append(f"{s} on {n} GPUs: {exc}")
+                skipped.append(f"{shape} on {n} GPUs: {exc}")
         finally:
             sub.progress = outer
             settle()  # the row's garbage collected once; the traces the planner keeps out of later walks

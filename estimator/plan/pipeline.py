@@ -488,13 +488,15 @@ def plan_pipeline(planner: Any, layout: Any, checkpoint: tuple[type, ...], gpu: 
     shape = f"{pp} pipeline stages" if v == 1 else f"{n_stages} pipeline stages, {v} per rank"
     config = Config(
         model=planner.model_name, gpu=gpu.name, gpus=layout.gpus, strategy=layout.strategy, tp=layout.tp,
-        sequence_parallel=False, loss_parallel=False, dp=layout.dp, shard_group=group.shard, rank=0,
+        sequence_parallel=layout.sequence_parallel, loss_parallel=layout.loss_parallel, dp=layout.dp,
+        shard_group=group.shard * (layout.cp if layout.strategy != "ddp" else 1), rank=0,
         precision=planner.precision.name, optimizer=step.cap.optimizer_name, checkpoint=[c.__name__ for c in checkpoint],
         offload=layout.offload, wrap=[c.__name__ for c in planner.wrap], micro_batch=batch,
         global_batch=batch * layout.dp * planner.options.grad_accum, seq=planner.seq,
         engine=(planner._engine_text(group) if group.gpus > 1 else "traced: one GPU per stage")
         + f", {shape} ({schedule}, torch.distributed.pipelining's schedule composed)",
-        device=planner.device, pp=pp, async_tp=layout.async_tp, pp_schedule=schedule, microbatches=microbatches)
+        device=planner.device, pp=pp, async_tp=layout.async_tp, pp_schedule=schedule, microbatches=microbatches,
+        cp=layout.cp, ep=layout.ep)
     notes = list(step.notes) + [
         f"pipeline: {n_stages} stages of {split.repeats.count} blocks ({split.repeats.path}) split as torchtitan "
         f"splits them (the embedding and the head count as a block each, on the first and the last stage); "

@@ -166,8 +166,9 @@ class Config:
     ep: int = 1  # expert-parallel ranks per mixture-of-experts layer
 
     def model_parallel(self) -> str:
-        """" x tp 2 x cp 2 x ep 4": the degrees above 1 that split the model or its sequence."""
-        return "".join(f" x {name} {n}" for name, n in (("tp", self.tp), ("cp", self.cp), ("ep", self.ep)) if n > 1)
+        """" x tp 2 x pp 4 x cp 2 x ep 4": the degrees above 1 that split the model or its sequence."""
+        return "".join(f" x {name} {n}" for name, n in (("tp", self.tp), ("pp", self.pp), ("cp", self.cp),
+                                                        ("ep", self.ep)) if n > 1)
 
 
 @dataclass
