@@ -89,8 +89,8 @@ def _add_model_parallel_options(p: argparse.ArgumentParser) -> None:
     is split."""
     p.add_argument("--tp", type=_ints, default=[1], metavar="N[,N|LOW-HIGH]",
                    help="tensor-parallel degree inside a node (parallelize_module, Megatron's colwise/rowwise "
-                        "pairs) (default: 1); several (a list or a range of powers of two) compare layouts, e.g. --tp 2, "
-                        "--tp 1,2,4 or --tp 1-8")
+                        "pairs) (default: 1); several (a list or a range of powers of two) compare layouts, "
+                        "e.g. --tp 2, --tp 1,2,4 or --tp 1-8")
     p.add_argument("--sequence-parallel", action="store_true",
                    help="with --tp: sequence parallelism (norms and the residual stream on sequence shards), "
                         "e.g. --tp 4 --sequence-parallel")
@@ -112,12 +112,12 @@ def _add_model_parallel_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ep", type=_ints, default=[1], metavar="N[,N|LOW-HIGH]",
                    help="expert-parallel degree of mixture-of-experts layers: each layer's experts split over N "
                         "of the sharded data-parallel ranks, tokens dispatched by all-to-all (torchtitan's "
-                        "ExpertParallel; balanced routing assumed; fsdp or hsdp) (default: 1); several compare layouts, "
-                        "e.g. --ep 8 or --ep 1,8")
+                        "ExpertParallel; balanced routing assumed; fsdp or hsdp) (default: 1); several compare "
+                        "layouts, e.g. --ep 8 or --ep 1,8")
     p.add_argument("--pp", type=_ints, default=[1], metavar="N[,N|LOW-HIGH]",
                    help="pipeline-parallel stages (torch.distributed.pipelining; the stack of blocks split by layer "
-                        "as torchtitan splits it; ddp, fsdp or hsdp inside each stage) (default: 1); several compare layouts, "
-                        "e.g. --pp 4 or --pp 1,2,4")
+                        "as torchtitan splits it; ddp, fsdp or hsdp inside each stage) (default: 1); several "
+                        "compare layouts, e.g. --pp 4 or --pp 1,2,4")
     p.add_argument("--pp-schedule", default="1f1b", choices=PLAN_PP_SCHEDULES,
                    help="with --pp: the schedule; interleaved-1f1b and zbv hold two stages per rank, as torchtitan's "
                         "default (default: 1f1b), e.g. --pp-schedule interleaved-1f1b")
