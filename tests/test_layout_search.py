@@ -26,8 +26,8 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 import llama  # noqa: E402
 
 # 4 query heads over 4 key/value heads (torch's CPU flash kernel, which context parallelism traces, takes no
-# grouped-query attention); 4 layers, so that 2 pipeline stages hold 2 each
-CONFIG = {"vocab_size": 256, "dim": 64, "hidden_dim": 96, "n_layers": 4, "n_heads": 4, "n_kv_heads": 4,
+# grouped-query attention); 2 layers, one per pipeline stage
+CONFIG = {"vocab_size": 256, "dim": 64, "hidden_dim": 96, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4,
           "max_seq_len": 64}
 BATCH, SEQ, GPUS = 4, 64, 8
 
