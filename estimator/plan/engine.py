@@ -312,6 +312,25 @@ def under_loss_parallel(accumulate: Any) -> Any:
     return around
 
 
+@contextlib.contextmanager
+def engine_warnings_as_notes(notes: list[str]) -> Iterator[None]:
+    """The warnings PyTorch's distributed engines raise while a layout is traced, each distinct one a note of the
+    plan (``"torch.distributed warned during the trace: ..."``) rather than a line on stderr every time a plan or a
+    comparison's row traces it again (FSDP2 warns, for instance, when a wrapped module returns a view: the user's
+    real run would say so too).  Any other warning is raised as it would have been."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for w in caught:
+        text = str(w.message)
+        if "torch/distributed/" in w.filename.replace("\\", "/"):
+            note = f"torch.distributed warned during the trace: {text.splitlines()[0] if text else w.category.__name__}"
+            if note not in notes:
+                notes.append(note)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+
+
 def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision: PlanPrecision,
                  options: StepOptions, unit_paths: list[str], tp_plan: TPPlan | None, device: str,
                  value: int | None = None, progress=None) -> Step:
@@ -361,7 +380,7 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
                 replicate = options.replicate and not (layout.strategy == "ddp" and layout.grad_group > 1)
                 ring = ring_attention(_submesh(mesh, ("cp",)), device, layout.cp_rotate) if layout.cp > 1 \
                     else contextlib.nullcontext()
-                with ring as calls:
+                with ring as calls, engine_warnings_as_notes(notes):
                     cap = capture(model, inputs, replace(options, prepare=prepare, accumulate=accumulate,
                                                          replicate=replicate), progress=progress)
                 if layout.cp > 1:
