@@ -129,3 +129,22 @@ def test_the_cli_compares_every_combination_of_the_lists(monkeypatch, capsys):
     assert calls == [("fsdp", 8, 2, 1, 1)]
     assert main(["plan", spec, "--gpu", "H100", "--gpus", "8", "--tp", "0-2"]) == 2
     assert "not a range" in capsys.readouterr().err
+
+
+def test_engine_warnings_become_one_note_each_and_others_pass(recwarn):
+    """A warning raised from torch.distributed's sources while a layout is traced is a note of the plan, once
+    however often it is raised (a comparison traces many layouts); any other warning is raised as it was."""
+    import warnings
+
+    from estimator.plan.engine import engine_warnings_as_notes
+
+    notes: list[str] = []
+    fsdp = "/site-packages/torch/distributed/fsdp/_fully_shard/_fsdp_state.py"
+    for _ in range(2):
+        with engine_warnings_as_notes(notes):
+            warnings.warn_explicit("FSDP2-wrapped module (M) returned a view tensor.\nmore", UserWarning, fsdp, 331)
+    assert notes == ["torch.distributed warned during the trace: FSDP2-wrapped module (M) returned a view tensor."]
+    assert len(recwarn) == 0
+    with engine_warnings_as_notes(notes):
+        warnings.warn("the model's own warning", FutureWarning)
+    assert [str(w.message) for w in recwarn] == ["the model's own warning"] and len(notes) == 1
