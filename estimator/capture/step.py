@@ -19,11 +19,12 @@ import functools
 import gc
 import logging
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.utils._pytree as pytree
-from torch.nn.utils.stateless import _reparametrize_module
+from torch.nn.utils._named_member_accessor import NamedMemberAccessor
+from torch.nn.utils.stateless import _untie_named_tensors_map
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import UserError
@@ -125,6 +126,7 @@ class Step:
 
         # each buffer slot (module, local name) -> the buffer's name: a module that assigns a new tensor to its
         # buffer in forward (ConViT's relative indices, made for the sequence it meets) holds that one after
+        self._standing: dict[str, torch.Tensor] = {}  # the stand-ins in the model's place (_stand_ins)
         self.buffer_slots = {(id(mod), local): f"{path}.{local}" if path else local
                              for path, mod in model.named_modules(remove_duplicate=False)
                              if not isinstance(mod, torch.jit.ScriptModule)  # (takes no hooks)
@@ -250,8 +252,7 @@ class Step:
                               "sets it under gradient checkpointing")
         # The traced tensors stand in for the model's own for the whole step (backward recomputation of
         # checkpointed regions included), as torch.func.functional_call does for a single call.
-        swap = _reparametrize_module(model, {**self.params, **self.buffers}, tie_weights=True, strict=False) \
-            if opts.prepare is None else AsIs.engine_hooks(self.rec)
+        swap = self._stand_ins(model) if opts.prepare is None else AsIs.engine_hooks(self.rec)
         if opts.target == "cuda" and self.fake:  # CUDA kernels exist as meta implementations only
             stack.enter_context(installed(opts.cuda or CudaTarget()))
         if self.fake:
@@ -291,13 +292,33 @@ class Step:
             for h in handles:
                 h.remove()
 
+    @contextlib.contextmanager
+    def _stand_ins(self, model: torch.nn.Module) -> Iterator[None]:
+        """The traced parameters and buffers in the model's place for the whole step, as
+        ``torch.func.functional_call`` puts them for one call (tied weights under each of their names), and the
+        model's own back at the end.  The stand-ins are held in :attr:`_standing` alone, so that a buffer the
+        model replaces in forward is dropped there too (:meth:`_reassigned_buffers`)."""
+        self._standing = _untie_named_tensors_map(model, {**self.params, **self.buffers})
+        accessor = NamedMemberAccessor(model)
+        own, _ = accessor.swap_tensors_dict(self._standing, allow_missing=True)
+        try:
+            yield
+        finally:
+            accessor.swap_tensors_dict(own, allow_missing=True)
+            self._standing = {}
+
     def _reassigned_buffers(self, mod: torch.nn.Module) -> None:
         """A buffer ``mod`` replaced with a new tensor in its forward is that tensor from then on (counted as a
-        buffer, as the model holds it after the step); the tensor it replaced is freed when the step ends."""
+        buffer, as the model holds it after the step).  The tensor it replaced is no longer held by the model:
+        it is freed there, unless autograd saved it or an op's output still views it (as in the real step, where
+        the module's reference was the last)."""
         for local, t in mod._buffers.items():
             name = self.buffer_slots.get((id(mod), local))
-            if name is not None and isinstance(t, torch.Tensor) and t is not self.buffers.get(name, t):
+            old = self.buffers.get(name, t) if name is not None else t
+            if name is not None and isinstance(t, torch.Tensor) and t is not old:
                 self.buffers[name] = t
+                for key in [k for k, v in self._standing.items() if v is old]:
+                    self._standing[key] = t
 
     def _recording(self):
         """Record the ops run inside: the fake mode records itself; on real tensors, the recorder mode."""
