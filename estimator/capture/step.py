@@ -520,30 +520,33 @@ class Step:
                 self.opt_state[n] = {k: AsIs.local(v) for k, v in st.items() if isinstance(v, torch.Tensor)}
 
     # -- the result -----------------------------------------------------------------------------
-    def _leaf_grads_held_by(self, loss: torch.Tensor) -> list[torch.Tensor]:
-        """The gradients of leaves made in the step (not parameters, not inputs: a view of the input on which
-        the model sets ``requires_grad``, as wav2vec2's feature encoder does) that the loss's graph keeps:
-        its AccumulateGrad nodes hold their leaf, and the leaf its ``.grad``, as long as the loss lives."""
+    def _leaves_held_by(self, loss: torch.Tensor) -> list[torch.Tensor]:
+        """The leaves made in the step (not parameters, not inputs: a view of the input on which the model sets
+        ``requires_grad``, as wav2vec2's feature encoder does; queries a decoder starts from zeros with
+        ``requires_grad``) that the loss's graph keeps, and their gradients: its AccumulateGrad nodes hold their
+        leaf, and the leaf its ``.grad``, as long as the loss lives."""
         if self.opts.prepare is not None or loss.grad_fn is None:
             return []
         known = {id(t) for t in self.params.values()} | {id(t) for t in self.flat_inputs}
-        grads, seen, stack = [], set(), [loss.grad_fn]
+        held, seen, stack = [], set(), [loss.grad_fn]
         while stack:
             fn = stack.pop()
             if fn is None or fn in seen:
                 continue
             seen.add(fn)
             leaf = getattr(fn, "variable", None)  # AccumulateGrad
-            if leaf is not None and id(leaf) not in known and leaf.grad is not None:
-                grads.append(leaf.grad)
+            if leaf is not None and id(leaf) not in known:
+                held += [leaf] + ([leaf.grad] if leaf.grad is not None else [])
             stack.extend(f for f, _ in fn.next_functions)
-        return grads
+        return held
 
     def _result(self) -> Capture:
         rec, loss = self.rec, self.loss
         grads = {n: AsIs.local(p.grad) for n, p in self.named_params.items() if p.grad is not None} \
             if self.opts.prepare is not None else {n: p.grad for n, p in self.params.items() if p.grad is not None}
         sid = lambda t: rec.sid(AsIs.local(t))  # noqa: E731  (an engine's DTensor: its local tensor's storage)
+        # storages every iteration has anyway: what the loss holds of them (a leaf viewing the input) is not repeated
+        state = self.param_sids | {sid(b) for b in self.buffers.values()} | {sid(t) for t in self.flat_inputs}
         sids = {
             "parameter": self.param_sids,
             "buffer": {sid(b) for b in self.buffers.values()},
@@ -552,7 +555,7 @@ class Step:
             "optimizer_state": {sid(t) for st in self.opt_state.values() for t in st.values()},
             "saved": set(self.saved) | self.saved_all,
             # the loss, and what its graph keeps alive with it (the loop holds the loss into the next step)
-            "loss": ({sid(loss)} | {sid(g) for g in self._leaf_grads_held_by(loss)}) if loss is not None
+            "loss": ({sid(loss)} | {sid(t) for t in self._leaves_held_by(loss)}) - state if loss is not None
             else set(),
             # the model's output tensors (held to the end of the step when the loop keeps them; see estimator.memory)
             "output": self.output_sids | {sid(t) for t in pytree.tree_leaves(self.output)
