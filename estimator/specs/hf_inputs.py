@@ -241,7 +241,7 @@ def _image_inputs(model: torch.nn.Module, cfg: Any, opts: SpecOptions, key: str 
     if prompts:  # in-context segmentation (SegGPT): a prompt image and its mask, stacked on the input in
         if opts.image_size is None and h == 2 * w:  # height: the configuration's size is the stack's
             h //= 2
-            pixels = inputs[key] = pixels[..., :h, :]
+            pixels = inputs[key] = pixels[..., :h, :].clone()  # its own storage, as a processor's images
             desc = desc.replace(f"x{2 * h}x{w}", f"x{h}x{w}")
         for name in prompts:
             inputs[name] = torch.zeros(pixels.shape, dtype=pixels.dtype, **meta)
