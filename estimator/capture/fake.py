@@ -108,11 +108,14 @@ class KernelOutputs:
     layout: Callable[[dict], torch.memory_format] | None = None
     statistics: bool = False
     accumulate_on_cuda: bool = False
+    input_dtype: bool = False  # the first output (the input's gradient) in the dtype of argument ``input``
 
     def __call__(self, func: Any, cuda: bool, *args: Any, **kwargs: Any) -> Any:
         out = func(*args, **kwargs)
         bound = bind(func, args, kwargs)
         outs = [out] if isinstance(out, torch.Tensor) else list(out)
+        if self.input_dtype and outs[0] is not None and outs[0].dtype != bound["input"].dtype:
+            outs[0] = torch.empty_like(outs[0], dtype=bound["input"].dtype)
         if self.layout is not None and outs[0] is not None:
             layout = self.layout(bound)
             if not outs[0].is_contiguous(memory_format=layout):  # the fake kernel's own is kept where it agrees
@@ -138,6 +141,9 @@ class KernelOutputs:
 #   float32 means and inverse deviations (cuDNN's batch norm: the weight's dtype); the CUDA layer and
 #   batch norm kernels always do (``toAccumulateType``).  The fake kernels make them in the input's
 #   dtype.  The H100 reference steps show it (tests/test_cuda_reference.py).
+# * dtype: native_group_norm_backward allocates dX as empty_like(X, X.suggest_memory_format()) (group_norm.cpp):
+#   a bf16 input with float32 weights (CPU autocast leaves group norm in bf16) gets a bf16 gradient, where the
+#   fake kernel computes it in float32 (UniSpeech's feature encoder: 3,281,920 B per layer more than the step).
 _BATCH_NORM = KernelOutputs(layout=_suggested_by_input, statistics=True, accumulate_on_cuda=True)
 KERNEL_OUTPUTS: dict[Any, KernelOutputs] = {
     torch.ops.aten.native_layer_norm.default: KernelOutputs(statistics=True, accumulate_on_cuda=True),
@@ -147,6 +153,7 @@ KERNEL_OUTPUTS: dict[Any, KernelOutputs] = {
     torch.ops.aten._log_softmax_backward_data.default: KernelOutputs(layout=_contiguous),
     torch.ops.aten.mse_loss_backward.default: KernelOutputs(layout=_contiguous),
     torch.ops.aten.native_batch_norm_backward.default: KernelOutputs(layout=_suggested_by_input),
+    torch.ops.aten.native_group_norm_backward.default: KernelOutputs(layout=_suggested_by_input, input_dtype=True),
     **{optional_op(*name): _BATCH_NORM for name in (
         ("native_batch_norm", "default"), ("_native_batch_norm_legit", "default"), ("_native_batch_norm_legit", "no_stats"),
         ("_native_batch_norm_legit_no_training", "default"), ("_native_batch_norm_legit_functional", "default"))},
