@@ -103,6 +103,8 @@ class KernelOutputs:
     norm's mean and inverse standard deviation) for a 16-bit input: float32 where the weight or
     bias is float32 (ATen's ``param_scalar_type`` of a mixed-type norm), and, with
     ``accumulate_on_cuda``, always on CUDA (the CUDA kernel allocates them in the accumulate type).
+    ``input_dtype``: the first output in the dtype of the argument ``input`` (a gradient ATen allocates
+    ``empty_like(input)``).
     """
 
     layout: Callable[[dict], torch.memory_format] | None = None
