@@ -136,7 +136,8 @@ def test_the_cli_compares_every_combination_of_the_lists(monkeypatch, capsys):
 
 def test_engine_warnings_become_one_note_each_and_others_pass(recwarn):
     """A warning raised from torch.distributed's sources while a layout is traced is a note of the plan, once
-    however often it is raised (a comparison traces many layouts); any other warning is raised as it was."""
+    however often it is raised (a comparison traces many layouts); any other warning is raised again once per place
+    and message, as the default filter shows it."""
     import warnings
 
     from estimator.plan.engine import engine_warnings_as_notes
@@ -149,5 +150,6 @@ def test_engine_warnings_become_one_note_each_and_others_pass(recwarn):
     assert notes == ["torch.distributed warned during the trace: FSDP2-wrapped module (M) returned a view tensor."]
     assert len(recwarn) == 0
     with engine_warnings_as_notes(notes):
-        warnings.warn("the model's own warning", FutureWarning)
+        for _ in range(3):  # one place, three times (a warning in every block's forward): shown once
+            warnings.warn("the model's own warning", FutureWarning)
     assert [str(w.message) for w in recwarn] == ["the model's own warning"] and len(notes) == 1

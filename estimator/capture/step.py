@@ -124,9 +124,9 @@ class Step:
         for i, t in enumerate(engine_state):
             rec.placeholder(f"engine_{i}", t, "engine")
 
+        self._standing: dict[str, torch.Tensor] = {}  # the stand-ins in the model's place (_stand_ins)
         # each buffer slot (module, local name) -> the buffer's name: a module that assigns a new tensor to its
         # buffer in forward (ConViT's relative indices, made for the sequence it meets) holds that one after
-        self._standing: dict[str, torch.Tensor] = {}  # the stand-ins in the model's place (_stand_ins)
         self.buffer_slots = {(id(mod), local): f"{path}.{local}" if path else local
                              for path, mod in model.named_modules(remove_duplicate=False)
                              if not isinstance(mod, torch.jit.ScriptModule)  # (takes no hooks)

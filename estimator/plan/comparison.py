@@ -22,6 +22,7 @@ from ..errors import UserError
 from ..hardware import GPU
 from .layout import STRATEGIES, PlanPrecision, parse_plan_precision
 from .report import Comparison, Plan
+from .results import model_parallel_text
 
 _LOW = {"bf16-mixed": "bf16", "fsdp-bf16": "bf16", "fp16-mixed": "fp16", "fsdp-fp16": "fp16"}
 
@@ -100,7 +101,7 @@ def compare_layouts(planner: Any, gpus: int | Sequence[int], *, strategies: Sequ
     for i, (g, n, s, (t, p, c, e), ckset) in enumerate(rows):
         done = time.monotonic() - started
         left = f", about {done / i * (len(rows) - i):.0f} s left" if i else ""
-        shape = s + "".join(f" x {k} {v}" for k, v in (("tp", t), ("pp", p), ("cp", c), ("ep", e)) if v > 1)
+        shape = s + model_parallel_text(t, p, c, e)
         row = f"plan {i + 1} of {len(rows)}{left}: {n} x {g if isinstance(g, str) else g.name}, {shape}" + (
             " with checkpointing" if ckset else "")
         sub = for_strategy(planner, s) if len(set(names)) > 1 else planner  # one strategy: as asked

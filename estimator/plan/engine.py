@@ -317,17 +317,20 @@ def engine_warnings_as_notes(notes: list[str]) -> Iterator[None]:
     """The warnings PyTorch's distributed engines raise while a layout is traced, each distinct one a note of the
     plan (``"torch.distributed warned during the trace: ..."``) rather than a line on stderr every time a plan or a
     comparison's row traces it again (FSDP2 warns, for instance, when a wrapped module returns a view: the user's
-    real run would say so too).  Any other warning is raised as it would have been."""
+    real run would say so too).  Any other warning is raised again, once per place and message, as the default
+    filter would have shown it."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         yield
+    again = set()
     for w in caught:
         text = str(w.message)
         if "torch/distributed/" in w.filename.replace("\\", "/"):
             note = f"torch.distributed warned during the trace: {text.splitlines()[0] if text else w.category.__name__}"
             if note not in notes:
                 notes.append(note)
-        else:
+        elif (key := (w.category, text, w.filename, w.lineno)) not in again:
+            again.add(key)
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
 

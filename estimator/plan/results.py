@@ -136,6 +136,11 @@ class Flops:
     attention_per_token: float | None = None
 
 
+def model_parallel_text(tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1) -> str:
+    """" x tp 2 x pp 4 x cp 2 x ep 4": the degrees above 1 that split the model or its sequence."""
+    return "".join(f" x {name} {n}" for name, n in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)) if n > 1)
+
+
 @dataclass(frozen=True)
 class Config:
     model: str
@@ -167,8 +172,7 @@ class Config:
 
     def model_parallel(self) -> str:
         """" x tp 2 x pp 4 x cp 2 x ep 4": the degrees above 1 that split the model or its sequence."""
-        return "".join(f" x {name} {n}" for name, n in (("tp", self.tp), ("pp", self.pp), ("cp", self.cp),
-                                                        ("ep", self.ep)) if n > 1)
+        return model_parallel_text(self.tp, self.pp, self.cp, self.ep)
 
 
 @dataclass
