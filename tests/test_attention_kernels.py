@@ -78,3 +78,25 @@ def test_head_size_and_backend_order_the_rates_as_measured():
         for b in ("cudnn", "flash", "efficient"):
             assert attention.efficiency(b, backward, 128, 8192) > attention.efficiency(b, backward, 64, 8192)
             assert measured_rate(b, 128, backward) > measured_rate(b, 64, backward)
+
+
+def test_a_power_capped_card_runs_attention_at_its_gemms_ratio(tmp_path):
+    """The attention tables were measured on the H100's chip at 700 W; the same card capped at 500 W (torchtitan's
+    Grand Teton H100s) throttles its tensor cores, and the structural model slows its bf16 GEMMs by the two
+    boards' power factors (``estimator.timing.structure``).  The measured attention kernels slow by the same
+    ratio: long kernels (compute-bound, 8,192 tokens, launch floor negligible) time at the GEMMs' ratio."""
+    import json
+
+    from estimator.hardware import lookup
+
+    path = tmp_path / "h100_500w.json"
+    path.write_text(json.dumps(lookup("H100-SXM").to_json() | {"name": "H100-500W", "tdp_w": 500,
+                                                               "total_memory_bytes": None}))
+    full, capped = T.load_model("H100-SXM"), T.load_model(lookup(str(path)))
+    gemm_ratio = capped.eff["matmul.half"] / full.eff["matmul.half"]
+    assert gemm_ratio < 0.9  # the cap throttles (0.79 with the shipped structure)
+    r = next(r for r in F.rows() if r["backend"] == "flash" and r["seq"] == "8192" and r["head_dim"] == "128")
+    for backward in (False, True):
+        w = F.work(r, backward)
+        kernel = [T.gpu_seconds(w, m) - w.launches * m.library_s for m in (full, capped)]
+        assert kernel[0] / kernel[1] == pytest.approx(gemm_ratio, rel=0.02)

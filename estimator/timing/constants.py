@@ -60,6 +60,9 @@ class TimingModel:
     # log half-widths of the "likely" range of a step by op family (estimator.timing.band): "step" (the
     # whole step on a calibrated GPU), "gemm", "conv", "memory", "tensor" (this GPU's extra error)
     band: Mapping[str, float] = field(default_factory=dict)
+    # this GPU's sustained tensor-core rate over the H100 SXM's at 700 W (estimator.timing.structure.apply: the
+    # power factors' ratio): what the single-kernel tables measured on the H100's chip (attention) are scaled by
+    tensor_ratio: float = 1.0
 
     def to_json(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}

@@ -179,8 +179,9 @@ def gpu_seconds(w: OpWork, model: TimingModel, matmul_tf32: bool = False, conv_t
         # score blocks above the diagonal are skipped by causal kernels
         flops *= causal_fraction(w.m, w.n) if w.causal else 1.0
         measured = attention.efficiency(w.backend, w.backward, w.k, w.m) if precision == "half" else None
-        # bf16 / fp16: the kernel's measured efficiency (timing.attention); fp32: the fitted one
-        eff = measured or eff * (model.attention_backward if w.backward else 1.0)
+        # bf16 / fp16: the kernel's efficiency measured on the H100's chip (timing.attention) at this GPU's sustained
+        # tensor-core rate (a lower power limit throttles it as it does the GEMMs); fp32: the fitted one
+        eff = measured * model.tensor_ratio if measured else eff * (model.attention_backward if w.backward else 1.0)
         size = 1.0
     else:
         size = size_factor(w.batch * w.m * w.n, w.m, w.n, w.k, model.fill_rows, model.n0, model.k0)

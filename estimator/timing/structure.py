@@ -120,5 +120,5 @@ def apply(base: TimingModel, base_gpu: GPU, gpu: GPU, constants: Mapping[str, fl
                    bandwidth=gpu.bandwidth * constants["bandwidth_frac"], memory_eff=memory_eff, eff=eff,
                    fill_rows=constants["fill_rows"], n0=constants["n0"], k0=constants["k0"],
                    overlap_p=constants["overlap_p"], peaks=datasheet_peaks(gpu), tf32=bool(gpu.peak.get("tf32")),
-                   band=dict(band), provenance=dict(provenance))
+                   band=dict(band), provenance=dict(provenance), tensor_ratio=ratio)
 
