@@ -12,20 +12,25 @@ Grand Teton hosts (H100 96 GB HBM2e, 2.4 TB/s, 500 W, NVLink inside the host, 40
 the 126 decoder layers dealt as torchtitan deals them (the embedding and the head count as a layer each: 8
 stages of 15, 16 x 6, 15 for 1F1B; 16 stages of 7, 8 x 14, 7 for interleaved, two per rank), 32 micro-batches of
 one sequence (torchtitan's default micro-batch), tensor parallelism 8 with sequence and loss parallelism, FSDP2
-over the 8 data-parallel ranks of each stage with torchtitan's bf16 MixedPrecisionPolicy, not resharded after
+over the 8 data-parallel ranks of each stage with torchtitan's MixedPrecisionPolicy (bf16 parameters, fp32 reduce:
+``mixed_precision_reduce = "float32"``, its default), not resharded after
 forward (torchtitan's default under pipeline parallelism), every decoder layer checkpointed, torch.compile per
 block, float8 tensorwise.  Not expressible: asynchronous TP, torchao's float8 tensor-parallel styles.  Memory as
 torchtitan logs it (reserved: the plan's need less the CUDA context).  Printed, not asserted: the published
 runs judge the planner, never fit it.
 
-Measured on 2026-11-29 (2 cores): 1F1B 120 TPS/GPU (1.204 of 100), 43.7 GiB on rank 0 (0.530 of 82.5), planned in
-57 s; interleaved 1F1B 133 TPS/GPU (1.038 of 128), 49.7 GiB on rank 0 (0.684 of 72.7), 59 s (112 and 124 TPS/GPU,
-84 and 83 s, on 2026-11-27).  The step is the schedule's actions simulated on every rank (bubble 6.1 s of 34.0 s
-for 1F1B, 2.8 s of 30.8 s interleaved); the published runs gain 28 % from interleaving where the plan gains 11 %,
-the bubble's (pp - 1)/(v M) share.  The
-memory is well under the published figures, which the plan does not explain (rank 0 of 1F1B at its second
-backward with 8 micro-batches in flight: sharded states 8.7 GiB, the stage's unsharded bf16 parameters 11.6 GiB,
-unreduced gradients and temporaries 17.1 GiB, checkpointed inputs 4.2 GiB; candidates: asynchronous TP's
+Measured on 2026-11-29 (2 cores): 1F1B 115 TPS/GPU (1.146 of 100), 60.9 GiB on rank 0 (0.738 of 82.5), planned in
+83 s; interleaved 1F1B 127 TPS/GPU (0.990 of 128), 65.6 GiB on rank 0 (0.902 of 72.7), 89 s.  Until 2026-11-29 the
+plan took FSDP2's reduce dtype (the parameters', bf16) where torchtitan reduces in fp32: under pipeline parallelism
+FSDP2 does not reduce-scatter until the last micro-batch (``set_requires_gradient_sync(False)``), and with a
+reduce dtype unlike the parameters' it accumulates the stage's unsharded gradients in that dtype
+(``FSDPParam.to_accumulated_grad_if_needed``): fp32, held through the step.  The rows then read 43.7 and 49.7 GiB
+(0.530 and 0.684), 120 and 133 TPS/GPU (the latter also before the attention kernels took the 500 W card's power
+factor).  The step is the schedule's actions simulated on every rank (bubble 6.4 s of 35.7 s for 1F1B, 2.9 s of
+32.3 s interleaved); the published runs gain 28 % from interleaving where the plan gains 10 %, the bubble's
+(pp - 1)/(v M) share.  The 1F1B memory is still under the published figure (rank 0 at the backward of its first
+micro-batch with 8 in flight: sharded states 8.7 GiB, the stage's unsharded bf16 parameters 11.6 GiB, unreduced
+fp32 gradients and temporaries 34.3 GiB, checkpointed inputs 3.8 GiB; candidates: asynchronous TP's
 symmetric-memory buffers, float8 all-gather buffers, the allocator's reserve at these sizes, which the composed
 peak takes as its 2.5 % first guess); and the published interleaved row uses less memory than 1F1B where the
 plan's uses more (twice the receive buffers and the runtime's sends, held to the end of the step).
@@ -66,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                 hidden_size=16384, intermediate_size=53248, num_hidden_layers=args.layers, num_attention_heads=128,
                 num_key_value_heads=8, vocab_size=128256, max_position_embeddings=SEQ))
             start = time.perf_counter()
-            p = Planner(model, inputs, gpu=gpu, precision="fsdp-bf16", **extra).plan(
+            p = Planner(model, inputs, gpu=gpu, precision="fsdp-bf16", reduce_dtype="fp32", **extra).plan(
                 "fsdp", GPUS, tp=TP, sequence_parallel=True, loss_parallel=True, pp=PP, pp_schedule=schedule,
                 microbatches=LOCAL_BATCH, checkpoint="LlamaDecoderLayer", solve=())
             seconds = time.perf_counter() - start

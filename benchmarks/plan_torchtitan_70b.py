@@ -10,16 +10,17 @@ hosts (H100 96 GB HBM2e, 2.4 TB/s, 500 W, NVLink inside the host, 400 Gb/s RDMA 
 
 torchtitan's TP for Llama 3 is sequence parallel with loss parallelism (the output head's logits stay sharded
 by vocabulary).  The plan: FSDP2 on each decoder layer and the root with torchtitan's bf16
-MixedPrecisionPolicy (``--precision fsdp-bf16``), tensor parallelism 8 with ``sequence_parallel`` and
+MixedPrecisionPolicy (``--precision fsdp-bf16 --reduce-dtype fp32``: fp32 reduce, torchtitan's default), tensor parallelism 8 with ``sequence_parallel`` and
 ``loss_parallel``, every decoder layer checkpointed, AdamW.  What the plan cannot express yet, and so what
 this row differs in: torchao's float8 tensor-parallel styles (the plan gathers the sequence in bf16).  Measured
-on 2026-11-29: compiled with float8, 821 TPS/GPU (0.990 of 829) and 67.4 GiB (0.937 of 71.9), step 20.0 s of
-which 4.8 s exposed communication; with asynchronous TP (``async_tp=True``, the second published row) 976
-TPS/GPU (1.114 of 876) and 67.4 GiB (0.997 of 67.6), 1.6 s exposed: the plan gains 19 % where the published run
-gains 5.7 %, and its memory does not fall as the published memory does (4.3 GiB); eager bf16 620 TPS/GPU and
+on 2026-11-29: compiled with float8, 807 TPS/GPU (0.973 of 829) and 67.4 GiB (0.937 of 71.9), step 20.3 s of
+which 5.1 s exposed communication; with asynchronous TP (``async_tp=True``, the second published row) 956
+TPS/GPU (1.092 of 876) and 67.4 GiB (0.997 of 67.6), 2.0 s exposed: the plan gains 18 % where the published run
+gains 5.7 %, and its memory does not fall as the published memory does (4.3 GiB); eager bf16 612 TPS/GPU and
 65.9 GiB; without loss parallelism 277.2 GiB (every TP rank holds the full-vocabulary logits and their
 gradient), so the published run would not fit.  (Before the attention kernels took the 500 W card's power
-factor, as its GEMMs did: 839, 1,001 and 628 TPS/GPU.)  Memory is compared as torchtitan
+factor, as its GEMMs did, and while the plan reduced gradients in bf16 where torchtitan reduces in fp32: 839,
+1,001 and 628 TPS/GPU.)  Memory is compared as torchtitan
 logs it (the allocator's reserved bytes: the plan's need less the CUDA context).  Printed, not asserted:
 torchtitan's runs judge the planner, they are never fitted to.
 
@@ -51,7 +52,7 @@ def run(layers: int, gpu: str, loss_parallel: bool, async_tp: bool = False, **ex
         hidden_size=8192, intermediate_size=28672, num_hidden_layers=layers, num_attention_heads=64,
         num_key_value_heads=8, vocab_size=128256, max_position_embeddings=SEQ))
     start = time.perf_counter()
-    p = Planner(model, inputs, gpu=gpu, precision="fsdp-bf16", **extra).plan(
+    p = Planner(model, inputs, gpu=gpu, precision="fsdp-bf16", reduce_dtype="fp32", **extra).plan(
         "fsdp", GPUS, tp=TP, sequence_parallel=True, loss_parallel=loss_parallel, async_tp=async_tp,
         checkpoint="LlamaDecoderLayer",
         solve=())

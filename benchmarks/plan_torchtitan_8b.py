@@ -16,7 +16,7 @@ Table 3, the same on 128 GPUs (16 hosts, 400 Gb/s RDMA per GPU between them), gl
     | FSDP + torch.compile + Float8  |   8,380 |         61.8 |
 
 The plan: FSDP2 on each decoder layer and the root with torchtitan's bf16 MixedPrecisionPolicy (fp32 reduce,
-``--precision fsdp-bf16``), every decoder layer under the ``op`` checkpoint policy, AdamW, torch.compile per
+torchtitan's default: ``--precision fsdp-bf16 --reduce-dtype fp32``; reduced in bf16 until 2026-11-29), every decoder layer under the ``op`` checkpoint policy, AdamW, torch.compile per
 block (``compile="block"``), float8 tensorwise (torchao, every Linear but the output head; float8 all-gather
 not modelled).  The card is given as a GPU file (the hardware table's H100-SXM with the measured card's
 96 GB, 2.4 TB/s and 500 W).  Memory is compared as torchtitan logs it (the allocator's reserved bytes: the
@@ -70,8 +70,8 @@ def run(layers: int, row: str, gpu: str, gpus: int) -> dict:
         hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers, num_attention_heads=32,
         num_key_value_heads=8, vocab_size=128256, max_position_embeddings=SEQ))
     start = time.perf_counter()
-    p = Planner(model, inputs, gpu=gpu, precision="fsdp-bf16", checkpoint_policy="op", cuda_torch=CUDA_TORCH,
-                **ROWS[row]).plan(
+    p = Planner(model, inputs, gpu=gpu, precision="fsdp-bf16", reduce_dtype="fp32", checkpoint_policy="op",
+                cuda_torch=CUDA_TORCH, **ROWS[row]).plan(
         "fsdp", gpus, checkpoint="LlamaDecoderLayer", solve=())
     tps = LOCAL_BATCH * SEQ / p.step_time_s
     reserved = (p.verdict.needed - p.verdict.reserve.get("cuda_context", 0)) / 2**30
