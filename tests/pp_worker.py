@@ -2,7 +2,8 @@
 
 Run as ``python tests/pp_worker.py RANK WORLD_SIZE INIT_FILE OUT_JSON CONFIG_JSON``; the test starts one process
 per rank (one pipeline stage each).  ``CONFIG_JSON``: ``{"config": {...} (examples/llama.py's LlamaConfig),
-"batch", "seq", "microbatches", "schedules": ["gpipe", "1f1b"], "tp": int, "sp": bool, "dp": int, "cp": int}``:
+"batch", "seq", "microbatches", "schedules": ["gpipe", "1f1b"], "tp": int, "sp": bool, "dp": int, "cp": int,
+"mixed": bool}``:
 with ``tp`` > 1 the ranks form a (pp, tp) mesh, each stage split by tests/dist_worker.py's Megatron plan for the example
 Llama (torchtitan's sequence parallelism with ``sp``); with ``dp`` > 1 a (pp, dp) mesh, each stage's layers and
 the stage itself under FSDP2's ``fully_shard``; with ``cp`` > 1 a (pp, cp) mesh, each stage under FSDP2 over
@@ -127,9 +128,18 @@ def run(rank: int, world: int, cfg: dict, schedule_name: str) -> dict:
                 from torch.distributed.fsdp import fully_shard  # policy under pp: not resharded after forward; under
                 # cp over the cp ranks, its dp_shard_cp)
                 keep = cfg.get("reshard_after_forward", False)
+                mp = {}
+                if cfg.get("mixed"):  # torchtitan's policy: bf16 parameters, gradients reduced in fp32
+                    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+                    mp = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
                 for layer in module.layers:
-                    fully_shard(layer, mesh=mesh[name], reshard_after_forward=keep)
-                fully_shard(module, mesh=mesh[name], reshard_after_forward=keep)
+                    fully_shard(layer, mesh=mesh[name], reshard_after_forward=keep, **mp)
+                fully_shard(module, mesh=mesh[name], reshard_after_forward=keep, **mp)
+                from dist_worker import in_place_reduce_scatter  # as NCCL: no copy of the reduce-scatter input
+
+                for m in (*module.layers, module):
+                    m.set_custom_reduce_scatter(in_place_reduce_scatter())
         stages = [PipelineStage(m, s, n_stages, torch.device("cpu"), group=mesh["pp"].get_group())
                   for m, s in zip(modules, mine)]
         cls = {"gpipe": schedules.ScheduleGPipe, "1f1b": schedules.Schedule1F1B,

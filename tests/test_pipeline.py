@@ -49,15 +49,16 @@ def _loss(logits: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), torch.zeros(logits.shape[:2], dtype=torch.long).flatten())
 
 
-def _planner(config: dict | None = None, seq: int = SEQ, **kw) -> Planner:
+def _planner(config: dict | None = None, seq: int = SEQ, mixed: bool = False, **kw) -> Planner:
     with torch.device("meta"):
         model = llama.Llama(llama.LlamaConfig(**(config or CONFIG)))
     idx = torch.zeros(BATCH, seq, dtype=torch.long)
-    return Planner(model, (idx,), gpu="H100", device="cpu", precision="fp32", loss_fn=_loss, **kw)
+    precision = dict(precision="fsdp-bf16", reduce_dtype="fp32") if mixed else dict(precision="fp32")
+    return Planner(model, (idx,), gpu="H100", device="cpu", loss_fn=_loss, **precision, **kw)
 
 
 def _real_and_planned(directory, pp: int, tp: int = 1, sp: bool = False, dp: int = 1, config: dict | None = None,
-                      seq: int = SEQ, schedules: tuple[str, ...] = SCHEDULES, cp: int = 1):
+                      seq: int = SEQ, schedules: tuple[str, ...] = SCHEDULES, cp: int = 1, mixed: bool = False):
     """The real runs (started first, running while the plans are traced) and the plans: (real by rank, plans by
     schedule)."""
     import torch.distributed as dist
@@ -69,12 +70,12 @@ def _real_and_planned(directory, pp: int, tp: int = 1, sp: bool = False, dp: int
         env["GLOO_SOCKET_IFNAME"] = "lo"
     world = pp * tp * dp * cp
     cfg = json.dumps({"config": config or CONFIG, "batch": BATCH, "seq": seq, "microbatches": MICRO,
-                      "schedules": schedules, "tp": tp, "sp": sp, "dp": dp, "cp": cp})
+                      "schedules": schedules, "tp": tp, "sp": sp, "dp": dp, "cp": cp, "mixed": mixed})
     procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "pp_worker.py"), str(r), str(world),
                                str(directory / "init"), str(directory / f"r{r}.json"), cfg], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
     try:
-        planner = _planner(config, seq)
+        planner = _planner(config, seq, mixed)
         plans = {s: planner.plan("fsdp" if dp > 1 else "ddp", world, tp=tp, sequence_parallel=sp, pp=pp,
                                  pp_schedule=s, microbatches=MICRO, solve=()) for s in schedules} if cp == 1 else \
             {(s, r): planner.plan("fsdp", world, pp=pp, cp=cp, rank=r, pp_schedule=s, microbatches=MICRO, solve=())
@@ -119,6 +120,16 @@ def fsdp_runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def fsdp_mixed_runs(tmp_path_factory):
+    """The same under torchtitan's MixedPrecisionPolicy (bf16 parameters, fp32 reduce), 1F1B: with a reduce dtype
+    unlike the parameters' FSDP2 accumulates the unsharded gradients of the micro-batches before the last in fp32
+    (``FSDPParam.to_accumulated_grad_if_needed``), twice the bf16 gradients' bytes."""
+    wide = {**CONFIG, "dim": 256, "hidden_dim": 512, "n_heads": 4, "n_kv_heads": 4}
+    return _real_and_planned(tmp_path_factory.mktemp("pp_fsdp_mixed"), 2, dp=2, config=wide, seq=8,
+                             schedules=("1f1b",), mixed=True)
+
+
+@pytest.fixture(scope="module")
 def cp_runs(tmp_path_factory):
     """2 ranks x context parallelism 2 (4 processes): each stage under FSDP2 over its 2 cp ranks, each step under
     ``context_parallel`` (every sequence split over the cp ranks, attention torch's ring); multi-head attention,
@@ -141,6 +152,15 @@ def test_ranks_under_fsdp_match_the_real_ranks(fsdp_runs, schedule, rank):
     real, plans = fsdp_runs
     _check(real[rank][schedule], plans[schedule].pipeline["per_rank"][rank // 2], schedule,
            FSDP_INTERLEAVED_TOLERANCE if schedule == "interleaved-1f1b" else 0.01)
+
+
+@pytest.mark.parametrize("rank", range(4))
+def test_ranks_under_fsdp_mixed_precision_match_the_real_ranks(fsdp_mixed_runs, rank):
+    """bf16 parameters, fp32 reduce: each rank's model states exactly and its peak within 1 %; the plan says the
+    policy it traced."""
+    real, plans = fsdp_mixed_runs
+    _check(real[rank]["1f1b"], plans["1f1b"].pipeline["per_rank"][rank // 2], "1f1b")
+    assert "param bfloat16, reduce float32" in plans["1f1b"].config.engine
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES + MULTI)
