@@ -10,7 +10,8 @@ hosts (H100 96 GB HBM2e, 2.4 TB/s, 500 W, NVLink inside the host, 400 Gb/s RDMA 
 
 torchtitan's TP for Llama 3 is sequence parallel with loss parallelism (the output head's logits stay sharded
 by vocabulary).  The plan: FSDP2 on each decoder layer and the root with torchtitan's bf16
-MixedPrecisionPolicy (``--precision fsdp-bf16 --reduce-dtype fp32``: fp32 reduce, torchtitan's default), tensor parallelism 8 with ``sequence_parallel`` and
+MixedPrecisionPolicy (``--precision fsdp-bf16 --reduce-dtype fp32``: fp32 reduce, torchtitan's default),
+tensor parallelism 8 with ``sequence_parallel`` and
 ``loss_parallel``, every decoder layer checkpointed, AdamW.  What the plan cannot express yet, and so what
 this row differs in: torchao's float8 tensor-parallel styles (the plan gathers the sequence in bf16).  Measured
 on 2026-11-29: compiled with float8, 807 TPS/GPU (0.973 of 829) and 67.4 GiB (0.937 of 71.9), step 20.3 s of

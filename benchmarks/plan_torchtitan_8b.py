@@ -16,7 +16,8 @@ Table 3, the same on 128 GPUs (16 hosts, 400 Gb/s RDMA per GPU between them), gl
     | FSDP + torch.compile + Float8  |   8,380 |         61.8 |
 
 The plan: FSDP2 on each decoder layer and the root with torchtitan's bf16 MixedPrecisionPolicy (fp32 reduce,
-torchtitan's default: ``--precision fsdp-bf16 --reduce-dtype fp32``; reduced in bf16 until 2026-11-29), every decoder layer under the ``op`` checkpoint policy, AdamW, torch.compile per
+torchtitan's default: ``--precision fsdp-bf16 --reduce-dtype fp32``; reduced in bf16 until
+2026-11-29), every decoder layer under the ``op`` checkpoint policy, AdamW, torch.compile per
 block (``compile="block"``), float8 tensorwise (torchao, every Linear but the output head; float8 all-gather
 not modelled).  The card is given as a GPU file (the hardware table's H100-SXM with the measured card's
 96 GB, 2.4 TB/s and 500 W).  Memory is compared as torchtitan logs it (the allocator's reserved bytes: the

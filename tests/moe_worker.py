@@ -104,13 +104,15 @@ def expert_parallel(model: torch.nn.Module, ep_mesh) -> list[torch.nn.Module]:
     return found
 
 
-def shard_experts(experts: list[torch.nn.Module], efsdp_mesh, ep: int, policy, reduce_scatter) -> None:
+def shard_experts(experts: list[torch.nn.Module], efsdp_mesh, ep: int, policy, reduce_scatter,
+                  reshard_after_forward: bool = True) -> None:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Shard
 
     for m in experts:
         dim1 = efsdp_mesh.size() * ep > m.num_experts
-        fully_shard(m, mesh=efsdp_mesh, mp_policy=policy, shard_placement_fn=(lambda _p: Shard(1)) if dim1 else None)
+        fully_shard(m, mesh=efsdp_mesh, mp_policy=policy, shard_placement_fn=(lambda _p: Shard(1)) if dim1 else None,
+                    reshard_after_forward=reshard_after_forward)  # (torchtitan: the blocks' own policy)
         # (torchtitan divides these gradients by the world with set_gradient_divide_factor, a PREMUL_SUM reduction
         # that gloo lacks; the division is in place either way, so the memory is the same without it)
         m.set_custom_reduce_scatter(reduce_scatter())

@@ -3,7 +3,9 @@
 Run as ``python tests/pp_worker.py RANK WORLD_SIZE INIT_FILE OUT_JSON CONFIG_JSON``; the test starts one process
 per rank (one pipeline stage each).  ``CONFIG_JSON``: ``{"config": {...} (examples/llama.py's LlamaConfig),
 "batch", "seq", "microbatches", "schedules": ["gpipe", "1f1b"], "tp": int, "sp": bool, "dp": int, "cp": int,
-"mixed": bool}``:
+"mixed": bool, "model": "llama" | "mixtral", "ep": int}`` (``mixed``: FSDP2 with bf16 parameters and fp32
+reduction; ``mixtral``: transformers' Mixtral, tests/moe_worker.py's, with ``ep`` > 1 its experts sharded over
+each stage's data-parallel ranks as torchtitan's ``ExpertParallel`` shards them):
 with ``tp`` > 1 the ranks form a (pp, tp) mesh, each stage split by tests/dist_worker.py's Megatron plan for the example
 Llama (torchtitan's sequence parallelism with ``sp``); with ``dp`` > 1 a (pp, dp) mesh, each stage's layers and
 the stage itself under FSDP2's ``fully_shard``; with ``cp`` > 1 a (pp, cp) mesh, each stage under FSDP2 over
@@ -42,7 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
 
-from dist_worker import ResizeAwareTracker, _distinct_bytes  # noqa: E402
+from dist_worker import ResizeAwareTracker, _distinct_bytes, in_place_reduce_scatter  # noqa: E402
 
 import llama  # noqa: E402
 
@@ -70,6 +72,32 @@ class Stage(torch.nn.Module):
             x = layer(x, cos, sin)
         if self.output is not None:
             x = self.output(self.norm(x))
+        return x
+
+
+class MixtralStage(torch.nn.Module):
+    """Layers ``lo``..``hi`` of transformers' Mixtral (tests/moe_worker.py's, routing balanced), with its embedding
+    when first and its final norm and head when last; each stage computes the rotary angles of its positions, as
+    the model's own forward does (no mask: causal attention)."""
+
+    def __init__(self, model: torch.nn.Module, lo: int, hi: int, first: bool, last: bool):
+        super().__init__()
+        inner = model.model
+        self.embed_tokens = inner.embed_tokens if first else None
+        self.layers = torch.nn.ModuleList(inner.layers[lo:hi])
+        self.rotary_emb = inner.rotary_emb
+        self.norm = inner.norm if last else None
+        self.lm_head = model.lm_head if last else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed_tokens is not None:
+            x = self.embed_tokens(x)
+        positions = torch.arange(x.shape[1]).unsqueeze(0)
+        angles = self.rotary_emb(x, position_ids=positions)
+        for layer in self.layers:
+            x = layer(x, position_embeddings=angles, position_ids=positions)
+        if self.lm_head is not None:
+            x = self.lm_head(self.norm(x))
         return x
 
 
@@ -112,12 +140,32 @@ def run(rank: int, world: int, cfg: dict, schedule_name: str) -> dict:
     n_stages = pp * (2 if style else 1)
     mine = (r, 2 * pp - 1 - r) if style == "v" else (r, r + pp) if style else (r,)
     torch.manual_seed(0)
-    model = llama.Llama(llama.LlamaConfig(**cfg["config"]))
-    ranges = layer_ranges(cfg["config"]["n_layers"], n_stages)
-    modules = [Stage(model, *ranges[s], s == 0, s == n_stages - 1, cfg["seq"], cp) for s in mine]
+    ep = cfg.get("ep", 1)
+    if cfg.get("model") == "mixtral":
+        import torchvision_env  # (this script's folder): transformers beside PyPI's torchvision and the CPU torch
+        from moe_worker import build_mixtral
+
+        torchvision_env.load()
+        model, _ = build_mixtral(cfg["config"])
+        ranges = layer_ranges(cfg["config"]["num_hidden_layers"], n_stages)
+        modules = [MixtralStage(model, *ranges[s], s == 0, s == n_stages - 1) for s in mine]
+        vocab, hf_loss = cfg["config"]["vocab_size"], model.loss_function
+
+        def loss(logits, targets):  # transformers' causal-LM loss, as the model's own forward computes it
+            return hf_loss(logits, targets, vocab_size=vocab)
+        schedule_loss = loss
+    else:
+        model = llama.Llama(llama.LlamaConfig(**cfg["config"]))
+        ranges = layer_ranges(cfg["config"]["n_layers"], n_stages)
+        modules = [Stage(model, *ranges[s], s == 0, s == n_stages - 1, cfg["seq"], cp) for s in mine]
+        schedule_loss = loss_fn
+    if ep > 1:  # torchtitan's expert region: (pp, efsdp, ep), the ep ranks innermost
+        ep_region = init_device_mesh("cpu", (pp, inner // ep, ep), mesh_dim_names=("pp", "efsdp", "ep"))
     del model
     idx = torch.randint(0, cfg["config"]["vocab_size"], (cfg["batch"], cfg["seq"]))
     tracker = ResizeAwareTracker()
+    if ep > 1:  # (sharded as torchtitan applies it: ep, then FSDP2 on the experts, the layers and the stage)
+        from moe_worker import expert_parallel, shard_experts
     with tracker:
         for module in modules:
             if tp > 1:
@@ -128,15 +176,17 @@ def run(rank: int, world: int, cfg: dict, schedule_name: str) -> dict:
                 from torch.distributed.fsdp import fully_shard  # policy under pp: not resharded after forward; under
                 # cp over the cp ranks, its dp_shard_cp)
                 keep = cfg.get("reshard_after_forward", False)
-                mp = {}
-                if cfg.get("mixed"):  # torchtitan's policy: bf16 parameters, gradients reduced in fp32
-                    from torch.distributed.fsdp import MixedPrecisionPolicy
+                from torch.distributed.fsdp import MixedPrecisionPolicy
 
+                mp = {"mp_policy": MixedPrecisionPolicy()}
+                if cfg.get("mixed"):  # torchtitan's policy: bf16 parameters, gradients reduced in fp32
                     mp = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
+                if ep > 1:
+                    experts = expert_parallel(module, ep_region["ep"])
+                    shard_experts(experts, ep_region["efsdp"], ep, mp["mp_policy"], in_place_reduce_scatter, keep)
                 for layer in module.layers:
                     fully_shard(layer, mesh=mesh[name], reshard_after_forward=keep, **mp)
                 fully_shard(module, mesh=mesh[name], reshard_after_forward=keep, **mp)
-                from dist_worker import in_place_reduce_scatter  # as NCCL: no copy of the reduce-scatter input
 
                 for m in (*module.layers, module):
                     m.set_custom_reduce_scatter(in_place_reduce_scatter())
@@ -145,7 +195,7 @@ def run(rank: int, world: int, cfg: dict, schedule_name: str) -> dict:
         cls = {"gpipe": schedules.ScheduleGPipe, "1f1b": schedules.Schedule1F1B,
                "interleaved-1f1b": schedules.ScheduleInterleaved1F1B,
                "zbv": schedules.ScheduleZBVZeroBubble}[schedule_name]
-        schedule = cls(stages if style else stages[0], cfg["microbatches"], loss_fn=loss_fn)
+        schedule = cls(stages if style else stages[0], cfg["microbatches"], loss_fn=schedule_loss)
         params = [p for m in modules for p in m.parameters()]
         opt = torch.optim.AdamW(params, lr=1e-3)
         for p in params:

@@ -5,8 +5,9 @@ rank on CPU (gloo), with ScheduleGPipe and Schedule1F1B (3 ranks of one stage) a
 ScheduleZBVZeroBubble (2 ranks of two stages) over 4 micro-batches, and measures each rank's parameters,
 gradients and optimizer state from the real tensors and its peak of live bytes over a steady-state step.  The
 plan of the same layout (the model on the meta device, ``device="cpu"``: exact bytes) must give every rank's
-model states exactly and its peak within 1 % (alone, with tensor and sequence parallelism inside the stages, and
-with FSDP2 inside them under torchtitan's policy), zero-bubble within 2 % (ZBV_TOLERANCE).
+model states exactly and its peak within 1 % (alone, with tensor and sequence parallelism inside the stages, with
+FSDP2 inside them under torchtitan's policy, in fp32 and in bf16 with fp32 reduction, and transformers' Mixtral
+with expert parallelism inside them), zero-bubble within 2 % (ZBV_TOLERANCE).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ import llama  # noqa: E402
 CONFIG = {"vocab_size": 256, "dim": 64, "hidden_dim": 96, "n_layers": 6, "n_heads": 4, "n_kv_heads": 2,
           "max_seq_len": 64}
 WORLD, BATCH, SEQ, MICRO = 3, 8, 32, 4
+MIXTRAL = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
+           "num_key_value_heads": 4, "vocab_size": 250, "max_position_embeddings": 64, "num_local_experts": 4,
+           "num_experts_per_tok": 2}
 SCHEDULES = ("gpipe", "1f1b")
 MULTI = ("interleaved-1f1b", "zbv")  # two stages per rank
 # Measured on 2026-11-27: zero-bubble -1.03 % and -0.85 % alone, -0.48 % and -0.91 % with tensor parallelism
@@ -57,8 +61,22 @@ def _planner(config: dict | None = None, seq: int = SEQ, mixed: bool = False, **
     return Planner(model, (idx,), gpu="H100", device="cpu", loss_fn=_loss, **precision, **kw)
 
 
+def _mixtral_planner() -> Planner:
+    """transformers' Mixtral (the loss its own forward's, on the labels given), as tests/pp_worker.py builds it."""
+    from estimator.compat import import_torchvision
+
+    import_torchvision()  # (transformers imports torchvision: PyPI's beside the CPU torch needs its schemas)
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    with torch.device("meta"):
+        model = MixtralForCausalLM(MixtralConfig(**MIXTRAL))
+    idx = torch.zeros(BATCH, SEQ, dtype=torch.long)
+    return Planner(model, {"input_ids": idx, "labels": idx.clone()}, gpu="H100", device="cpu", precision="fp32")
+
+
 def _real_and_planned(directory, pp: int, tp: int = 1, sp: bool = False, dp: int = 1, config: dict | None = None,
-                      seq: int = SEQ, schedules: tuple[str, ...] = SCHEDULES, cp: int = 1, mixed: bool = False):
+                      seq: int = SEQ, schedules: tuple[str, ...] = SCHEDULES, cp: int = 1, mixed: bool = False,
+                      ep: int = 1, model: str = "llama"):
     """The real runs (started first, running while the plans are traced) and the plans: (real by rank, plans by
     schedule)."""
     import torch.distributed as dist
@@ -70,13 +88,14 @@ def _real_and_planned(directory, pp: int, tp: int = 1, sp: bool = False, dp: int
         env["GLOO_SOCKET_IFNAME"] = "lo"
     world = pp * tp * dp * cp
     cfg = json.dumps({"config": config or CONFIG, "batch": BATCH, "seq": seq, "microbatches": MICRO,
-                      "schedules": schedules, "tp": tp, "sp": sp, "dp": dp, "cp": cp, "mixed": mixed})
+                      "schedules": schedules, "tp": tp, "sp": sp, "dp": dp, "cp": cp, "mixed": mixed, "ep": ep,
+                      "model": model})
     procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "pp_worker.py"), str(r), str(world),
                                str(directory / "init"), str(directory / f"r{r}.json"), cfg], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
     try:
-        planner = _planner(config, seq, mixed)
-        plans = {s: planner.plan("fsdp" if dp > 1 else "ddp", world, tp=tp, sequence_parallel=sp, pp=pp,
+        planner = _mixtral_planner() if model == "mixtral" else _planner(config, seq, mixed)
+        plans = {s: planner.plan("fsdp" if dp > 1 else "ddp", world, tp=tp, sequence_parallel=sp, pp=pp, ep=ep,
                                  pp_schedule=s, microbatches=MICRO, solve=()) for s in schedules} if cp == 1 else \
             {(s, r): planner.plan("fsdp", world, pp=pp, cp=cp, rank=r, pp_schedule=s, microbatches=MICRO, solve=())
              for s in schedules for r in range(cp)}  # (each cp rank of the ring planned: its chunks differ)
@@ -130,6 +149,15 @@ def fsdp_mixed_runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def ep_runs(tmp_path_factory):
+    """2 ranks x FSDP2 over 2 with expert parallelism 2 inside each stage (4 processes): transformers' Mixtral
+    (4 experts, top-2, routing made balanced in the real run as the plan assumes; tests/moe_worker.py), its
+    experts sharded over the stage's 2 ranks as torchtitan applies ``ExpertParallel``, tokens sent to their
+    experts by all-to-all."""
+    return _real_and_planned(tmp_path_factory.mktemp("pp_ep"), 2, dp=2, config=MIXTRAL, ep=2, model="mixtral")
+
+
+@pytest.fixture(scope="module")
 def cp_runs(tmp_path_factory):
     """2 ranks x context parallelism 2 (4 processes): each stage under FSDP2 over its 2 cp ranks, each step under
     ``context_parallel`` (every sequence split over the cp ranks, attention torch's ring); multi-head attention,
@@ -161,6 +189,15 @@ def test_ranks_under_fsdp_mixed_precision_match_the_real_ranks(fsdp_mixed_runs, 
     real, plans = fsdp_mixed_runs
     _check(real[rank]["1f1b"], plans["1f1b"].pipeline["per_rank"][rank // 2], "1f1b")
     assert "param bfloat16, reduce float32" in plans["1f1b"].config.engine
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("rank", range(4))
+def test_ranks_under_expert_parallelism_match_the_real_ranks(ep_runs, schedule, rank):
+    """Each process of a (pp 2, dp 2) mesh with ep 2 in each stage: model states exactly, peak within 1 %."""
+    real, plans = ep_runs
+    _check(real[rank][schedule], plans[schedule].pipeline["per_rank"][rank // 2], schedule)
+    assert (plans[schedule].config.ep, plans[schedule].config.pp) == (2, 2)
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES + MULTI)

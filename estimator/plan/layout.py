@@ -259,16 +259,16 @@ def check_layout(layout: Layout, precision: PlanPrecision) -> None:
 
 def _check_ep(layout: Layout) -> None:
     """Expert parallelism as torchtitan composes it (``ParallelDims``, ``etp = 1``): ep borrows every cp rank and
-    some of the sharded data-parallel ranks; planned with FSDP2 or HSDP, without tp or pp."""
+    some of the sharded data-parallel ranks (of each pipeline stage); planned with FSDP2 or HSDP, without tp."""
     ep = layout.ep
     if ep < 1:
         raise UserError(f"--ep must be >= 1, not {ep}")
     if layout.strategy not in ("fsdp", "hsdp"):
         raise UserError(f"--ep shards the experts as torchtitan does, with FSDP2 over the ranks that hold the same "
                         f"experts: use --strategy fsdp or hsdp, not {layout.strategy}")
-    if layout.tp > 1 or layout.pp > 1:
-        raise UserError("--ep with --tp or --pp is not planned yet: plan expert parallelism with fsdp or hsdp "
-                        "(and --cp) only")
+    if layout.tp > 1:
+        raise UserError("--ep with --tp is not planned yet: plan expert parallelism with fsdp or hsdp (with --cp "
+                        "or --pp)")
     ranks = layout.shard * layout.cp
     if ranks % ep or ep % layout.cp:
         raise UserError(f"--ep {ep} borrows from the {ranks} sharded data-parallel ranks{' x cp' if layout.cp > 1 else ''}"

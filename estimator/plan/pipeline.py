@@ -354,6 +354,7 @@ def _trace_stages(planner: Any, layout: Any, group: Any, split: Split, inputs: A
     hop = inter if layout.gpus // pp >= planner.gpus_per_node else intra  # stages placed outermost
     shards = layout.tp if layout.sequence_parallel else 1  # the activations between stages: sequence shards
     policy = planner.precision.param_dtype if layout.strategy in ("fsdp", "hsdp") else None  # FSDP2 computes in it
+    kept = layout.strategy in ("fsdp", "hsdp") and not layout.reshards_after_forward  # gathered in the 1st forward
     ranges = stage_ranges(split.repeats.count, n_stages)
     rank_of = {s: r for r in range(pp) for s in rank_stages(layout.pp_schedule, pp, r)}
     traced: dict[tuple, tuple] = {}  # stages alike (as many blocks, neither first nor last) traced once
@@ -388,7 +389,8 @@ def _trace_stages(planner: Any, layout: Any, group: Any, split: Split, inputs: A
                        "seconds": {"F": f, "B": work - f, "I": work - f - w if s else 0.0,  # the first stage:
                                    "W": w if s else work - f},  # its W is the whole backward (stage.py)
                        "send_s": sent / hop.bandwidth if s < n_stages - 1 else 0.0,
-                       "_bytes": stage_bytes(step, planner.device, sizes, sent), "_step": step, "_time": time})
+                       "_bytes": stage_bytes(step, planner.device, sizes, sent, kept=kept), "_step": step,
+                       "_time": time})
     return stages, hop
 
 

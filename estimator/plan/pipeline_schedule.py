@@ -108,14 +108,18 @@ def _plus(*parts: tuple[dict[str, int], int]) -> dict[str, int]:
     return out
 
 
-def _phase_rows(st: StageBytes, a: Action, before: int, microbatches: int) -> dict[str, int]:
-    """The traced phase that stands for action ``a`` (``before``: the stage's backwards done before it): a
-    forward before any backward is the first micro-step's, a later one the second's; the first backward is
+def _phase_rows(st: StageBytes, a: Action, before: int, microbatches: int, forwards: int = 0) -> dict[str, int]:
+    """The traced phase that stands for action ``a`` (``before``: the stage's backwards done before it,
+    ``forwards``: its forwards): a forward before any backward is the first micro-step's (after the stage's first
+    forward, without its gathers where the engine keeps the parameters gathered), a later one the second's; the
+    first backward is
     the first micro-step's and the last the second's (the traced last micro-step: gradients accumulated, then
     the engine's gradient sync and resharding).  A backward between them accumulates as the last does without
     its sync: the last's rows with the first's communication buffers, the gradients as the first backward left
     them (FSDP2 reduces them only on the last), the parameters still gathered as after the first."""
     if a.kind == "F":
+        if before == 0 and forwards > 0 and (0, "forward again") in st.peaks:
+            return st.peaks[(0, "forward again")][1]
         return st.peaks[(0 if before == 0 or (1, "forward") not in st.peaks else 1, "forward")][1]
     first = st.peaks[(0, "backward")][1]
     if before == 0 or (1, "backward") not in st.peaks:
@@ -176,7 +180,8 @@ def rank_peak(actions: list[Action], stages: dict[int, StageBytes], schedule: st
             continue
         others = done_f[a.stage] - done_w[a.stage] - (a.kind != "F")  # its stage's other micro-batches in flight
         waiting = done_b[a.stage] - done_w[a.stage] - (a.kind == "W")  # ... between their I and W
-        rows = _plus((_phase_rows(st, a, done_b[a.stage] if a.kind != "W" else done_w[a.stage], microbatches), 1),
+        rows = _plus((_phase_rows(st, a, done_b[a.stage] if a.kind != "W" else done_w[a.stage], microbatches,
+                                  done_f[a.stage]), 1),
                      (st.held, others),
                      ({"activations": st.intermediates}, waiting), ({"activations": st.retained}, a.kind == "I"),
                      ({"comm_buffers": sum(buffers(t, a) + sends(t, a) for t in stages)}, 1),

@@ -25,13 +25,21 @@ class StageBytes:
     intermediates: int = 0  # the output gradients an input gradient keeps for its weight gradient (W)
 
 
-def stage_bytes(step: Any, device: str, recv: tuple[int, int], sent: int) -> StageBytes:
+# rows of the engine's gathers: an engine that keeps a stage's parameters gathered after its forward (FSDP2 not
+# resharded after forward) gathers them in the first forward of a step only
+GATHER_ROWS = ("gathered_parameters", "comm_buffers")
+
+
+def stage_bytes(step: Any, device: str, recv: tuple[int, int], sent: int, kept: bool = False) -> StageBytes:
     """What the schedule's composition needs of a traced stage step (:class:`StageBytes`): the
     running live bytes of ``step`` (as :func:`.traced.replay` counts them: the optimizer state live from the
     start, CUDA's block rounding), their maximum in each phase with its rows; the bytes the first micro-step's
     forward makes and still holds at its end (its saved activations, autocast's weight copies, its output, the
     activation it received), which every other micro-batch in flight holds too; the stage at rest (before any
-    forward, after the first forward less that micro-batch, after the first backward)."""
+    forward, after the first forward less that micro-batch, after the first backward).  ``kept``: the engine keeps
+    the parameters gathered after forward (FSDP2 not resharded after forward): a forward after the first and
+    before any backward (GPipe's, 1F1B's warm-up) gathers nothing, and its peak, ``(0, "forward again")``, is the
+    first forward's without the gathers' transients (those rows as at its end)."""
     cap = step.cap
     tl = Timeline(cap, step.rows)
     start_rows, deltas, live = running_bytes(tl, cap.storage_bytes, device)
@@ -68,6 +76,9 @@ def stage_bytes(step: Any, device: str, recv: tuple[int, int], sent: int) -> Sta
         by_row = rows_at(k)
         by_row["workspaces"] += library
         peaks[group] = (running[k] + library, by_row)
+    if kept and (0, "forward") in first:
+        peaks[(0, "forward again")] = _forward_again(tl, start_rows, deltas, running, rows_at,
+                                                     range(first[(0, "forward")], last[(0, "forward")] + 1), library)
     held: dict[str, int] = {}
     saved: dict[int, int] = {}  # what the first micro-batch's forward made and still holds at its end
     sids, changes = tl.sid.tolist(), deltas.tolist()
@@ -93,6 +104,23 @@ def stage_bytes(step: Any, device: str, recv: tuple[int, int], sent: int) -> Sta
         if (0, "forward") in last else start
     after_backward = rows_at(last[(0, "backward")]) if (0, "backward") in last else after_forward
     return StageBytes(peaks, held, (start, after_forward, after_backward), recv, sent, retained, intermediates)
+
+
+def _forward_again(tl: Timeline, start_rows: Any, deltas: Any, running: list[int], rows_at: Any, window: range,
+                   library: int) -> tuple[int, dict[str, int]]:
+    """The peak of a forward that gathers nothing: the first forward's running bytes (``window``: its events) with
+    the rows of the engine's gathers (:data:`GATHER_ROWS`) held at their values at its end, and its rows."""
+    index = [ROWS.index(r) for r in GATHER_ROWS]
+    gather = (tl.row[tl.sid].unsqueeze(1) == tl.row.new_tensor(index)).any(1)
+    gathers = (start_rows[index].sum() + (deltas * gather).cumsum(0)).tolist()
+    end = gathers[window[-1]]
+    k = max(window, key=lambda j: running[j] - gathers[j])
+    rows = rows_at(k)
+    end_rows = rows_at(window[-1])
+    for r in GATHER_ROWS:
+        rows[r] = end_rows[r]
+    rows["workspaces"] += library
+    return running[k] - gathers[k] + end + library, rows
 
 
 def _zero_bubble_bytes(step: Any, window: range, sids: list[int], changes: list[int], running: list[int],

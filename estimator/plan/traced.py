@@ -162,6 +162,13 @@ def storage_rows(cap: Capture) -> list[str]:
             src_sids = set(src.meta.get("storage", ())) if isinstance(src, OpNode) else set()
             if src_sids & (params | gathered):
                 copies.update(node.meta.get("storage", ()))
+        elif node.target is torch.ops.aten.copy_.default and len(node.args) > 1 and isinstance(node.args[1], OpNode):
+            # FSDP2 over one rank (``FSDPParamGroup.wait_for_unshard``, world size 1): no all-gather, the
+            # unsharded parameters copied from the sharded ones (or their cast) into the all-gather outputs
+            src_sids = set(node.args[1].meta.get("storage", ()))
+            dst = node.args[0].meta.get("storage", ()) if isinstance(node.args[0], OpNode) else ()
+            if src_sids & (params | copies) and not set(dst) & params:
+                gathered.update(dst)
     for group, row in ((copies, "weight_copies"), (gathered, "gathered_parameters"), (comm, "comm_buffers")):
         for sid in group:
             if rows[sid] in _REFINABLE:
