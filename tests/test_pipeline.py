@@ -63,6 +63,7 @@ def _planner(config: dict | None = None, seq: int = SEQ, mixed: bool = False, **
 
 def _mixtral_planner() -> Planner:
     """transformers' Mixtral (the loss its own forward's, on the labels given), as tests/pp_worker.py builds it."""
+    pytest.importorskip("transformers")  # (an optional extra: skipped without it, as tests/test_expert_parallel.py)
     from estimator.compat import import_torchvision
 
     import_torchvision()  # (transformers imports torchvision: PyPI's beside the CPU torch needs its schemas)
