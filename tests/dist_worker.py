@@ -40,8 +40,8 @@ For each run the rank
 
 What the peak includes: every storage that a dispatched aten op reads or produces while the
 tracker is active, at its current size (FSDP2 frees and re-allocates its unsharded parameters
-with ``untyped_storage().resize_()``, outside the dispatcher, so the live total is re-summed from
-the storages' current ``nbytes()`` at each op).  An op on DTensors is handed back to DTensor
+with ``untyped_storage().resize_()``, outside the dispatcher: the tracker follows that method and
+re-reads the size of every storage an op reads or makes; see :class:`ResizeAwareTracker`).  An op on DTensors is handed back to DTensor
 (``NotImplemented``), which runs it as ops on the local tensors, which the tracker sees too.
 What it cannot see: memory gloo allocates inside its kernels or on its worker threads (on a GPU,
 NCCL's buffers are likewise outside ``torch.cuda.max_memory_allocated()``).
@@ -65,20 +65,57 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
+    return t._local_tensor if type(t) is not torch.Tensor and hasattr(t, "_local_tensor") else t
 
-    return t._local_tensor if isinstance(t, DTensor) else t
+
+def _tensors(x, out: list) -> list:
+    """The tensors in an op's arguments or results (lists, tuples and dicts of them; what pytree flattens for
+    an aten op, without its generality, which cost a fifth of a pipeline rank's time)."""
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            _tensors(y, out)
+    elif isinstance(x, dict):
+        for y in x.values():
+            _tensors(y, out)
+    return out
+
+
+class _Before:
+    """The label of the sample taken before an op, made into a string only when it is the peak."""
+
+    __slots__ = ("func",)
+
+    def __init__(self, func):
+        self.func = func
+
+    def __str__(self) -> str:
+        return f"before {self.func}"
 
 
 class ResizeAwareTracker(TorchDispatchMode):
-    """Live bytes of every storage seen by a dispatched op, re-summed at each op (storages may be resized)."""
+    """Live bytes of every storage seen by a dispatched op, each at its current size (storages may be resized).
+
+    The total is kept as it changes: a storage adds its bytes when first seen and takes them back when it is
+    freed (its weakref finalizer queues it, and the queue is emptied before each sample: a finalizer can run
+    inside any allocation, between reading and writing the total).  Its size is re-read whenever an op reads or
+    makes it (``aten.resize_``, ``set_``) and whenever ``torch.UntypedStorage.resize_`` runs (FSDP2 resizes
+    outside the dispatcher: the method is wrapped while the tracker is active).  ``DIST_WORKER_CHECK=1``
+    reads every storage's ``nbytes()`` at each op and asserts the kept sizes are current (how this tracker used
+    to count, at every op: 4x slower on the pipeline runs)."""
 
     def __init__(self):
         super().__init__()
         self.storages: dict[int, weakref.ref] = {}
+        self.sizes: dict[int, int] = {}  # the bytes each storage counts for in ``total``
+        self.total = 0
         self.peak = 0
         self.peak_op = ""
         self.trace: list | None = None  # (op, live bytes) samples, when debugging (DIST_WORKER_TRACE=run id)
+        self.check = os.environ.get("DIST_WORKER_CHECK") == "1"
+        self._resize = None
+        self._freed: list[tuple[int, weakref.ref]] = []  # (key, ref) of storages freed since the last sample
 
     def register(self, t: torch.Tensor) -> None:
         t = _local(t)
@@ -88,27 +125,61 @@ class ResizeAwareTracker(TorchDispatchMode):
         key = st._cdata
         ref = self.storages.get(key)
         if ref is not None and ref() is st:
+            self._refresh(key, st)
             return
-        self.storages[key] = weakref.ref(st)
-        weakref.finalize(st, self.storages.pop, key, None).atexit = False
+        self._drop(key, ref)  # (a freed storage's address reused before its finalizer ran)
+        ref = self.storages[key] = weakref.ref(st)
+        n = self.sizes[key] = st.nbytes()
+        self.total += n
+        weakref.finalize(st, self._freed.append, (key, ref)).atexit = False
+
+    def _refresh(self, key: int, st) -> None:
+        n = st.nbytes()
+        self.total += n - self.sizes[key]
+        self.sizes[key] = n
+
+    def _drop(self, key: int, ref) -> None:
+        if ref is not None and self.storages.get(key) is ref:
+            del self.storages[key]
+            self.total -= self.sizes.pop(key)
 
     def live(self) -> int:
-        total = 0
-        for ref in list(self.storages.values()):
-            st = ref()
-            if st is not None:
-                total += st.nbytes()
-        return total
+        while self._freed:
+            self._drop(*self._freed.pop())
+        return self.total
 
-    def sample(self, where: str) -> None:
+    def sample(self, where) -> None:
         now = self.live()
+        if self.check:  # every live storage counted at its current size (one freed on another thread, gloo's after
+            # a send, is dead before its finalizer queues it: not compared)
+            assert now == sum(self.sizes.values()), (str(where), now, sum(self.sizes.values()))
+            stale = [(k, n, st.nbytes()) for k, n, st in ((k, self.sizes[k], r()) for k, r in list(self.storages.items()))
+                     if st is not None and st.nbytes() != n]
+            assert not stale, (str(where), stale)
         if self.trace is not None:
-            self.trace.append((where, now))
+            self.trace.append((str(where), now))
         if now > self.peak:
-            self.peak, self.peak_op = now, where
+            self.peak, self.peak_op = now, str(where)
 
     def reset_peak(self) -> None:
         self.peak, self.peak_op = self.live(), "start"
+
+    def __enter__(self):
+        resize, tracker = torch.UntypedStorage.resize_, self
+
+        def tracked_resize_(storage, size):
+            out = resize(storage, size)
+            ref = tracker.storages.get(storage._cdata)
+            if ref is not None and ref() is storage:
+                tracker._refresh(storage._cdata, storage)
+            return out
+        self._resize = resize
+        torch.UntypedStorage.resize_ = tracked_resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._resize
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         from torch._subclasses.fake_tensor import FakeTensor
@@ -118,15 +189,14 @@ class ResizeAwareTracker(TorchDispatchMode):
             # the tensors it wraps, which come back here
             return NotImplemented
         kwargs = kwargs or {}
-        for t in pytree.tree_leaves((args, kwargs)):
-            if isinstance(t, torch.Tensor):
-                self.register(t)
-        self.sample(f"before {func}")
+        inputs = _tensors(kwargs, _tensors(args, []))
+        for t in inputs:
+            self.register(t)
+        self.sample(_Before(func))
         out = func(*args, **kwargs)
-        for t in pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.register(t)
-        self.sample(str(func))
+        for t in _tensors(out, inputs):  # (the inputs again: an op may have resized them)
+            self.register(t)
+        self.sample(func)
         return out
 
 

@@ -236,21 +236,32 @@ def run(rank: int, world: int, cfg: dict, schedule_name: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    """One configuration (``CONFIG_JSON`` as the module docstring gives it; results by schedule) or several
+    (``{"runs": {label: configuration}}``; results by label, then schedule), run one after another in this
+    process (one start and one import of torch for all: the test's fixtures launch them together)."""
     rank, world, init_file, out_path, cfg = int(argv[0]), int(argv[1]), argv[2], argv[3], json.loads(argv[4])
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
     try:
-        result = {}
-        for name in cfg["schedules"]:
-            result[name] = run(rank, world, cfg, name)
-            dist.barrier()
+        if "runs" in cfg:
+            result = {label: _schedules(rank, world, one) for label, one in cfg["runs"].items()}
+        else:
+            result = _schedules(rank, world, cfg)
     finally:
         dist.destroy_process_group()
     with open(out_path + ".part", "w") as f:
         json.dump(result, f)
     os.replace(out_path + ".part", out_path)
     return 0
+
+
+def _schedules(rank: int, world: int, cfg: dict) -> dict:
+    result = {}
+    for name in cfg["schedules"]:
+        result[name] = run(rank, world, cfg, name)
+        dist.barrier()
+    return result
 
 
 if __name__ == "__main__":

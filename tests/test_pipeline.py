@@ -75,11 +75,35 @@ def _mixtral_planner() -> Planner:
     return Planner(model, {"input_ids": idx, "labels": idx.clone()}, gpu="H100", device="cpu", precision="fp32")
 
 
-def _real_and_planned(directory, pp: int, tp: int = 1, sp: bool = False, dp: int = 1, config: dict | None = None,
-                      seq: int = SEQ, schedules: tuple[str, ...] = SCHEDULES, cp: int = 1, mixed: bool = False,
-                      ep: int = 1, model: str = "llama"):
-    """The real runs (started first, running while the plans are traced) and the plans: (real by rank, plans by
-    schedule)."""
+WIDE = {**CONFIG, "dim": 256, "hidden_dim": 512, "n_heads": 4, "n_kv_heads": 4}  # (parameters outweigh activations)
+
+
+def _run(pp: int, tp: int = 1, sp: bool = False, dp: int = 1, config: dict | None = None, seq: int = SEQ,
+         schedules: tuple[str, ...] = SCHEDULES, cp: int = 1, mixed: bool = False, ep: int = 1,
+         model: str = "llama") -> dict:
+    """One real run's configuration, as tests/pp_worker.py takes it."""
+    return {"config": config or CONFIG, "batch": BATCH, "seq": seq, "microbatches": MICRO, "schedules": schedules,
+            "tp": tp, "sp": sp, "dp": dp, "cp": cp, "mixed": mixed, "ep": ep, "model": model, "pp": pp}
+
+
+def _plans(run: dict) -> dict:
+    """The plans of one run's layout, by schedule (under cp by schedule and cp rank: the ring's chunks differ)."""
+    pp, tp, dp, cp, ep = run["pp"], run["tp"], run["dp"], run["cp"], run["ep"]
+    world = pp * tp * dp * cp
+    if run["model"] == "mixtral":
+        planner = _mixtral_planner()
+    else:
+        planner = _planner(run["config"], run["seq"], run["mixed"])
+    if cp > 1:
+        return {(s, r): planner.plan("fsdp", world, pp=pp, cp=cp, rank=r, pp_schedule=s, microbatches=MICRO, solve=())
+                for s in run["schedules"] for r in range(cp)}
+    return {s: planner.plan("fsdp" if dp > 1 else "ddp", world, tp=tp, sequence_parallel=run["sp"], pp=pp, ep=ep,
+                            pp_schedule=s, microbatches=MICRO, solve=()) for s in run["schedules"]}
+
+
+def _real_and_planned(directory, runs: dict[str, dict]) -> dict[str, tuple[list, dict]]:
+    """Real runs of one world size, by label (started first in one set of processes, one after another in each,
+    running while the plans are traced) and their plans: ``{label: (real results by rank, plans)}``."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_gloo_available():
@@ -87,94 +111,115 @@ def _real_and_planned(directory, pp: int, tp: int = 1, sp: bool = False, dp: int
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if sys.platform.startswith("linux"):
         env["GLOO_SOCKET_IFNAME"] = "lo"
-    world = pp * tp * dp * cp
-    cfg = json.dumps({"config": config or CONFIG, "batch": BATCH, "seq": seq, "microbatches": MICRO,
-                      "schedules": schedules, "tp": tp, "sp": sp, "dp": dp, "cp": cp, "mixed": mixed, "ep": ep,
-                      "model": model})
+    worlds = {r["pp"] * r["tp"] * r["dp"] * r["cp"] for r in runs.values()}
+    assert len(worlds) == 1, worlds
+    world = worlds.pop()
+    payload = json.dumps({"runs": runs})
     procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "pp_worker.py"), str(r), str(world),
-                               str(directory / "init"), str(directory / f"r{r}.json"), cfg], env=env,
+                               str(directory / "init"), str(directory / f"r{r}.json"), payload], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
     try:
-        planner = _mixtral_planner() if model == "mixtral" else _planner(config, seq, mixed)
-        plans = {s: planner.plan("fsdp" if dp > 1 else "ddp", world, tp=tp, sequence_parallel=sp, pp=pp, ep=ep,
-                                 pp_schedule=s, microbatches=MICRO, solve=()) for s in schedules} if cp == 1 else \
-            {(s, r): planner.plan("fsdp", world, pp=pp, cp=cp, rank=r, pp_schedule=s, microbatches=MICRO, solve=())
-             for s in schedules for r in range(cp)}  # (each cp rank of the ring planned: its chunks differ)
+        plans = {label: _plans(run) for label, run in runs.items()}
         for r, p in enumerate(procs):
-            _, err = p.communicate(timeout=420)
+            _, err = p.communicate(timeout=900)
             assert p.returncode == 0, f"rank {r} failed:\n{err[-4000:]}"
     except BaseException:
         for p in procs:
             p.kill()
         raise
-    return [json.loads((directory / f"r{r}.json").read_text()) for r in range(world)], plans
+    real = [json.loads((directory / f"r{r}.json").read_text()) for r in range(world)]
+    return {label: ([by_label[label] for by_label in real], plans[label]) for label in runs}
+
+
+def _has_transformers() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("transformers") is not None
+
+
+# The runs on 4 processes, started together (each process imports torch once for all of them, and transformers
+# once for the Mixtral ones, which need that optional extra); context parallelism last (its CPU flash kernel is
+# registered for the rest of the process).
+FOUR = {
+    # 2 ranks x tensor parallelism 2 with sequence parallelism (each rank's 2 TP ranks measured)
+    "tp": _run(2, tp=2, sp=True, schedules=SCHEDULES + MULTI),
+    # 2 ranks x FSDP2 over 2, a wide model on short sequences (the parameters outweigh the activations), FSDP2 as
+    # torchtitan applies it under pipeline parallelism (not resharded after forward): the schedules keep each
+    # stage's parameters unsharded and its gradients unreduced from its first backward to its last
+    # (backward_maybe_with_nosync)
+    "fsdp": _run(2, dp=2, config=WIDE, seq=8, schedules=SCHEDULES + ("interleaved-1f1b",)),
+    # the same under torchtitan's MixedPrecisionPolicy (bf16 parameters, fp32 reduce), 1F1B: with a reduce dtype
+    # unlike the parameters' FSDP2 accumulates the unsharded gradients of the micro-batches before the last in fp32
+    # (FSDPParam.to_accumulated_grad_if_needed), twice the bf16 gradients' bytes
+    "fsdp_mixed": _run(2, dp=2, config=WIDE, seq=8, schedules=("1f1b",), mixed=True),
+    # 2 ranks x FSDP2 over 2 with expert parallelism 2 inside each stage: transformers' Mixtral (4 experts, top-2,
+    # routing made balanced in the real run as the plan assumes; tests/moe_worker.py), its experts sharded over the
+    # stage's 2 ranks as torchtitan applies ExpertParallel, tokens sent to their experts by all-to-all
+    "ep": _run(2, dp=2, config=MIXTRAL, ep=2, model="mixtral"),
+    # the same Mixtral without expert parallelism under GPipe: every micro-batch's forward before any backward.
+    # The forwards after the first gather nothing (FSDP2 keeps the stage's parameters gathered after the first);
+    # composed with the first forward's all-gather buffers, the fourth forward had been the plan's peak, 3.8 % over
+    # the real one
+    "moe": _run(2, dp=2, config=MIXTRAL, model="mixtral", schedules=("gpipe",)),
+    # 2 ranks x context parallelism 2: each stage under FSDP2 over its 2 cp ranks, each step under
+    # context_parallel (every sequence split over the cp ranks, attention torch's ring); multi-head attention, as
+    # the CPU flash kernel takes it
+    "cp": _run(2, cp=2, config={**CONFIG, "n_kv_heads": CONFIG["n_heads"]}),
+}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return _real_and_planned(tmp_path_factory.mktemp("pp"), WORLD)
+    return _real_and_planned(tmp_path_factory.mktemp("pp"), {"pp": _run(WORLD)})["pp"]
 
 
 @pytest.fixture(scope="module")
 def multi_runs(tmp_path_factory):
     """2 ranks of two stages each (4 stages: 1, 2, 2 and 1 layers), interleaved (stages 0/2 and 1/3) and V-shaped
     (stages 0/3 and 1/2)."""
-    return _real_and_planned(tmp_path_factory.mktemp("pp_multi"), 2, schedules=MULTI)
+    return _real_and_planned(tmp_path_factory.mktemp("pp_multi"), {"multi": _run(2, schedules=MULTI)})["multi"]
 
 
 @pytest.fixture(scope="module")
-def tp_runs(tmp_path_factory):
-    """2 ranks x tensor parallelism 2 with sequence parallelism (4 processes; each rank's 2 TP ranks measured)."""
-    return _real_and_planned(tmp_path_factory.mktemp("pp_tp"), 2, tp=2, sp=True, schedules=SCHEDULES + MULTI)
+def four_runs(tmp_path_factory):
+    runs = {k: r for k, r in FOUR.items() if r["model"] != "mixtral" or _has_transformers()}
+    return _real_and_planned(tmp_path_factory.mktemp("pp4"), runs)
+
+
+def _four(four_runs: dict, label: str) -> tuple[list, dict]:
+    if label not in four_runs:  # (an optional extra: skipped without it, as tests/test_expert_parallel.py)
+        pytest.skip("transformers is not installed")
+    return four_runs[label]
 
 
 @pytest.fixture(scope="module")
-def fsdp_runs(tmp_path_factory):
-    """2 ranks x FSDP2 over 2 (4 processes), a wide model on short sequences (the parameters outweigh the
-    activations), FSDP2 as torchtitan applies it under pipeline parallelism (not resharded after forward): the
-    schedules keep each stage's parameters unsharded and its gradients unreduced from its first backward to its
-    last (backward_maybe_with_nosync)."""
-    wide = {**CONFIG, "dim": 256, "hidden_dim": 512, "n_heads": 4, "n_kv_heads": 4}
-    return _real_and_planned(tmp_path_factory.mktemp("pp_fsdp"), 2, dp=2, config=wide, seq=8,
-                             schedules=SCHEDULES + ("interleaved-1f1b",))
+def tp_runs(four_runs):
+    return _four(four_runs, "tp")
 
 
 @pytest.fixture(scope="module")
-def fsdp_mixed_runs(tmp_path_factory):
-    """The same under torchtitan's MixedPrecisionPolicy (bf16 parameters, fp32 reduce), 1F1B: with a reduce dtype
-    unlike the parameters' FSDP2 accumulates the unsharded gradients of the micro-batches before the last in fp32
-    (``FSDPParam.to_accumulated_grad_if_needed``), twice the bf16 gradients' bytes."""
-    wide = {**CONFIG, "dim": 256, "hidden_dim": 512, "n_heads": 4, "n_kv_heads": 4}
-    return _real_and_planned(tmp_path_factory.mktemp("pp_fsdp_mixed"), 2, dp=2, config=wide, seq=8,
-                             schedules=("1f1b",), mixed=True)
+def fsdp_runs(four_runs):
+    return _four(four_runs, "fsdp")
 
 
 @pytest.fixture(scope="module")
-def ep_runs(tmp_path_factory):
-    """2 ranks x FSDP2 over 2 with expert parallelism 2 inside each stage (4 processes): transformers' Mixtral
-    (4 experts, top-2, routing made balanced in the real run as the plan assumes; tests/moe_worker.py), its
-    experts sharded over the stage's 2 ranks as torchtitan applies ``ExpertParallel``, tokens sent to their
-    experts by all-to-all."""
-    return _real_and_planned(tmp_path_factory.mktemp("pp_ep"), 2, dp=2, config=MIXTRAL, ep=2, model="mixtral")
+def fsdp_mixed_runs(four_runs):
+    return _four(four_runs, "fsdp_mixed")
 
 
 @pytest.fixture(scope="module")
-def moe_runs(tmp_path_factory):
-    """The same Mixtral without expert parallelism under GPipe: every micro-batch's forward before any backward.
-    The forwards after the first gather nothing (FSDP2 keeps the stage's parameters gathered after the first);
-    composed with the first forward's all-gather buffers, the fourth forward had been the plan's peak, 3.8 % over
-    the real one."""
-    return _real_and_planned(tmp_path_factory.mktemp("pp_moe"), 2, dp=2, config=MIXTRAL, model="mixtral",
-                             schedules=("gpipe",))
+def ep_runs(four_runs):
+    return _four(four_runs, "ep")
 
 
 @pytest.fixture(scope="module")
-def cp_runs(tmp_path_factory):
-    """2 ranks x context parallelism 2 (4 processes): each stage under FSDP2 over its 2 cp ranks, each step under
-    ``context_parallel`` (every sequence split over the cp ranks, attention torch's ring); multi-head attention,
-    as the CPU flash kernel takes it."""
-    mha = {**CONFIG, "n_kv_heads": CONFIG["n_heads"]}
-    return _real_and_planned(tmp_path_factory.mktemp("pp_cp"), 2, cp=2, config=mha)
+def moe_runs(four_runs):
+    return _four(four_runs, "moe")
+
+
+@pytest.fixture(scope="module")
+def cp_runs(four_runs):
+    return _four(four_runs, "cp")
 
 
 def _check(real: dict, planned: dict, schedule: str, tolerance: float = 0.01) -> None:
