@@ -50,11 +50,28 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
     with without_layer_drop(model) as assumed, same_random_draws(), eager_paths():
         cap = _capture(model, args, kw, opts, mode, progress)
     cap.assumptions.extend(assumed)
+    _tag_subclass_layers(cap)
     if opts.compile is not None:
         from .compiled import fuse
 
         fuse(cap)
     return cap
+
+
+# Layers whose forward and backward run their ops on a Python tensor subclass (torchao's Float8Linear: its
+# Float8TrainingTensor, autograd.Functions and scaling code in Python around every op; FSDP2 renames the class
+# FSDPFloat8Linear): in eager each of their ops costs more host time (estimator.timing.host).
+SUBCLASS_LAYERS = ("Float8Linear",)
+
+
+def _tag_subclass_layers(cap: Capture) -> None:
+    """``meta["subclass"] = True`` on the ops of :data:`SUBCLASS_LAYERS` (forward, and backward as credited to
+    the module)."""
+    paths = {p for p, cls in cap.module_types.items() if cls.endswith(SUBCLASS_LAYERS)}
+    if paths:
+        for n in cap.nodes:
+            if n.meta.get("module") in paths:
+                n.meta["subclass"] = True
 
 
 def _capture(model: torch.nn.Module, args, kw, opts: StepOptions, mode: str, progress: Progress | None) -> Capture:

@@ -14,7 +14,7 @@ micro-batches of 8 ranks, 4-8 s at 1,024).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 from ..errors import UserError
 from .results import Solve

@@ -4,7 +4,10 @@ Every op costs ``cpu_view[phase]`` (the dispatcher and autograd; in the forward 
 Python around it as well); an op with kernels adds what it does on the host itself,
 ``cpu_inop[op name]`` (allocation, TensorIterator set-up, cuBLAS heuristics, cuDNN plans, the
 launch: measured per op name on the H100's host, ``cpu_inop_class`` for names not measured); a
-foreach op adds ``cpu_tensor`` per tensor of its lists (the optimizer's per-parameter Python).
+foreach op adds ``cpu_tensor`` per tensor of its lists (the optimizer's per-parameter Python).  An op run in
+eager by a layer on a Python tensor subclass (torchao's Float8Linear: ``OpWork.subclass``) costs
+:func:`subclass_factor` times as much: the subclass's ``__torch_dispatch__``, its autograd.Functions and
+scaling code around every op.
 """
 
 from __future__ import annotations
@@ -12,8 +15,15 @@ from __future__ import annotations
 from typing import Mapping
 
 from .constants import TimingModel
+from .float8 import table as float8_table
 from .optable import HOST, SYNC, VIEW
 from .records import OpWork
+
+
+def subclass_factor() -> float:
+    """Host time of an op of an eager float8 layer over a plain op's (``estimator/data/float8.json``, fitted by
+    ``benchmarks/fit_float8.py`` on single torchao float8 layers whose forward and backward are host-bound)."""
+    return float8_table().get("eager_host_factor", 1.0)
 
 
 def host_class(w: OpWork) -> str:
@@ -39,5 +49,7 @@ def cpu_seconds(w: OpWork, model: TimingModel) -> float:
         return inop_seconds(w, model.cpu_inop, model.cpu_inop_class) if w.kind not in (VIEW, SYNC) else 0.0
     t = model.cpu_view[w.phase]
     if w.kind in (VIEW, SYNC):
-        return t + (model.cpu_sync if w.kind == SYNC else 0.0)
-    return t + inop_seconds(w, model.cpu_inop, model.cpu_inop_class) + model.cpu_tensor * w.tensors
+        t += model.cpu_sync if w.kind == SYNC else 0.0
+    else:
+        t += inop_seconds(w, model.cpu_inop, model.cpu_inop_class) + model.cpu_tensor * w.tensors
+    return t * subclass_factor() if w.subclass else t

@@ -69,6 +69,7 @@ class OpWork:
     compiled: bool = False  # run by a torch.compile graph: the host only launches it (see host.cpu_seconds)
     depthwise: str = ""  # a depthwise convolution's backend, stride and kernel class (timing.depthwise.classify)
     streamed: int = 0  # of ``bytes``, those a composite op's elementwise kernels move (at the elementwise rate)
+    subclass: bool = False  # run in eager by a layer whose tensors are a Python subclass (torchao's Float8Linear)
 
     @property
     def bytes(self) -> int:
@@ -111,7 +112,8 @@ class OpWork:
         ins, producers = _node_inputs(node)
         outs = [(tuple(s.shape), _dtype_name(s.dtype), None) for s in (node.meta.get("spec") or ()) if s is not None]
         causal = _node_causal(node)
-        return _work(name, base, phase, ins, outs, causal, _NodeShapes(node, ins, outs, producers))
+        work = _work(name, base, phase, ins, outs, causal, _NodeShapes(node, ins, outs, producers))
+        return replace(work, subclass=True) if meta.get("subclass") else work
 
 
 def _compiled_work(node: Any) -> "OpWork | None":
