@@ -186,40 +186,18 @@ def four_runs(tmp_path_factory):
     return _real_and_planned(tmp_path_factory.mktemp("pp4"), runs)
 
 
-def _four(four_runs: dict, label: str) -> tuple[list, dict]:
-    if label not in four_runs:  # (an optional extra: skipped without it, as tests/test_expert_parallel.py)
-        pytest.skip("transformers is not installed")
-    return four_runs[label]
+def _four_runs(label: str, fixture_name: str):
+    """A fixture of one of FOUR's runs: (real results by rank, plans)."""
+    @pytest.fixture(scope="module", name=fixture_name)
+    def one(four_runs):
+        if label not in four_runs:  # (an optional extra: skipped without it, as tests/test_expert_parallel.py)
+            pytest.skip("transformers is not installed")
+        return four_runs[label]
+    return one
 
 
-@pytest.fixture(scope="module")
-def tp_runs(four_runs):
-    return _four(four_runs, "tp")
-
-
-@pytest.fixture(scope="module")
-def fsdp_runs(four_runs):
-    return _four(four_runs, "fsdp")
-
-
-@pytest.fixture(scope="module")
-def fsdp_mixed_runs(four_runs):
-    return _four(four_runs, "fsdp_mixed")
-
-
-@pytest.fixture(scope="module")
-def ep_runs(four_runs):
-    return _four(four_runs, "ep")
-
-
-@pytest.fixture(scope="module")
-def moe_runs(four_runs):
-    return _four(four_runs, "moe")
-
-
-@pytest.fixture(scope="module")
-def cp_runs(four_runs):
-    return _four(four_runs, "cp")
+tp_runs, fsdp_runs, fsdp_mixed_runs, ep_runs, moe_runs, cp_runs = (
+    _four_runs(label, f"{label}_runs") for label in ("tp", "fsdp", "fsdp_mixed", "ep", "moe", "cp"))
 
 
 def _check(real: dict, planned: dict, schedule: str, tolerance: float = 0.01) -> None:
