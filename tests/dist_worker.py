@@ -41,8 +41,9 @@ For each run the rank
 What the peak includes: every storage that a dispatched aten op reads or produces while the
 tracker is active, at its current size (FSDP2 frees and re-allocates its unsharded parameters
 with ``untyped_storage().resize_()``, outside the dispatcher: the tracker follows that method and
-re-reads the size of every storage an op reads or makes; see :class:`ResizeAwareTracker`).  An op on DTensors is handed back to DTensor
-(``NotImplemented``), which runs it as ops on the local tensors, which the tracker sees too.
+re-reads the size of every storage an op reads or makes; see :class:`ResizeAwareTracker`).  An op
+on DTensors is handed back to DTensor (``NotImplemented``), which runs it as ops on the local
+tensors, which the tracker sees too.
 What it cannot see: memory gloo allocates inside its kernels or on its worker threads (on a GPU,
 NCCL's buffers are likewise outside ``torch.cuda.max_memory_allocated()``).
 """
@@ -103,7 +104,7 @@ class ResizeAwareTracker(TorchDispatchMode):
     makes it (``aten.resize_``, ``set_``) and whenever ``torch.UntypedStorage.resize_`` runs (FSDP2 resizes
     outside the dispatcher: the method is wrapped while the tracker is active).  ``DIST_WORKER_CHECK=1``
     reads every storage's ``nbytes()`` at each op and asserts the kept sizes are current (how this tracker used
-    to count, at every op: 4x slower on the pipeline runs)."""
+    to count, at every op: with pytree's flattening too, a 4-process pipeline run took 94 s of CPU; 60 s now)."""
 
     def __init__(self):
         super().__init__()
@@ -153,8 +154,8 @@ class ResizeAwareTracker(TorchDispatchMode):
         if self.check:  # every live storage counted at its current size (one freed on another thread, gloo's after
             # a send, is dead before its finalizer queues it: not compared)
             assert now == sum(self.sizes.values()), (str(where), now, sum(self.sizes.values()))
-            stale = [(k, n, st.nbytes()) for k, n, st in ((k, self.sizes[k], r()) for k, r in list(self.storages.items()))
-                     if st is not None and st.nbytes() != n]
+            alive = ((k, self.sizes[k], r()) for k, r in list(self.storages.items()))
+            stale = [(k, n, st.nbytes()) for k, n, st in alive if st is not None and st.nbytes() != n]
             assert not stale, (str(where), stale)
         if self.trace is not None:
             self.trace.append((str(where), now))
