@@ -289,7 +289,10 @@ def build(case: dict, run: dict):
 
         model, block = build_mixtral(case["config"])
         idx = torch.randint(0, case["config"]["vocab_size"], (b, s))
-        return model, (), {"input_ids": idx, "labels": idx.clone()}, (lambda out: out.loss), block
+        kwargs = {"input_ids": idx, "labels": idx.clone()}
+        if run.get("sp"):  # transformers derives them from the input's length: the local shard's under sp
+            kwargs["position_ids"] = torch.arange(s).expand(b, s)
+        return model, (), kwargs, (lambda out: out.loss), block
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     import llama
 
@@ -390,10 +393,16 @@ def run_one(case: dict, run: dict, world: int) -> dict:
             for blk in model.modules():
                 if isinstance(blk, block_cls):
                     blk.forward = (lambda f: lambda *a, **k: checkpoint(f, *a, use_reentrant=False, **k))(blk.forward)
-        if tp > 1:
+        if tp > 1 and case["model"] == "mixtral":
+            from moe_worker import expert_tensor_parallel, mixtral_tensor_parallel
+
+            mixtral_tensor_parallel(model, mesh["tp"], run.get("sp", False))
+            if ep == 1:
+                expert_tensor_parallel(model, mesh["tp"])
+        elif tp > 1:
             tensor_parallel(model, mesh["tp"], run.get("sp", False), run.get("lp", False))
         if ep > 1:
-            experts = expert_parallel(model, ep_region["ep"])
+            experts = expert_parallel(model, ep_region["ep"], mesh["tp"] if tp > 1 else None)
         if run["strategy"] == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 

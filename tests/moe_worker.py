@@ -13,6 +13,10 @@ imported here.
   experts' grouped GEMMs, and undoes each step (``new_empty`` + index assignment, the reverse all-to-all).
 * :func:`shard_experts`: torchtitan's ``apply_fsdp`` for the experts: ``fully_shard`` on the ``efsdp`` mesh
   before the blocks, ``Shard(1)`` when ``efsdp x ep`` exceeds the experts.
+* :func:`mixtral_tensor_parallel`, :func:`expert_tensor_parallel`: torchtitan's tensor parallelism on Mixtral
+  (``apply_moe_ep_tp``): the MoE block's input gathered, its output a partial sum reduced over tp; the experts
+  split on their intermediate dimension without ep, or (ep borrowing the tp ranks, ``etp = 1``) each tp rank
+  routing its slice of the tokens (``expert_parallel(..., tp_mesh)``).
 """
 
 from __future__ import annotations
@@ -54,8 +58,19 @@ def _to_local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def expert_parallel(model: torch.nn.Module, ep_mesh) -> list[torch.nn.Module]:
-    """torchtitan's ExpertParallel on every experts module; returns them."""
+def _grouped_experts(self, rows, offsets):
+    """The local experts' grouped GEMMs on rows grouped by expert (``offsets``: cumulative rows per expert)."""
+    w_up, w_down = _to_local(self.gate_up_proj), _to_local(self.down_proj)
+    up = torch.nn.functional.grouped_mm(rows.to(w_up.dtype), w_up.transpose(-2, -1), offs=offsets)
+    gate, lin = up.chunk(2, dim=-1)
+    return torch.nn.functional.grouped_mm((self.act_fn(gate) * lin).to(w_down.dtype), w_down.transpose(-2, -1),
+                                          offs=offsets)
+
+
+def expert_parallel(model: torch.nn.Module, ep_mesh, tp_mesh=None) -> list[torch.nn.Module]:
+    """torchtitan's ExpertParallel on every experts module; returns them.  ``tp_mesh``: ep borrows the tensor-parallel
+    ranks (torchtitan's etp = 1, ``ReordererSequenceParallel``): each tp rank routes its contiguous 1/tp of the
+    tokens and returns a tensor of every token's row, zeros but its own (a partial sum over tp)."""
     from torch.distributed._functional_collectives import all_to_all_single_autograd
     from torch.distributed.tensor import Shard, distribute_tensor
     from transformers.models.mixtral.modeling_mixtral import MixtralExperts
@@ -63,6 +78,12 @@ def expert_parallel(model: torch.nn.Module, ep_mesh) -> list[torch.nn.Module]:
     group, ep = ep_mesh.get_group(), ep_mesh.size()
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
+        every = hidden_states
+        if tp_mesh is not None:
+            share = hidden_states.shape[0] // tp_mesh.size()
+            start = tp_mesh.get_local_rank() * share
+            hidden_states = hidden_states[start:start + share]
+            top_k_index, top_k_weights = top_k_index[start:start + share], top_k_weights[start:start + share]
         tokens, k = top_k_index.shape
         n_local = self.num_experts // ep
         flat = top_k_index.reshape(-1)
@@ -83,18 +104,19 @@ def expert_parallel(model: torch.nn.Module, ep_mesh) -> list[torch.nn.Module]:
                                for e in range(n_local) for r in range(ep)])
             offsets = sizes.sum(0).cumsum(0).to(torch.int32)
         shape, rows = rows.shape, rows[index]
-        w_up, w_down = _to_local(self.gate_up_proj), _to_local(self.down_proj)
-        up = torch.nn.functional.grouped_mm(rows.to(w_up.dtype), w_up.transpose(-2, -1), offs=offsets)
-        gate, lin = up.chunk(2, dim=-1)
-        down = torch.nn.functional.grouped_mm((self.act_fn(gate) * lin).to(w_down.dtype), w_down.transpose(-2, -1),
-                                              offs=offsets)
+        down = _grouped_experts(self, rows, offsets)
         back = down.new_empty(shape)
         back[index] = down
         back = all_to_all_single_autograd(back, send, recv, group)
         weighted = back * scores.unsqueeze(-1)
         restore = torch.empty_like(order)
         restore[order] = torch.arange(order.numel())
-        return weighted[restore].view(tokens, k, -1).sum(dim=1).to(hidden_states.dtype)
+        out = weighted[restore].view(tokens, k, -1).sum(dim=1).to(hidden_states.dtype)
+        if tp_mesh is None:
+            return out
+        full = every.new_zeros(every.shape)
+        full[start:start + share] = out
+        return full
 
     found = [m for m in model.modules() if isinstance(m, MixtralExperts)]
     for m in found:
@@ -102,6 +124,71 @@ def expert_parallel(model: torch.nn.Module, ep_mesh) -> list[torch.nn.Module]:
             m.register_parameter(name, torch.nn.Parameter(distribute_tensor(p, ep_mesh, [Shard(0)])))
         m.forward = types.MethodType(forward, m)
     return found
+
+
+def expert_tensor_parallel(model: torch.nn.Module, tp_mesh) -> None:
+    """torchtitan's TensorParallel for the experts (tp without ep): ``w1``/``w3`` (here the fused ``gate_up_proj``,
+    E x 2I x H) split on dimension 1, ``w2`` (``down_proj``, E x H x I) on dimension 2; all tokens through the
+    local slices, the output a partial sum over tp.  (The fused gate/up tensor's rows are split as one: the
+    sizes of torchtitan's; the random weights make the rows' meaning moot.)"""
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        tokens, k = top_k_index.shape
+        flat = top_k_index.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        rows = hidden_states[order // k]
+        scores = top_k_weights.reshape(-1)[order]
+        with torch.no_grad():
+            offsets = torch.bincount(flat, minlength=self.num_experts).cumsum(0).to(torch.int32)
+        weighted = _grouped_experts(self, rows, offsets) * scores.unsqueeze(-1)
+        restore = torch.empty_like(order)
+        restore[order] = torch.arange(order.numel())
+        return weighted[restore].view(tokens, k, -1).sum(dim=1).to(hidden_states.dtype)
+
+    for m in model.modules():
+        if isinstance(m, MixtralExperts):
+            for name, dim in (("gate_up_proj", 1), ("down_proj", 2)):
+                p = getattr(m, name)
+                m.register_parameter(name, torch.nn.Parameter(distribute_tensor(p, tp_mesh, [Shard(dim)])))
+            m.forward = types.MethodType(forward, m)
+
+
+def mixtral_tensor_parallel(model: torch.nn.Module, tp_mesh, sp: bool) -> None:
+    """torchtitan's tensor parallelism (``torchtitan/models/llama3/parallelize.py`` and ``apply_moe_ep_tp``) on
+    transformers' Mixtral names: q, k, v colwise and o rowwise, the embedding rowwise and the head colwise, with
+    sequence parallelism (``sp``) the norms on sequence shards and the attention's input gathered; each MoE block's
+    input gathered in full and its output (a partial sum) reduce-scattered to sequence shards (all-reduced
+    without ``sp``), the router computed in full on every rank."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleInputOutput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    seq = Shard(1)
+    outer = seq if sp else Replicate()
+    for layer in model.model.layers:
+        styles = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+                  "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(output_layouts=outer),
+                  "mlp": PrepareModuleInputOutput(input_layouts=(outer,), desired_input_layouts=(Replicate(),),
+                                                  use_local_input=True, output_layouts=(Partial(),),
+                                                  desired_output_layouts=(outer,))}
+        if sp:
+            styles.update({"input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel(),
+                           "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": seq},
+                                                           desired_input_kwarg_layouts={"hidden_states": Replicate()})})
+        parallelize_module(layer, tp_mesh, styles)
+    top = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=outer),
+           "lm_head": ColwiseParallel(input_layouts=outer, output_layouts=Replicate())}
+    if sp:
+        top["model.norm"] = SequenceParallel()
+    parallelize_module(model, tp_mesh, top)
 
 
 def shard_experts(experts: list[torch.nn.Module], efsdp_mesh, ep: int, policy, reduce_scatter,

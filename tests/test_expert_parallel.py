@@ -12,7 +12,9 @@ must give the model states exactly and the peak within 1 %.
 Measured on 2026-11-27 (plan against real, every rank measured): FSDP2 without ep +0.00 %, ep 2 +0.00 %, ep 2
 under ``fsdp-bf16`` +0.00 %, ep 2 over the 2 ranks of a context-parallel pair (torch's ring attention, the flash
 op given a CPU kernel as in tests/test_context_parallel.py) -0.05 % on both, ep 2 x efsdp 2 (4 processes)
-+0.06 %, ep 4 (4 processes) +0.00 %.
++0.06 %, ep 4 (4 processes) +0.00 %.  With tensor parallelism (dp 2 x tp 2, torchtitan's ``apply_moe_ep_tp``,
+the worker's own implementation in tests/moe_worker.py), on 2026-11-29, every rank: tp 2 +0.0008 %, tp 2 with
+sequence parallelism +0.0008 %, that with ep 2 +0.0002 %, tp 2 with ep 4 +0.0002 %; the model states exact.
 """
 
 from __future__ import annotations
@@ -42,10 +44,18 @@ CASE = {"name": "mixtral", "model": "mixtral", "config": CONFIG, "batch": BATCH,
     # ep borrows the cp ranks (torchtitan's ParallelDims): the 2 ranks share each sequence and the experts
     {"id": "fsdp-cp2-ep2", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "ep": 2, "cp": 2}]}
 WORLD = 2
-# 4 processes: ep 2 inside 2 efsdp groups (FSDP2 shards each expert over 2 ranks), and ep 4 (one expert per rank)
+# 4 processes: ep 2 inside 2 efsdp groups (FSDP2 shards each expert over 2 ranks), and ep 4 (one expert per rank);
+# tensor parallelism on a (dp 2, tp 2) mesh as torchtitan's apply_moe_ep_tp composes it with the experts: split on
+# their intermediate dimension (no ep, with and without sequence parallelism), or ep borrowing the 2 tp ranks
+# (ep 2: efsdp 2) or the whole mesh (ep 4), each tp rank routing half the tokens (etp = 1)
 WIDE = {**CASE, "name": "mixtral-4", "runs": [
     {"id": "fsdp-ep2-efsdp2", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "ep": 2},
-    {"id": "fsdp-ep4", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "ep": 4}]}
+    {"id": "fsdp-ep4", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "ep": 4},
+    {"id": "fsdp-tp2", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "tp": 2},
+    {"id": "fsdp-tp2-sp", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "tp": 2, "sp": True},
+    {"id": "fsdp-tp2-sp-ep2", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "tp": 2, "sp": True,
+     "ep": 2},
+    {"id": "fsdp-tp2-ep4", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "tp": 2, "ep": 4}]}
 WIDE_WORLD = 4
 RANKS = {"mixtral": [0, 1], "mixtral-4": [0, 3]}
 
@@ -70,8 +80,9 @@ def runs(tmp_path_factory):
 
     def plans() -> dict:
         planners = {p: _planner(p) for p in ("fp32", "fsdp-bf16")}
-        return {(run["id"], rank): planners[run["precision"]].plan(run["strategy"], world, ep=run.get("ep", 1),
-                                                                   cp=run.get("cp", 1), rank=rank, solve=())
+        return {(run["id"], rank): planners[run["precision"]].plan(
+            run["strategy"], world, ep=run.get("ep", 1), cp=run.get("cp", 1), tp=run.get("tp", 1),
+            sequence_parallel=run.get("sp", False), rank=rank, solve=())
                 for case, world, _ in launches for run in case["runs"] for rank in RANKS[case["name"]]}
     return real_and_planned(launches, RANKS, plans)
 
@@ -113,6 +124,34 @@ def test_the_dispatch_and_combine_are_torchtitans_all_to_alls():
     assert any(c.group_size == 4 for c in gathers)
 
 
+def test_under_tensor_parallelism_each_tp_rank_routes_its_share_of_the_tokens():
+    """ep 2 x tp 2 on 4 GPUs with sequence parallelism (torchtitan's etp = 1: the ep group is the tp pair): per MoE
+    layer one all-to-all of the counts and four of the routed rows, each of this rank's half of the tokens x top-k
+    rows, in a group of 2; the layer's input all-gathered from the sequence shards (as the attention's is) and its
+    output, a partial sum, reduce-scattered back, both over the tp pair and of the full [batch, sequence, hidden]
+    tensor.  Without ep the experts are split on their intermediate dimension: no all-to-all, a rank's experts
+    module 1/tp of each expert (before FSDP2 shards it over the dp pair)."""
+    from estimator.plan.layout import Layout
+
+    layers, experts, hidden, top_k = (CONFIG[k] for k in ("num_hidden_layers", "num_local_experts", "hidden_size",
+                                                          "num_experts_per_tok"))
+    tokens, tp = BATCH * SEQ, 2
+    planner = _planner()
+    step = planner.traced(Layout("fsdp", 4, tp=tp, sequence_parallel=True, gpus_per_node=planner.gpus_per_node, ep=2))
+    a2a = [c for c in step.collectives.values() if c.kind == "all_to_all"]
+    rows = [c for c in a2a if c.nbytes == tokens // tp * top_k * hidden * 4]  # (64 tokens x 2) rows of 64 fp32
+    assert len(rows) == 4 * layers and len(a2a) == 5 * layers and {c.group_size for c in a2a} == {2}, a2a
+    full = tokens * hidden * 4  # [4, 32, 64] fp32: the gathered input, the summed output
+    tp_full = [c for c in step.collectives.values() if c.tp and c.nbytes == full]
+    kinds = sorted(c.kind for c in tp_full)
+    # per layer: attention and MoE inputs gathered in forward, their outputs reduce-scattered; backward the reverse
+    assert kinds.count("reduce_scatter") >= 2 * layers and kinds.count("all_gather") >= 2 * layers, kinds
+    plain = planner.traced(Layout("fsdp", 4, tp=tp, sequence_parallel=True, gpus_per_node=planner.gpus_per_node))
+    assert not [c for c in plain.collectives.values() if c.kind == "all_to_all"]
+    assert any("TensorParallel for experts" in n for n in plain.notes)
+    assert any("borrows the 2 tensor-parallel ranks" in n for n in step.notes)
+
+
 def test_each_rank_holds_its_experts():
     """ep 2 on 2 GPUs: FSDP2's shards of the experts are the same size as without ep (E/ep experts on 1 rank vs E
     over 2), but a rank gathers only its E/2 experts: less gathered memory at the peak; the config and the
@@ -133,7 +172,7 @@ def test_each_rank_holds_its_experts():
     ({"ep": 2, "gpus": 3}, "divides 3"),
     ({"ep": 2, "strategy": "ddp"}, "use --strategy fsdp or hsdp"),
     ({"ep": 2, "strategy": "zero2"}, "use --strategy fsdp or hsdp"),
-    ({"ep": 2, "tp": 2, "gpus": 4}, "--ep with --tp is not planned"),
+    ({"ep": 2, "tp": 2, "cp": 2, "gpus": 8}, "multiple of --cp 2 x --tp 2"),
     ({"ep": 0}, "--ep must be >= 1"),
 ])
 def test_impossible_expert_parallel_layouts_are_one_line_errors(kw, message):
@@ -235,7 +274,7 @@ import_torchvision()  # PyPI's torchvision beside the CPU torch (the test extras
 import transformers
 from torch.distributed.device_mesh import init_device_mesh
 from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
-from estimator.plan.expert import ep_forward
+from estimator.plan.expert import experts_forward
 dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
 torch.manual_seed(0)
 cfg = transformers.AutoConfig.for_model("gpt_oss", hidden_size=16, intermediate_size=8, num_local_experts=4,
@@ -248,7 +287,7 @@ truth = experts(x, idx, w)
 truth.square().sum().backward()
 grads = {n: p.grad.clone() for n, p in experts.named_parameters()}
 experts.zero_grad()
-ours = ep_forward(init_device_mesh("cpu", (1,)))(experts, x, idx, w)
+ours = experts_forward(init_device_mesh("cpu", (1,)))(experts, x, idx, w)
 ours.square().sum().backward()
 assert experts.has_bias
 assert torch.allclose(ours, truth, atol=1e-5), (ours - truth).abs().max()
@@ -261,7 +300,7 @@ print("same")
 
 def test_experts_with_biases_dispatch_to_what_transformers_computes():
     """gpt-oss's experts carry a bias row per expert: the dispatching forward the plan traces (estimator.plan.
-    expert.ep_forward) adds each received row's expert's bias as transformers' grouped path does. Run for real
+    expert.experts_forward) adds each received row's expert's bias as transformers' grouped path does. Run for real
     (one gloo rank, in its own process: a process group is global) against transformers' own experts forward
     on random weights: the same output and the same gradients of all four expert tensors, biases included;
     and a plan of gpt-oss under --ep 2 holds E / ep of each bias's rows on a rank."""

@@ -111,9 +111,9 @@ def _add_model_parallel_options(p: argparse.ArgumentParser) -> None:
                         "(default: allgather), e.g. --cp-rotate alltoall")
     p.add_argument("--ep", type=_ints, default=[1], metavar="N[,N|LOW-HIGH]",
                    help="expert-parallel degree of mixture-of-experts layers: each layer's experts split over N "
-                        "of the sharded data-parallel ranks, tokens dispatched by all-to-all (torchtitan's "
-                        "ExpertParallel; balanced routing assumed; fsdp or hsdp) (default: 1); several compare "
-                        "layouts, e.g. --ep 8 or --ep 1,8")
+                        "ranks borrowed from the sharded data-parallel, cp and tp ones, tokens dispatched by "
+                        "all-to-all (torchtitan's ExpertParallel, etp 1; balanced routing assumed; fsdp or hsdp) "
+                        "(default: 1); several compare layouts, e.g. --ep 8 or --ep 1,8")
     p.add_argument("--pp", type=_ints, default=[1], metavar="N[,N|LOW-HIGH]",
                    help="pipeline-parallel stages (torch.distributed.pipelining; the stack of blocks split by layer "
                         "as torchtitan splits it; ddp, fsdp or hsdp inside each stage) (default: 1); several "

@@ -41,7 +41,8 @@ from ..errors import UserError
 from ..memory import simulate
 from ..tally import tally
 from .context import check_ring, cp_error, cp_notes, ring_attention
-from .expert import apply_ep, dense_expert_placement, ep_notes, expert_meshes, find_experts, shard_experts
+from .expert import (apply_ep, apply_expert_tp, dense_expert_placement, ep_notes, expert_meshes, expert_paths,
+                     expert_tp_notes, find_experts, moe_block_tp, shard_experts)
 from .foreach_sharding import fast_foreach_sharding
 from .fsdp_chunks import lazy_fsdp_chunks
 from .layout import Layout, PlanPrecision
@@ -228,11 +229,16 @@ def build(model: torch.nn.Module, layout: Layout, precision: PlanPrecision, unit
         apply_tp(m, tp_plan, _submesh(mesh, ("tp",)), layout.sequence_parallel,
                  layout.loss_parallel and tp_plan.head is not None)
     experts: list[str] = []
+    tp_mesh = _submesh(mesh, ("tp",)) if layout.tp > 1 else None
+    if tp_mesh is not None and expert_paths(m):  # the MoE blocks as torchtitan's apply_moe_ep_tp
+        moe_block_tp(m, expert_paths(m), tp_mesh, layout.sequence_parallel)
+        if layout.ep == 1:
+            apply_expert_tp(m, expert_paths(m), tp_mesh)
     if layout.ep > 1:  # torchtitan's order: tp, ep, (cp, checkpointing,) fsdp
         experts = find_experts(m, layout.ep)
         expert_fsdp_mesh, ep_mesh = expert_meshes(layout.replicate if layout.strategy == "hsdp" else 1,
                                                   layout.efsdp, layout.ep, next(_WORLDS))
-        apply_ep(m, experts, ep_mesh)
+        apply_ep(m, experts, ep_mesh, tp_mesh)
     if layout.strategy in ("fsdp", "hsdp"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -240,7 +246,7 @@ def build(model: torch.nn.Module, layout: Layout, precision: PlanPrecision, unit
         policy = MixedPrecisionPolicy(param_dtype=precision.param_dtype, reduce_dtype=precision.reduce_dtype)
         modules = dict(m.named_modules())
         keep = {} if layout.reshards_after_forward else {"reshard_after_forward": False}
-        if not experts:
+        if not experts and layout.tp == 1:
             placement, said = dense_expert_placement(m, layout.shard * layout.cp)
             if placement is not None:
                 keep["shard_placement_fn"] = placement
@@ -410,7 +416,9 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
     if layout.cp > 1:
         step.notes.extend(cp_notes(layout.cp, layout.cp_rotate, device))
     if layout.ep > 1:
-        step.notes.extend(ep_notes(layout.ep))
+        step.notes.extend(ep_notes(layout.ep, layout.tp))
+    elif layout.tp > 1 and expert_paths(model):
+        step.notes.extend(expert_tp_notes(layout.tp))
     return step
 
 

@@ -78,16 +78,39 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def ep_forward(mesh) -> Any:
-    """The experts' forward under expert parallelism on ``mesh`` (1-D, the ``ep`` ranks): transformers' grouped
-    path with the dispatch and combine all-to-alls between the sort and the grouped GEMMs."""
+def _token_slice(tokens: int, tp_mesh) -> tuple[int, int]:
+    """(start, count) of the tokens a tensor-parallel rank routes under ``etp = 1`` (torchtitan's
+    ``ReordererSequenceParallel``: the ``batch x sequence`` tokens split evenly over the tp ranks)."""
+    tp = tp_mesh.size()
+    if tokens % tp:
+        raise UserError(f"--ep with --tp {tp} splits each MoE layer's {tokens} tokens (batch x sequence) evenly "
+                        f"over the tensor-parallel ranks, as torchtitan does: use a batch x sequence divisible by {tp}")
+    share = tokens // tp
+    return tp_mesh.get_local_rank() * share, share
+
+
+def experts_forward(mesh=None, tp_mesh=None) -> Any:
+    """The experts' forward: transformers' grouped path (``grouped_mm_experts_forward``) on the local experts.
+
+    * ``mesh`` (1-D, the ``ep`` ranks): expert parallelism, the dispatch and combine all-to-alls between the sort
+      and the grouped GEMMs; with ``tp_mesh`` too (torchtitan's ``etp = 1``: ep borrows the tp ranks), each tp rank
+      first takes its own slice of the tokens (``ReordererSequenceParallel``) and returns every token's row,
+      zeros but its own: a partial sum over the tp ranks, which the MoE block's output reduces
+      (:func:`moe_block_tp`);
+    * ``tp_mesh`` alone: the experts tensor-parallel (``TensorParallel``: each rank holds a slice of every expert's
+      intermediate dimension), all tokens, the output a partial sum over the tp ranks."""
     import torch.distributed as dist
     from torch.distributed._functional_collectives import all_to_all_single, all_to_all_single_autograd
     from transformers.integrations.moe import _grouped_linear
 
-    group, ep = mesh.get_group(), mesh.size()
+    group, ep = (mesh.get_group(), mesh.size()) if mesh is not None else (None, 1)
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        every = hidden_states
+        if mesh is not None and tp_mesh is not None:  # this tp rank's tokens
+            start, share = _token_slice(hidden_states.shape[0], tp_mesh)
+            hidden_states = hidden_states[start:start + share]
+            top_k_index, top_k_weights = top_k_index[start:start + share], top_k_weights[start:start + share]
         tokens, top_k = top_k_index.shape
         experts, rows = self.num_experts, tokens * top_k
         local = experts // ep
@@ -96,13 +119,17 @@ def ep_forward(mesh) -> Any:
         scores = top_k_weights.reshape(-1)[order]  # (rows,)
         with torch.no_grad():
             counts = torch.histc(expert_ids.float(), bins=experts, min=0, max=experts - 1).int()  # (experts,)
-            counts = torch.ops._c10d_functional.wait_tensor(all_to_all_single(counts, None, None, group))
-        sent = balanced_splits(rows, ep)  # balanced routing: the same split on every rank
-        received = [sent[dist.get_rank(group)]] * ep
-        routed = all_to_all_single_autograd(routed, received, sent, group)  # (sum(received), hidden)
-        with torch.no_grad():
-            index, per_expert = expert_major(counts, local, ep, routed.shape[0])
-        shape, routed = routed.shape, routed[index]
+            if group is not None:
+                counts = torch.ops._c10d_functional.wait_tensor(all_to_all_single(counts, None, None, group))
+        if group is not None:
+            sent = balanced_splits(rows, ep)  # balanced routing: the same split on every rank
+            received = [sent[dist.get_rank(group)]] * ep
+            routed = all_to_all_single_autograd(routed, received, sent, group)  # (sum(received), hidden)
+            with torch.no_grad():
+                index, per_expert = expert_major(counts, local, ep, routed.shape[0])
+            shape, routed = routed.shape, routed[index]
+        else:
+            per_expert = counts
         offsets = torch.cumsum(per_expert, 0, dtype=torch.int32)
         up = _local(self.gate_up_proj if self.has_gate else self.up_proj)
         up_bias = down_bias = None
@@ -115,21 +142,27 @@ def ep_forward(mesh) -> Any:
         h = _grouped_linear(routed, up, offsets, bias=up_bias, is_transposed=self.is_transposed)
         h = self._apply_gate(h) if self.has_gate else self.act_fn(h)
         out = _grouped_linear(h, _local(self.down_proj), offsets, bias=down_bias, is_transposed=self.is_transposed)
-        back = out.new_empty(shape)
-        back[index] = out
-        back = all_to_all_single_autograd(back, sent, received, group)  # (rows, hidden), in this rank's order
-        weighted = back * scores.unsqueeze(-1)
+        if group is not None:
+            back = out.new_empty(shape)
+            back[index] = out
+            out = all_to_all_single_autograd(back, sent, received, group)  # (rows, hidden), in this rank's order
+        weighted = out * scores.unsqueeze(-1)
         restore = torch.empty_like(order)
         restore[order] = torch.arange(rows, device=order.device)
-        final = weighted[restore].view(tokens, top_k, -1).sum(dim=1)
-        return final.to(hidden_states.dtype)
+        final = weighted[restore].view(tokens, top_k, -1).sum(dim=1).to(hidden_states.dtype)
+        if final.shape[0] == every.shape[0]:
+            return final
+        full = every.new_zeros(every.shape)  # every token's row, zeros but this tp rank's (a partial sum over tp)
+        full[start:start + share] = final
+        return full
 
     return forward
 
 
-def apply_ep(model: torch.nn.Module, paths: list[str], mesh) -> None:
+def apply_ep(model: torch.nn.Module, paths: list[str], mesh, tp_mesh=None) -> None:
     """Shard each experts module's weights on the expert dimension over ``mesh`` and give it the dispatching
-    forward (torchtitan's ``ExpertParallel._partition_fn`` and token dispatch/combine)."""
+    forward (torchtitan's ``ExpertParallel._partition_fn`` and token dispatch/combine); ``tp_mesh``: the ep ranks
+    include the tensor-parallel ones, each routing its slice of the tokens (:func:`experts_forward`)."""
     from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
 
     def partition(_name: str, module: torch.nn.Module, device_mesh) -> None:
@@ -138,11 +171,87 @@ def apply_ep(model: torch.nn.Module, paths: list[str], mesh) -> None:
                                                                requires_grad=p.requires_grad))
 
     modules = dict(model.named_modules())
-    forward = ep_forward(mesh)
+    forward = experts_forward(mesh, tp_mesh)
     for path in paths:
         module = modules[path]
         distribute_module(module, mesh, partition_fn=partition)
         module.forward = types.MethodType(forward, module)
+
+
+def expert_paths(model: torch.nn.Module) -> list[str]:
+    """The paths of the model's experts modules (transformers' fused layout), none when it has no MoE layer."""
+    return [p for p, m in model.named_modules() if is_experts(m)]
+
+
+def _intermediate_dims(module: torch.nn.Module) -> dict[str, int]:
+    """Parameter name -> its intermediate (``I``) dimension: ``gate_up_proj`` (E, 2I, H) and ``down_proj`` (E, H, I),
+    transposed (E, H, 2I) and (E, I, H) when ``is_transposed``."""
+    t = bool(getattr(module, "is_transposed", False))
+    up = "gate_up_proj" if module.has_gate else "up_proj"
+    return {up: 2 if t else 1, "down_proj": 1 if t else 2}
+
+
+def apply_expert_tp(model: torch.nn.Module, paths: list[str], tp_mesh) -> None:
+    """torchtitan's ``TensorParallel`` for grouped experts (tensor parallelism without expert parallelism): every
+    expert's up (gate and up) projection split on its output (intermediate) dimension, its down projection on its
+    input one, over ``tp_mesh``; each rank runs all tokens through its slices (:func:`experts_forward`) and the
+    MoE block sums the partial outputs (:func:`moe_block_tp`).  transformers' concatenated ``gate_up_proj`` is
+    split as one tensor: the sizes of torchtitan's separately split ``w1`` and ``w3``."""
+    from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
+
+    modules = dict(model.named_modules())
+    for path in paths:
+        module = modules[path]
+        if module.has_bias:
+            raise UserError(f"--tp with the biased experts of {path} is not planned (a partial sum would add each "
+                            f"down-projection bias once per tensor-parallel rank): use --ep, or --tp 1")
+        dims = _intermediate_dims(module)
+
+        def partition(_name: str, m: torch.nn.Module, mesh, dims=dims) -> None:
+            for name, p in list(m.named_parameters(recurse=False)):
+                m.register_parameter(name, torch.nn.Parameter(distribute_tensor(p, mesh, [Shard(dims[name])]),
+                                                              requires_grad=p.requires_grad))
+
+        distribute_module(module, tp_mesh, partition_fn=partition)
+        module.forward = types.MethodType(experts_forward(None, tp_mesh), module)
+
+
+def moe_block_tp(model: torch.nn.Module, paths: list[str], tp_mesh, sequence_parallel: bool) -> list[str]:
+    """torchtitan's ``PrepareModuleInputOutput`` on each MoE block (the module holding an experts module) under
+    tensor parallelism: its input all-gathered from sequence shards (sequence parallelism), its router computed in
+    full on every rank (``NoParallel``), its output (a partial sum: each rank computed a slice of every expert, or
+    its own tokens) reduce-scattered back to sequence shards, or all-reduced.  Returns the blocks' paths."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    modules = dict(model.named_modules())
+    blocks = sorted({p.rpartition(".")[0] for p in paths})
+    placement = Shard(1) if sequence_parallel else Replicate()
+
+    def gather(_module, args, kwargs):
+        def full(a):
+            if isinstance(a, DTensor):
+                return a.redistribute(placements=[Replicate()]).to_local()
+            if sequence_parallel and isinstance(a, torch.Tensor) and a.dim() >= 2:
+                return DTensor.from_local(a, tp_mesh, [Shard(1)], run_check=False).redistribute(
+                    placements=[Replicate()]).to_local()
+            return a
+
+        return tuple(full(a) for a in args), {k: full(v) for k, v in kwargs.items()}
+
+    def reduce(_module, _args, out):
+        def summed(o):
+            if isinstance(o, torch.Tensor) and not isinstance(o, DTensor):
+                return DTensor.from_local(o, tp_mesh, [Partial()], run_check=False).redistribute(
+                    placements=[placement]).to_local()
+            return o
+
+        return tuple(summed(o) for o in out) if isinstance(out, tuple) else summed(out)
+
+    for block in blocks:
+        if block in modules:
+            modules[block].register_forward_pre_hook(gather, with_kwargs=True)
+            modules[block].register_forward_hook(reduce)
+    return blocks
 
 
 def expert_meshes(replicate: int, efsdp: int, ep: int, world: int):
@@ -190,7 +299,18 @@ def dense_expert_placement(model: torch.nn.Module, ranks: int) -> tuple[Any, lis
     return (lambda p: Shard(1) if id(p) in params else None), [note]
 
 
-def ep_notes(ep: int) -> list[str]:
-    return [f"expert parallelism over {ep} ranks: balanced routing assumed (each rank sends tokens x top-k / {ep} "
-            f"rows to every rank of its group and receives as many); with uneven routing the busiest rank "
-            f"receives, computes and holds more"]
+def ep_notes(ep: int, tp: int = 1) -> list[str]:
+    notes = [f"expert parallelism over {ep} ranks: balanced routing assumed (each rank sends tokens x top-k / {ep} "
+             f"rows to every rank of its group and receives as many); with uneven routing the busiest rank "
+             f"receives, computes and holds more"]
+    if tp > 1:
+        notes.append(f"expert parallelism borrows the {tp} tensor-parallel ranks (torchtitan's etp = 1): each MoE "
+                     f"layer's input is gathered in full, each tp rank routes 1/{tp} of its tokens, and the layer's "
+                     f"output is summed over the tp ranks")
+    return notes
+
+
+def expert_tp_notes(tp: int) -> list[str]:
+    return [f"mixture of experts under tensor parallelism (torchtitan's TensorParallel for experts): every expert's "
+            f"intermediate dimension split over the {tp} tp ranks, each MoE layer's input gathered in full and its "
+            f"output summed over them; the router computed in full on every rank"]

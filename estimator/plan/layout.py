@@ -11,8 +11,8 @@ to inner dimension, torchtitan's order):
 Under context parallelism the ranks of a ``cp`` group hold one sequence between them, so FSDP2
 shards the parameters over ``dp x cp`` ranks (torchtitan's ``dp_shard_cp`` mesh) and DDP
 averages the gradients over them.  Expert parallelism (``ep``) borrows its ranks from those sharded
-ranks (torchtitan's ``ParallelDims``): the experts' region is a mesh of its own, ``(replicate,
-efsdp, ep)`` (:mod:`estimator.plan.expert`).
+ranks and every cp and tp rank (torchtitan's ``ParallelDims`` with ``etp = 1``): the experts' region is a mesh
+of its own, ``(replicate, efsdp, ep)`` (:mod:`estimator.plan.expert`).
 
 ``ddp``, ``fsdp`` and ``hsdp`` (and ``tp``) are traced on PyTorch's own engines
 (:mod:`estimator.plan.engine`); ZeRO stages 1-3 have no engine in PyTorch and are laid out by
@@ -96,8 +96,8 @@ class Layout:
     @property
     def efsdp(self) -> int:
         """Ranks an experts module is sharded over by FSDP2 under expert parallelism (torchtitan's ``efsdp``):
-        the sharded ranks x cp that hold the same experts."""
-        return self.shard * self.cp // self.ep
+        the sharded ranks x cp x tp that hold the same experts (ep borrows every tp rank: ``etp = 1``)."""
+        return self.shard * self.cp * self.tp // self.ep
 
     @property
     def traced(self) -> bool:
@@ -258,19 +258,18 @@ def check_layout(layout: Layout, precision: PlanPrecision) -> None:
 
 
 def _check_ep(layout: Layout) -> None:
-    """Expert parallelism as torchtitan composes it (``ParallelDims``, ``etp = 1``): ep borrows every cp rank and
-    some of the sharded data-parallel ranks (of each pipeline stage); planned with FSDP2 or HSDP, without tp."""
+    """Expert parallelism as torchtitan composes it (``ParallelDims``, ``etp = 1``): ep borrows every tp and cp rank
+    and some of the sharded data-parallel ranks (of each pipeline stage); planned with FSDP2 or HSDP."""
     ep = layout.ep
     if ep < 1:
         raise UserError(f"--ep must be >= 1, not {ep}")
     if layout.strategy not in ("fsdp", "hsdp"):
         raise UserError(f"--ep shards the experts as torchtitan does, with FSDP2 over the ranks that hold the same "
                         f"experts: use --strategy fsdp or hsdp, not {layout.strategy}")
-    if layout.tp > 1:
-        raise UserError("--ep with --tp is not planned yet: plan expert parallelism with fsdp or hsdp (with --cp "
-                        "or --pp)")
-    ranks = layout.shard * layout.cp
-    if ranks % ep or ep % layout.cp:
-        raise UserError(f"--ep {ep} borrows from the {ranks} sharded data-parallel ranks{' x cp' if layout.cp > 1 else ''}"
-                        f" (torchtitan's ParallelDims): use an ep that divides {ranks}"
-                        + (f" and is a multiple of --cp {layout.cp}" if layout.cp > 1 else ""))
+    inner = layout.cp * layout.tp
+    ranks = layout.shard * inner
+    if ranks % ep or ep % inner:
+        borrowed = " x ".join(["sharded data-parallel"] + ["cp"] * (layout.cp > 1) + ["tp"] * (layout.tp > 1))
+        multiple = " x ".join([f"--cp {layout.cp}"] * (layout.cp > 1) + [f"--tp {layout.tp}"] * (layout.tp > 1))
+        raise UserError(f"--ep {ep} borrows from the {ranks} {borrowed} ranks (torchtitan's ParallelDims, etp = 1): "
+                        f"use an ep that divides {ranks}" + (f" and is a multiple of {multiple}" if inner > 1 else ""))
