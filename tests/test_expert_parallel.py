@@ -152,6 +152,17 @@ def test_under_tensor_parallelism_each_tp_rank_routes_its_share_of_the_tokens():
     assert any("borrows the 2 tensor-parallel ranks" in n for n in step.notes)
 
 
+def test_experts_fewer_than_the_sharded_ranks_under_tp_are_sharded_on_dimension_1():
+    """tp 2 on 16 GPUs: 8 data-parallel ranks for 4 experts.  FSDP2 on dimension 0 would pad the experts to 8 rows
+    (rank 0 a whole expert's tp shard: 1/4 of it, not 1/8); on dimension 1 every rank holds 1/16 of every weight,
+    so a rank's parameters are the model's fp32 bytes / 16 (to FSDP2's padding of each tensor to 16 rows)."""
+    model, _ = _model_and_inputs()
+    total = sum(p.numel() for p in model.parameters()) * 4  # fp32 bytes, 213,056 parameters
+    plan = _planner().plan("fsdp", 16, tp=2, sequence_parallel=True, solve=())
+    assert plan.per_gpu.parameters == pytest.approx(total / 16, rel=0.05)
+    assert any("sharded on dimension 1" in n for n in plan.notes)
+
+
 def test_each_rank_holds_its_experts():
     """ep 2 on 2 GPUs: FSDP2's shards of the experts are the same size as without ep (E/ep experts on 1 rank vs E
     over 2), but a rank gathers only its E/2 experts: less gathered memory at the peak; the config and the

@@ -246,7 +246,7 @@ def build(model: torch.nn.Module, layout: Layout, precision: PlanPrecision, unit
         policy = MixedPrecisionPolicy(param_dtype=precision.param_dtype, reduce_dtype=precision.reduce_dtype)
         modules = dict(m.named_modules())
         keep = {} if layout.reshards_after_forward else {"reshard_after_forward": False}
-        if not experts and layout.tp == 1:
+        if not experts:
             placement, said = dense_expert_placement(m, layout.shard * layout.cp)
             if placement is not None:
                 keep["shard_placement_fn"] = placement
