@@ -41,6 +41,7 @@ import torch
 
 from ..capture import Capture
 from ..graph import OpNode
+from .expert import expert_paths
 from .traced import getitem_source
 
 _HEAD_ATTRS = ("num_heads", "n_head", "n_heads", "num_attention_heads", "nhead", "num_key_value_heads", "n_kv_heads")
@@ -56,6 +57,7 @@ class TPPlan:
     head: str | None = None
     norms: list[str] = field(default_factory=list)  # sequence parallel: norms on sequence shards
     gather_at: list[str] = field(default_factory=list)  # sequence parallel: all-gather the sequence here
+    moe: list[str] = field(default_factory=list)  # mixture-of-experts blocks: their rowwise Linears sum partially
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -82,6 +84,7 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
     modules = dict(model.named_modules())
     linears = {p for p, m in modules.items() if isinstance(m, torch.nn.Linear)}
     norms = {p for p, m in modules.items() if "norm" in type(m).__name__.lower()}
+    norms -= per_head_norms(cap, norms)
 
     def unit_of(path: str) -> str | None:
         return max((u for u in unit_paths if _within(path, u)), key=len, default=None)
@@ -153,7 +156,31 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
     last_unit_end = max((first.get(c, 0) for c in colwise | rowwise), default=0)
     final = [n for n in norms if unit_of(n) is None and n in _forward_modules(cap, after=last_unit_end)]
     plan.norms = sorted(in_units) + final
+    plan.moe = sorted({p.rpartition(".")[0] for p in expert_paths(model)})
     return plan
+
+
+def per_head_norms(cap: Capture, norms: set[str]) -> set[str]:
+    """The norms that normalize each attention head's features on its own (Qwen3's and Gemma 3's ``q_norm`` and
+    ``k_norm``: their input ``[batch, sequence, heads, head_dim]``, read in the traced forward): they mix no
+    features across heads, so a head split over tensor-parallel ranks needs nothing from the others.  Such a
+    norm neither ends a Megatron pair's walk nor runs on sequence shards (it runs inside the attention, after the
+    sequence is gathered)."""
+    found: set[str] = set()
+    seen: set[str] = set()
+    for node in cap.nodes:
+        if node.meta.get("phase") != "forward":
+            continue
+        module = node.meta.get("module", "")
+        owner = max((n for n in norms if _within(module, n)), key=len, default=None)
+        if owner is None or owner in seen:
+            continue
+        seen.add(owner)
+        first = next((a for a in node.args if isinstance(a, OpNode)), None)
+        spec = first.meta.get("spec") if first is not None else None
+        if spec and len(spec[0].shape) >= 4:  # (batch, sequence, heads, head_dim): per head
+            found.add(owner)
+    return found
 
 
 def _forward_modules(cap: Capture, after: int) -> set[str]:
@@ -163,7 +190,7 @@ def _forward_modules(cap: Capture, after: int) -> set[str]:
 def apply_tp(model: torch.nn.Module, plan: TPPlan, mesh, sequence_parallel: bool, loss_parallel: bool = False) -> None:
     """``parallelize_module`` ``model`` (built on meta) over the 1-D ``mesh`` with ``plan``; ``loss_parallel``:
     the head's output left a DTensor sharded by vocabulary (the step then runs under ``loss_parallel()``)."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
@@ -177,7 +204,10 @@ def apply_tp(model: torch.nn.Module, plan: TPPlan, mesh, sequence_parallel: bool
     for p in plan.colwise:  # a single colwise Linear after sequence shards gathers its own input
         styles[p] = ColwiseParallel(input_layouts=seq) if p in gathers_itself else ColwiseParallel()
     for p in plan.rowwise:
-        styles[p] = RowwiseParallel(output_layouts=seq) if sequence_parallel else RowwiseParallel()
+        if any(_within(p, block) for block in plan.moe):  # a shared expert: summed with the routed experts' partial
+            styles[p] = RowwiseParallel(output_layouts=Partial())  # output, reduced once by the MoE block
+        else:
+            styles[p] = RowwiseParallel(output_layouts=seq) if sequence_parallel else RowwiseParallel()
     if plan.embedding:
         styles[plan.embedding] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq if sequence_parallel
                                                  else Replicate())
