@@ -375,10 +375,12 @@ def run_one(case: dict, run: dict, world: int) -> dict:
         flash_attention_on_cpu()
     model, args, kwargs, loss_of, block_cls = build(case, run)
     ep = run.get("ep", 1)
-    if ep > 1:  # torchtitan's expert region (efsdp, ep): the ep ranks innermost
+    etp = run.get("etp", 1)
+    if ep > 1:  # torchtitan's expert region (efsdp, ep[, etp]): the ep ranks innermost but the experts' tp ones
         from moe_worker import expert_parallel, shard_experts
 
-        ep_region = init_device_mesh("cpu", (world // ep, ep), mesh_dim_names=("efsdp", "ep"))
+        ep_region = init_device_mesh("cpu", (world // ep, ep), mesh_dim_names=("efsdp", "ep")) if etp == 1 else \
+            init_device_mesh("cpu", (world // (ep * etp), ep, etp), mesh_dim_names=("efsdp", "ep", "etp"))
     if run.get("f8"):
         float8(model, run["f8"])
     tracker = ResizeAwareTracker()
@@ -402,7 +404,8 @@ def run_one(case: dict, run: dict, world: int) -> dict:
         elif tp > 1:
             tensor_parallel(model, mesh["tp"], run.get("sp", False), run.get("lp", False))
         if ep > 1:
-            experts = expert_parallel(model, ep_region["ep"], mesh["tp"] if tp > 1 else None)
+            experts = expert_parallel(model, ep_region["ep"], mesh["tp"] if tp > 1 and etp == 1 else None,
+                                      ep_region["ep", "etp"] if etp > 1 else None)
         if run["strategy"] == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 

@@ -67,10 +67,13 @@ def _grouped_experts(self, rows, offsets):
                                           offs=offsets)
 
 
-def expert_parallel(model: torch.nn.Module, ep_mesh, tp_mesh=None) -> list[torch.nn.Module]:
+def expert_parallel(model: torch.nn.Module, ep_mesh, tp_mesh=None, ep_etp_mesh=None) -> list[torch.nn.Module]:
     """torchtitan's ExpertParallel on every experts module; returns them.  ``tp_mesh``: ep borrows the tensor-parallel
     ranks (torchtitan's etp = 1, ``ReordererSequenceParallel``): each tp rank routes its contiguous 1/tp of the
-    tokens and returns a tensor of every token's row, zeros but its own (a partial sum over tp)."""
+    tokens and returns a tensor of every token's row, zeros but its own (a partial sum over tp).  ``ep_etp_mesh``
+    (the 2-D (ep, etp) mesh, torchtitan's ExpertTensorParallel): every expert also split on its intermediate
+    dimension over the tp ranks (``[Shard(0), Shard(1)]``, ``[Shard(0), Shard(2)]``), each tp rank dispatching all
+    the tokens over its own ep group; the output a partial sum over tp."""
     from torch.distributed._functional_collectives import all_to_all_single_autograd
     from torch.distributed.tensor import Shard, distribute_tensor
     from transformers.models.mixtral.modeling_mixtral import MixtralExperts
@@ -119,9 +122,14 @@ def expert_parallel(model: torch.nn.Module, ep_mesh, tp_mesh=None) -> list[torch
         return full
 
     found = [m for m in model.modules() if isinstance(m, MixtralExperts)]
+    split = {"gate_up_proj": 1, "down_proj": 2}  # the intermediate dimension of (E, 2I, H) and (E, H, I)
     for m in found:
         for name, p in list(m.named_parameters(recurse=False)):
-            m.register_parameter(name, torch.nn.Parameter(distribute_tensor(p, ep_mesh, [Shard(0)])))
+            if ep_etp_mesh is not None:
+                p = distribute_tensor(p, ep_etp_mesh, [Shard(0), Shard(split[name])])
+            else:
+                p = distribute_tensor(p, ep_mesh, [Shard(0)])
+            m.register_parameter(name, torch.nn.Parameter(p))
         m.forward = types.MethodType(forward, m)
     return found
 

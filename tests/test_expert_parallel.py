@@ -14,7 +14,8 @@ under ``fsdp-bf16`` +0.00 %, ep 2 over the 2 ranks of a context-parallel pair (t
 op given a CPU kernel as in tests/test_context_parallel.py) -0.05 % on both, ep 2 x efsdp 2 (4 processes)
 +0.06 %, ep 4 (4 processes) +0.00 %.  With tensor parallelism (dp 2 x tp 2, torchtitan's ``apply_moe_ep_tp``,
 the worker's own implementation in tests/moe_worker.py), on 2026-11-29, every rank: tp 2 +0.0008 %, tp 2 with
-sequence parallelism +0.0008 %, that with ep 2 +0.0002 %, tp 2 with ep 4 +0.0002 %; the model states exact.
+sequence parallelism +0.0008 %, that with ep 2 +0.0002 %, tp 2 with ep 4 +0.0002 %, ep 2 with the experts split
+over the tp pair (``etp`` 2, with and without sequence parallelism) +0.0002 %; the model states exact.
 """
 
 from __future__ import annotations
@@ -55,7 +56,11 @@ WIDE = {**CASE, "name": "mixtral-4", "runs": [
     {"id": "fsdp-tp2-sp", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "tp": 2, "sp": True},
     {"id": "fsdp-tp2-sp-ep2", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "tp": 2, "sp": True,
      "ep": 2},
-    {"id": "fsdp-tp2-ep4", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "tp": 2, "ep": 4}]}
+    {"id": "fsdp-tp2-ep4", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "tp": 2, "ep": 4},
+    # torchtitan's ExpertTensorParallel (etp = tp): each expert split over the tp pair as well, ep 2 over the ranks
+    # holding the same tp slice
+    {"id": "fsdp-tp2-sp-ep2-etp2", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "tp": 2, "sp": True,
+     "ep": 2, "etp": 2}]}
 WIDE_WORLD = 4
 RANKS = {"mixtral": [0, 1], "mixtral-4": [0, 3]}
 
@@ -82,7 +87,7 @@ def runs(tmp_path_factory):
         planners = {p: _planner(p) for p in ("fp32", "fsdp-bf16")}
         return {(run["id"], rank): planners[run["precision"]].plan(
             run["strategy"], world, ep=run.get("ep", 1), cp=run.get("cp", 1), tp=run.get("tp", 1),
-            sequence_parallel=run.get("sp", False), rank=rank, solve=())
+            sequence_parallel=run.get("sp", False), etp=run.get("etp", 1), rank=rank, solve=())
                 for case, world, _ in launches for run in case["runs"] for rank in RANKS[case["name"]]}
     return real_and_planned(launches, RANKS, plans)
 
@@ -184,6 +189,9 @@ def test_each_rank_holds_its_experts():
     ({"ep": 2, "strategy": "ddp"}, "use --strategy fsdp or hsdp"),
     ({"ep": 2, "strategy": "zero2"}, "use --strategy fsdp or hsdp"),
     ({"ep": 2, "tp": 2, "cp": 2, "gpus": 8}, "multiple of --cp 2 x --tp 2"),
+    ({"ep": 2, "tp": 2, "etp": 3, "gpus": 4}, "--etp must be 1"),
+    ({"tp": 2, "etp": 2, "gpus": 4}, "add --ep"),
+    ({"ep": 4, "tp": 2, "etp": 2, "gpus": 4}, "ep that divides 2"),
     ({"ep": 0}, "--ep must be >= 1"),
 ])
 def test_impossible_expert_parallel_layouts_are_one_line_errors(kw, message):
@@ -205,16 +213,20 @@ def test_a_model_without_experts_is_a_one_line_error():
 
 
 def test_cli_passes_ep_to_the_planner(monkeypatch, capsys):
-    """``--ep`` reaches ``Planner.plan``, also for every row of ``--compare``."""
+    """``--ep`` and ``--etp`` reach ``Planner.plan``, also for every row of ``--compare`` (``--etp`` for the rows whose
+    tp it is)."""
     from estimator.cli.main import main
 
     def seen(self, strategy, gpus, **kw):
-        raise UserError(f"seen ep={kw['ep']}")
+        raise UserError(f"seen ep={kw['ep']} etp={kw['etp']}")
 
     monkeypatch.setattr(Planner, "plan", seen)
     spec = os.path.join(ROOT, "examples", "llama.py") + ":build"
     assert main(["plan", spec, "--gpu", "H100", "--gpus", "4", "--strategy", "fsdp", "--ep", "2"]) == 2
-    assert "seen ep=2" in capsys.readouterr().err
+    assert "seen ep=2 etp=1" in capsys.readouterr().err
+    assert main(["plan", spec, "--gpu", "H100", "--gpus", "4", "--strategy", "fsdp", "--tp", "2", "--ep", "2",
+                 "--etp", "2"]) == 2
+    assert "seen ep=2 etp=2" in capsys.readouterr().err
     assert main(["plan", spec, "--gpu", "H100", "--gpus", "4", "--ep", "2", "--compare"]) == 2
     err = capsys.readouterr().err  # every row refused by the stand-in: "no layout applies: ... seen ep=2 ..."
     assert len(err.strip().splitlines()) == 1 and "seen ep=2" in err

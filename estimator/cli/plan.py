@@ -114,6 +114,11 @@ def _add_model_parallel_options(p: argparse.ArgumentParser) -> None:
                         "ranks borrowed from the sharded data-parallel, cp and tp ones, tokens dispatched by "
                         "all-to-all (torchtitan's ExpertParallel, etp 1; balanced routing assumed; fsdp or hsdp) "
                         "(default: 1); several compare layouts, e.g. --ep 8 or --ep 1,8")
+    p.add_argument("--etp", type=int, default=1, metavar="N",
+                   help="with --ep and --tp: the experts' tensor-parallel degree, torchtitan's "
+                        "expert_tensor_parallel_degree: 1 (default: ep borrows the tp ranks, each routing its share "
+                        "of the tokens) or the --tp degree (each expert split over the tp ranks, ep borrowing the "
+                        "data-parallel ranks only), e.g. --etp 2")
     p.add_argument("--pp", type=_ints, default=[1], metavar="N[,N|LOW-HIGH]",
                    help="pipeline-parallel stages (torch.distributed.pipelining; the stack of blocks split by layer "
                         "as torchtitan splits it; ddp, fsdp or hsdp inside each stage) (default: 1); several "
@@ -255,7 +260,7 @@ def run_plan(args: argparse.Namespace) -> int:
                                      sequence_parallel=args.sequence_parallel, loss_parallel=args.loss_parallel,
                                      async_tp=args.async_tp, pp_schedule=args.pp_schedule,
                                      microbatches=args.microbatches, cp_rotate=args.cp_rotate,
-                                     checkpoint=args.checkpoint or None,
+                                     checkpoint=args.checkpoint or None, etp=args.etp,
                                      offload=args.offload, gpu=gpus_names, with_checkpointing=args.compare,
                                      **degrees, **budget)
         else:
@@ -265,7 +270,7 @@ def run_plan(args: argparse.Namespace) -> int:
                                   pp_schedule=args.pp_schedule, microbatches=args.microbatches,
                                   cp_rotate=args.cp_rotate, checkpoint=args.checkpoint or None, offload=args.offload,
                                   solve=("batch", *args.solve), reshard_after_forward=args.reshard_after_forward,
-                                  rank=args.rank, **one, **budget)
+                                  rank=args.rank, etp=args.etp, **one, **budget)
         progress.set("writing the plan")
         if fmt == "json":
             text = json.dumps(result.to_dict(), indent=2)

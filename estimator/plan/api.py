@@ -26,7 +26,7 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
          rank: int = 0, confirm: bool = True, model_name: str | None = None, progress: Progress | None = None,
          trace: str = "auto", solve_unfit: bool = False, keep_output: bool = False, grad_accum: int = 1,
          checkpoint_policy: Any = "full", replicate: bool = True, compile: Any = None, float8: Any = None,
-         float8_all_gather: bool = False) -> Plan:
+         float8_all_gather: bool = False, etp: int = 1) -> Plan:
     """Plan a training step of ``model`` on ``gpus`` GPUs called ``gpu`` with ``strategy``.
 
     ``inputs`` are one GPU's micro-batch.  ``ddp``, ``fsdp`` and ``hsdp`` (with ``tp`` tensor
@@ -46,7 +46,9 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
     None is torchtitan's default policy (True, False under ``pp``).  ``cp``: context-parallel ranks per sequence,
     attention as torch's ring attention with the ``cp_rotate`` key/value exchange (``"allgather"`` or
     ``"alltoall"``; :mod:`estimator.plan.context`).  ``ep``: expert-parallel ranks per mixture-of-experts layer
-    (fsdp or hsdp; all-to-all dispatch, balanced routing assumed; :mod:`estimator.plan.expert`).
+    (fsdp or hsdp; all-to-all dispatch, balanced routing assumed; :mod:`estimator.plan.expert`); ``etp`` (with ``ep``
+    and ``tp``; torchtitan's ``expert_tensor_parallel_degree``): 1, ep borrows the tp ranks and each routes its share
+    of the tokens, or ``tp``, each expert split over the tp ranks and ep borrowing the data-parallel ranks only.
     ``precision`` (default ``bf16-mixed``): see :func:`~estimator.plan.layout.parse_plan_precision`.
     ``device="cpu"`` plans exact bytes without CUDA rounding (tests).  ``trace``: as
     :func:`estimator.estimate`'s (``"auto"``, ``"fake"`` or ``"real"``).  The training loop as
@@ -68,7 +70,7 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
     return planner.plan(strategy, gpus, tp=tp, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel,
                         async_tp=async_tp,
                         pp=pp, pp_schedule=pp_schedule, microbatches=microbatches, cp=cp, cp_rotate=cp_rotate,
-                        ep=ep, checkpoint=checkpoint,
+                        ep=ep, etp=etp, checkpoint=checkpoint,
                         offload=offload, tokens=tokens, samples=samples, steps=steps, mfu=mfu, solve=solve,
                         reshard_after_forward=reshard_after_forward, rank=rank, confirm=confirm,
                         solve_unfit=solve_unfit)
@@ -85,7 +87,7 @@ def compare(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU | Sequence[st
             zero_semantics: str = "deepspeed", device: str = "cuda", confirm: bool = False,
             model_name: str | None = None, progress: Progress | None = None, keep_output: bool = False,
             grad_accum: int = 1, checkpoint_policy: Any = "full", compile: Any = None,
-            float8: Any = None, float8_all_gather: bool = False) -> Comparison:
+            float8: Any = None, float8_all_gather: bool = False, etp: int = 1) -> Comparison:
     """Plans side by side: strategies x parallel degrees x (no checkpointing, checkpointing) for each GPU type and
     count, with the recommended row (the fastest that fits).  ``tp``, ``pp``, ``cp``, ``ep``: a degree, or a list of
     degrees to compare (:func:`.comparison.compare_layouts`)."""
@@ -98,4 +100,4 @@ def compare(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU | Sequence[st
     return planner.compare(gpus, strategies=strategies, tp=tp, pp=pp, cp=cp, ep=ep, pp_schedule=pp_schedule,
                            microbatches=microbatches, sequence_parallel=sequence_parallel,
                            loss_parallel=loss_parallel, checkpoint=checkpoint, offload=offload, tokens=tokens,
-                           samples=samples, steps=steps, mfu=mfu, confirm=confirm, gpu=gpu_list)
+                           samples=samples, steps=steps, mfu=mfu, confirm=confirm, gpu=gpu_list, etp=etp)

@@ -75,14 +75,16 @@ def compare_layouts(planner: Any, gpus: int | Sequence[int], *, strategies: Sequ
                     ep: int | Sequence[int] = 1, pp: int | Sequence[int] = 1, pp_schedule: str = "1f1b",
                     microbatches: int = 0, checkpoint: Any = None, offload: str | None = None,
                     tokens=None, samples=None, steps=None, mfu=None, confirm: bool = False,
-                    gpu: str | GPU | Sequence[str | GPU] | None = None, with_checkpointing: bool = True) -> Comparison:
+                    gpu: str | GPU | Sequence[str | GPU] | None = None, with_checkpointing: bool = True,
+                    etp: int = 1) -> Comparison:
     """Plans side by side: every GPU type x GPU count x strategy x parallel degrees, without and with activation
     checkpointing (``checkpoint`` classes, by default the wrap class); several strategies each in its engine's
     precision policy (:func:`for_strategy`), one strategy in the precision asked for.  ``tp``, ``pp``, ``cp`` and
     ``ep`` are a degree or a list of degrees to compare (torchtitan's tensor, pipeline, context and expert parallel
     degrees; the data-parallel degree is what the GPUs leave); a combination a layout cannot take (a degree that
     does not divide the GPUs, ZeRO with tensor parallelism, ...) is listed as skipped with its reason.  Sequence
-    parallelism, loss parallelism and asynchronous TP apply to the rows with tensor parallelism.  The progress
+    parallelism, loss parallelism and asynchronous TP apply to the rows with tensor parallelism, ``etp`` to the rows
+    with expert parallelism whose tp it equals (the others take etp 1).  The progress
     line says which row of how many, and about how long the rest takes at the pace of the rows done."""
     gpu_list = [planner.gpu] if gpu is None else ([gpu] if isinstance(gpu, (str, GPU)) else list(gpu))
     counts = [gpus] if isinstance(gpus, int) else list(gpus)
@@ -111,6 +113,7 @@ def compare_layouts(planner: Any, gpus: int | Sequence[int], *, strategies: Sequ
                 if t > 1 or all(d[0] == 1 for d in degrees) else {}  # without tp: the layout check's error
             pp_flags = dict(pp=p, pp_schedule=pp_schedule, microbatches=microbatches) if p > 1 else {}
             plans.append(sub.plan(s, n, tp=t, cp=c, cp_rotate=cp_rotate, ep=e, checkpoint=list(ckset) or None,
+                                  etp=etp if etp == t and e > 1 else 1,  # (the rows whose tp it is, with ep)
                                   offload=offload, tokens=tokens, samples=samples, steps=steps, mfu=mfu, suggest=False,
                                   confirm=confirm, gpu=g, **tp_flags, **pp_flags))
         except UserError as exc:

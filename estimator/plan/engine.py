@@ -236,9 +236,9 @@ def build(model: torch.nn.Module, layout: Layout, precision: PlanPrecision, unit
             apply_expert_tp(m, expert_paths(m), tp_mesh)
     if layout.ep > 1:  # torchtitan's order: tp, ep, (cp, checkpointing,) fsdp
         experts = find_experts(m, layout.ep)
-        expert_fsdp_mesh, ep_mesh = expert_meshes(layout.replicate if layout.strategy == "hsdp" else 1,
-                                                  layout.efsdp, layout.ep, next(_WORLDS))
-        apply_ep(m, experts, ep_mesh, tp_mesh)
+        expert_fsdp_mesh, ep_mesh, ep_etp_mesh = expert_meshes(layout.replicate if layout.strategy == "hsdp" else 1,
+                                                               layout.efsdp, layout.ep, next(_WORLDS), layout.etp)
+        apply_ep(m, experts, ep_mesh, tp_mesh if layout.etp == 1 else None, ep_etp_mesh)
     if layout.strategy in ("fsdp", "hsdp"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 

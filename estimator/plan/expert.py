@@ -159,22 +159,30 @@ def experts_forward(mesh=None, tp_mesh=None) -> Any:
     return forward
 
 
-def apply_ep(model: torch.nn.Module, paths: list[str], mesh, tp_mesh=None) -> None:
+def apply_ep(model: torch.nn.Module, paths: list[str], mesh, tp_mesh=None, ep_etp_mesh=None) -> None:
     """Shard each experts module's weights on the expert dimension over ``mesh`` and give it the dispatching
     forward (torchtitan's ``ExpertParallel._partition_fn`` and token dispatch/combine); ``tp_mesh``: the ep ranks
-    include the tensor-parallel ones, each routing its slice of the tokens (:func:`experts_forward`)."""
+    include the tensor-parallel ones, each routing its slice of the tokens (:func:`experts_forward`);
+    ``ep_etp_mesh`` (the 2-D (ep, etp) mesh): torchtitan's ``ExpertTensorParallel``, each expert also split on its
+    intermediate dimension over the tp ranks, every tp rank dispatching all the tokens over its own ep group."""
     from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
-
-    def partition(_name: str, module: torch.nn.Module, device_mesh) -> None:
-        for name, p in list(module.named_parameters(recurse=False)):
-            module.register_parameter(name, torch.nn.Parameter(distribute_tensor(p, device_mesh, [Shard(0)]),
-                                                               requires_grad=p.requires_grad))
 
     modules = dict(model.named_modules())
     forward = experts_forward(mesh, tp_mesh)
     for path in paths:
         module = modules[path]
-        distribute_module(module, mesh, partition_fn=partition)
+        dims = _intermediate_dims(module) if ep_etp_mesh is not None else {}
+
+        def partition(_name: str, m: torch.nn.Module, device_mesh, dims=dims) -> None:
+            for name, p in list(m.named_parameters(recurse=False)):
+                placements = [Shard(0), Shard(dims[name])] if ep_etp_mesh is not None else [Shard(0)]
+                m.register_parameter(name, torch.nn.Parameter(distribute_tensor(p, device_mesh, placements),
+                                                              requires_grad=p.requires_grad))
+
+        if ep_etp_mesh is not None and module.has_bias:
+            raise UserError(f"--etp with the biased experts of {path} is not planned (a partial sum would add each "
+                            f"down-projection bias once per tensor-parallel rank): use --etp 1")
+        distribute_module(module, ep_etp_mesh if ep_etp_mesh is not None else mesh, partition_fn=partition)
         module.forward = types.MethodType(forward, module)
 
 
@@ -254,16 +262,19 @@ def moe_block_tp(model: torch.nn.Module, paths: list[str], tp_mesh, sequence_par
     return blocks
 
 
-def expert_meshes(replicate: int, efsdp: int, ep: int, world: int):
-    """(FSDP mesh of the experts, ep mesh): torchtitan's expert region ``(dp_replicate, efsdp, ep)``, ep the
-    innermost ranks; the replicate dimension only when there is one (HSDP)."""
+def expert_meshes(replicate: int, efsdp: int, ep: int, world: int, etp: int = 1):
+    """(FSDP mesh of the experts, ep mesh, the experts' (ep, etp) mesh or None): torchtitan's expert region
+    ``(dp_replicate, efsdp, ep[, etp])``, ep the innermost ranks but the experts' tensor-parallel ones; the
+    replicate dimension only when there is one (HSDP)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    names = (("replicate",) if replicate > 1 else ()) + ("efsdp", "ep")
-    shape = ((replicate,) if replicate > 1 else ()) + (efsdp, ep)
+    names = (("replicate",) if replicate > 1 else ()) + ("efsdp", "ep") + (("etp",) if etp > 1 else ())
+    shape = ((replicate,) if replicate > 1 else ()) + (efsdp, ep) + ((etp,) if etp > 1 else ())
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=tuple(f"{n}.e{world}" for n in names))
-    outer = tuple(n for n in mesh.mesh_dim_names if not n.startswith("ep."))
-    return (mesh[outer] if len(outer) > 1 else mesh[outer[0]]), mesh[mesh.mesh_dim_names[-1]]
+    named = {n.partition(".")[0]: n for n in mesh.mesh_dim_names}
+    outer = tuple(named[n] for n in ("replicate", "efsdp") if n in named)
+    fsdp_mesh = mesh[outer] if len(outer) > 1 else mesh[outer[0]]
+    return fsdp_mesh, mesh[named["ep"]], (mesh[named["ep"], named["etp"]] if etp > 1 else None)
 
 
 def shard_experts(model: torch.nn.Module, paths: list[str], mesh, ep: int, divide: int, **fsdp: Any) -> None:

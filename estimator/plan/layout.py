@@ -62,6 +62,7 @@ class Layout:
     cp_rotate: str = "allgather"  # the ring's key/value exchange (torchtitan's context_parallel_rotate_method)
     ep: int = 1  # ranks sharing a layer's experts (estimator.plan.expert), borrowed from the sharded ranks x cp
     async_tp: bool = False  # torch.compile's micro-pipelined TP: sequence parallelism's collectives inside the matmuls
+    etp: int = 1  # experts' tensor-parallel degree (torchtitan's expert_tensor_parallel_degree): 1 or tp
 
     @property
     def reshards_after_forward(self) -> bool:
@@ -96,8 +97,9 @@ class Layout:
     @property
     def efsdp(self) -> int:
         """Ranks an experts module is sharded over by FSDP2 under expert parallelism (torchtitan's ``efsdp``):
-        the sharded ranks x cp x tp that hold the same experts (ep borrows every tp rank: ``etp = 1``)."""
-        return self.shard * self.cp * self.tp // self.ep
+        the sharded ranks x cp x tp that hold the same experts (ep borrows every tp rank: ``etp = 1``; with
+        ``etp = tp`` the experts are split over tp instead, and ep borrows the sharded ranks x cp only)."""
+        return self.shard * self.cp * (self.tp // self.etp) // self.ep
 
     @property
     def traced(self) -> bool:
@@ -122,7 +124,7 @@ class Layout:
         if self.cp > 1:
             text += f" x cp {self.cp}"
         if self.ep > 1:
-            text += f" x ep {self.ep}"
+            text += f" x ep {self.ep}" + (f" (etp {self.etp})" if self.etp > 1 else "")
         if self.pp > 1:
             text += f" x pp {self.pp} ({self.pp_schedule})"
         return text
@@ -214,6 +216,8 @@ def check_layout(layout: Layout, precision: PlanPrecision) -> None:
                             f"hsdp, not {s}")
     if layout.ep != 1:
         _check_ep(layout)
+    elif layout.etp != 1:
+        raise UserError("--etp splits the experts of expert parallelism over the tp ranks: add --ep, or use --etp 1")
     if layout.pp > 1:
         if gpus % (tp * layout.pp):
             raise UserError(f"--pp {layout.pp} x --tp {tp} does not divide --gpus {gpus}: the GPUs form "
@@ -258,18 +262,24 @@ def check_layout(layout: Layout, precision: PlanPrecision) -> None:
 
 
 def _check_ep(layout: Layout) -> None:
-    """Expert parallelism as torchtitan composes it (``ParallelDims``, ``etp = 1``): ep borrows every tp and cp rank
-    and some of the sharded data-parallel ranks (of each pipeline stage); planned with FSDP2 or HSDP."""
+    """Expert parallelism as torchtitan composes it (``ParallelDims``): ep borrows every cp rank, some of the sharded
+    data-parallel ranks (of each pipeline stage) and, under ``etp = 1``, every tp rank; under ``etp = tp`` the experts
+    are split over the tp ranks instead; planned with FSDP2 or HSDP."""
     ep = layout.ep
     if ep < 1:
         raise UserError(f"--ep must be >= 1, not {ep}")
     if layout.strategy not in ("fsdp", "hsdp"):
         raise UserError(f"--ep shards the experts as torchtitan does, with FSDP2 over the ranks that hold the same "
                         f"experts: use --strategy fsdp or hsdp, not {layout.strategy}")
-    inner = layout.cp * layout.tp
+    if layout.etp not in (1, layout.tp):
+        raise UserError(f"--etp must be 1 (ep borrows the tp ranks) or --tp {layout.tp} (the experts split over the "
+                        f"tp ranks, torchtitan's ExpertTensorParallel), not {layout.etp}")
+    tp = layout.tp // layout.etp  # the tp ranks ep borrows: all of them under etp 1, none under etp = tp
+    inner = layout.cp * tp
     ranks = layout.shard * inner
     if ranks % ep or ep % inner:
-        borrowed = " x ".join(["sharded data-parallel"] + ["cp"] * (layout.cp > 1) + ["tp"] * (layout.tp > 1))
-        multiple = " x ".join([f"--cp {layout.cp}"] * (layout.cp > 1) + [f"--tp {layout.tp}"] * (layout.tp > 1))
-        raise UserError(f"--ep {ep} borrows from the {ranks} {borrowed} ranks (torchtitan's ParallelDims, etp = 1): "
+        borrowed = " x ".join(["sharded data-parallel"] + ["cp"] * (layout.cp > 1) + ["tp"] * (tp > 1))
+        multiple = " x ".join([f"--cp {layout.cp}"] * (layout.cp > 1) + [f"--tp {tp}"] * (tp > 1))
+        raise UserError(f"--ep {ep} borrows from the {ranks} {borrowed} ranks (torchtitan's ParallelDims, etp "
+                        f"{layout.etp}): "
                         f"use an ep that divides {ranks}" + (f" and is a multiple of {multiple}" if inner > 1 else ""))

@@ -391,7 +391,7 @@ class Planner:
              confirm: bool = True, gpu: str | GPU | None = None, solve_unfit: bool = False,
              loss_parallel: bool = False, async_tp: bool = False, pp: int = 1, pp_schedule: str = "1f1b",
              microbatches: int = 0,
-             cp: int = 1, cp_rotate: str = "allgather", ep: int = 1, suggest: bool = True) -> Plan:
+             cp: int = 1, cp_rotate: str = "allgather", ep: int = 1, suggest: bool = True, etp: int = 1) -> Plan:
         """One plan (:func:`plan`).  The largest micro-batch is searched whether the given one fits or not;
         ``solve_unfit``: the longest sequence too (``estimate --gpu``'s question); a plan that does not fit
         suggests the smallest layouts that do, each with its step time and time to train (``suggest=False``:
@@ -399,7 +399,7 @@ class Planner:
         target = self.gpu if gpu is None else (gpu if isinstance(gpu, GPU) else lookup(gpu))
         layout = Layout(strategy.lower(), gpus, tp, sequence_parallel, self.gpus_per_node, rank,
                         reshard_after_forward, offload, loss_parallel, pp, str(pp_schedule).lower(),
-                        microbatches or 0, cp, str(cp_rotate).lower(), ep, async_tp)
+                        microbatches or 0, cp, str(cp_rotate).lower(), ep, async_tp, etp)
         check_layout(layout, self.precision)
         if async_tp and self.options.compile is None:
             raise UserError("--async-tp is torch.compile's micro-pipeline pass (torchtitan requires compile for it): "
@@ -468,7 +468,7 @@ class Planner:
             precision=self.precision.name, optimizer=step.cap.optimizer_name, checkpoint=[c.__name__ for c in ckpt],
             offload=offload, wrap=[c.__name__ for c in self.wrap], micro_batch=self.batch,
             global_batch=self.batch * layout.dp * self.options.grad_accum if self.batch else None, seq=self.seq,
-            engine=self._engine_text(layout), device=self.device, cp=layout.cp, ep=layout.ep)
+            engine=self._engine_text(layout), device=self.device, cp=layout.cp, ep=layout.ep, etp=layout.etp)
         notes += self._notes(layout, mem) + self.float8_notes
         return Plan(config, per_gpu, Verdict(fits, target.capacity, reserve, needed, target.capacity - needed,
                                              suggestions), time, flops, training, batch_solve, seq_solve,

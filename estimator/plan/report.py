@@ -67,7 +67,7 @@ def render_plan(p: PlanData, tablefmt: str = "simple") -> str:
                               ("async", c.async_tp)) if on]
     tp_text = f" x tp {c.tp}" + (f" ({', '.join(extras)})" if extras else "") if c.tp > 1 else ""
     tp_text += f" x cp {c.cp}" if c.cp > 1 else ""
-    tp_text += f" x ep {c.ep}" if c.ep > 1 else ""
+    tp_text += f" x ep {c.ep}" + (f" (etp {c.etp})" if c.etp > 1 else "") if c.ep > 1 else ""
     ck = ", checkpoint " + ", ".join(c.checkpoint) if c.checkpoint else ""
     off = ", offload " + c.offload if c.offload else ""
     title = (f"Plan: {c.model} on {c.gpus} x {c.gpu}, {c.strategy}{tp_text}, {c.precision}{ck}{off}, "

@@ -169,10 +169,11 @@ class Config:
     microbatches: int | None = None
     cp: int = 1  # context-parallel ranks per sequence
     ep: int = 1  # expert-parallel ranks per mixture-of-experts layer
+    etp: int = 1  # the experts' tensor-parallel degree under ep (1: ep borrows the tp ranks; tp: the experts split)
 
     def model_parallel(self) -> str:
         """" x tp 2 x pp 4 x cp 2 x ep 4": the degrees above 1 that split the model or its sequence."""
-        return model_parallel_text(self.tp, self.pp, self.cp, self.ep)
+        return model_parallel_text(self.tp, self.pp, self.cp, self.ep) + (f" (etp {self.etp})" if self.etp > 1 else "")
 
 
 @dataclass
