@@ -8,8 +8,9 @@ configurations, built on ``meta``): the derived colwise and rowwise Linear layer
 Qwen3's and Gemma 3's per-head ``q_norm`` and ``k_norm``) is not run on sequence shards; a block whose experts the
 shipped plan splits (``moe_tp_experts``) is a mixture-of-experts block of the planner's.  Then each plans under
 ``--tp 2`` with sequence parallelism (the trace runs the split model on local shards, so a wrong pair fails it).
-Until 2026-11-29 a per-head norm ended the pairs' walk: Qwen3's q and k projections were left whole and its plan
-failed in the attention.
+Until 2026-11-29 a per-head norm ended the pairs' walk (Qwen3's q and k projections were left whole and its plan
+failed in the attention), and under sequence parallelism a tied embedding's output was not cut to the sequence
+shard (Gemma: the sequence doubled) and a norm feeding a residual sum returned a DTensor (Gemma 2, 3).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ ARCHITECTURES = {  # config class -> extra fields (head_dim: Qwen3 and Gemma 3 d
     "LlamaConfig": {},
     "MistralConfig": {},
     "Qwen3Config": {"head_dim": 16},
+    "GemmaConfig": {"head_dim": 16},  # embedding and head tied
+    "Gemma2Config": {"head_dim": 16, "sliding_window": 16},  # norms after the attention and the MLP as well
     "Gemma3TextConfig": {"head_dim": 16, "sliding_window": 16},
     "MixtralConfig": {"num_local_experts": 4, "num_experts_per_tok": 2},
     "Qwen3MoeConfig": {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
@@ -63,7 +66,5 @@ def test_pairs_are_the_ones_transformers_ships(name):
     whole = _shipped(planner, "replicated_with_grad_allreduce")
     assert not whole & set(tp.norms)
     assert set(tp.moe) == {p.rpartition(".")[0] for p in _shipped(planner, "moe_tp_experts")}
-    # (Gemma 3 builds its sliding-window mask from the sequence it is given, under sequence parallelism the
-    # local shard's: planned without it, docs/limitations.md)
-    plan = planner.plan("fsdp", 4, tp=2, sequence_parallel=name != "Gemma3TextConfig", solve=())
+    plan = planner.plan("fsdp", 4, tp=2, sequence_parallel=True, solve=())
     assert plan.per_gpu.peak > 0

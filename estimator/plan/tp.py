@@ -20,7 +20,8 @@ both left replicated).
 on sequence shards (``SequenceParallel``), the rowwise Linears reduce-scatter to sequence shards
 (``output_layouts=Shard(1)``), and the sequence is all-gathered once before each group of
 colwise Linears (at their closest common module, as ``PrepareModuleInput`` does); the embedding
-reduce-scatters its output and the head gathers its input.
+reduce-scatters its output and the head gathers its input (tied, replicated: the embedding's output is cut to the
+rank's sequence shard and the head's input gathered).
 
 **Loss parallelism** (``torch.distributed.tensor.parallel.loss_parallel``), as torchtitan applies it:
 the head's logits stay sharded by vocabulary (``ColwiseParallel(output_layouts=Shard(-1),
@@ -58,6 +59,8 @@ class TPPlan:
     norms: list[str] = field(default_factory=list)  # sequence parallel: norms on sequence shards
     gather_at: list[str] = field(default_factory=list)  # sequence parallel: all-gather the sequence here
     moe: list[str] = field(default_factory=list)  # mixture-of-experts blocks: their rowwise Linears sum partially
+    tied: tuple[str, str] | None = None  # (embedding, head) sharing their weight: both replicated
+    post_norms: list[str] = field(default_factory=list)  # sequence parallel: block norms feeding a residual sum
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -149,6 +152,7 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
     head = outside_linears[-1] if outside_linears else None
     if embedding[0] is not None and head is not None and modules[head].weight is embedding[1].weight:
         plan.notes.append(f"the embedding {embedding[0]} and the head {head} share their weight: both replicated")
+        plan.tied = (embedding[0], head)
     else:
         plan.embedding = embedding[0]
         plan.head = head
@@ -156,8 +160,34 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
     last_unit_end = max((first.get(c, 0) for c in colwise | rowwise), default=0)
     final = [n for n in norms if unit_of(n) is None and n in _forward_modules(cap, after=last_unit_end)]
     plan.norms = sorted(in_units) + final
+    plan.post_norms = sorted(set(in_units) - _norms_read_by(colwise, inputs, in_units))
     plan.moe = sorted({p.rpartition(".")[0] for p in expert_paths(model)})
     return plan
+
+
+def _norms_read_by(linears: set[str], inputs: dict[str, list[OpNode]], norms: list[str]) -> set[str]:
+    """The norms whose output reaches one of ``linears`` (walking back from each one's inputs, stopping at the first
+    norm): under sequence parallelism their output stays a sequence-sharded DTensor, which the group's gather
+    redistributes; a norm that feeds a residual sum instead (Gemma 2's post-attention and post-feed-forward norms)
+    returns its local shard, as the residual stream is."""
+    found: set[str] = set()
+    for lp in linears:
+        stack, seen = list(inputs.get(lp, ())), set()
+        while stack:
+            node = stack.pop()
+            if id(node) in seen or node.op == "placeholder":
+                continue
+            seen.add(id(node))
+            module = node.meta.get("module", "")
+            norm = next((n for n in norms if _within(module, n)), None)
+            if norm is not None:
+                found.add(norm)
+                continue
+            for a in (*node.args, *node.kwargs.values()):
+                for leaf in (a if isinstance(a, (list, tuple)) else (a,)):
+                    if isinstance(leaf, OpNode):
+                        stack.append(getitem_source(leaf))
+    return found
 
 
 def per_head_norms(cap: Capture, norms: set[str]) -> set[str]:
@@ -193,6 +223,8 @@ def apply_tp(model: torch.nn.Module, plan: TPPlan, mesh, sequence_parallel: bool
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
         RowwiseParallel,
         SequenceParallel,
         parallelize_module,
@@ -217,7 +249,12 @@ def apply_tp(model: torch.nn.Module, plan: TPPlan, mesh, sequence_parallel: bool
                                             use_local_output=not loss_parallel)
     if sequence_parallel:
         for p in plan.norms:
-            styles[p] = SequenceParallel()
+            # a norm inside a block that no colwise group reads (it feeds a residual sum) returns its local shard
+            styles[p] = SequenceParallel(use_local_output=p in plan.post_norms)
+        if plan.tied:  # replicated: the embedding's output cut to this rank's sequence shard, the head's input gathered
+            styles[plan.tied[0]] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=seq)
+            styles[plan.tied[1]] = PrepareModuleInput(input_layouts=seq, desired_input_layouts=Replicate(),
+                                                      use_local_output=True)
     present = dict(model.named_modules())  # a model traced with fewer of its repeated blocks has fewer layers
     parallelize_module(model, mesh, {p: style for p, style in styles.items() if p in present})
     if sequence_parallel:
