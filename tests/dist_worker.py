@@ -284,10 +284,10 @@ def build(case: dict, run: dict):
         model = gpt.GPT(gpt.GPTConfig(**case["config"]))
         idx = torch.randint(0, case["config"]["vocab_size"], (b, s))
         return model, (idx, idx.clone()), {}, (lambda out: out), gpt.Block
-    if case["model"] == "mixtral":
-        from moe_worker import build_mixtral
+    if case["model"] in ("mixtral", "gemma2"):
+        from moe_worker import build_gemma2, build_mixtral
 
-        model, block = build_mixtral(case["config"])
+        model, block = (build_mixtral if case["model"] == "mixtral" else build_gemma2)(case["config"])
         idx = torch.randint(0, case["config"]["vocab_size"], (b, s))
         kwargs = {"input_ids": idx, "labels": idx.clone()}
         if run.get("sp"):  # transformers derives them from the input's length: the local shard's under sp
@@ -401,6 +401,10 @@ def run_one(case: dict, run: dict, world: int) -> dict:
             mixtral_tensor_parallel(model, mesh["tp"], run.get("sp", False))
             if ep == 1:
                 expert_tensor_parallel(model, mesh["tp"])
+        elif tp > 1 and case["model"] == "gemma2":
+            from moe_worker import gemma2_tensor_parallel
+
+            gemma2_tensor_parallel(model, mesh["tp"], run.get("sp", False))
         elif tp > 1:
             tensor_parallel(model, mesh["tp"], run.get("sp", False), run.get("lp", False))
         if ep > 1:

@@ -211,3 +211,50 @@ def shard_experts(experts: list[torch.nn.Module], efsdp_mesh, ep: int, policy, r
         # (torchtitan divides these gradients by the world with set_gradient_divide_factor, a PREMUL_SUM reduction
         # that gloo lacks; the division is in place either way, so the memory is the same without it)
         m.set_custom_reduce_scatter(reduce_scatter())
+
+
+def build_gemma2(config: dict):
+    """transformers' Gemma 2 (embedding and head tied, norms before and after the attention and the MLP)."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2DecoderLayer
+
+    return Gemma2ForCausalLM(Gemma2Config(**config)), Gemma2DecoderLayer
+
+
+def gemma2_tensor_parallel(model: torch.nn.Module, tp_mesh, sp: bool) -> None:
+    """Megatron's pairs on transformers' Gemma 2 names (its shipped ``base_model_tp_plan``: q, k, v, gate, up
+    colwise, o, down rowwise), the tied embedding and head left whole; with sequence parallelism (torchtitan's
+    recipe) the pre-norms on sequence shards feeding the gathered attention and MLP, the post-norms on sequence
+    shards returning local tensors to the residual sum, the embedding's output cut to the rank's sequence shard
+    and the head's input gathered."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    seq = Shard(1)
+    outer = seq if sp else Replicate()
+    for layer in model.model.layers:
+        styles = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+                  "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(output_layouts=outer),
+                  "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+                  "mlp.down_proj": RowwiseParallel(output_layouts=outer)}
+        if sp:
+            styles.update({
+                "input_layernorm": SequenceParallel(), "pre_feedforward_layernorm": SequenceParallel(),
+                "post_attention_layernorm": SequenceParallel(use_local_output=True),
+                "post_feedforward_layernorm": SequenceParallel(use_local_output=True),
+                "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": seq},
+                                                desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+                "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))})
+        parallelize_module(layer, tp_mesh, styles)
+    if sp:
+        parallelize_module(model, tp_mesh, {
+            "model.embed_tokens": PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=seq),
+            "model.norm": SequenceParallel(),
+            "lm_head": PrepareModuleInput(input_layouts=seq, desired_input_layouts=Replicate(), use_local_output=True)})
