@@ -292,6 +292,10 @@ def build(case: dict, run: dict):
         kwargs = {"input_ids": idx, "labels": idx.clone()}
         if run.get("sp"):  # transformers derives them from the input's length: the local shard's under sp
             kwargs["position_ids"] = torch.arange(s).expand(b, s)
+            if case["model"] == "gemma2":  # and its masks, built here for the whole sequence
+                from moe_worker import gemma2_masks
+
+                kwargs["attention_mask"] = gemma2_masks(model, b, s, kwargs["position_ids"])
         return model, (), kwargs, (lambda out: out.loss), block
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     import llama
@@ -388,7 +392,8 @@ def run_one(case: dict, run: dict, world: int) -> dict:
     with tracker:
         if cp == 1:  # (under cp each micro-step draws its own batch, see below)
             for t in pytree.tree_leaves((args, kwargs)):
-                tracker.register(t)
+                if isinstance(t, torch.Tensor):  # (a mask dict may hold None: no mask needed)
+                    tracker.register(t)
         if run["checkpoint"]:
             from torch.utils.checkpoint import checkpoint
 

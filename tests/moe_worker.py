@@ -258,3 +258,13 @@ def gemma2_tensor_parallel(model: torch.nn.Module, tp_mesh, sp: bool) -> None:
             "model.embed_tokens": PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=seq),
             "model.norm": SequenceParallel(),
             "lm_head": PrepareModuleInput(input_layouts=seq, desired_input_layouts=Replicate(), use_local_output=True)})
+
+
+def gemma2_masks(model: torch.nn.Module, batch: int, seq: int, position_ids: torch.Tensor) -> dict:
+    """Gemma 2's attention masks for the whole sequence, as its forward builds them from unsharded embeddings (it
+    takes them ready-made as a dict): under sequence parallelism its own would be the local shard's."""
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+    kw = dict(config=model.config, inputs_embeds=torch.empty(batch, seq, model.config.hidden_size),
+              attention_mask=None, past_key_values=None, position_ids=position_ids)
+    return {"full_attention": create_causal_mask(**kw), "sliding_attention": create_sliding_window_causal_mask(**kw)}

@@ -46,7 +46,7 @@ from .expert import (apply_ep, apply_expert_tp, dense_expert_placement, ep_notes
 from .foreach_sharding import fast_foreach_sharding
 from .fsdp_chunks import lazy_fsdp_chunks
 from .layout import Layout, PlanPrecision
-from .tp import TPPlan, apply_tp
+from .tp import TPPlan, apply_tp, full_length_masks
 from .traced import Step, find_collectives, storage_rows
 
 
@@ -389,7 +389,8 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
                 replicate = options.replicate and not (layout.strategy == "ddp" and layout.grad_group > 1)
                 ring = ring_attention(_submesh(mesh, ("cp",)), device, layout.cp_rotate) if layout.cp > 1 \
                     else contextlib.nullcontext()
-                with ring as calls, engine_warnings_as_notes(notes):
+                masks = full_length_masks(model) if layout.sequence_parallel else contextlib.nullcontext()
+                with ring as calls, engine_warnings_as_notes(notes), masks:
                     cap = capture(model, inputs, replace(options, prepare=prepare, accumulate=accumulate,
                                                          replicate=replicate), progress=progress)
                 if layout.cp > 1:

@@ -36,7 +36,9 @@ position embedding added to sequence shards) fails its trace: the planner report
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
+from typing import Any, Iterator
 
 import torch
 
@@ -288,3 +290,42 @@ def model_heads(model: torch.nn.Module) -> dict[str, int]:
         if isinstance(v, int) and not isinstance(v, bool) and v > 0:
             out[f"config.{attr}"] = v
     return out
+
+
+@contextlib.contextmanager
+def full_length_masks(model: torch.nn.Module) -> Iterator[None]:
+    """Under sequence parallelism, transformers' attention masks built for the whole sequence.
+
+    A transformers model builds its attention masks (``create_causal_mask``, ``create_sliding_window_causal_mask``,
+    ... of ``transformers.masking_utils``, imported into each modeling module) from the embeddings' length, which
+    under sequence parallelism is the rank's shard, while its attention runs on the gathered sequence: a model with
+    an explicit mask (a sliding window shorter than the sequence, a padding mask) fails.  For the trace, each mask
+    function the model's modules import sees a stand-in of the embeddings as long as the ``position_ids`` it is given
+    (a zero-stride view: nothing allocated), as a correct sequence-parallel run builds them."""
+    import sys
+
+    names = {type(m).__module__ for m in model.modules() if type(m).__module__.startswith("transformers.models.")}
+    patched: list[tuple[Any, str, Any]] = []
+    for name in names:
+        module = sys.modules.get(name)
+        for attr in [a for a in dir(module) if a.startswith("create_") and a.endswith("mask")]:
+            original = getattr(module, attr)
+            if callable(original):
+                patched.append((module, attr, original))
+                setattr(module, attr, _with_full_length(original))
+    try:
+        yield
+    finally:
+        for module, attr, original in patched:
+            setattr(module, attr, original)
+
+
+def _with_full_length(create: Any) -> Any:
+    def create_for_the_whole_sequence(*args: Any, **kwargs: Any) -> Any:
+        embeds, positions = kwargs.get("inputs_embeds"), kwargs.get("position_ids")
+        if isinstance(embeds, torch.Tensor) and isinstance(positions, torch.Tensor) and embeds.dim() >= 2 \
+                and positions.shape[-1] > embeds.shape[1]:
+            kwargs["inputs_embeds"] = embeds[:, :1].expand(embeds.shape[0], positions.shape[-1], *embeds.shape[2:])
+        return create(*args, **kwargs)
+
+    return create_for_the_whole_sequence
