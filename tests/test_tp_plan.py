@@ -12,7 +12,8 @@ the sliding windows are shorter than the sequence, so those models' masks are ex
 sequence).
 Until 2026-11-29 a per-head norm ended the pairs' walk (Qwen3's q and k projections were left whole and its plan
 failed in the attention), and under sequence parallelism a tied embedding's output was not cut to the sequence
-shard (Gemma: the sequence doubled) and a norm feeding a residual sum returned a DTensor (Gemma 2, 3).
+shard (Gemma: the sequence doubled), a norm feeding a residual sum returned a DTensor (Gemma 2, 3) and a block
+without a norm before its attention took the residual stream's shard for the whole sequence (Exaone 4).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ ARCHITECTURES = {  # config class -> extra fields (head_dim: Qwen3 and Gemma 3 d
     "GemmaConfig": {"head_dim": 16},  # embedding and head tied
     "Gemma2Config": {"head_dim": 16, "sliding_window": 8},  # norms after the attention and the MLP as well
     "Gemma3TextConfig": {"head_dim": 16, "sliding_window": 8},
+    "Exaone4Config": {"head_dim": 16},  # norms after the attention and the MLP only: their input is the residual
     "MixtralConfig": {"num_local_experts": 4, "num_experts_per_tok": 2},
     "Qwen3MoeConfig": {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                        "decoder_sparse_step": 1},

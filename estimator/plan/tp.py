@@ -185,11 +185,19 @@ def _norms_read_by(linears: set[str], inputs: dict[str, list[OpNode]], norms: li
             if norm is not None:
                 found.add(norm)
                 continue
+            if _residual_sum(node):  # a norm before it feeds the residual stream, not the group
+                continue
             for a in (*node.args, *node.kwargs.values()):
                 for leaf in (a if isinstance(a, (list, tuple)) else (a,)):
                     if isinstance(leaf, OpNode):
                         stack.append(getitem_source(leaf))
     return found
+
+
+def _residual_sum(node: OpNode) -> bool:
+    """An addition of two traced tensors (``residual + hidden_states``)."""
+    name = str(node.target)
+    return name.startswith(("aten.add.", "aten.add_.")) and sum(isinstance(a, OpNode) for a in node.args[:2]) == 2
 
 
 def per_head_norms(cap: Capture, norms: set[str]) -> set[str]:
@@ -263,13 +271,18 @@ def apply_tp(model: torch.nn.Module, plan: TPPlan, mesh, sequence_parallel: bool
         modules = dict(model.named_modules())
 
         def gather_sequence(module, args, kwargs):
-            """All-gather the sequence shards entering a group of colwise Linears (PrepareModuleInput)."""
-            def gather(a):
+            """All-gather the sequence shards entering a group of colwise Linears (PrepareModuleInput): a DTensor on
+            sequence shards (a norm's output), or the hidden states themselves as a local shard (the first argument
+            or ``hidden_states``: a block without a norm before it, as the post-norm Exaone 4 and OLMo 2 run)."""
+            def gather(a, hidden=False):
                 if isinstance(a, DTensor) and tuple(a.placements) == (seq,):
                     return a.redistribute(placements=[Replicate()])
+                if hidden and isinstance(a, torch.Tensor) and not isinstance(a, DTensor) and a.dim() >= 2:
+                    return DTensor.from_local(a, mesh, [seq], run_check=False).redistribute(placements=[Replicate()])
                 return a
 
-            return tuple(gather(a) for a in args), {k: gather(v) for k, v in kwargs.items()}
+            return (tuple(gather(a, i == 0) for i, a in enumerate(args)),
+                    {k: gather(v, k == "hidden_states") for k, v in kwargs.items()})
 
         for p in plan.gather_at:
             if p not in gathers_itself and p in modules:
