@@ -31,9 +31,10 @@ For each run the rank
    with its default all-gather rotation; torch's ring attention handles only the CUDA attention
    kernels, so the flash kernel's op is given a CPU kernel here (:func:`flash_attention_on_cpu`);
 3. builds ``torch.optim.AdamW``, runs iterations (forward + loss, ``backward()``, ``step()``,
-   ``zero_grad(set_to_none=True)``) and records the peak of live bytes over the last one (steady
-   state: optimizer state allocated, gradients ``None`` at the start): the second, the third for
-   DDP (which rebuilds its gradient buckets in the second);
+   ``zero_grad(set_to_none=True)``) and records the peak of live bytes of each of the last two (steady
+   state: optimizer state allocated, gradients ``None`` at the start: the second and third, the third and
+   fourth for DDP, which rebuilds its gradient buckets in the second), reporting the smaller (gloo frees what it
+   sent on its own thread, now and then late);
 4. measures the model states from the real tensors after the last ``step()``, before
    ``zero_grad``: the distinct storages (``untyped_storage().nbytes()``) of the parameters, the
    gradients and the optimizer state (DTensors by their local tensor).
@@ -438,15 +439,20 @@ def run_one(case: dict, run: dict, world: int) -> dict:
             tracker.register(p)
         out: dict = {}
         last = 2 if run["strategy"] == "ddp" else 1  # DDP rebuilds its buckets in the second iteration
-        for it in range(last + 1):
-            if it == last:
-                for st in opt.state.values():
-                    for v in st.values():
-                        if isinstance(v, torch.Tensor):
-                            tracker.register(v)
+        # two steady-state steps, the smaller peak reported: gloo frees a tensor it sent, or a collective's work its
+        # buffers, on its own thread, at a time that varies from run to run (once in many suite runs a step's peak
+        # held 19 KB more of them)
+        peaks: list[tuple[int, str]] = []
+        for it in range(last + 2):
+            if it >= last:
+                if it == last:
+                    for st in opt.state.values():
+                        for v in st.values():
+                            if isinstance(v, torch.Tensor):
+                                tracker.register(v)
+                    if os.environ.get("DIST_WORKER_TRACE") == run["id"]:
+                        tracker.trace = []
                 tracker.reset_peak()
-                if os.environ.get("DIST_WORKER_TRACE") == run["id"]:
-                    tracker.trace = []
             accum = run.get("accum", 1)
             for micro in range(accum):
                 last_micro = micro == accum - 1
@@ -475,9 +481,10 @@ def run_one(case: dict, run: dict, world: int) -> dict:
                         loss = loss / accum
                     loss.backward()
             opt.step()
-            if it == last:
-                out["peak"] = tracker.peak
-                out["peak_op"] = tracker.peak_op
+            if it >= last:
+                peaks.append((tracker.peak, tracker.peak_op))
+            if it == last + 1:
+                out["peak"], out["peak_op"] = min(peaks, key=lambda p: p[0])
                 params = list(model.parameters())
                 out["parameters"] = _distinct_bytes(params)
                 out["gradients"] = _distinct_bytes([p.grad for p in params if p.grad is not None])
