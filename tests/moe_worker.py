@@ -163,6 +163,14 @@ def expert_tensor_parallel(model: torch.nn.Module, tp_mesh) -> None:
             m.forward = types.MethodType(forward, m)
 
 
+def _attention_styles(outer) -> dict:
+    """Megatron's attention pairs on transformers' names: q, k, v colwise, o rowwise to ``outer``."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(output_layouts=outer)}
+
+
 def mixtral_tensor_parallel(model: torch.nn.Module, tp_mesh, sp: bool) -> None:
     """torchtitan's tensor parallelism (``torchtitan/models/llama3/parallelize.py`` and ``apply_moe_ep_tp``) on
     transformers' Mixtral names: q, k, v colwise and o rowwise, the embedding rowwise and the head colwise, with
@@ -182,8 +190,7 @@ def mixtral_tensor_parallel(model: torch.nn.Module, tp_mesh, sp: bool) -> None:
     seq = Shard(1)
     outer = seq if sp else Replicate()
     for layer in model.model.layers:
-        styles = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-                  "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(output_layouts=outer),
+        styles = {**_attention_styles(outer),
                   "mlp": PrepareModuleInputOutput(input_layouts=(outer,), desired_input_layouts=(Replicate(),),
                                                   use_local_input=True, output_layouts=(Partial(),),
                                                   desired_output_layouts=(outer,))}
@@ -240,9 +247,7 @@ def gemma2_tensor_parallel(model: torch.nn.Module, tp_mesh, sp: bool) -> None:
     seq = Shard(1)
     outer = seq if sp else Replicate()
     for layer in model.model.layers:
-        styles = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-                  "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(output_layouts=outer),
-                  "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+        styles = {**_attention_styles(outer), "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
                   "mlp.down_proj": RowwiseParallel(output_layouts=outer)}
         if sp:
             styles.update({

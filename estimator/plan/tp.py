@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -121,24 +121,18 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
         if unit is None:
             continue
         partners: set[str] = set()
-        seen: set[int] = set()
-        stack = list(inputs.get(lp, ()))
-        while stack:
-            node = stack.pop()
-            if id(node) in seen or node.op == "placeholder":
-                continue
-            seen.add(id(node))
+
+        def ends_walk(node: OpNode, lp: str = lp, unit: str = unit) -> bool:
             module = node.meta.get("module", "")
             if not _within(module, unit) or any(_within(module, n) for n in norms if _within(n, unit)):
-                continue
+                return True
             other = linear_of(module)
             if other is not None and other != lp:
                 partners.add(other)
-                continue
-            for a in (*node.args, *node.kwargs.values()):
-                for leaf in (a if isinstance(a, (list, tuple)) else (a,)):
-                    if isinstance(leaf, OpNode):
-                        stack.append(getitem_source(leaf))
+                return True
+            return False
+
+        _walk_back(inputs.get(lp, ()), ends_walk)
         if partners and not partners & rowwise and lp not in colwise:
             rowwise.add(lp)
             colwise |= partners
@@ -173,25 +167,35 @@ def _norms_read_by(linears: set[str], inputs: dict[str, list[OpNode]], norms: li
     redistributes; a norm that feeds a residual sum instead (Gemma 2's post-attention and post-feed-forward norms)
     returns its local shard, as the residual stream is."""
     found: set[str] = set()
+
+    def ends_walk(node: OpNode) -> bool:
+        module = node.meta.get("module", "")
+        norm = next((n for n in norms if _within(module, n)), None)
+        if norm is not None:
+            found.add(norm)
+            return True
+        return _residual_sum(node)  # a norm before it feeds the residual stream, not the group
+
     for lp in linears:
-        stack, seen = list(inputs.get(lp, ())), set()
-        while stack:
-            node = stack.pop()
-            if id(node) in seen or node.op == "placeholder":
-                continue
-            seen.add(id(node))
-            module = node.meta.get("module", "")
-            norm = next((n for n in norms if _within(module, n)), None)
-            if norm is not None:
-                found.add(norm)
-                continue
-            if _residual_sum(node):  # a norm before it feeds the residual stream, not the group
-                continue
-            for a in (*node.args, *node.kwargs.values()):
-                for leaf in (a if isinstance(a, (list, tuple)) else (a,)):
-                    if isinstance(leaf, OpNode):
-                        stack.append(getitem_source(leaf))
+        _walk_back(inputs.get(lp, ()), ends_walk)
     return found
+
+
+def _walk_back(starts: Iterable[OpNode], ends: Callable[[OpNode], bool]) -> None:
+    """Visit the traced ops ``starts`` are computed from, each once, back to the placeholders; an op for which
+    ``ends`` is true is not walked past."""
+    stack, seen = list(starts), set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or node.op == "placeholder":
+            continue
+        seen.add(id(node))
+        if ends(node):
+            continue
+        for a in (*node.args, *node.kwargs.values()):
+            for leaf in (a if isinstance(a, (list, tuple)) else (a,)):
+                if isinstance(leaf, OpNode):
+                    stack.append(getitem_source(leaf))
 
 
 def _residual_sum(node: OpNode) -> bool:
