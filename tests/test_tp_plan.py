@@ -115,3 +115,21 @@ def test_gemma2_under_tp_matches_the_real_run(gemma2_runs, run, rank):
 
     assert_states_exact(gemma2_runs, run, rank)
     assert_peak_within(gemma2_runs, run, rank)
+
+
+def test_a_norm_over_all_heads_is_a_one_line_error():
+    """OLMo 2 normalizes q and k over the whole projection (all heads: transformers ships colwise_gather_output for
+    them): its heads cannot be split, and the plan says which norm stands in the way instead of failing in the
+    attention."""
+    from estimator import UserError
+    from estimator.compat import import_torchvision
+
+    import_torchvision()
+    config = transformers.Olmo2Config(**SMALL)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    ids = torch.zeros(2, 16, dtype=torch.long)
+    planner = Planner(model, {"input_ids": ids, "labels": ids.clone()}, gpu="H100", device="cpu", precision="fp32")
+    with pytest.raises(UserError, match=r"self_attn\.[qk]_norm normalizes the features of all attention heads"):
+        planner.plan("fsdp", 4, tp=2, solve=())
+    assert planner.plan("fsdp", 4, solve=()).per_gpu.peak > 0  # without tp it plans

@@ -63,6 +63,7 @@ class TPPlan:
     moe: list[str] = field(default_factory=list)  # mixture-of-experts blocks: their rowwise Linears sum partially
     tied: tuple[str, str] | None = None  # (embedding, head) sharing their weight: both replicated
     post_norms: list[str] = field(default_factory=list)  # sequence parallel: block norms feeding a residual sum
+    cross_head_norms: list[str] = field(default_factory=list)  # norms over all heads' features inside an attention
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -124,7 +125,12 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
 
         def ends_walk(node: OpNode, lp: str = lp, unit: str = unit) -> bool:
             module = node.meta.get("module", "")
-            if not _within(module, unit) or any(_within(module, n) for n in norms if _within(n, unit)):
+            if not _within(module, unit):
+                return True
+            norm = next((n for n in norms if _within(n, unit) and _within(module, n)), None)
+            if norm is not None:
+                if _within(norm, lp.rpartition(".")[0]) and norm not in plan.cross_head_norms:
+                    plan.cross_head_norms.append(norm)  # inside the attention, over all its heads (OLMo 2)
                 return True
             other = linear_of(module)
             if other is not None and other != lp:
