@@ -253,7 +253,7 @@ def moe_block_tp(model: torch.nn.Module, paths: list[str], tp_mesh, sequence_par
                     placements=[placement]).to_local()
             return o
 
-        return tuple(summed(o) for o in out) if isinstance(out, tuple) else summed(out)
+        return (summed(out[0]), *out[1:]) if isinstance(out, tuple) else summed(out)  # (router logits stay whole)
 
     for block in blocks:
         if block in modules:
