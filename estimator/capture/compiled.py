@@ -31,6 +31,7 @@ import functools
 import logging
 import math
 import operator
+import warnings
 from typing import Any, Iterator
 
 import torch
@@ -166,8 +167,10 @@ class _Region:
                 if odd:  # state the graph would mutate (a KV cache): Dynamo traces it, AOTAutograd cannot
                     raise TypeError(f"an argument of type {odd[0]} (for a transformers model, use_cache=False)")
                 fn = self._aot([None if i in where else x for i, x in enumerate(leaves)], spec, where, out)
-                # the compilation (and its first run) is not the step
-                with self.pause(), graph_tracing(), _dynamo_compiling():
+                # the compilation (and its first run) is not the step; AOTAutograd traces the backward under anomaly
+                # mode, whose "Error detected in ..." warning precedes the failure caught below
+                with self.pause(), graph_tracing(), _dynamo_compiling(), warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message="Error detected in ", category=UserWarning)
                     fn(state, tensors)
                 graph = self.graphs[key] = (fn, out)
             except Exception as exc:  # a region AOTAutograd cannot trace runs eager (Dynamo's graph break)
