@@ -2,9 +2,9 @@
 
 The planner reads Megatron's colwise/rowwise pairs from the traced dataflow, with no table of names.  transformers
 states each architecture's own plan (``config.base_model_tp_plan``: ``"layers.*.self_attn.q_proj": "colwise"``, ...),
-written by the model's authors for its ``tp_plan="auto"``: the truth here.  For each architecture (tiny random
-configurations, built on ``meta``): the derived colwise and rowwise Linear layers are those the shipped plan marks
-``colwise`` and ``rowwise``; a norm the shipped plan keeps whole on every rank (``replicated_with_grad_allreduce``:
+written by the model's authors for its ``tp_plan="auto"``: the truth here.  For each of 14 architectures (tiny
+random configurations, built on ``meta``): the derived colwise and rowwise Linear layers are those the shipped plan
+marks ``colwise`` and ``rowwise``; a norm the shipped plan keeps whole on every rank (``replicated_with_grad_allreduce``:
 Qwen3's and Gemma 3's per-head ``q_norm`` and ``k_norm``) is not run on sequence shards; a block whose experts the
 shipped plan splits (``moe_tp_experts``) is a mixture-of-experts block of the planner's.  Then each plans under
 ``--tp 2`` with sequence parallelism (the trace runs the split model on local shards, so a wrong pair fails it;
@@ -37,6 +37,11 @@ ARCHITECTURES = {  # config class -> extra fields (head_dim: Qwen3 and Gemma 3 d
     "Gemma2Config": {"head_dim": 16, "sliding_window": 8},  # norms after the attention and the MLP as well
     "Gemma3TextConfig": {"head_dim": 16, "sliding_window": 8},
     "Exaone4Config": {"head_dim": 16},  # norms after the attention and the MLP only: their input is the residual
+    "Qwen2Config": {},  # biases on q, k, v
+    "CohereConfig": {},  # attention and MLP in parallel from one norm
+    "Starcoder2Config": {},  # a two-Linear MLP (c_fc, c_proj), LayerNorm
+    "GraniteConfig": {},
+    "GPTNeoXConfig": {},  # fused query_key_value
     "MixtralConfig": {"num_local_experts": 4, "num_experts_per_tok": 2},
     "Qwen3MoeConfig": {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                        "decoder_sparse_step": 1},
