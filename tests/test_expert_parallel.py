@@ -155,6 +155,12 @@ def test_under_tensor_parallelism_each_tp_rank_routes_its_share_of_the_tokens():
     assert not [c for c in plain.collectives.values() if c.kind == "all_to_all"]
     assert any("TensorParallel for experts" in n for n in plain.notes)
     assert any("borrows the 2 tensor-parallel ranks" in n for n in step.notes)
+    # etp 2 (ExpertTensorParallel): every tp rank dispatches all the tokens, over the 2 ranks holding its tp slice
+    split = planner.traced(Layout("fsdp", 4, tp=tp, sequence_parallel=True, gpus_per_node=planner.gpus_per_node,
+                                  ep=2, etp=2))
+    a2a = [c for c in split.collectives.values() if c.kind == "all_to_all"]
+    assert len([c for c in a2a if c.nbytes == tokens * top_k * hidden * 4]) == 4 * layers and len(a2a) == 5 * layers
+    assert any("etp = 2" in n for n in split.notes) and not any("borrows" in n for n in split.notes)
 
 
 def test_experts_fewer_than_the_sharded_ranks_under_tp_are_sharded_on_dimension_1():

@@ -234,10 +234,11 @@ def build(model: torch.nn.Module, layout: Layout, precision: PlanPrecision, unit
                  layout.loss_parallel and tp_plan.head is not None)
     experts: list[str] = []
     tp_mesh = _submesh(mesh, ("tp",)) if layout.tp > 1 else None
-    if tp_mesh is not None and expert_paths(m):  # the MoE blocks as torchtitan's apply_moe_ep_tp
-        moe_block_tp(m, expert_paths(m), tp_mesh, layout.sequence_parallel)
+    moe = expert_paths(m) if tp_mesh is not None else []
+    if moe:  # the MoE blocks as torchtitan's apply_moe_ep_tp
+        moe_block_tp(m, moe, tp_mesh, layout.sequence_parallel)
         if layout.ep == 1:
-            apply_expert_tp(m, expert_paths(m), tp_mesh)
+            apply_expert_tp(m, moe, tp_mesh)
     if layout.ep > 1:  # torchtitan's order: tp, ep, (cp, checkpointing,) fsdp
         experts = find_experts(m, layout.ep)
         expert_fsdp_mesh, ep_mesh, ep_etp_mesh = expert_meshes(layout.replicate if layout.strategy == "hsdp" else 1,
@@ -421,7 +422,7 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
     if layout.cp > 1:
         step.notes.extend(cp_notes(layout.cp, layout.cp_rotate, device))
     if layout.ep > 1:
-        step.notes.extend(ep_notes(layout.ep, layout.tp))
+        step.notes.extend(ep_notes(layout.ep, layout.tp, layout.etp))
     elif layout.tp > 1 and expert_paths(model):
         step.notes.extend(expert_tp_notes(layout.tp))
     return step

@@ -310,11 +310,15 @@ def dense_expert_placement(model: torch.nn.Module, ranks: int) -> tuple[Any, lis
     return (lambda p: Shard(1) if id(p) in params else None), [note]
 
 
-def ep_notes(ep: int, tp: int = 1) -> list[str]:
+def ep_notes(ep: int, tp: int = 1, etp: int = 1) -> list[str]:
     notes = [f"expert parallelism over {ep} ranks: balanced routing assumed (each rank sends tokens x top-k / {ep} "
              f"rows to every rank of its group and receives as many); with uneven routing the busiest rank "
              f"receives, computes and holds more"]
-    if tp > 1:
+    if etp > 1:
+        notes.append(f"the experts split over the {etp} tensor-parallel ranks as well (torchtitan's etp = {etp}, "
+                     f"ExpertTensorParallel): each MoE layer's input is gathered in full, every tp rank dispatches "
+                     f"all its tokens over its own ep group, and the layer's output is summed over the tp ranks")
+    elif tp > 1:
         notes.append(f"expert parallelism borrows the {tp} tensor-parallel ranks (torchtitan's etp = 1): each MoE "
                      f"layer's input is gathered in full, each tp rank routes 1/{tp} of its tokens, and the layer's "
                      f"output is summed over the tp ranks")
