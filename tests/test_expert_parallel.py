@@ -349,3 +349,14 @@ def test_experts_with_biases_dispatch_to_what_transformers_computes():
     shapes = {n: list(p.shape) for n, p in step.cap.params.items() if n.endswith("_bias") and ".experts." in n}
     # 4 experts over ep 2: 2 rows each on this rank (FSDP2 over the efsdp = 2 / 2 = 1 rank keeps them whole)
     assert shapes and all(s[0] == 4 // 2 for s in shapes.values()), shapes
+
+
+def test_tokens_that_do_not_split_over_tp_are_a_one_line_error():
+    """ep with tp (etp 1) splits each MoE layer's batch x sequence tokens evenly over the tp ranks, as torchtitan's
+    ReordererSequenceParallel does: 3 x 31 = 93 tokens over 2 ranks is refused, saying what to change (and nothing
+    about head-count views, the hint for other failures under tp)."""
+    model, _ = _model_and_inputs()
+    idx = torch.zeros(3, 31, dtype=torch.long)
+    planner = Planner(model, {"input_ids": idx, "labels": idx.clone()}, gpu="H100", device="cpu", precision="fp32")
+    with pytest.raises(UserError, match=r"93 tokens .* divisible by 2$"):
+        planner.plan("fsdp", 4, tp=2, ep=2, solve=())

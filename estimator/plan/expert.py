@@ -26,7 +26,7 @@ at; a real run's busiest rank receives more.  The experts modules are those of t
 from __future__ import annotations
 
 import types
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -165,25 +165,33 @@ def apply_ep(model: torch.nn.Module, paths: list[str], mesh, tp_mesh=None, ep_et
     include the tensor-parallel ones, each routing its slice of the tokens (:func:`experts_forward`);
     ``ep_etp_mesh`` (the 2-D (ep, etp) mesh): torchtitan's ``ExpertTensorParallel``, each expert also split on its
     intermediate dimension over the tp ranks, every tp rank dispatching all the tokens over its own ep group."""
-    from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
+    from torch.distributed.tensor import Shard
 
     modules = dict(model.named_modules())
     forward = experts_forward(mesh, tp_mesh)
     for path in paths:
         module = modules[path]
-        dims = _intermediate_dims(module) if ep_etp_mesh is not None else {}
-
-        def partition(_name: str, m: torch.nn.Module, device_mesh, dims=dims) -> None:
-            for name, p in list(m.named_parameters(recurse=False)):
-                placements = [Shard(0), Shard(dims[name])] if ep_etp_mesh is not None else [Shard(0)]
-                m.register_parameter(name, torch.nn.Parameter(distribute_tensor(p, device_mesh, placements),
-                                                              requires_grad=p.requires_grad))
-
-        if ep_etp_mesh is not None and module.has_bias:
-            raise UserError(f"--etp with the biased experts of {path} is not planned (a partial sum would add each "
-                            f"down-projection bias once per tensor-parallel rank): use --etp 1")
-        distribute_module(module, ep_etp_mesh if ep_etp_mesh is not None else mesh, partition_fn=partition)
+        if ep_etp_mesh is None:
+            _shard_parameters(module, mesh, lambda _name: [Shard(0)])
+        else:
+            if module.has_bias:
+                raise UserError(f"--etp with the biased experts of {path} is not planned (a partial sum would add "
+                                f"each down-projection bias once per tensor-parallel rank): use --etp 1")
+            dims = _intermediate_dims(module)
+            _shard_parameters(module, ep_etp_mesh, lambda name, dims=dims: [Shard(0), Shard(dims[name])])
         module.forward = types.MethodType(forward, module)
+
+
+def _shard_parameters(module: torch.nn.Module, mesh, placements: Callable[[str], list]) -> None:
+    """Each of ``module``'s own parameters a DTensor on ``mesh`` with ``placements(name)`` (``distribute_module``)."""
+    from torch.distributed.tensor import distribute_module, distribute_tensor
+
+    def partition(_name: str, m: torch.nn.Module, device_mesh) -> None:
+        for name, p in list(m.named_parameters(recurse=False)):
+            m.register_parameter(name, torch.nn.Parameter(distribute_tensor(p, device_mesh, placements(name)),
+                                                          requires_grad=p.requires_grad))
+
+    distribute_module(module, mesh, partition_fn=partition)
 
 
 def expert_paths(model: torch.nn.Module) -> list[str]:
@@ -205,7 +213,7 @@ def apply_expert_tp(model: torch.nn.Module, paths: list[str], tp_mesh) -> None:
     input one, over ``tp_mesh``; each rank runs all tokens through its slices (:func:`experts_forward`) and the
     MoE block sums the partial outputs (:func:`moe_block_tp`).  transformers' concatenated ``gate_up_proj`` is
     split as one tensor: the sizes of torchtitan's separately split ``w1`` and ``w3``."""
-    from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
+    from torch.distributed.tensor import Shard
 
     modules = dict(model.named_modules())
     for path in paths:
@@ -214,13 +222,7 @@ def apply_expert_tp(model: torch.nn.Module, paths: list[str], tp_mesh) -> None:
             raise UserError(f"--tp with the biased experts of {path} is not planned (a partial sum would add each "
                             f"down-projection bias once per tensor-parallel rank): use --ep, or --tp 1")
         dims = _intermediate_dims(module)
-
-        def partition(_name: str, m: torch.nn.Module, mesh, dims=dims) -> None:
-            for name, p in list(m.named_parameters(recurse=False)):
-                m.register_parameter(name, torch.nn.Parameter(distribute_tensor(p, mesh, [Shard(dims[name])]),
-                                                              requires_grad=p.requires_grad))
-
-        distribute_module(module, tp_mesh, partition_fn=partition)
+        _shard_parameters(module, tp_mesh, lambda name, dims=dims: [Shard(dims[name])])
         module.forward = types.MethodType(experts_forward(None, tp_mesh), module)
 
 
