@@ -95,6 +95,8 @@ class CudaTarget:
     cudnn: int = 0  # 0: the default of ``torch``'s wheel
     cuda: int = 13000
     name: str = "H100-SXM"
+    sms: int = 0  # the GPU's multiprocessors and threads per multiprocessor (0: those of the GPU called ``name``)
+    max_threads_per_sm: int = 0
 
     def __post_init__(self) -> None:
         if not self.cudnn:
@@ -107,7 +109,8 @@ class CudaTarget:
         if gpu is None:
             return cls(torch=version)
         # a GPU without a CUDA compute capability (AMD) is modelled as an sm80-class device
-        return cls(arch=gpu.arch or (8, 0), torch=version, name=gpu.name)
+        return cls(arch=gpu.arch or (8, 0), torch=version, name=gpu.name, sms=gpu.sms or 0,
+                   max_threads_per_sm=gpu.max_threads_per_sm or 0)
 
     # -- scaled-dot-product attention: sdp_utils.cpp -----------------------------------------------
     def prefers_cudnn_attention(self) -> bool:

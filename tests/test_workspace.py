@@ -146,6 +146,30 @@ def test_reduction_buffer_follows_the_device():
     assert set(MULTIPROCESSORS) <= {g for g in MULTIPROCESSORS}
 
 
+def test_reduction_buffer_of_a_card_described_in_a_file(tmp_path):
+    """A GPU file's card sizes its reductions with its own SM count (it had taken the H100's 132 for any name the
+    table lacks), and the file is read once while unchanged."""
+    import json
+
+    from estimator import hardware
+
+    entry = {"name": "My-A100", "memory_gb": 80, "bandwidth_gbs": 2039, "peak_tflops": {"fp32": 19.5},
+             "arch": [8, 0], "sms": 108}
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(entry))
+    x = TensorSpec((8192, 2304), torch.float32)
+    call = OpCall(torch.ops.aten.sum.dim_IntList, {"self": x, "dim": [0], "keepdim": True, "dtype": None},
+                  (TensorSpec((1, 2304), torch.float32),))
+    layout = W.Layout({"self": (2304, 1)})
+    mine = reductions._sum(call, CudaTarget.for_gpu(hardware.lookup(str(path))), layout)
+    table = reductions._sum(call, CudaTarget.for_gpu(hardware.lookup("A100-80GB")), layout)
+    assert mine == table == 4 * 2304 * 96 * 128 + 512  # 108 SMs: ctas = ceil(108 * 16 / 18) = 96, as the A100's
+    assert hardware.lookup(str(path)) is hardware.lookup(str(path))
+    # another size too: the key is (path, mtime, size), and a file system's clock may be coarser than two writes
+    path.write_text(json.dumps(entry | {"sms": 132, "clock_mhz": 1410}))
+    assert hardware.lookup(str(path)).sms == 132  # changed on disk: read again
+
+
 def test_reduction_splits_past_32_bit_offsets():
     """A bfloat16 sum too large for 32-bit offsets runs in halves (``with_32bit_indexing``) with a
     float accumulator copy of the output kept across them (``AccumulationBuffer``); a float output

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..rules.registry import OpCall, TensorSpec
-from ..hardware import multiprocessors
+from ..hardware import Multiprocessors, multiprocessors
 from ..target import CudaTarget
 from .layout import (
     Layout, contiguous_strides, copy_unless_contiguous, dtype_of, is_contiguous, numel_of, rounded, transient,
@@ -136,7 +136,8 @@ def reduce_buffer_bytes(sizes: list[int], out: list[int], inp: list[int], itemsi
         step_input *= block_y  # input_mult[BLOCK_Y]
     else:
         step_output *= block_y
-    sm = multiprocessors(target.name)
+    sm = (Multiprocessors(target.sms, target.max_threads_per_sm) if target.sms and target.max_threads_per_sm
+          else multiprocessors(target.name))  # a card described in a GPU file has its own
     target_grid = sm.count * (sm.max_threads // num_threads)
     grid_x = -(-(num_outputs // output_vec) // step_output)
     values_per_thread = -(-inputs_per_output // step_input)
