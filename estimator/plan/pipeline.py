@@ -446,7 +446,7 @@ def plan_pipeline(planner: Any, layout: Any, checkpoint: tuple[type, ...], gpu: 
         raise UserError(f"1F1B runs at least one micro-batch per stage: --microbatches {microbatches} < --pp {pp}; "
                         f"use --microbatches {pp} or more (a larger --batch)")
     micro = batch // microbatches
-    split = find_split(planner.model, planner.single().cap)
+    split = find_split(planner.model, planner.reference().cap)
     def fills(stages: int) -> bool:  # every stage holds a block (a stage of the embedding alone is not planned)
         try:
             return all(hi > lo for lo, hi in stage_ranges(split.repeats.count, stages))
@@ -475,7 +475,7 @@ def plan_pipeline(planner: Any, layout: Any, checkpoint: tuple[type, ...], gpu: 
     reserve = planner.reserve(worst["peak"])  # composed, not simulated: the allocator's first guess
     needed = worst["peak"] + sum(reserve.values())
     fits = needed <= gpu.capacity
-    model_flops, dtype = matmul_flops(planner.single())
+    model_flops, dtype = matmul_flops(planner.reference())
     model_flops /= pp  # each rank's GPUs run 1/pp of the model's matmuls (even stages)
     peak_flops = gpu.peak_flops(dtype) or gpu.peak_flops("fp32")
     mfu = model_flops / (step_s * peak_flops) if step_s > 0 else None

@@ -517,8 +517,15 @@ class Planner:
         return Training(n_steps, samples_per_step, tokens_per_step,
                         n_steps * per_step if n_steps is not None else None, mfu, likely)
 
+    def reference(self) -> Step:
+        """The single-device step the model's own figures are read from (its FLOPs per token, its parameters, its
+        blocks): the eager one, which the tensor-parallel plan reads too.  torch.compile changes which kernels run
+        and what they save, not the model's matmuls or parameters, so a compiled plan need not trace the step a
+        second time compiled (a third of a 70B compiled TP plan's single-device time)."""
+        return self.single(eager=True)
+
     def _flops(self, model_flops: float, dtype: str, peak: float, mfu: float | None) -> Flops:
-        base = self.single()
+        base = self.reference()
         tps = tokens_per_sample(self.inputs)
         n_mm = matmul_params(base, (self.batch or 1) * tps if tps else None)
         attn = attention_term(base)
@@ -529,7 +536,7 @@ class Planner:
         return Flops(model_flops, dtype, peak, mfu, n_mm, traced_per_token, six, attn)
 
     def _checkpoint_size(self, layout: Layout, step: Step, mem: _Memory) -> dict[str, int]:
-        base = self.single().tally
+        base = self.reference().tally
         full = base.parameters_bytes + base.buffers_bytes + base.optimizer_state_bytes
         if layout.traced:
             per_rank = step.tally.parameters_bytes + step.tally.buffers_bytes + step.tally.optimizer_state_bytes
