@@ -2,7 +2,7 @@
 
 The planner reads Megatron's colwise/rowwise pairs from the traced dataflow, with no table of names.  transformers
 states each architecture's own plan (``config.base_model_tp_plan``: ``"layers.*.self_attn.q_proj": "colwise"``, ...),
-written by the model's authors for its ``tp_plan="auto"``: the truth here.  For each of 14 architectures (tiny
+written by the model's authors for its ``tp_plan="auto"``: the truth here.  For each of 15 architectures (tiny
 random configurations, built on ``meta``): the derived colwise and rowwise Linear layers are those the shipped plan
 marks ``colwise`` and ``rowwise``; a norm the shipped plan keeps whole on every rank (``replicated_with_grad_allreduce``:
 Qwen3's and Gemma 3's per-head ``q_norm`` and ``k_norm``) is not run on sequence shards; a block whose experts the
@@ -45,6 +45,8 @@ ARCHITECTURES = {  # config class -> extra fields (head_dim: Qwen3 and Gemma 3 d
     "MixtralConfig": {"num_local_experts": 4, "num_experts_per_tok": 2},
     "Qwen3MoeConfig": {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                        "decoder_sparse_step": 1},
+    # a learnable sink per attention head (split with the heads), sliding windows shorter than the sequence
+    "GraniteMoeSWAConfig": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8},
 }
 
 
@@ -59,11 +61,13 @@ def _planner(name: str) -> Planner:
     return Planner(model, {"input_ids": ids, "labels": ids.clone()}, gpu="H100", device="cpu", precision="fp32")
 
 
-def _shipped(planner: Planner, style: str) -> set[str]:
-    """The model's module paths the shipped plan gives ``style`` (its patterns are relative to the base model)."""
+def _shipped(planner: Planner, style: str, of: str = "modules") -> set[str]:
+    """The model's module paths (``of="parameters"``: parameter names) the shipped plan gives ``style`` (its patterns
+    are relative to the base model)."""
     plan = type(planner.model.config).base_model_tp_plan
     patterns = [re.compile(r"(^|\.)" + re.escape(k).replace(r"\*", r"\d+") + "$") for k, v in plan.items() if v == style]
-    return {p for p, _ in planner.model.named_modules() if any(r.search(p) for r in patterns)}
+    names = planner.model.named_modules() if of == "modules" else planner.model.named_parameters()
+    return {p for p, _ in names if any(r.search(p) for r in patterns)}
 
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
@@ -75,6 +79,9 @@ def test_pairs_are_the_ones_transformers_ships(name):
     whole = _shipped(planner, "replicated_with_grad_allreduce")
     assert not whole & set(tp.norms)
     assert set(tp.moe) == {p.rpartition(".")[0] for p in _shipped(planner, "moe_tp_experts")}
+    # a parameter of its own the shipped plan splits colwise: Granite MoE SWA's per-head sinks (split on dimension 0)
+    assert set(tp.per_head) == {p for p in _shipped(planner, "colwise", of="parameters")
+                                if p.rpartition(".")[0] not in tp.colwise}
     plan = planner.plan("fsdp", 4, tp=2, sequence_parallel=True, solve=())
     assert plan.per_gpu.peak > 0
 
@@ -138,3 +145,55 @@ def test_a_norm_over_all_heads_is_a_one_line_error():
     with pytest.raises(UserError, match=r"self_attn\.[qk]_norm normalizes the features of all attention heads"):
         planner.plan("fsdp", 4, tp=2, solve=())
     assert planner.plan("fsdp", 4, solve=()).per_gpu.peak > 0  # without tp it plans
+
+
+def test_gpt_oss_sinks_split_with_their_heads():
+    """GPT-OSS joins a learnable sink per head to each head's scores (``torch.cat`` with the local heads' scores):
+    under tp each rank holds its own heads' sinks (the trace failed in that cat until 2026-11-29).  Its experts have
+    biases, so they are split by --ep (torchtitan's etp 1), not by tp."""
+    from estimator.compat import import_torchvision
+
+    import_torchvision()
+    config = transformers.GptOssConfig(**SMALL, head_dim=16, num_local_experts=4, num_experts_per_tok=2)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    ids = torch.zeros(2, 16, dtype=torch.long)
+    planner = Planner(model, {"input_ids": ids, "labels": ids.clone()}, gpu="H100", device="cpu", precision="fp32")
+    sinks = sorted(n for n, p in model.named_parameters() if n.endswith(".sinks"))
+    assert sinks and planner.tp_plan().per_head == sinks
+    plan = planner.plan("fsdp", 4, tp=2, ep=2, solve=())
+    assert any("model.layers.0.self_attn.sinks" in n for n in plan.notes) and plan.per_gpu.peak > 0
+
+
+# torchtitan's DeepSeek-V3 recipe (torchtitan/models/deepseek_v3/infra/parallelize.py) on transformers' names: wq_b
+# and wkv_b colwise, wo rowwise, wq_a, wkv_a and their norms whole on every rank (NoParallel) on the gathered
+# sequence; the shared experts colwise/rowwise inside the MoE block, whose output is a partial sum reduced once.
+# transformers' DeepSeek-V3 plan splits none of the attention, so the recipe is written out here.
+MLA = {"first_k_dense_replace": 1, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
+       "moe_intermediate_size": 32, "kv_lora_rank": 32, "q_lora_rank": 32, "qk_nope_head_dim": 16,
+       "qk_rope_head_dim": 16, "v_head_dim": 16}
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_deepseek_v3_attention_and_shared_experts_as_torchtitan_splits_them(sp):
+    from estimator.compat import import_torchvision
+
+    import_torchvision()
+    config = transformers.DeepseekV3Config(**{**SMALL, "num_key_value_heads": 4}, **MLA)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    ids = torch.zeros(2, 16, dtype=torch.long)
+    planner = Planner(model, {"input_ids": ids, "labels": ids.clone()}, gpu="H100", device="cpu", precision="fp32")
+    tp = planner.tp_plan()
+    attn = [f"model.layers.{i}.self_attn." for i in range(2)]
+    assert set(tp.colwise) == {a + n for a in attn for n in ("q_b_proj", "kv_b_proj")} | {
+        "model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj",
+        "model.layers.1.mlp.shared_experts.gate_proj", "model.layers.1.mlp.shared_experts.up_proj"}
+    assert set(tp.rowwise) == {a + "o_proj" for a in attn} | {"model.layers.0.mlp.down_proj",
+                                                               "model.layers.1.mlp.shared_experts.down_proj"}
+    # the low-rank norms precede the split (until 2026-11-29 q_a_layernorm was taken for a norm over all heads, and
+    # --tp refused every MLA model); they run on the gathered sequence, not on shards
+    assert not tp.cross_head_norms and tp.moe == ["model.layers.1.mlp"]
+    assert not {a + n for a in attn for n in ("q_a_layernorm", "kv_a_layernorm")} & set(tp.norms)
+    plan = planner.plan("fsdp", 4, tp=2, sequence_parallel=sp, solve=())
+    assert plan.per_gpu.peak > 0

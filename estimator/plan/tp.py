@@ -64,6 +64,7 @@ class TPPlan:
     tied: tuple[str, str] | None = None  # (embedding, head) sharing their weight: both replicated
     post_norms: list[str] = field(default_factory=list)  # sequence parallel: block norms feeding a residual sum
     cross_head_norms: list[str] = field(default_factory=list)  # norms over all heads' features inside an attention
+    per_head: list[str] = field(default_factory=list)  # an attention's own parameters of one value per head (sinks)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -115,22 +116,7 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
     def linear_of(path: str) -> str | None:
         return _innermost(path, linears)
 
-    first: dict[str, int] = {}
-    inputs: dict[str, list[OpNode]] = {}
-    for i, node in enumerate(cap.nodes):
-        if node.meta.get("phase") != "forward":
-            continue
-        lp = linear_of(node.meta.get("module", ""))
-        if lp is None:
-            continue
-        first.setdefault(lp, i)
-        for a in (*node.args, *node.kwargs.values()):
-            for leaf in (a if isinstance(a, (list, tuple)) else (a,)):
-                if isinstance(leaf, OpNode) and leaf.op != "placeholder":
-                    src = getitem_source(leaf)
-                    if not _within(src.meta.get("module", ""), lp):
-                        inputs.setdefault(lp, []).append(src)
-
+    first, inputs = _linear_inputs(cap, linear_of)
     plan = TPPlan()
     colwise: set[str] = set()
     rowwise: set[str] = set()
@@ -139,6 +125,7 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
         if unit is None:
             continue
         partners: set[str] = set()
+        inner_norms: list[str] = []  # norms inside lp's own module, between lp and its partners
 
         def ends_walk(node: OpNode, lp: str = lp, unit: str = unit) -> bool:
             module = node.meta.get("module", "")
@@ -146,8 +133,8 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
                 return True
             norm = next((n for n in _ancestors(module) if n in norms and _within(n, unit)), None)
             if norm is not None:
-                if _within(norm, lp.rpartition(".")[0]) and norm not in plan.cross_head_norms:
-                    plan.cross_head_norms.append(norm)  # inside the attention, over all its heads (OLMo 2)
+                if _within(norm, lp.rpartition(".")[0]) and norm not in inner_norms:
+                    inner_norms.append(norm)
                 return True
             other = linear_of(module)
             if other is not None and other != lp:
@@ -157,6 +144,10 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
 
         _walk_back(inputs.get(lp, ()), ends_walk)
         if partners and not partners & rowwise and lp not in colwise:
+            # a norm between the colwise group and its rowwise Linear normalizes over all the heads split between them
+            # (OLMo 2's q_norm); one before a Linear that pairs with nothing is on the unsplit input side (MLA's
+            # q_a_layernorm before q_b_proj)
+            plan.cross_head_norms += [n for n in inner_norms if n not in plan.cross_head_norms]
             rowwise.add(lp)
             colwise |= partners
             group = sorted(partners)
@@ -175,13 +166,56 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
     else:
         plan.embedding = embedding[0]
         plan.head = head
-    in_units = [n for n in norms if unit_of(n) is not None and linear_of(n) is None]
+    # a norm inside a group's module runs on the gathered sequence, not on shards (MLA's q_a_layernorm, kv_a_layernorm)
+    in_units = [n for n in norms if unit_of(n) is not None and linear_of(n) is None
+                and not any(_within(n, g) for g in plan.gather_at)]
     last_unit_end = max((first.get(c, 0) for c in colwise | rowwise), default=0)
     final = [n for n in norms if unit_of(n) is None and n in _forward_modules(cap, after=last_unit_end)]
     plan.norms = sorted(in_units) + final
     plan.post_norms = sorted(set(in_units) - _norms_read_by(colwise, inputs, in_units))
     plan.moe = sorted({p.rpartition(".")[0] for p in expert_paths(model)})
+    plan.per_head = per_head_parameters(model, colwise)
+    if plan.per_head:
+        plan.notes.append(f"parameters of one value per attention head split with the heads over the tp ranks: "
+                          f"{plan.per_head[0]}"
+                          + (f" and {len(plan.per_head) - 1} more" if len(plan.per_head) > 1 else ""))
     return plan
+
+
+def _linear_inputs(cap: Capture, linear_of: Callable[[str], str | None]) -> tuple[dict[str, int], dict[str, list]]:
+    """For each Linear the traced forward runs: the index of its first op, and the ops outside it that it reads."""
+    first: dict[str, int] = {}
+    inputs: dict[str, list[OpNode]] = {}
+    for i, node in enumerate(cap.nodes):
+        if node.meta.get("phase") != "forward":
+            continue
+        lp = linear_of(node.meta.get("module", ""))
+        if lp is None:
+            continue
+        first.setdefault(lp, i)
+        for a in (*node.args, *node.kwargs.values()):
+            for leaf in (a if isinstance(a, (list, tuple)) else (a,)):
+                if isinstance(leaf, OpNode) and leaf.op != "placeholder":
+                    src = getitem_source(leaf)
+                    if not _within(src.meta.get("module", ""), lp):
+                        inputs.setdefault(lp, []).append(src)
+    return first, inputs
+
+
+def per_head_parameters(model: torch.nn.Module, colwise: set[str]) -> list[str]:
+    """The 1-D parameters, one value per attention head, that a module holding colwise Linears (the attention) has
+    of its own: GPT-OSS's and Granite MoE SWA's attention ``sinks`` (``[num_attention_heads]``, joined to each head's
+    scores).  A rank computes its own heads only, so it holds their values only (transformers' plan for Granite MoE
+    SWA: ``"layers.*.self_attn.sinks": "colwise"``); a head count is one the model states (:func:`model_heads`)."""
+    heads = set(model_heads(model).values())
+    modules = dict(model.named_modules())
+    found = []
+    for parent in sorted({c.rpartition(".")[0] for c in colwise}):
+        module = modules.get(parent)
+        for name, param in (module.named_parameters(recurse=False) if module is not None else ()):
+            if param.dim() == 1 and param.numel() in heads:
+                found.append(f"{parent}.{name}" if parent else name)
+    return found
 
 
 def _norms_read_by(linears: set[str], inputs: dict[str, list[OpNode]], norms: list[str]) -> set[str]:
@@ -270,7 +304,9 @@ def apply_tp(model: torch.nn.Module, plan: TPPlan, mesh, sequence_parallel: bool
 
     seq = Shard(1)
     styles: dict[str, object] = {}
-    gathers_itself = set(plan.gather_at) & set(plan.colwise) if sequence_parallel else set()
+    # (a group inside a MoE block, a shared expert, reads the block's input, which the block gathers in full)
+    in_moe = {g for g in plan.gather_at if any(_within(g, block) for block in plan.moe)}
+    gathers_itself = (set(plan.gather_at) & set(plan.colwise)) - in_moe if sequence_parallel else set()
     for p in plan.colwise:  # a single colwise Linear after sequence shards gathers its own input
         styles[p] = ColwiseParallel(input_layouts=seq) if p in gathers_itself else ColwiseParallel()
     for p in plan.rowwise:
@@ -295,26 +331,55 @@ def apply_tp(model: torch.nn.Module, plan: TPPlan, mesh, sequence_parallel: bool
                                                       use_local_output=True)
     present = dict(model.named_modules())  # a model traced with fewer of its repeated blocks has fewer layers
     parallelize_module(model, mesh, {p: style for p, style in styles.items() if p in present})
+    _split_per_head(present, plan.per_head, mesh)
     if sequence_parallel:
         modules = dict(model.named_modules())
 
-        def gather_sequence(module, args, kwargs):
-            """All-gather the sequence shards entering a group of colwise Linears (PrepareModuleInput): a DTensor on
-            sequence shards (a norm's output), or the hidden states themselves as a local shard (the first argument
-            or ``hidden_states``: a block without a norm before it, as the post-norm Exaone 4 and OLMo 2 run)."""
-            def gather(a, hidden=False):
-                if isinstance(a, DTensor) and tuple(a.placements) == (seq,):
-                    return a.redistribute(placements=[Replicate()])
-                if hidden and isinstance(a, torch.Tensor) and not isinstance(a, DTensor) and a.dim() >= 2:
-                    return DTensor.from_local(a, mesh, [seq], run_check=False).redistribute(placements=[Replicate()])
-                return a
+        split = set(plan.colwise) | set(plan.rowwise)
 
-            return (tuple(gather(a, i == 0) for i, a in enumerate(args)),
-                    {k: gather(v, k == "hidden_states") for k, v in kwargs.items()})
+        def gather_sequence(local: bool):
+            def hook(module, args, kwargs):
+                """All-gather the sequence shards entering a group of colwise Linears (PrepareModuleInput): a DTensor
+                on sequence shards (a norm's output), or the hidden states themselves as a local shard (the first
+                argument or ``hidden_states``: a block without a norm before it, as the post-norm Exaone 4 and OLMo 2
+                run).  ``local``: the gathered sequence as a plain tensor, for a group whose module also runs Linears
+                of its own on it (MLA's q_a_proj and kv_a_proj_with_mqa, torchtitan's NoParallel): its gradient is
+                each rank's partial sum, reduce-scattered as the DTensor's would be."""
+                def gather(a, hidden=False):
+                    if isinstance(a, DTensor) and tuple(a.placements) == (seq,):
+                        full = a.redistribute(placements=[Replicate()])
+                    elif hidden and isinstance(a, torch.Tensor) and not isinstance(a, DTensor) and a.dim() >= 2:
+                        shard = DTensor.from_local(a, mesh, [seq], run_check=False)
+                        full = shard.redistribute(placements=[Replicate()])
+                    else:
+                        return a
+                    return full.to_local(grad_placements=[Partial()]) if local else full
+
+                return (tuple(gather(a, i == 0) for i, a in enumerate(args)),
+                        {k: gather(v, k == "hidden_states") for k, v in kwargs.items()})
+            return hook
 
         for p in plan.gather_at:
-            if p not in gathers_itself and p in modules:
-                modules[p].register_forward_pre_hook(gather_sequence, with_kwargs=True)
+            if p not in gathers_itself and p not in in_moe and p in modules:
+                own = any(isinstance(m, torch.nn.Linear) and f"{p}.{n}" not in split
+                          for n, m in modules[p].named_modules() if n)
+                modules[p].register_forward_pre_hook(gather_sequence(own), with_kwargs=True)
+
+
+def _split_per_head(modules: dict[str, torch.nn.Module], names: list[str], mesh) -> None:
+    """Each per-head parameter (:func:`per_head_parameters`) replaced by this rank's heads' values, a plain tensor
+    as the attention's other operands are local shards (transformers' local sharding); its gradient needs no
+    reduction over tp (no other rank computes those heads)."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    for name in names:
+        parent, _, attr = name.rpartition(".")
+        module = modules.get(parent)
+        param = module._parameters.get(attr) if module is not None else None
+        if param is None:
+            continue
+        local = distribute_tensor(param.detach(), mesh, [Shard(0)]).to_local()
+        module._parameters[attr] = torch.nn.Parameter(local, requires_grad=param.requires_grad)
 
 
 def model_heads(model: torch.nn.Module) -> dict[str, int]:
