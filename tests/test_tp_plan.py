@@ -197,3 +197,23 @@ def test_deepseek_v3_attention_and_shared_experts_as_torchtitan_splits_them(sp):
     assert not {a + n for a in attn for n in ("q_a_layernorm", "kv_a_layernorm")} & set(tp.norms)
     plan = planner.plan("fsdp", 4, tp=2, sequence_parallel=sp, solve=())
     assert plan.per_gpu.peak > 0
+
+
+def test_deepseek_v32_indexer_stays_whole():
+    """DeepSeek-V3.2's sparse attention: a lightning indexer (its own q and k projections, a k_norm over its keys)
+    scores the keys and top-k *indices* select those each query attends to.  No feature flows from the indexer into
+    the heads (only integer indices), so its Linear layers and norm pair with nothing and stay whole, as the shipped
+    plan leaves them; until 2026-11-29 the walk followed the indices back into the indexer, split its projections
+    and refused --tp over its k_norm.  The configuration's defaults with two layers (the shapes are traced on meta)."""
+    from estimator.compat import import_torchvision
+
+    import_torchvision()
+    config = transformers.DeepseekV32Config(num_hidden_layers=2)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    ids = torch.zeros(2, 16, dtype=torch.long)
+    planner = Planner(model, {"input_ids": ids, "labels": ids.clone()}, gpu="H100", device="cpu", precision="fp32")
+    tp = planner.tp_plan()
+    assert set(tp.colwise) == _shipped(planner, "colwise") and set(tp.rowwise) == _shipped(planner, "rowwise")
+    assert not any(".indexer." in p for p in tp.colwise + tp.rowwise + tp.cross_head_norms)
+    assert planner.plan("fsdp", 4, tp=2, sequence_parallel=True, solve=()).per_gpu.peak > 0

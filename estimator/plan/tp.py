@@ -239,10 +239,17 @@ def _norms_read_by(linears: set[str], inputs: dict[str, list[OpNode]], norms: li
     return found
 
 
+def _carries_features(node: OpNode) -> bool:
+    """Whether a traced value can hold features: not when every tensor it is is integer or boolean (indices, a mask
+    built from them: DeepSeek-V3.2's indexer selects keys by top-k indices, its scores do not flow into the heads)."""
+    spec = node.meta.get("spec")
+    return not spec or any(s.dtype.is_floating_point or s.dtype.is_complex for s in spec if s is not None)
+
+
 def _walk_back(starts: Iterable[OpNode], ends: Callable[[OpNode], bool]) -> None:
-    """Visit the traced ops ``starts`` are computed from, each once, back to the placeholders; an op for which
-    ``ends`` is true is not walked past."""
-    stack, seen = list(starts), set()
+    """Visit the traced ops ``starts`` are computed from, each once, back to the placeholders, along values that
+    carry features (:func:`_carries_features`); an op for which ``ends`` is true is not walked past."""
+    stack, seen = [s for s in starts if _carries_features(s)], set()
     while stack:
         node = stack.pop()
         if id(node) in seen or node.op == "placeholder":
@@ -252,7 +259,7 @@ def _walk_back(starts: Iterable[OpNode], ends: Callable[[OpNode], bool]) -> None
             continue
         for a in (*node.args, *node.kwargs.values()):
             for leaf in (a if isinstance(a, (list, tuple)) else (a,)):
-                if isinstance(leaf, OpNode):
+                if isinstance(leaf, OpNode) and _carries_features(leaf):
                     stack.append(getitem_source(leaf))
 
 
