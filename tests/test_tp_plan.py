@@ -217,3 +217,26 @@ def test_deepseek_v32_indexer_stays_whole():
     assert set(tp.colwise) == _shipped(planner, "colwise") and set(tp.rowwise) == _shipped(planner, "rowwise")
     assert not any(".indexer." in p for p in tp.colwise + tp.rowwise + tp.cross_head_norms)
     assert planner.plan("fsdp", 4, tp=2, sequence_parallel=True, solve=()).per_gpu.peak > 0
+
+
+def test_qwen3_next_linear_attention_runs_whole_on_the_gathered_sequence():
+    """Qwen3-Next's linear-attention layers (Gated DeltaNet: a recurrence over the whole sequence) pair no Linears and
+    stay whole on every rank, as transformers' plan leaves them.  Under sequence parallelism such a part takes the
+    whole sequence: its input is all-gathered and its output cut back to the rank's shard (until 2026-11-29 it ran
+    on the shard, and its gated norm was put on sequence shards, which failed the trace)."""
+    from estimator.compat import import_torchvision
+
+    import_torchvision()
+    config = transformers.Qwen3NextConfig(**SMALL, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                                          moe_intermediate_size=32, shared_expert_intermediate_size=32, use_cache=False)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    ids = torch.zeros(2, 16, dtype=torch.long)
+    planner = Planner(model, {"input_ids": ids, "labels": ids.clone()}, gpu="H100", device="cpu", precision="fp32")
+    tp = planner.tp_plan()
+    linear = [f"model.layers.{i}.linear_attn" for i, kind in enumerate(config.layer_types)
+              if kind == "linear_attention"]
+    assert linear and set(linear) <= set(tp.whole)
+    assert set(tp.colwise) == _shipped(planner, "colwise") and set(tp.rowwise) == _shipped(planner, "rowwise")
+    assert not any(n.startswith(tuple(p + "." for p in linear)) for n in tp.norms)
+    assert planner.plan("fsdp", 4, tp=2, sequence_parallel=True, solve=()).per_gpu.peak > 0

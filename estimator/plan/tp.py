@@ -65,6 +65,7 @@ class TPPlan:
     post_norms: list[str] = field(default_factory=list)  # sequence parallel: block norms feeding a residual sum
     cross_head_norms: list[str] = field(default_factory=list)  # norms over all heads' features inside an attention
     per_head: list[str] = field(default_factory=list)  # an attention's own parameters of one value per head (sinks)
+    whole: list[str] = field(default_factory=list)  # a block's parts with Linears none of which is split
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -167,19 +168,35 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
         plan.embedding = embedding[0]
         plan.head = head
     # a norm inside a group's module runs on the gathered sequence, not on shards (MLA's q_a_layernorm, kv_a_layernorm)
+    plan.moe = sorted({p.rpartition(".")[0] for p in expert_paths(model)})
+    plan.whole = whole_parts(modules, units, colwise | rowwise, plan.moe)
     in_units = [n for n in norms if unit_of(n) is not None and linear_of(n) is None
-                and not any(_within(n, g) for g in plan.gather_at)]
+                and not any(_within(n, g) for g in plan.gather_at + plan.whole)]
     last_unit_end = max((first.get(c, 0) for c in colwise | rowwise), default=0)
     final = [n for n in norms if unit_of(n) is None and n in _forward_modules(cap, after=last_unit_end)]
     plan.norms = sorted(in_units) + final
     plan.post_norms = sorted(set(in_units) - _norms_read_by(colwise, inputs, in_units))
-    plan.moe = sorted({p.rpartition(".")[0] for p in expert_paths(model)})
     plan.per_head = per_head_parameters(model, colwise)
     if plan.per_head:
         plan.notes.append(f"parameters of one value per attention head split with the heads over the tp ranks: "
                           f"{plan.per_head[0]}"
                           + (f" and {len(plan.per_head) - 1} more" if len(plan.per_head) > 1 else ""))
     return plan
+
+
+def whole_parts(modules: dict[str, torch.nn.Module], units: set[str], split: set[str], moe: list[str]) -> list[str]:
+    """The parts of each block (its direct children) that hold Linear layers none of which is split: a mixer the plan
+    leaves whole on every rank (Qwen3-Next's and Kimi Linear's linear attention, a gate).  Under sequence parallelism
+    such a part needs the whole sequence: its input is gathered and its output cut back to the rank's shard."""
+    found = []
+    for unit in sorted(units):
+        module = modules.get(unit)
+        for name, child in (module.named_children() if module is not None else ()):
+            path = f"{unit}.{name}"
+            linears = [f"{path}.{n}" if n else path for n, m in child.named_modules() if isinstance(m, torch.nn.Linear)]
+            if linears and not set(linears) & split and not any(_within(path, b) or _within(b, path) for b in moe):
+                found.append(path)
+    return found
 
 
 def _linear_inputs(cap: Capture, linear_of: Callable[[str], str | None]) -> tuple[dict[str, int], dict[str, list]]:
@@ -366,11 +383,49 @@ def apply_tp(model: torch.nn.Module, plan: TPPlan, mesh, sequence_parallel: bool
                         {k: gather(v, k == "hidden_states") for k, v in kwargs.items()})
             return hook
 
+        for p in plan.whole:
+            if p in modules:
+                modules[p].register_forward_pre_hook(_whole_sequence_in(mesh), with_kwargs=True)
+                modules[p].register_forward_hook(_shard_sequence_out(mesh))
         for p in plan.gather_at:
             if p not in gathers_itself and p not in in_moe and p in modules:
                 own = any(isinstance(m, torch.nn.Linear) and f"{p}.{n}" not in split
                           for n, m in modules[p].named_modules() if n)
                 modules[p].register_forward_pre_hook(gather_sequence(own), with_kwargs=True)
+
+
+def _whole_sequence_in(mesh) -> Callable:
+    """A whole part's hidden input (the first argument or ``hidden_states``, a sequence shard, plain or a DTensor)
+    all-gathered to the whole sequence as a plain tensor; every rank computes the part in full, so the input's
+    gradient is whole on each and is cut back to the shard (no communication)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    def gather(a: Any) -> Any:
+        if not isinstance(a, torch.Tensor) or a.dim() < 2:
+            return a
+        shard = a if isinstance(a, DTensor) else DTensor.from_local(a, mesh, [Shard(1)], run_check=False)
+        return shard.redistribute(placements=[Replicate()]).to_local()
+
+    def hook(module, args, kwargs):
+        args = (gather(args[0]), *args[1:]) if args else args
+        return args, {k: gather(v) if k == "hidden_states" else v for k, v in kwargs.items()}
+    return hook
+
+
+def _shard_sequence_out(mesh) -> Callable:
+    """A whole part's output (the first if several) cut to the rank's sequence shard; in backward the shards'
+    gradients are all-gathered for the part's whole-sequence backward."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    def cut(o: Any) -> Any:
+        if not isinstance(o, torch.Tensor) or isinstance(o, DTensor) or o.dim() < 2:
+            return o
+        whole = DTensor.from_local(o, mesh, [Replicate()], run_check=False)
+        return whole.redistribute(placements=[Shard(1)]).to_local()
+
+    def hook(module, args, out):
+        return (cut(out[0]), *out[1:]) if isinstance(out, tuple) else cut(out)
+    return hook
 
 
 def _split_per_head(modules: dict[str, torch.nn.Module], names: list[str], mesh) -> None:
