@@ -273,3 +273,49 @@ def gemma2_masks(model: torch.nn.Module, batch: int, seq: int, position_ids: tor
     kw = dict(config=model.config, inputs_embeds=torch.empty(batch, seq, model.config.hidden_size),
               attention_mask=None, past_key_values=None, position_ids=position_ids)
     return {"full_attention": create_causal_mask(**kw), "sliding_attention": create_sliding_window_causal_mask(**kw)}
+
+
+def build_deepseek(config: dict):
+    """transformers' DeepSeek-V3 (multi-head latent attention: low-rank q and kv projections with their norms)."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
+
+    return DeepseekV3ForCausalLM(DeepseekV3Config(**config)), DeepseekV3DecoderLayer
+
+
+def deepseek_tensor_parallel(model: torch.nn.Module, tp_mesh, sp: bool) -> None:
+    """torchtitan's DeepSeek-V3 recipe (``torchtitan/models/deepseek_v3/infra/parallelize.py``) on transformers'
+    names, dense layers: ``wq_b`` (q_b_proj) and ``wkv_b`` (kv_b_proj) colwise, ``wo`` (o_proj) rowwise; ``wq_a``,
+    ``wkv_a`` (kv_a_proj_with_mqa) and their norms whole on every rank (NoParallel) on the attention's input, which
+    under sequence parallelism is gathered from the norm's sequence shards (PrepareModuleInput; as plain tensors:
+    transformers' code mixes them with the whole projections' outputs); the MLP's gate and up colwise, down rowwise;
+    the embedding rowwise, the head colwise."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    seq = Shard(1)
+    outer = seq if sp else Replicate()
+    for layer in model.model.layers:
+        styles = {"self_attn.q_b_proj": ColwiseParallel(), "self_attn.kv_b_proj": ColwiseParallel(),
+                  "self_attn.o_proj": RowwiseParallel(output_layouts=outer),
+                  "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+                  "mlp.down_proj": RowwiseParallel(output_layouts=outer)}
+        if sp:
+            styles.update({
+                "input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel(),
+                "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": seq},
+                                                desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                                                use_local_output=True),
+                "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))})
+        parallelize_module(layer, tp_mesh, styles)
+    top = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=outer),
+           "lm_head": ColwiseParallel(input_layouts=outer, output_layouts=Replicate())}
+    if sp:
+        top["model.norm"] = SequenceParallel()
+    parallelize_module(model, tp_mesh, top)
