@@ -285,10 +285,11 @@ def build(case: dict, run: dict):
         model = gpt.GPT(gpt.GPTConfig(**case["config"]))
         idx = torch.randint(0, case["config"]["vocab_size"], (b, s))
         return model, (idx, idx.clone()), {}, (lambda out: out), gpt.Block
-    if case["model"] in ("mixtral", "gemma2", "deepseek"):
-        from moe_worker import build_deepseek, build_gemma2, build_mixtral
+    if case["model"] in ("mixtral", "gemma2", "deepseek", "qwen3_next"):
+        from moe_worker import build_deepseek, build_gemma2, build_mixtral, build_qwen3_next
 
-        build = {"mixtral": build_mixtral, "gemma2": build_gemma2, "deepseek": build_deepseek}[case["model"]]
+        build = {"mixtral": build_mixtral, "gemma2": build_gemma2, "deepseek": build_deepseek,
+                 "qwen3_next": build_qwen3_next}[case["model"]]
         model, block = build(case["config"])
         idx = torch.randint(0, case["config"]["vocab_size"], (b, s))
         kwargs = {"input_ids": idx, "labels": idx.clone()}
@@ -412,10 +413,10 @@ def run_one(case: dict, run: dict, world: int) -> dict:
             from moe_worker import gemma2_tensor_parallel
 
             gemma2_tensor_parallel(model, mesh["tp"], run.get("sp", False))
-        elif tp > 1 and case["model"] == "deepseek":
-            from moe_worker import deepseek_tensor_parallel
+        elif tp > 1 and case["model"] in ("deepseek", "qwen3_next"):
+            import moe_worker
 
-            deepseek_tensor_parallel(model, mesh["tp"], run.get("sp", False))
+            getattr(moe_worker, f"{case['model']}_tensor_parallel")(model, mesh["tp"], run.get("sp", False))
         elif tp > 1:
             tensor_parallel(model, mesh["tp"], run.get("sp", False), run.get("lp", False))
         if ep > 1:

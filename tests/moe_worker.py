@@ -319,3 +319,47 @@ def deepseek_tensor_parallel(model: torch.nn.Module, tp_mesh, sp: bool) -> None:
     if sp:
         top["model.norm"] = SequenceParallel()
     parallelize_module(model, tp_mesh, top)
+
+
+def build_qwen3_next(config: dict):
+    """transformers' Qwen3-Next (Gated DeltaNet linear-attention layers)."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextDecoderLayer
+
+    return Qwen3NextForCausalLM(Qwen3NextConfig(**config)), Qwen3NextDecoderLayer
+
+
+def qwen3_next_tensor_parallel(model: torch.nn.Module, tp_mesh, sp: bool) -> None:
+    """Megatron's pairs on a Qwen3-Next with dense MLPs (its shipped plan: gate and up colwise, down rowwise) and the
+    linear attention whole on every rank, as the shipped plan leaves it; with sequence parallelism the norms on
+    sequence shards, the linear attention's input gathered to the whole sequence and its output cut back to the
+    rank's shard (PrepareModuleInputOutput), the MLP's input gathered."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleInputOutput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    seq = Shard(1)
+    outer = seq if sp else Replicate()
+    for layer in model.model.layers:
+        styles = {"mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+                  "mlp.down_proj": RowwiseParallel(output_layouts=outer)}
+        if sp:
+            styles.update({
+                "input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel(),
+                "linear_attn": PrepareModuleInputOutput(
+                    input_kwarg_layouts={"hidden_states": seq},
+                    desired_input_kwarg_layouts={"hidden_states": Replicate()}, use_local_input=True,
+                    output_layouts=(Replicate(),), desired_output_layouts=(seq,), use_local_output=True),
+                "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))})
+        parallelize_module(layer, tp_mesh, styles)
+    top = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=outer),
+           "lm_head": ColwiseParallel(input_layouts=outer, output_layouts=Replicate())}
+    if sp:
+        top["model.norm"] = SequenceParallel()
+    parallelize_module(model, tp_mesh, top)

@@ -278,3 +278,41 @@ def test_deepseek_v3_mla_under_tp_matches_the_real_run(deepseek_runs, run, rank)
 
     assert_states_exact(deepseek_runs, run, rank)
     assert_peak_within(deepseek_runs, run, rank)
+
+
+# Qwen3-Next's linear attention (Gated DeltaNet, transformers' torch implementation on CPU) whole on every rank, for
+# real on a dp 2 x tp 2 gloo mesh with dense MLPs split (tests/moe_worker.py's qwen3_next_tensor_parallel); under
+# sequence parallelism its input gathered to the whole sequence and its output cut back to the shard.  Measured on
+# 2026-11-29, all four ranks: states exact, peaks within 4 bytes of 220.9 MB (tp 2) and 220.8 MB (tp 2 + sp).
+QWEN3_NEXT = {**SMALL, "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+              "shared_expert_intermediate_size": 32, "mlp_only_layers": [0, 1], "use_cache": False}
+QWEN3_NEXT_CASE = {"name": "qwen3_next", "model": "qwen3_next", "config": QWEN3_NEXT, "batch": 4, "seq": 32, "runs": [
+    {"id": "fsdp-tp2", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "tp": 2},
+    {"id": "fsdp-tp2-sp", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "tp": 2, "sp": True}]}
+
+
+@pytest.fixture(scope="module")
+def qwen3_next_runs(tmp_path_factory):
+    from gloo_runs import real_and_planned
+
+    def plans() -> dict:
+        from estimator.compat import import_torchvision
+
+        import_torchvision()
+        with torch.device("meta"):
+            model = transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(**QWEN3_NEXT))
+        ids = torch.zeros(QWEN3_NEXT_CASE["batch"], QWEN3_NEXT_CASE["seq"], dtype=torch.long)
+        planner = Planner(model, {"input_ids": ids, "labels": ids.clone()}, gpu="H100", device="cpu", precision="fp32")
+        return {(run["id"], rank): planner.plan("fsdp", 4, tp=2, sequence_parallel=run.get("sp", False), rank=rank,
+                                                solve=())
+                for run in QWEN3_NEXT_CASE["runs"] for rank in DEEPSEEK_RANKS}
+    return real_and_planned([(QWEN3_NEXT_CASE, 4, tmp_path_factory.mktemp("qwen3_next"))],
+                            {"qwen3_next": DEEPSEEK_RANKS}, plans)
+
+
+@pytest.mark.parametrize("run,rank", [(r["id"], k) for r in QWEN3_NEXT_CASE["runs"] for k in DEEPSEEK_RANKS])
+def test_qwen3_next_linear_attention_under_tp_matches_the_real_run(qwen3_next_runs, run, rank):
+    from gloo_runs import assert_peak_within, assert_states_exact
+
+    assert_states_exact(qwen3_next_runs, run, rank)
+    assert_peak_within(qwen3_next_runs, run, rank)
