@@ -37,6 +37,7 @@ position embedding added to sequence shards) fails its trace: the planner report
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
@@ -177,6 +178,13 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
     plan.norms = sorted(in_units) + final
     plan.post_norms = sorted(set(in_units) - _norms_read_by(colwise, inputs, in_units))
     plan.per_head = per_head_parameters(model, colwise)
+    if plan.whole:
+        kinds = sorted({re.sub(r"\.\d+\.", ".*.", p) for p in plan.whole})
+        plan.notes.append(f"tensor parallelism: {len(plan.whole)} block part{'s' if len(plan.whole) > 1 else ''} "
+                          f"with Linear layers that pair with none "
+                          f"({', '.join(kinds[:3])}{' ...' if len(kinds) > 3 else ''}) run whole on every tp rank: their "
+                          f"compute and parameters are not divided by tp; under sequence parallelism they take the "
+                          f"whole sequence (their input all-gathered)")
     if plan.per_head:
         plan.notes.append(f"parameters of one value per attention head split with the heads over the tp ranks: "
                           f"{plan.per_head[0]}"
