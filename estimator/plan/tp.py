@@ -178,18 +178,24 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
     plan.norms = sorted(in_units) + final
     plan.post_norms = sorted(set(in_units) - _norms_read_by(colwise, inputs, in_units))
     plan.per_head = per_head_parameters(model, colwise)
+    plan.notes += _notes(plan)
+    return plan
+
+
+def _notes(plan: TPPlan) -> list[str]:
+    """What the plan leaves whole or splits beyond the Linear pairs, for the report."""
+    notes = []
     if plan.whole:
         kinds = sorted({re.sub(r"\.\d+\.", ".*.", p) for p in plan.whole})
-        plan.notes.append(f"tensor parallelism: {len(plan.whole)} block part{'s' if len(plan.whole) > 1 else ''} "
-                          f"with Linear layers that pair with none "
-                          f"({', '.join(kinds[:3])}{' ...' if len(kinds) > 3 else ''}) run whole on every tp rank: their "
-                          f"compute and parameters are not divided by tp; under sequence parallelism they take the "
-                          f"whole sequence (their input all-gathered)")
+        notes.append(f"tensor parallelism: {len(plan.whole)} block part{'s' if len(plan.whole) > 1 else ''} with "
+                     f"Linear layers that pair with none ({', '.join(kinds[:3])}{' ...' if len(kinds) > 3 else ''}) "
+                     f"run whole on every tp rank: their compute and parameters are not divided by tp; under "
+                     f"sequence parallelism they take the whole sequence (their input all-gathered)")
     if plan.per_head:
-        plan.notes.append(f"parameters of one value per attention head split with the heads over the tp ranks: "
-                          f"{plan.per_head[0]}"
-                          + (f" and {len(plan.per_head) - 1} more" if len(plan.per_head) > 1 else ""))
-    return plan
+        more = f" and {len(plan.per_head) - 1} more" if len(plan.per_head) > 1 else ""
+        notes.append(f"parameters of one value per attention head split with the heads over the tp ranks: "
+                     f"{plan.per_head[0]}{more}")
+    return notes
 
 
 def whole_parts(modules: dict[str, torch.nn.Module], units: set[str], split: set[str], moe: list[str]) -> list[str]:
