@@ -73,7 +73,10 @@ def one(name: str, overrides: dict) -> dict:
         ids = torch.zeros(2, 16, dtype=torch.long)
         planner = Planner(model, {"input_ids": ids, "labels": ids.clone()}, gpu="H100", device="cpu", precision="fp32")
         tp = planner.tp_plan()
-        for style, derived in (("colwise", set(tp.colwise)), ("rowwise", set(tp.rowwise))):
+        gathered = set(tp.gathered)  # groups whose outputs are gathered: transformers' *_gather_output, *_split_input
+        for style, derived in (("colwise", set(tp.colwise) - gathered), ("rowwise", set(tp.rowwise) - gathered),
+                               ("colwise_gather_output", set(tp.colwise) & gathered),
+                               ("rowwise_split_input", set(tp.rowwise) & gathered)):
             truth = _shipped(model, shipped, style)
             rec[f"{style}_as_shipped"] = derived == truth
             rec[f"{style}_only_shipped"] = sorted(truth - derived)[:4]
@@ -120,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             f.writelines(json.dumps(r) + "\n" for r in records)
     planned = [r for r in records if r.get("sp0") == "ok" and r.get("sp1") == "ok"]
     built = [r for r in records if "error" not in r]
-    same = [r for r in built if r["colwise_as_shipped"] and r["rowwise_as_shipped"]]
+    same = [r for r in built if all(r[f"{s}_as_shipped"] for s in ("colwise", "rowwise", "colwise_gather_output",
+                                                                    "rowwise_split_input"))]
     print(f"{len(records)} types; built {len(built)}; pairs as shipped {len(same)}; planned under --tp 2 with and "
           f"without sequence parallelism {len(planned)}")
     for r in records:

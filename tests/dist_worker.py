@@ -285,12 +285,10 @@ def build(case: dict, run: dict):
         model = gpt.GPT(gpt.GPTConfig(**case["config"]))
         idx = torch.randint(0, case["config"]["vocab_size"], (b, s))
         return model, (idx, idx.clone()), {}, (lambda out: out), gpt.Block
-    if case["model"] in ("mixtral", "gemma2", "deepseek", "qwen3_next"):
-        from moe_worker import build_deepseek, build_gemma2, build_mixtral, build_qwen3_next
+    if case["model"] in ("mixtral", "gemma2", "deepseek", "qwen3_next", "olmo2"):
+        import moe_worker
 
-        build = {"mixtral": build_mixtral, "gemma2": build_gemma2, "deepseek": build_deepseek,
-                 "qwen3_next": build_qwen3_next}[case["model"]]
-        model, block = build(case["config"])
+        model, block = getattr(moe_worker, f"build_{case['model']}")(case["config"])
         idx = torch.randint(0, case["config"]["vocab_size"], (b, s))
         kwargs = {"input_ids": idx, "labels": idx.clone()}
         if run.get("sp"):  # transformers derives them from the input's length: the local shard's under sp
@@ -413,7 +411,7 @@ def run_one(case: dict, run: dict, world: int) -> dict:
             from moe_worker import gemma2_tensor_parallel
 
             gemma2_tensor_parallel(model, mesh["tp"], run.get("sp", False))
-        elif tp > 1 and case["model"] in ("deepseek", "qwen3_next"):
+        elif tp > 1 and case["model"] in ("deepseek", "qwen3_next", "olmo2"):
             import moe_worker
 
             getattr(moe_worker, f"{case['model']}_tensor_parallel")(model, mesh["tp"], run.get("sp", False))

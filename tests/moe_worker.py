@@ -363,3 +363,49 @@ def qwen3_next_tensor_parallel(model: torch.nn.Module, tp_mesh, sp: bool) -> Non
     if sp:
         top["model.norm"] = SequenceParallel()
     parallelize_module(model, tp_mesh, top)
+
+
+def build_olmo2(config: dict):
+    """transformers' OLMo 2 (q and k normalized over all heads; norms after the attention and the MLP only)."""
+    from transformers import Olmo2Config, Olmo2ForCausalLM
+    from transformers.models.olmo2.modeling_olmo2 import Olmo2DecoderLayer
+
+    return Olmo2ForCausalLM(Olmo2Config(**config)), Olmo2DecoderLayer
+
+
+def olmo2_tensor_parallel(model: torch.nn.Module, tp_mesh, sp: bool) -> None:
+    """transformers' shipped plan for OLMo 2: q, k, v ``colwise_gather_output`` (sharded projections, outputs
+    all-gathered), o ``rowwise_split_input`` (its whole input cut to the rank's slice), the MLP colwise/rowwise; with
+    sequence parallelism (torchtitan's recipe) the attention's and the MLP's inputs (the residual stream: OLMo 2 has
+    no norm before them) gathered from sequence shards, the post-norms on shards returning local tensors."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    seq = Shard(1)
+    outer = seq if sp else Replicate()
+    for layer in model.model.layers:
+        styles = {f"self_attn.{n}": ColwiseParallel(output_layouts=Replicate()) for n in ("q_proj", "k_proj", "v_proj")}
+        styles.update({"self_attn.o_proj": RowwiseParallel(input_layouts=Replicate(), output_layouts=outer),
+                       "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+                       "mlp.down_proj": RowwiseParallel(output_layouts=outer)})
+        if sp:
+            styles.update({
+                "post_attention_layernorm": SequenceParallel(use_local_output=True),
+                "post_feedforward_layernorm": SequenceParallel(use_local_output=True),
+                "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": seq},
+                                                desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                                                use_local_output=True),
+                "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
+                                          use_local_output=True)})
+        parallelize_module(layer, tp_mesh, styles)
+    top = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=outer),
+           "lm_head": ColwiseParallel(input_layouts=outer, output_layouts=Replicate())}
+    if sp:
+        top["model.norm"] = SequenceParallel()
+    parallelize_module(model, tp_mesh, top)

@@ -226,10 +226,6 @@ def build(model: torch.nn.Module, layout: Layout, precision: PlanPrecision, unit
     if layout.tp > 1:
         if tp_plan is None or tp_plan.empty:
             raise UserError(f"--tp {layout.tp}: no Linear layer pairs to split were found in the blocks; use --tp 1")
-        if tp_plan.cross_head_norms:
-            raise UserError(f"--tp {layout.tp}: {tp_plan.cross_head_norms[0]} normalizes the features of all attention "
-                            f"heads together (as OLMo 2 does), so the heads cannot be split over tensor-parallel ranks; "
-                            f"use --tp 1")
         apply_tp(m, tp_plan, _submesh(mesh, ("tp",)), layout.sequence_parallel,
                  layout.loss_parallel and tp_plan.head is not None)
     experts: list[str] = []

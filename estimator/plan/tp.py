@@ -67,6 +67,7 @@ class TPPlan:
     cross_head_norms: list[str] = field(default_factory=list)  # norms over all heads' features inside an attention
     per_head: list[str] = field(default_factory=list)  # an attention's own parameters of one value per head (sinks)
     whole: list[str] = field(default_factory=list)  # a block's parts with Linears none of which is split
+    gathered: list[str] = field(default_factory=list)  # Linears of groups whose outputs are gathered (OLMo 2)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -128,6 +129,7 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
             continue
         partners: set[str] = set()
         inner_norms: list[str] = []  # norms inside lp's own module, between lp and its partners
+        through: list[bool] = [False]  # walk through those norms (a gathered group's second walk)
 
         def ends_walk(node: OpNode, lp: str = lp, unit: str = unit) -> bool:
             module = node.meta.get("module", "")
@@ -135,9 +137,10 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
                 return True
             norm = next((n for n in _ancestors(module) if n in norms and _within(n, unit)), None)
             if norm is not None:
-                if _within(norm, lp.rpartition(".")[0]) and norm not in inner_norms:
+                inner = _within(norm, lp.rpartition(".")[0])
+                if inner and norm not in inner_norms:
                     inner_norms.append(norm)
-                return True
+                return not (inner and through[0])
             other = linear_of(module)
             if other is not None and other != lp:
                 partners.add(other)
@@ -146,10 +149,16 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
 
         _walk_back(inputs.get(lp, ()), ends_walk)
         if partners and not partners & rowwise and lp not in colwise:
-            # a norm between the colwise group and its rowwise Linear normalizes over all the heads split between them
-            # (OLMo 2's q_norm); one before a Linear that pairs with nothing is on the unsplit input side (MLA's
-            # q_a_layernorm before q_b_proj)
-            plan.cross_head_norms += [n for n in inner_norms if n not in plan.cross_head_norms]
+            if inner_norms:
+                # a norm between the colwise group and its rowwise Linear normalizes over all the heads split between
+                # them (OLMo 2's q_norm and k_norm; one before a Linear that pairs with nothing is on the unsplit
+                # input side: MLA's q_a_layernorm before q_b_proj): the group's outputs are gathered, as
+                # transformers' plan for OLMo 2 runs them (colwise_gather_output, rowwise_split_input); the walk
+                # goes on through those norms to the projections behind them
+                plan.cross_head_norms += [n for n in inner_norms if n not in plan.cross_head_norms]
+                through[0] = True
+                _walk_back(inputs.get(lp, ()), ends_walk)
+                plan.gathered += sorted(partners | {lp})
             rowwise.add(lp)
             colwise |= partners
             group = sorted(partners)
@@ -157,17 +166,7 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
     plan.colwise = sorted(colwise, key=lambda p: first.get(p, 0))
     plan.rowwise = sorted(rowwise, key=lambda p: first.get(p, 0))
     plan.gather_at = sorted(set(plan.gather_at), key=lambda p: min(first.get(c, 0) for c in colwise if _within(c, p)))
-    # Outside the blocks: the token embedding and the LM head, unless they share a weight.
-    outside_linears = [p for p in sorted(first, key=first.get) if unit_of(p) is None]
-    embeddings = [(p, m) for p, m in modules.items() if isinstance(m, torch.nn.Embedding) and unit_of(p) is None]
-    embedding = max(embeddings, key=lambda pm: pm[1].num_embeddings, default=(None, None))
-    head = outside_linears[-1] if outside_linears else None
-    if embedding[0] is not None and head is not None and modules[head].weight is embedding[1].weight:
-        plan.notes.append(f"the embedding {embedding[0]} and the head {head} share their weight: both replicated")
-        plan.tied = (embedding[0], head)
-    else:
-        plan.embedding = embedding[0]
-        plan.head = head
+    _outside_blocks(plan, modules, sorted(first, key=first.get), unit_of)
     # a norm inside a group's module runs on the gathered sequence, not on shards (MLA's q_a_layernorm, kv_a_layernorm)
     plan.moe = sorted({p.rpartition(".")[0] for p in expert_paths(model)})
     plan.whole = whole_parts(modules, units, colwise | rowwise, plan.moe)
@@ -180,6 +179,22 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
     plan.per_head = per_head_parameters(model, colwise)
     plan.notes += _notes(plan)
     return plan
+
+
+def _outside_blocks(plan: TPPlan, modules: dict[str, torch.nn.Module], linears_in_order: list[str],
+                    unit_of: Callable[[str], str | None]) -> None:
+    """Outside the blocks: the token embedding (the largest) and the LM head (the last Linear run), unless they
+    share a weight (then both replicated)."""
+    outside_linears = [p for p in linears_in_order if unit_of(p) is None]
+    embeddings = [(p, m) for p, m in modules.items() if isinstance(m, torch.nn.Embedding) and unit_of(p) is None]
+    embedding = max(embeddings, key=lambda pm: pm[1].num_embeddings, default=(None, None))
+    head = outside_linears[-1] if outside_linears else None
+    if embedding[0] is not None and head is not None and modules[head].weight is embedding[1].weight:
+        plan.notes.append(f"the embedding {embedding[0]} and the head {head} share their weight: both replicated")
+        plan.tied = (embedding[0], head)
+    else:
+        plan.embedding = embedding[0]
+        plan.head = head
 
 
 def _notes(plan: TPPlan) -> list[str]:
@@ -345,13 +360,16 @@ def apply_tp(model: torch.nn.Module, plan: TPPlan, mesh, sequence_parallel: bool
     # (a group inside a MoE block, a shared expert, reads the block's input, which the block gathers in full)
     in_moe = {g for g in plan.gather_at if any(_within(g, block) for block in plan.moe)}
     gathers_itself = (set(plan.gather_at) & set(plan.colwise)) - in_moe if sequence_parallel else set()
+    gathered = set(plan.gathered)  # (transformers' colwise_gather_output and rowwise_split_input)
     for p in plan.colwise:  # a single colwise Linear after sequence shards gathers its own input
-        styles[p] = ColwiseParallel(input_layouts=seq) if p in gathers_itself else ColwiseParallel()
+        styles[p] = ColwiseParallel(input_layouts=seq if p in gathers_itself else Replicate(),
+                                    output_layouts=Replicate() if p in gathered else Shard(-1))
     for p in plan.rowwise:
+        inputs = Replicate() if p in gathered else Shard(-1)
         if any(_within(p, block) for block in plan.moe):  # a shared expert: summed with the routed experts' partial
-            styles[p] = RowwiseParallel(output_layouts=Partial())  # output, reduced once by the MoE block
-        else:
-            styles[p] = RowwiseParallel(output_layouts=seq) if sequence_parallel else RowwiseParallel()
+            styles[p] = RowwiseParallel(input_layouts=inputs, output_layouts=Partial())  # output, reduced once by
+        else:  # the MoE block
+            styles[p] = RowwiseParallel(input_layouts=inputs, output_layouts=seq if sequence_parallel else Replicate())
     if plan.embedding:
         styles[plan.embedding] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq if sequence_parallel
                                                  else Replicate())
