@@ -120,6 +120,7 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
         return _innermost(path, linears)
 
     first, inputs = _linear_inputs(cap, linear_of)
+    cut = cut_on_features(cap, linears)
     plan = TPPlan()
     colwise: set[str] = set()
     rowwise: set[str] = set()
@@ -158,6 +159,8 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
                 plan.cross_head_norms += [n for n in inner_norms if n not in plan.cross_head_norms]
                 through[0] = True
                 _walk_back(inputs.get(lp, ()), ends_walk)
+                plan.gathered += sorted(partners | {lp})
+            elif partners & cut:  # a fused projection cut at fixed offsets (Phi-3's qkv_proj, GLM's gate_up_proj)
                 plan.gathered += sorted(partners | {lp})
             rowwise.add(lp)
             colwise |= partners
@@ -225,6 +228,31 @@ def whole_parts(modules: dict[str, torch.nn.Module], units: set[str], split: set
             linears = [f"{path}.{n}" if n else path for n, m in child.named_modules() if isinstance(m, torch.nn.Linear)]
             if linears and not set(linears) & split and not any(_within(path, b) or _within(b, path) for b in moe):
                 found.append(path)
+    return found
+
+
+_CUTS = {"slice.Tensor": 1, "narrow.default": 1, "split.Tensor": 2, "split_with_sizes.default": 2}  # op -> dim's arg
+
+
+def cut_on_features(cap: Capture, linears: set[str]) -> set[str]:
+    """The Linears whose output the traced forward cuts along its features (the last dimension) at fixed offsets:
+    a fused projection (Phi-3's ``qkv_proj`` sliced at ``num_heads * head_dim``, GLM's ``gate_up_proj`` chunked in
+    two).  Split colwise, a rank's shard would be cut at the whole tensor's offsets, so such a group's outputs are
+    gathered first, as transformers' plans for those models run them (colwise_gather_output)."""
+    found: set[str] = set()
+    for node in cap.nodes:
+        packet = getattr(node.target, "overloadpacket", None)
+        arg = _CUTS.get(f"{getattr(packet, '__name__', '')}.{getattr(node.target, '_overloadname', '')}")
+        if arg is None or node.meta.get("phase") != "forward" or not node.args or not isinstance(node.args[0], OpNode):
+            continue
+        source = getitem_source(node.args[0])
+        lp = _innermost(source.meta.get("module", ""), linears)
+        spec = node.args[0].meta.get("spec")
+        if lp is None or _within(node.meta.get("module", ""), lp) or not spec:
+            continue
+        dim = node.args[arg] if len(node.args) > arg else node.kwargs.get("dim", 0)
+        if isinstance(dim, int) and dim % len(spec[0].shape) == len(spec[0].shape) - 1:
+            found.add(lp)
     return found
 
 
