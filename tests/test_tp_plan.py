@@ -2,7 +2,7 @@
 
 The planner reads Megatron's colwise/rowwise pairs from the traced dataflow, with no table of names.  transformers
 states each architecture's own plan (``config.base_model_tp_plan``: ``"layers.*.self_attn.q_proj": "colwise"``, ...),
-written by the model's authors for its ``tp_plan="auto"``: the truth here.  For each of 20 architectures (tiny
+written by the model's authors for its ``tp_plan="auto"``: the truth here.  For each of 21 architectures (tiny
 random configurations, built on ``meta``): the derived colwise and rowwise Linear layers are those the shipped plan
 marks ``colwise`` and ``rowwise``; a norm the shipped plan keeps whole on every rank (``replicated_with_grad_allreduce``:
 Qwen3's and Gemma 3's per-head ``q_norm`` and ``k_norm``) is not run on sequence shards; a block whose experts the
@@ -52,6 +52,8 @@ ARCHITECTURES = {  # config class -> extra fields (head_dim: Qwen3 and Gemma 3 d
     # fused projections cut at fixed offsets (qkv_proj at num_heads x head_dim, gate_up_proj in two): gathered
     "Phi3Config": {"pad_token_id": 0},
     "GlmConfig": {"head_dim": 16, "pad_token_id": 0},
+    # the final norm applied to the embeddings too, before the blocks (its output joins the residual stream there)
+    "NanoChatConfig": {},
     # a learnable sink per attention head (split with the heads), sliding windows shorter than the sequence
     "GraniteMoeSWAConfig": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8},
 }

@@ -170,18 +170,28 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
     plan.rowwise = sorted(rowwise, key=lambda p: first.get(p, 0))
     plan.gather_at = sorted(set(plan.gather_at), key=lambda p: min(first.get(c, 0) for c in colwise if _within(c, p)))
     _outside_blocks(plan, modules, sorted(first, key=first.get), unit_of)
-    # a norm inside a group's module runs on the gathered sequence, not on shards (MLA's q_a_layernorm, kv_a_layernorm)
     plan.moe = sorted({p.rpartition(".")[0] for p in expert_paths(model)})
     plan.whole = whole_parts(modules, units, colwise | rowwise, plan.moe)
-    in_units = [n for n in norms if unit_of(n) is not None and linear_of(n) is None
-                and not any(_within(n, g) for g in plan.gather_at + plan.whole)]
-    last_unit_end = max((first.get(c, 0) for c in colwise | rowwise), default=0)
-    final = [n for n in norms if unit_of(n) is None and n in _forward_modules(cap, after=last_unit_end)]
-    plan.norms = sorted(in_units) + final
-    plan.post_norms = sorted(set(in_units) - _norms_read_by(colwise, inputs, in_units))
+    _sequence_norms(plan, cap, norms, unit_of, linear_of, [first.get(c, 0) for c in colwise | rowwise], inputs)
     plan.per_head = per_head_parameters(model, colwise)
     plan.notes += _notes(plan)
     return plan
+
+
+def _sequence_norms(plan: TPPlan, cap: Capture, norms: set[str], unit_of: Callable, linear_of: Callable,
+                    starts: list[int], inputs: dict[str, list]) -> None:
+    """The norms sequence parallelism runs on sequence shards (``plan.norms``) and those of them that return their
+    local shard (``plan.post_norms``), given the first op of each split Linear (``starts``)."""
+    # a norm inside a group's module runs on the gathered sequence, not on shards (MLA's q_a_layernorm, kv_a_layernorm)
+    in_units = [n for n in norms if unit_of(n) is not None and linear_of(n) is None
+                and not any(_within(n, g) for g in plan.gather_at + plan.whole)]
+    final = [n for n in norms if unit_of(n) is None and n in _forward_modules(cap, after=max(starts, default=0))]
+    plan.norms = sorted(in_units) + final
+    plan.post_norms = sorted(set(in_units) - _norms_read_by(set(plan.colwise), inputs, in_units))
+    # a final norm that also runs before the blocks (nanochat's model.norm, on the embeddings) feeds the residual
+    # stream there: its local shard, as the blocks' outputs are
+    early = {n.meta.get("module", "") for n in cap.nodes[:min(starts, default=0)] if n.meta.get("phase") == "forward"}
+    plan.post_norms += [n for n in final if n in early]
 
 
 def _outside_blocks(plan: TPPlan, modules: dict[str, torch.nn.Module], linears_in_order: list[str],
