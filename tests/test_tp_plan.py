@@ -358,3 +358,22 @@ def test_olmo2_gathered_heads_under_tp_match_the_real_run(olmo2_runs, run, rank)
 
     assert_states_exact(olmo2_runs, run, rank)
     assert_peak_within(olmo2_runs, run, rank)
+
+
+def test_gemma4_per_layer_gate_stays_whole():
+    """Gemma 4 multiplies the output of each layer's per_layer_input_gate by a per-layer input computed before the
+    blocks (of the gate's width) and projects it back with per_layer_projection: split colwise, the gate's shard
+    would meet the whole per-layer input (the trace failed).  A Linear whose whole output meets a tensor from outside
+    the block pairs with nothing, and the two stay whole, as the shipped plan keeps them."""
+    from estimator.compat import import_torchvision
+
+    import_torchvision()
+    config = transformers.Gemma4TextConfig(**SMALL, head_dim=16, hidden_size_per_layer_input=16)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    ids = torch.zeros(2, 16, dtype=torch.long)
+    planner = Planner(model, {"input_ids": ids, "labels": ids.clone()}, gpu="H100", device="cpu", precision="fp32")
+    tp = planner.tp_plan()
+    assert set(tp.colwise) == _shipped(planner, "colwise") and set(tp.rowwise) == _shipped(planner, "rowwise")
+    assert not any("per_layer" in p for p in tp.colwise + tp.rowwise)
+    assert planner.plan("fsdp", 4, tp=2, solve=()).per_gpu.peak > 0

@@ -131,11 +131,13 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
         partners: set[str] = set()
         inner_norms: list[str] = []  # norms inside lp's own module, between lp and its partners
         through: list[bool] = [False]  # walk through those norms (a gathered group's second walk)
+        joins: set[int] = set()  # features of elementwise ops joining a tensor from outside the block
 
         def ends_walk(node: OpNode, lp: str = lp, unit: str = unit) -> bool:
             module = node.meta.get("module", "")
             if not _within(module, unit):
                 return True
+            joins.update(_outside_joins(node, unit))
             norm = next((n for n in _ancestors(module) if n in norms and _within(n, unit)), None)
             if norm is not None:
                 inner = _within(norm, lp.rpartition(".")[0])
@@ -149,6 +151,8 @@ def derive_tp_plan(model: torch.nn.Module, cap: Capture, unit_paths: list[str]) 
             return False
 
         _walk_back(inputs.get(lp, ()), ends_walk)
+        if joins & {getattr(modules[p], "out_features", None) for p in partners}:
+            continue  # a partner's whole output meets a tensor from outside the block (Gemma 4's per-layer input)
         if partners and not partners & rowwise and lp not in colwise:
             if inner_norms:
                 # a norm between the colwise group and its rowwise Linear normalizes over all the heads split between
@@ -321,6 +325,26 @@ def _norms_read_by(linears: set[str], inputs: dict[str, list[OpNode]], norms: li
     for lp in linears:
         _walk_back(inputs.get(lp, ()), ends_walk)
     return found
+
+
+_ELEMENTWISE = ("aten.mul.", "aten.add.", "aten.sub.", "aten.div.")
+
+
+def _outside_joins(node: OpNode, unit: str) -> list[int]:
+    """The feature size of an elementwise op inside ``unit`` that joins a tensor made outside it of the same last
+    dimension (Gemma 4 multiplies its per-layer gate's output by a per-layer input computed before the blocks): a
+    Linear whose whole output meets it cannot be split colwise.  (Broadcast operands, as rotary cos/sin over heads,
+    are not joins of the same features.)"""
+    spec = node.meta.get("spec")
+    if not str(node.target).startswith(_ELEMENTWISE) or not spec or not spec[0].shape:
+        return []
+    last = spec[0].shape[-1]
+    for a in node.args[:2]:
+        if isinstance(a, OpNode) and not _within(getitem_source(a).meta.get("module", ""), unit):
+            other = a.meta.get("spec")
+            if other and other[0].shape and other[0].shape[-1] == last and last > 1:
+                return [last]
+    return []
 
 
 def _carries_features(node: OpNode) -> bool:
