@@ -20,8 +20,9 @@ torchtitan logs it (reserved: the plan's need less the CUDA context).  Printed, 
 runs judge the planner, never fit it.
 
 Measured on 2026-11-29 (2 cores): 1F1B 115 TPS/GPU (1.146 of 100), 60.9 GiB on rank 0 (0.738 of 82.5), planned in
-48 s; interleaved 1F1B 127 TPS/GPU (0.990 of 128), 65.6 GiB on rank 0 (0.902 of 72.7), 46 s (83 s and 89 s before the
-tensor-parallel plan's module lookups walked up paths instead of scanning every Linear).  Until 2026-11-29 the
+39 s; interleaved 1F1B 127 TPS/GPU (0.990 of 128), 65.6 GiB on rank 0 (0.902 of 72.7), 38 s (83 s and 89 s before the
+tensor-parallel plan's module lookups walked up paths instead of scanning every Linear, and the model's own figures
+were read from the eager single-device step instead of a second, compiled trace).  Until 2026-11-29 the
 plan took FSDP2's reduce dtype (the parameters', bf16) where torchtitan reduces in fp32: under pipeline parallelism
 FSDP2 does not reduce-scatter until the last micro-batch (``set_requires_gradient_sync(False)``), and with a
 reduce dtype unlike the parameters' it accumulates the stage's unsharded gradients in that dtype

@@ -25,7 +25,7 @@ factor, as its GEMMs did, and while the plan reduced gradients in bf16 where tor
 logs it (the allocator's reserved bytes: the plan's need less the CUDA context).  Printed, not asserted:
 torchtitan's runs judge the planner, they are never fitted to.
 
-    .venv/bin/python benchmarks/plan_torchtitan_70b.py            # ~2 minutes on 2 cores
+    .venv/bin/python benchmarks/plan_torchtitan_70b.py            # ~1.2 minutes on 2 cores
     .venv/bin/python benchmarks/plan_torchtitan_70b.py --layers 8 # smoke run (ratios meaningless)
 """
 
