@@ -377,3 +377,25 @@ def test_gemma4_per_layer_gate_stays_whole():
     assert set(tp.colwise) == _shipped(planner, "colwise") and set(tp.rowwise) == _shipped(planner, "rowwise")
     assert not any("per_layer" in p for p in tp.colwise + tp.rowwise)
     assert planner.plan("fsdp", 4, tp=2, solve=()).per_gpu.peak > 0
+
+
+def test_kimi_linear_gates_beside_whole_projections_stay_whole():
+    """Kimi Linear's delta attention (KDA) computes low-rank gates (f_a_proj -> f_b_proj, g_a_proj -> g_b_proj: a
+    Linear feeding a Linear) beside q, k, v and o projections that pair with nothing, and its output is o_proj's: the
+    gates' pairs are dropped and the attention runs whole on every rank, as the shipped plan keeps it (split, the
+    gates met whole tensors under sequence parallelism)."""
+    from estimator.compat import import_torchvision
+
+    import_torchvision()
+    config = transformers.KimiLinearConfig(**{**SMALL, "num_key_value_heads": 4}, head_dim=16, moe_intermediate_size=32,
+                                           num_experts=4, num_experts_per_token=2, kv_lora_rank=32,
+                                           qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, use_cache=False,
+                                           pad_token_id=0)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    ids = torch.zeros(2, 16, dtype=torch.long)
+    planner = Planner(model, {"input_ids": ids, "labels": ids.clone()}, gpu="H100", device="cpu", precision="fp32")
+    tp = planner.tp_plan()
+    assert set(tp.colwise) == _shipped(planner, "colwise") and set(tp.rowwise) == _shipped(planner, "rowwise")
+    assert not any("_a_proj" in p or "_b_proj" in p for p in tp.colwise + tp.rowwise)
+    assert planner.plan("fsdp", 4, tp=2, sequence_parallel=True, solve=()).per_gpu.peak > 0

@@ -43,7 +43,7 @@ from .search import (
     resize_inputs,
     tokens_per_sample,
 )
-from .tp import TPPlan, derive_tp_plan, model_heads
+from .tp_dataflow import TPPlan, derive_tp_plan, model_heads
 from .traced import Peak, Step, storage_rows
 from .zero import ZeroStates, zero_peak
 
