@@ -171,6 +171,20 @@ def _attention_styles(outer) -> dict:
             "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(output_layouts=outer)}
 
 
+def embedding_and_head(model: torch.nn.Module, tp_mesh, sp: bool) -> None:
+    """torchtitan's styles outside the blocks: the embedding rowwise, the head colwise with its logits gathered, with
+    sequence parallelism the embedding's output on sequence shards and the final norm on them."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
+
+    outer = Shard(1) if sp else Replicate()
+    top = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=outer),
+           "lm_head": ColwiseParallel(input_layouts=outer, output_layouts=Replicate())}
+    if sp:
+        top["model.norm"] = SequenceParallel()
+    parallelize_module(model, tp_mesh, top)
+
+
 def mixtral_tensor_parallel(model: torch.nn.Module, tp_mesh, sp: bool) -> None:
     """torchtitan's tensor parallelism (``torchtitan/models/llama3/parallelize.py`` and ``apply_moe_ep_tp``) on
     transformers' Mixtral names: q, k, v colwise and o rowwise, the embedding rowwise and the head colwise, with
@@ -179,10 +193,8 @@ def mixtral_tensor_parallel(model: torch.nn.Module, tp_mesh, sp: bool) -> None:
     without ``sp``), the router computed in full on every rank."""
     from torch.distributed.tensor import Partial, Replicate, Shard
     from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
         PrepareModuleInput,
         PrepareModuleInputOutput,
-        RowwiseParallel,
         SequenceParallel,
         parallelize_module,
     )
@@ -199,11 +211,7 @@ def mixtral_tensor_parallel(model: torch.nn.Module, tp_mesh, sp: bool) -> None:
                            "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": seq},
                                                            desired_input_kwarg_layouts={"hidden_states": Replicate()})})
         parallelize_module(layer, tp_mesh, styles)
-    top = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=outer),
-           "lm_head": ColwiseParallel(input_layouts=outer, output_layouts=Replicate())}
-    if sp:
-        top["model.norm"] = SequenceParallel()
-    parallelize_module(model, tp_mesh, top)
+    embedding_and_head(model, tp_mesh, sp)
 
 
 def shard_experts(experts: list[torch.nn.Module], efsdp_mesh, ep: int, policy, reduce_scatter,
@@ -314,11 +322,7 @@ def deepseek_tensor_parallel(model: torch.nn.Module, tp_mesh, sp: bool) -> None:
                                                 use_local_output=True),
                 "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))})
         parallelize_module(layer, tp_mesh, styles)
-    top = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=outer),
-           "lm_head": ColwiseParallel(input_layouts=outer, output_layouts=Replicate())}
-    if sp:
-        top["model.norm"] = SequenceParallel()
-    parallelize_module(model, tp_mesh, top)
+    embedding_and_head(model, tp_mesh, sp)
 
 
 def build_qwen3_next(config: dict):
@@ -358,11 +362,7 @@ def qwen3_next_tensor_parallel(model: torch.nn.Module, tp_mesh, sp: bool) -> Non
                     output_layouts=(Replicate(),), desired_output_layouts=(seq,), use_local_output=True),
                 "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))})
         parallelize_module(layer, tp_mesh, styles)
-    top = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=outer),
-           "lm_head": ColwiseParallel(input_layouts=outer, output_layouts=Replicate())}
-    if sp:
-        top["model.norm"] = SequenceParallel()
-    parallelize_module(model, tp_mesh, top)
+    embedding_and_head(model, tp_mesh, sp)
 
 
 def build_olmo2(config: dict):
@@ -404,8 +404,4 @@ def olmo2_tensor_parallel(model: torch.nn.Module, tp_mesh, sp: bool) -> None:
                 "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
                                           use_local_output=True)})
         parallelize_module(layer, tp_mesh, styles)
-    top = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=outer),
-           "lm_head": ColwiseParallel(input_layouts=outer, output_layouts=Replicate())}
-    if sp:
-        top["model.norm"] = SequenceParallel()
-    parallelize_module(model, tp_mesh, top)
+    embedding_and_head(model, tp_mesh, sp)

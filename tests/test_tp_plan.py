@@ -98,6 +98,43 @@ def test_pairs_are_the_ones_transformers_ships(name):
     assert plan.per_gpu.peak > 0
 
 
+TP_RUNS = [{"id": "fsdp-tp2", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "tp": 2},
+           {"id": "fsdp-tp2-sp", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "tp": 2, "sp": True}]
+RANKS = [0, 3]  # (of the 4 processes: dp 2 x tp 2)
+RUN_RANKS = [(r["id"], k) for r in TP_RUNS for k in RANKS]
+
+
+def _case(name: str, config: dict) -> dict:
+    """A tests/dist_worker.py case: ``name``'s model (tests/moe_worker.py's ``build_<name>`` and
+    ``<name>_tensor_parallel``), batch 4 x 32 tokens, tp 2 with and without sequence parallelism."""
+    return {"name": name, "model": name, "config": config, "batch": 4, "seq": 32, "runs": TP_RUNS}
+
+
+def _real_and_planned(case: dict, model_class: str, config_class: str, tmp_path_factory) -> tuple[dict, dict]:
+    """The case run for real on 4 gloo processes, and planned for the same ranks meanwhile."""
+    from gloo_runs import real_and_planned
+
+    def plans() -> dict:
+        from estimator.compat import import_torchvision
+
+        import_torchvision()
+        with torch.device("meta"):
+            model = getattr(transformers, model_class)(getattr(transformers, config_class)(**case["config"]))
+        ids = torch.zeros(case["batch"], case["seq"], dtype=torch.long)
+        planner = Planner(model, {"input_ids": ids, "labels": ids.clone()}, gpu="H100", device="cpu", precision="fp32")
+        return {(run["id"], rank): planner.plan("fsdp", 4, tp=2, sequence_parallel=run.get("sp", False), rank=rank,
+                                                solve=())
+                for run in case["runs"] for rank in RANKS}
+    return real_and_planned([(case, 4, tmp_path_factory.mktemp(case["name"]))], {case["name"]: RANKS}, plans)
+
+
+def _matches(runs: tuple[dict, dict], run: str, rank: int) -> None:
+    from gloo_runs import assert_peak_within, assert_states_exact
+
+    assert_states_exact(runs, run, rank)
+    assert_peak_within(runs, run, rank)
+
+
 # Gemma 2 for real on a dp 2 x tp 2 gloo mesh (tests/dist_worker.py; its plan written out independently in
 # tests/moe_worker.py's gemma2_tensor_parallel): the embedding and head tied and left whole, the post-norms feeding the
 # residual sum; with sequence parallelism the embedding's output cut to the sequence shard and the head's input
@@ -109,36 +146,17 @@ def test_pairs_are_the_ones_transformers_ships(name):
 GEMMA2 = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
           "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 250, "max_position_embeddings": 64,
           "sliding_window": 16}
-GEMMA2_CASE = {"name": "gemma2", "model": "gemma2", "config": GEMMA2, "batch": 4, "seq": 32, "runs": [
-    {"id": "fsdp-tp2", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "tp": 2},
-    {"id": "fsdp-tp2-sp", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "tp": 2, "sp": True}]}
-GEMMA2_RANKS = [0, 3]
+GEMMA2_CASE = _case("gemma2", GEMMA2)
 
 
 @pytest.fixture(scope="module")
 def gemma2_runs(tmp_path_factory):
-    from gloo_runs import real_and_planned
-
-    def plans() -> dict:
-        from estimator.compat import import_torchvision
-
-        import_torchvision()
-        with torch.device("meta"):
-            model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**GEMMA2))
-        ids = torch.zeros(GEMMA2_CASE["batch"], GEMMA2_CASE["seq"], dtype=torch.long)
-        planner = Planner(model, {"input_ids": ids, "labels": ids.clone()}, gpu="H100", device="cpu", precision="fp32")
-        return {(run["id"], rank): planner.plan("fsdp", 4, tp=2, sequence_parallel=run.get("sp", False), rank=rank,
-                                                solve=())
-                for run in GEMMA2_CASE["runs"] for rank in GEMMA2_RANKS}
-    return real_and_planned([(GEMMA2_CASE, 4, tmp_path_factory.mktemp("gemma2"))], {"gemma2": GEMMA2_RANKS}, plans)
+    return _real_and_planned(GEMMA2_CASE, "Gemma2ForCausalLM", "Gemma2Config", tmp_path_factory)
 
 
-@pytest.mark.parametrize("run,rank", [(r["id"], k) for r in GEMMA2_CASE["runs"] for k in GEMMA2_RANKS])
+@pytest.mark.parametrize("run,rank", RUN_RANKS)
 def test_gemma2_under_tp_matches_the_real_run(gemma2_runs, run, rank):
-    from gloo_runs import assert_peak_within, assert_states_exact
-
-    assert_states_exact(gemma2_runs, run, rank)
-    assert_peak_within(gemma2_runs, run, rank)
+    _matches(gemma2_runs, run, rank)
 
 
 def test_a_norm_over_all_heads_gathers_the_heads():
@@ -254,110 +272,54 @@ def test_qwen3_next_linear_attention_runs_whole_on_the_gathered_sequence():
 # kv_b_proj colwise, o_proj rowwise, the low-rank projections and their norms whole on the gathered sequence.
 # Measured on 2026-11-29, all four ranks: states exact, peaks +0.0011 % (tp 2) and +0.0012 % (tp 2 + sp).
 DEEPSEEK = {**SMALL, "num_key_value_heads": 4, "max_position_embeddings": 64, **MLA, "first_k_dense_replace": 2}
-DEEPSEEK_CASE = {"name": "deepseek", "model": "deepseek", "config": DEEPSEEK, "batch": 4, "seq": 32, "runs": [
-    {"id": "fsdp-tp2", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "tp": 2},
-    {"id": "fsdp-tp2-sp", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "tp": 2, "sp": True}]}
-DEEPSEEK_RANKS = [0, 3]
+DEEPSEEK_CASE = _case("deepseek", DEEPSEEK)
 
 
 @pytest.fixture(scope="module")
 def deepseek_runs(tmp_path_factory):
-    from gloo_runs import real_and_planned
-
-    def plans() -> dict:
-        from estimator.compat import import_torchvision
-
-        import_torchvision()
-        with torch.device("meta"):
-            model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**DEEPSEEK))
-        ids = torch.zeros(DEEPSEEK_CASE["batch"], DEEPSEEK_CASE["seq"], dtype=torch.long)
-        planner = Planner(model, {"input_ids": ids, "labels": ids.clone()}, gpu="H100", device="cpu", precision="fp32")
-        return {(run["id"], rank): planner.plan("fsdp", 4, tp=2, sequence_parallel=run.get("sp", False), rank=rank,
-                                                solve=())
-                for run in DEEPSEEK_CASE["runs"] for rank in DEEPSEEK_RANKS}
-    return real_and_planned([(DEEPSEEK_CASE, 4, tmp_path_factory.mktemp("deepseek"))], {"deepseek": DEEPSEEK_RANKS},
-                            plans)
+    return _real_and_planned(DEEPSEEK_CASE, "DeepseekV3ForCausalLM", "DeepseekV3Config", tmp_path_factory)
 
 
-@pytest.mark.parametrize("run,rank", [(r["id"], k) for r in DEEPSEEK_CASE["runs"] for k in DEEPSEEK_RANKS])
+@pytest.mark.parametrize("run,rank", RUN_RANKS)
 def test_deepseek_v3_mla_under_tp_matches_the_real_run(deepseek_runs, run, rank):
-    from gloo_runs import assert_peak_within, assert_states_exact
-
-    assert_states_exact(deepseek_runs, run, rank)
-    assert_peak_within(deepseek_runs, run, rank)
+    _matches(deepseek_runs, run, rank)
 
 
 # Qwen3-Next's linear attention (Gated DeltaNet, transformers' torch implementation on CPU) whole on every rank, for
 # real on a dp 2 x tp 2 gloo mesh with dense MLPs split (tests/moe_worker.py's qwen3_next_tensor_parallel); under
 # sequence parallelism its input gathered to the whole sequence and its output cut back to the shard.  Measured on
-# 2026-11-29, all four ranks: states exact, peaks within 4 bytes of 220.9 MB (tp 2) and 220.8 MB (tp 2 + sp).
+# 2026-11-29, all four ranks: states exact, peaks within 4 bytes of 6.28 MB (tp 2) and 6.17 MB (tp 2 + sp).
 QWEN3_NEXT = {**SMALL, "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-              "shared_expert_intermediate_size": 32, "mlp_only_layers": [0, 1], "use_cache": False}
-QWEN3_NEXT_CASE = {"name": "qwen3_next", "model": "qwen3_next", "config": QWEN3_NEXT, "batch": 4, "seq": 32, "runs": [
-    {"id": "fsdp-tp2", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "tp": 2},
-    {"id": "fsdp-tp2-sp", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "tp": 2, "sp": True}]}
+              "shared_expert_intermediate_size": 32, "mlp_only_layers": [0, 1], "use_cache": False,
+              "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 16,
+              "linear_value_head_dim": 16}
+QWEN3_NEXT_CASE = _case("qwen3_next", QWEN3_NEXT)
 
 
 @pytest.fixture(scope="module")
 def qwen3_next_runs(tmp_path_factory):
-    from gloo_runs import real_and_planned
-
-    def plans() -> dict:
-        from estimator.compat import import_torchvision
-
-        import_torchvision()
-        with torch.device("meta"):
-            model = transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(**QWEN3_NEXT))
-        ids = torch.zeros(QWEN3_NEXT_CASE["batch"], QWEN3_NEXT_CASE["seq"], dtype=torch.long)
-        planner = Planner(model, {"input_ids": ids, "labels": ids.clone()}, gpu="H100", device="cpu", precision="fp32")
-        return {(run["id"], rank): planner.plan("fsdp", 4, tp=2, sequence_parallel=run.get("sp", False), rank=rank,
-                                                solve=())
-                for run in QWEN3_NEXT_CASE["runs"] for rank in DEEPSEEK_RANKS}
-    return real_and_planned([(QWEN3_NEXT_CASE, 4, tmp_path_factory.mktemp("qwen3_next"))],
-                            {"qwen3_next": DEEPSEEK_RANKS}, plans)
+    return _real_and_planned(QWEN3_NEXT_CASE, "Qwen3NextForCausalLM", "Qwen3NextConfig", tmp_path_factory)
 
 
-@pytest.mark.parametrize("run,rank", [(r["id"], k) for r in QWEN3_NEXT_CASE["runs"] for k in DEEPSEEK_RANKS])
+@pytest.mark.parametrize("run,rank", RUN_RANKS)
 def test_qwen3_next_linear_attention_under_tp_matches_the_real_run(qwen3_next_runs, run, rank):
-    from gloo_runs import assert_peak_within, assert_states_exact
-
-    assert_states_exact(qwen3_next_runs, run, rank)
-    assert_peak_within(qwen3_next_runs, run, rank)
+    _matches(qwen3_next_runs, run, rank)
 
 
 # OLMo 2 for real on a dp 2 x tp 2 gloo mesh with transformers' own plan for it (tests/moe_worker.py's
 # olmo2_tensor_parallel): q, k, v gathered after their sharded projections, o_proj splitting its whole input.
 # Measured on 2026-11-29, all four ranks: states exact, peaks +0.0010 % (tp 2) and +0.0011 % (tp 2 + sp).
-OLMO2_CASE = {"name": "olmo2", "model": "olmo2", "config": {**SMALL, "vocab_size": 250}, "batch": 4, "seq": 32,
-              "runs": [{"id": "fsdp-tp2", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "tp": 2},
-                       {"id": "fsdp-tp2-sp", "strategy": "fsdp", "precision": "fp32", "checkpoint": False, "tp": 2,
-                        "sp": True}]}
+OLMO2_CASE = _case("olmo2", {**SMALL, "vocab_size": 250})
 
 
 @pytest.fixture(scope="module")
 def olmo2_runs(tmp_path_factory):
-    from gloo_runs import real_and_planned
-
-    def plans() -> dict:
-        from estimator.compat import import_torchvision
-
-        import_torchvision()
-        with torch.device("meta"):
-            model = transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**OLMO2_CASE["config"]))
-        ids = torch.zeros(OLMO2_CASE["batch"], OLMO2_CASE["seq"], dtype=torch.long)
-        planner = Planner(model, {"input_ids": ids, "labels": ids.clone()}, gpu="H100", device="cpu", precision="fp32")
-        return {(run["id"], rank): planner.plan("fsdp", 4, tp=2, sequence_parallel=run.get("sp", False), rank=rank,
-                                                solve=())
-                for run in OLMO2_CASE["runs"] for rank in DEEPSEEK_RANKS}
-    return real_and_planned([(OLMO2_CASE, 4, tmp_path_factory.mktemp("olmo2"))], {"olmo2": DEEPSEEK_RANKS}, plans)
+    return _real_and_planned(OLMO2_CASE, "Olmo2ForCausalLM", "Olmo2Config", tmp_path_factory)
 
 
-@pytest.mark.parametrize("run,rank", [(r["id"], k) for r in OLMO2_CASE["runs"] for k in DEEPSEEK_RANKS])
+@pytest.mark.parametrize("run,rank", RUN_RANKS)
 def test_olmo2_gathered_heads_under_tp_match_the_real_run(olmo2_runs, run, rank):
-    from gloo_runs import assert_peak_within, assert_states_exact
-
-    assert_states_exact(olmo2_runs, run, rank)
-    assert_peak_within(olmo2_runs, run, rank)
+    _matches(olmo2_runs, run, rank)
 
 
 def test_gemma4_per_layer_gate_stays_whole():
