@@ -9,7 +9,13 @@ features split, no communication in between).  The pairs are read from the singl
 walking back from each Linear's input through the ops of its block, stopping at a norm module
 (it mixes the features), the block's input or a placeholder; a Linear reached is a partner.
 This finds Megatron's pairs in GPT (qkv -> proj, fc1 -> fc2) and Llama (q, k, v -> o;
-gate, up -> down) models without a table of names.
+gate, up -> down) models without a table of names (:mod:`.tp_dataflow`).  The walk follows values that can
+hold features only (top-k indices carry none).  Where the plain split would be wrong, the dataflow says so: a
+norm between a colwise group and its rowwise Linear (OLMo 2's q_norm over all heads) or a fused projection cut
+at fixed offsets (Phi-3's qkv_proj) has the group's outputs gathered (transformers' colwise_gather_output and
+rowwise_split_input); a Linear whose whole output meets a tensor from outside the block (Gemma 4's per-layer
+gate), or pairs inside a part whose output is an unsplit Linear (Kimi Linear's gates), stay whole; a block's
+part with no split Linear runs whole on every rank (under sequence parallelism on the gathered sequence).
 
 Outside the blocks: the token embedding is split by rows of its vocabulary (``RowwiseParallel``
 on ``nn.Embedding``: the output all-reduced) and the LM head by output features with its logits
