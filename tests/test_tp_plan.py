@@ -361,3 +361,20 @@ def test_kimi_linear_gates_beside_whole_projections_stay_whole():
     assert set(tp.colwise) == _shipped(planner, "colwise") and set(tp.rowwise) == _shipped(planner, "rowwise")
     assert not any("_a_proj" in p or "_b_proj" in p for p in tp.colwise + tp.rowwise)
     assert planner.plan("fsdp", 4, tp=2, sequence_parallel=True, solve=()).per_gpu.peak > 0
+
+
+def test_minimax_normed_residual_stays_on_its_shard():
+    """MiniMax keeps the normed input as the residual (``residual = norm(x); x = residual * alpha + attn(residual) *
+    beta``): under sequence parallelism the norm returns its local shard, as the residual stream is, and the
+    attention's gather takes that shard (the norm's DTensor had met the attention's local output in the sum)."""
+    from estimator.compat import import_torchvision
+
+    import_torchvision()
+    config = transformers.MiniMaxConfig(**SMALL, num_local_experts=4, num_experts_per_tok=2)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    ids = torch.zeros(2, 16, dtype=torch.long)
+    planner = Planner(model, {"input_ids": ids, "labels": ids.clone()}, gpu="H100", device="cpu", precision="fp32")
+    tp = planner.tp_plan()
+    assert {f"model.layers.{i}.input_layernorm" for i in range(2)} <= set(tp.post_norms)
+    assert planner.plan("fsdp", 4, tp=2, sequence_parallel=True, solve=()).per_gpu.peak > 0

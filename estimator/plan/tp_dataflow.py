@@ -185,11 +185,34 @@ def _sequence_norms(plan: TPPlan, cap: Capture, norms: set[str], unit_of: Callab
                 and not any(_within(n, g) for g in plan.gather_at + plan.whole)]
     final = [n for n in norms if unit_of(n) is None and n in _forward_modules(cap, after=max(starts, default=0))]
     plan.norms = sorted(in_units) + final
-    plan.post_norms = sorted(set(in_units) - _norms_read_by(set(plan.colwise), inputs, in_units))
+    residual = _norms_in_residual_sums(cap, in_units, unit_of, linear_of)
+    plan.post_norms = sorted((set(in_units) - _norms_read_by(set(plan.colwise), inputs, in_units)) | residual)
     # a final norm that also runs before the blocks (nanochat's model.norm, on the embeddings) feeds the residual
     # stream there: its local shard, as the blocks' outputs are
     early = {n.meta.get("module", "") for n in cap.nodes[:min(starts, default=0)] if n.meta.get("phase") == "forward"}
     plan.post_norms += [n for n in final if n in early]
+
+
+def _norms_in_residual_sums(cap: Capture, norms: list[str], unit_of: Callable, linear_of: Callable) -> set[str]:
+    """The norms whose output is itself a term of a residual sum (MiniMax keeps the normed input as the residual:
+    ``residual = norm(x); x = residual * alpha + attn(residual) * beta``): under sequence parallelism they return
+    their local shard, as the residual stream is.  One walk back from every residual sum in the blocks, stopping at
+    Linears (what they make is not the norm's output) and at the blocks' edges."""
+    found: set[str] = set()
+    norm_set = set(norms)
+
+    def ends_walk(node: OpNode) -> bool:
+        module = node.meta.get("module", "")
+        norm = _innermost(module, norm_set)
+        if norm is not None:
+            found.add(norm)
+            return True
+        return unit_of(module) is None or linear_of(module) is not None
+
+    sums = [n for n in cap.nodes if n.meta.get("phase") == "forward" and _residual_sum(n)
+            and unit_of(n.meta.get("module", "")) is not None]
+    _walk_back([a for n in sums for a in n.args[:2] if isinstance(a, OpNode)], ends_walk)
+    return found
 
 
 def _outside_blocks(plan: TPPlan, modules: dict[str, torch.nn.Module], linears_in_order: list[str],
