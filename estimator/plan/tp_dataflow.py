@@ -196,23 +196,12 @@ def _sequence_norms(plan: TPPlan, cap: Capture, norms: set[str], unit_of: Callab
 def _norms_in_residual_sums(cap: Capture, norms: list[str], unit_of: Callable, linear_of: Callable) -> set[str]:
     """The norms whose output is itself a term of a residual sum (MiniMax keeps the normed input as the residual:
     ``residual = norm(x); x = residual * alpha + attn(residual) * beta``): under sequence parallelism they return
-    their local shard, as the residual stream is.  One walk back from every residual sum in the blocks, stopping at
+    their local shard, as the residual stream is.  Walking back from every residual sum in the blocks, stopping at
     Linears (what they make is not the norm's output) and at the blocks' edges."""
-    found: set[str] = set()
-    norm_set = set(norms)
-
-    def ends_walk(node: OpNode) -> bool:
-        module = node.meta.get("module", "")
-        norm = _innermost(module, norm_set)
-        if norm is not None:
-            found.add(norm)
-            return True
-        return unit_of(module) is None or linear_of(module) is not None
-
     sums = [n for n in cap.nodes if n.meta.get("phase") == "forward" and _residual_sum(n)
             and unit_of(n.meta.get("module", "")) is not None]
-    _walk_back([a for n in sums for a in n.args[:2] if isinstance(a, OpNode)], ends_walk)
-    return found
+    return _norms_reached([a for n in sums for a in n.args[:2] if isinstance(a, OpNode)], norms,
+                          lambda module, _node: unit_of(module) is None or linear_of(module) is not None)
 
 
 def _outside_blocks(plan: TPPlan, modules: dict[str, torch.nn.Module], linears_in_order: list[str],
@@ -324,10 +313,17 @@ def per_head_parameters(model: torch.nn.Module, colwise: set[str]) -> list[str]:
 
 
 def _norms_read_by(linears: set[str], inputs: dict[str, list[OpNode]], norms: list[str]) -> set[str]:
-    """The norms whose output reaches one of ``linears`` (walking back from each one's inputs, stopping at the first
+    """The norms whose output reaches one of ``linears`` (walking back from their inputs, stopping at the first
     norm): under sequence parallelism their output stays a sequence-sharded DTensor, which the group's gather
     redistributes; a norm that feeds a residual sum instead (Gemma 2's post-attention and post-feed-forward norms)
     returns its local shard, as the residual stream is."""
+    return _norms_reached([a for lp in linears for a in inputs.get(lp, ())], norms,
+                          lambda _module, node: _residual_sum(node))  # a norm before it feeds the residual stream
+
+
+def _norms_reached(starts: list[OpNode], norms: list[str], stop: Callable[[str, OpNode], bool]) -> set[str]:
+    """The norms met walking back from ``starts`` (the walk ends at the first norm on each path, and where ``stop``
+    of the op's module and the op is true)."""
     found: set[str] = set()
     norm_set = set(norms)
 
@@ -337,10 +333,9 @@ def _norms_read_by(linears: set[str], inputs: dict[str, list[OpNode]], norms: li
         if norm is not None:
             found.add(norm)
             return True
-        return _residual_sum(node)  # a norm before it feeds the residual stream, not the group
+        return stop(module, node)
 
-    for lp in linears:
-        _walk_back(inputs.get(lp, ()), ends_walk)
+    _walk_back(starts, ends_walk)
     return found
 
 
