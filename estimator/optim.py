@@ -10,7 +10,7 @@ for built-in and user-defined optimizers alike.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -28,6 +28,9 @@ OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
     "adadelta": (torch.optim.Adadelta, {}),
     "nadam": (torch.optim.NAdam, {"lr": 1e-3}),
     "radam": (torch.optim.RAdam, {"lr": 1e-3}),
+    "adafactor": (torch.optim.Adafactor, {"lr": 1e-2}),
+    # on the hidden matrices, with AdamW on the other parameters (:func:`hidden_matrices`, :func:`muon_and_adamw`)
+    "muon": (torch.optim.Muon, {"lr": 2e-2}),
 }
 
 
@@ -70,7 +73,10 @@ ELEMENTWISE = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim
 
 
 def optimizer_class(spec: Any) -> type | None:
-    """The ``torch.optim.Optimizer`` class ``spec`` names (a name, a class or an instance); None for none."""
+    """The ``torch.optim.Optimizer`` class ``spec`` names (a name, a class or an instance); None for none (and for a
+    sequence of optimizers)."""
+    if isinstance(spec, (list, tuple)):
+        return None
     if isinstance(spec, str):
         name = parse_optimizer(spec)[0]
         return None if name == "none" else OPTIMIZERS[name][0]
@@ -80,7 +86,10 @@ def optimizer_class(spec: Any) -> type | None:
 
 
 def elementwise(spec: Any) -> bool:
-    """Whether the optimizer ``spec`` is exactly one of :data:`ELEMENTWISE` (a subclass may do more)."""
+    """Whether the optimizer ``spec`` is exactly one of :data:`ELEMENTWISE` (a subclass may do more); a sequence,
+    whether each of its optimizers is."""
+    if isinstance(spec, (list, tuple)):
+        return bool(spec) and all(map(elementwise, spec))
     return optimizer_class(spec) in ELEMENTWISE
 
 
@@ -92,6 +101,8 @@ def wants_fused(spec: Any, kwargs: Mapping[str, Any] | None) -> bool:
         return bool(parse_optimizer(spec)[1].get("fused"))
     if isinstance(spec, torch.optim.Optimizer):
         return any(g.get("fused") for g in spec.param_groups)
+    if isinstance(spec, (list, tuple)):
+        return any(wants_fused(s, None) for s in spec)
     return False
 
 
@@ -101,12 +112,15 @@ def build_optimizer(
     model_params: Mapping[str, torch.nn.Parameter],
     kwargs: Mapping[str, Any] | None,
     foreach: bool | None,
-) -> tuple[torch.optim.Optimizer | None, str | None]:
+    model: torch.nn.Module | None = None,
+) -> tuple[Any, str | None]:
     """Construct the optimizer over the traced trainable parameters.
 
-    ``spec`` is a name (``"adamw"``, ``"sgd:momentum=0.9"``), an Optimizer
+    ``spec`` is a name (``"adamw"``, ``"sgd:momentum=0.9"``; ``"muon"``: Muon and AdamW,
+    :func:`muon_and_adamw`, which reads ``model``'s layers), an Optimizer
     class, an Optimizer instance built over the user's parameters (its param
-    groups and their options are carried over), or None for no optimizer.
+    groups and their options are carried over), a list of such instances
+    (stepped one after the other, :class:`Chain`), or None for no optimizer.
     """
     if spec is None:
         return None, None
@@ -122,22 +136,34 @@ def build_optimizer(
             return None, None
         cls, defaults = OPTIMIZERS[name]
         options = {**defaults, **parsed, **extra}
+        if name == "muon":
+            return muon_and_adamw(model, trainable, options, extra), spec
         return _construct(cls, list(trainable.values()), options), spec
     if isinstance(spec, type) and issubclass(spec, torch.optim.Optimizer):
         options = {"lr": 1e-3, **extra}
         return _construct(spec, list(trainable.values()), options), spec.__name__
     if isinstance(spec, torch.optim.Optimizer):
-        by_id = {id(p): n for n, p in model_params.items()}
-        groups = []
-        for group in spec.param_groups:
-            names = [by_id.get(id(p)) for p in group["params"]]
-            if any(n is None for n in names):
-                raise UserError("the optimizer holds tensors that are not parameters of the model; "
-                                "build it over model.parameters()")
-            opts = {k: v for k, v in group.items() if k != "params"}
-            groups.append({"params": [trainable[n] for n in names if n in trainable], **opts})
-        return _construct(type(spec), groups, {**extra}), type(spec).__name__
-    raise UserError(f"optimizer must be a name, a torch.optim.Optimizer class or instance, not {type(spec).__name__}")
+        return _rebuilt(spec, trainable, model_params, extra), type(spec).__name__
+    if isinstance(spec, (list, tuple)) and spec and all(isinstance(o, torch.optim.Optimizer) for o in spec):
+        chain = Chain([_rebuilt(o, trainable, model_params, extra) for o in spec])
+        return chain, " + ".join(type(o).__name__ for o in spec)
+    raise UserError(f"optimizer must be a name, a torch.optim.Optimizer class or instance, or a list of instances, "
+                    f"not {type(spec).__name__}")
+
+
+def _rebuilt(spec: torch.optim.Optimizer, trainable: Mapping[str, torch.Tensor],
+             model_params: Mapping[str, torch.nn.Parameter], extra: dict[str, Any]) -> torch.optim.Optimizer:
+    """``spec``'s class over the traced parameters, with its param groups and their options."""
+    by_id = {id(p): n for n, p in model_params.items()}
+    groups = []
+    for group in spec.param_groups:
+        names = [by_id.get(id(p)) for p in group["params"]]
+        if any(n is None for n in names):
+            raise UserError("the optimizer holds tensors that are not parameters of the model; "
+                            "build it over model.parameters()")
+        opts = {k: v for k, v in group.items() if k != "params"}
+        groups.append({"params": [trainable[n] for n in names if n in trainable], **opts})
+    return _construct(type(spec), groups, {**extra})
 
 
 def _construct(cls: type, params: Any, options: dict[str, Any]) -> torch.optim.Optimizer:
@@ -153,3 +179,93 @@ def _construct(cls: type, params: Any, options: dict[str, Any]) -> torch.optim.O
         raise UserError(f"cannot build {cls.__name__} with {options}: {exc}") from exc
     except ValueError as exc:
         raise UserError(f"cannot build {cls.__name__} with {options}: {exc}") from exc
+
+
+# -- several optimizers, one step ----------------------------------------------------------------------------------
+
+
+class Chain:
+    """Optimizers a training loop steps one after the other (``for opt in optimizers: opt.step()``), as one: their
+    ``param_groups`` and ``state`` are the union of theirs.  Muon's authors and ``torch.optim.Muon``'s
+    documentation train this way: Muon on the hidden matrices, AdamW on the rest."""
+
+    def __init__(self, optimizers: Sequence[torch.optim.Optimizer], note: str | None = None):
+        self.optimizers = list(optimizers)
+        self.note = note  # what the split assumed (the report's assumptions)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [g for o in self.optimizers for g in o.param_groups]
+
+    @property
+    def state(self) -> dict[torch.Tensor, dict[str, Any]]:
+        merged: dict[torch.Tensor, dict[str, Any]] = {}
+        for o in self.optimizers:
+            merged.update(o.state)
+        return merged
+
+    def step(self, closure: Any = None) -> None:
+        for o in self.optimizers:
+            o.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+
+def output_head(model: torch.nn.Module) -> torch.nn.Linear | None:
+    """The model's output layer: the Linear its ``get_output_embeddings()`` (transformers) or ``get_classifier()``
+    (timm) returns, else the last Linear registered when no Linear reads its width (nanoGPT's ``lm_head``,
+    torchvision's ``fc`` and ``classifier[-1]``); None when neither finds one."""
+    for getter in ("get_output_embeddings", "get_classifier"):
+        fn = getattr(model, getter, None)
+        if callable(fn):
+            try:
+                head = fn()
+            except Exception:  # noqa: BLE001 (a model whose getter needs arguments or raises: not this route)
+                head = None
+            if isinstance(head, torch.nn.Linear):
+                return head
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if linears and all(m.in_features != linears[-1].out_features for m in linears):
+        return linears[-1]
+    return None
+
+
+def hidden_matrices(model: torch.nn.Module) -> tuple[list[str], str | None]:
+    """The parameters Muon updates, by name: the 2-D weights of the model's Linear layers but the output head's
+    and any tied to an embedding (``torch.optim.Muon``'s documentation: "Muon should only be used for hidden weight
+    layers. The input embedding, final output layer, and any internal gains or biases should be optimized using a
+    standard method such as AdamW"); and the output head's name (None when none was found)."""
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    embedded = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    head = output_head(model)
+    names = [by_id[id(m.weight)] for m in model.modules()
+             if isinstance(m, torch.nn.Linear) and m is not head and id(m.weight) not in embedded
+             and id(m.weight) in by_id and m.weight.ndim == 2]
+    head_name = next((n for n, m in model.named_modules() if m is head), None)
+    return list(dict.fromkeys(names)), head_name
+
+
+def muon_and_adamw(model: torch.nn.Module | None, trainable: Mapping[str, torch.Tensor], options: dict[str, Any],
+                   extra: dict[str, Any]) -> Chain:
+    """``--optimizer muon``: ``torch.optim.Muon`` (``options``) on :func:`hidden_matrices`, AdamW (lr 1e-3, its
+    other defaults; ``extra`` as any optimizer's) on the other trainable parameters, stepped in that order."""
+    if model is None:
+        raise UserError("--optimizer muon needs the model's layers: pass a list of optimizer instances instead")
+    hidden, head = hidden_matrices(model)
+    on_muon = [n for n in hidden if n in trainable]
+    if not on_muon:
+        raise UserError("--optimizer muon: the model has no trainable 2-D Linear weight besides its output head "
+                        "(Muon updates hidden matrices only); use adamw")
+    rest = [n for n in trainable if n not in set(on_muon)]
+    numel = lambda names: sum(trainable[n].numel() for n in names)  # noqa: E731
+    note = (f"optimizer muon: torch.optim.Muon on {len(on_muon)} hidden matrices ({numel(on_muon):,} parameters), "
+            f"AdamW on the other {len(rest)} parameter tensors ({numel(rest):,}: embeddings, "
+            + (f"the output head '{head}', " if head else "no output head found, ")
+            + "norms' gains, biases), as torch.optim.Muon's documentation advises")
+    muon = _construct(torch.optim.Muon, [trainable[n] for n in on_muon], options)
+    optimizers = [muon]
+    if rest:
+        optimizers.append(_construct(torch.optim.AdamW, [trainable[n] for n in rest], {"lr": 1e-3, **extra}))
+    return Chain(optimizers, note)

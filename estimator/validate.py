@@ -364,7 +364,7 @@ class _LiveRun:
         self.m = _materialize_model(model, self.dev, policy.cast)
         self.args, self.kwargs = split_inputs(_materialize_inputs(inputs, self.dev, policy.cast))
         self.opt, _ = build_optimizer(optimizer, dict(self.m.named_parameters()), dict(model.named_parameters()),
-                                      None, None)
+                                      None, None, model)
         self.scaler = torch.amp.GradScaler(device) if policy.grad_scaler else None
         self.amp = ((lambda: torch.autocast(device, dtype=policy.autocast)) if policy.autocast
                     else contextlib.nullcontext)

@@ -438,7 +438,7 @@ def run_one(case: dict, run: dict, world: int) -> dict:
             for m in units:
                 m.set_custom_reduce_scatter(in_place_reduce_scatter())
             wrapped = model
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        opt = _optimizer(model, run.get("opt", "adamw"))
         for p in model.parameters():
             tracker.register(p)
         out: dict = {}
@@ -500,6 +500,36 @@ def run_one(case: dict, run: dict, world: int) -> dict:
             opt.zero_grad(set_to_none=True)
             del loss
     return out
+
+
+class _Stepped:
+    """Optimizers the loop steps one after the other (Muon, then AdamW), with their state together."""
+
+    def __init__(self, *optimizers):
+        self.optimizers = optimizers
+        self.state = {k: v for o in optimizers for k, v in o.state.items()}
+
+    def step(self):
+        for o in self.optimizers:
+            o.step()
+        self.state = {k: v for o in self.optimizers for k, v in o.state.items()}
+
+    def zero_grad(self, set_to_none=True):
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+
+def _optimizer(model, name: str):
+    """``adamw``; ``muon``: torch.optim.Muon on the blocks' Linear weights (the example GPT's attention and MLP
+    matrices, written out here), AdamW on the embeddings (the head is tied to one), norms and biases."""
+    if name == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=1e-3)
+    assert name == "muon", name
+    named = list(model.named_parameters())
+    hidden = [p for n, p in named if n.startswith("blocks.") and n.endswith("weight") and p.ndim == 2]
+    ids = {id(p) for p in hidden}
+    return _Stepped(torch.optim.Muon(hidden, lr=2e-2),
+                    torch.optim.AdamW([p for _, p in named if id(p) not in ids], lr=1e-3))
 
 
 def main(argv: list[str]) -> int:

@@ -73,7 +73,8 @@ def _runs(*specs):
         tag = "-".join([strategy + ("-tp" if extra.get("tp") else "") + ("-sp" if extra.get("sp") else "")
                         + ("-lp" if extra.get("lp") else "") + (f"-f8{extra['f8']}" if extra.get("f8") else "")
                         + ("-keep" if extra.get("reshard") is False else "")
-                        + (f"-accum{extra['accum']}" if extra.get("accum") else ""), precision,
+                        + (f"-accum{extra['accum']}" if extra.get("accum") else "")
+                        + (f"-{extra['opt']}" if extra.get("opt") else ""), precision,
                         "ckpt" if ck else "nockpt"])
         out.append({"id": tag, "strategy": strategy, "precision": precision, "checkpoint": ck, **extra})
     return out
@@ -89,7 +90,9 @@ GPT_CASE = {"name": "gpt", "model": "gpt", "world": 2, "ranks": [0, 1], "checkpo
                 ("fsdp", "bf16-mixed", True), ("fsdp", "fp32", False, {"reshard": False}),
                 # gradient accumulation over 3 micro-steps, the sync on the last (DDP no_sync, FSDP2
                 # set_requires_gradient_sync)
-                ("ddp", "fp32", False, {"accum": 3}), ("fsdp", "fp32", False, {"accum": 3}))}
+                ("ddp", "fp32", False, {"accum": 3}), ("fsdp", "fp32", False, {"accum": 3}),
+                # Muon on the blocks' matrices and AdamW on the rest (its Newton-Schulz steps on FSDP2's DTensors)
+                ("ddp", "fp32", False, {"opt": "muon"}), ("fsdp", "fp32", False, {"opt": "muon"}))}
 LLAMA_CASE = {"name": "llama", "model": "llama", "world": 4, "ranks": [0, 3], "checkpoint": "Block",
               "config": {"vocab_size": 250, "dim": 64, "hidden_dim": 96, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
                          "max_seq_len": 64},
@@ -139,10 +142,10 @@ def engines(tmp_path_factory):
             model, inputs = build(case["config"], case["batch"], case["seq"])
             planners = {}
             for run in case["runs"]:
-                key = (run["precision"], run.get("accum", 1), run.get("f8"))
+                key = (run["precision"], run.get("accum", 1), run.get("f8"), run.get("opt", "adamw"))
                 planner = planners.get(key)
                 if planner is None:
-                    planner = planners[key] = Planner(model, inputs, gpu="H100", device="cpu",
+                    planner = planners[key] = Planner(model, inputs, gpu="H100", device="cpu", optimizer=key[3],
                                                       precision=run["precision"], grad_accum=key[1],
                                                       float8="tensorwise" if key[2] else None,
                                                       float8_all_gather=key[2] == "all-gather")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -61,6 +61,16 @@ def input_hint(call: torch.nn.Module, args: tuple, kwargs: dict) -> str:
     return (f"check the input shapes and dtypes, and whether the model needs inputs not given "
             f"(its forward also takes {shown}; a SPEC file path/to/file.py:build can return (model, inputs) "
             f"with them)")
+
+
+def optimizer_hint(params: Iterable[torch.Tensor]) -> str:
+    """What to check after a failed optimizer step over ``params`` (the model's, an engine's DTensors or not)."""
+    if not any(getattr(p, "placements", None) is not None for p in params):
+        return "check the optimizer's options"
+    # an engine's DTensor parameters: the optimizer's own ops run through DTensor's sharding rules, as in a real
+    # run (a step that reduces over a sharded matrix in place, Adafactor's, fails there the same way)
+    return ("the optimizer's step fails on the engine's sharded (DTensor) parameters, as it would in a real run: "
+            "use an element-wise optimizer (adamw, sgd) with this strategy, or --strategy ddp")
 
 
 # forward arguments that are options, not inputs (transformers' flags)

@@ -32,7 +32,7 @@ from ..optim import build_optimizer, elementwise, wants_fused
 from ..target import FAKE_KERNELS, CudaTarget, installed
 from .as_is import AsIs, AsIsRecorder
 from .checkpoint import wrap_checkpointed
-from .failures import guard, input_hint
+from .failures import guard, input_hint, optimizer_hint
 from .fake import (
     GROUPED_MM, RecordingFakeMode, clear_shared_cache, fake_ctc_loss, fake_grouped_mm, fake_pack_padded_sequence,
     output_kernels, real_output_bytes,
@@ -505,13 +505,14 @@ class Step:
             opt_params = {n: meta_twin(rec, self.params[n], AsIs.local(p.grad) if p.grad is not None else None,
                                        p.requires_grad) for n, p in self.named_params.items()}
         opt, self.optimizer_name = build_optimizer(opts.optimizer, opt_params, self.named_params,
-                                                   opts.optimizer_kwargs, opts.foreach)
+                                                   opts.optimizer_kwargs, opts.foreach, self.model)
         if opt is None:
             return
+        self.notes.extend(n for n in [getattr(opt, "note", None)] if n and n not in self.notes)  # Chain's split
         with self._recording():
             if scaler is not None:
                 self._guard(lambda: scaler.unscale_(opt))
-            self._guard(opt.step)  # GradScaler.step(opt) would skip it on a fake inf check
+            self._guard(opt.step, lambda: optimizer_hint(self.named_params.values()))  # (scaler.step would skip it)
             if scaler is not None:
                 self._guard(scaler.update)
         for n, p in opt_params.items():
@@ -593,7 +594,7 @@ class Step:
         )
 
     # -- errors ---------------------------------------------------------------------------------
-    def _guard(self, fn: Callable[[], Any]) -> Any:
+    def _guard(self, fn: Callable[[], Any], hint: Callable[[], str] | None = None) -> Any:
         """Run ``fn``; turn data-dependent failures into :class:`ReadsValues`, others into one-line user errors
         (:func:`.failures.guard`)."""
-        return guard(self.rec, fn, lambda: input_hint(self.call, self.t_args, self.t_kwargs))
+        return guard(self.rec, fn, hint or (lambda: input_hint(self.call, self.t_args, self.t_kwargs)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..optim import elementwise
 from .layout import Layout, PlanPrecision
 
 
@@ -25,6 +26,21 @@ def engine_text(layout: Layout, precision: PlanPrecision, zero_semantics: str) -
     if layout.ep > 1:
         parts += f" + expert parallel over {layout.ep} ranks (all-to-all dispatch)"
     return f"traced: {parts} on a fake process group of {layout.gpus} ranks"
+
+
+def _reduces_over_tensors(spec: Any) -> bool:
+    """Whether the optimizer ``spec`` is one whose step is not element-wise (Muon, Adafactor, a subclass)."""
+    if spec is None or (isinstance(spec, str) and spec.partition(":")[0].strip().lower() == "none"):
+        return False
+    return not elementwise(spec)
+
+
+def _optimizer_name(spec: Any) -> str:
+    if isinstance(spec, str):
+        return spec.partition(":")[0]
+    if isinstance(spec, (list, tuple)):
+        return " + ".join(type(o).__name__ for o in spec)
+    return spec.__name__ if isinstance(spec, type) else type(spec).__name__
 
 
 def layout_notes(planner: Any, layout: Layout) -> list[str]:
@@ -53,6 +69,11 @@ def layout_notes(planner: Any, layout: Layout) -> list[str]:
     if not layout.traced:
         notes.append(f"{layout.strategy}: PyTorch has no ZeRO engine; {zero_semantics} semantics "
                      f"(--zero-semantics deepspeed|paper; see estimator/plan/zero.py)")
+        if _reduces_over_tensors(planner.options.optimizer):
+            notes.append(f"{layout.strategy}: the optimizer's step and state divided over the ranks as an "
+                         f"element-wise step on a flat partition; {_optimizer_name(planner.options.optimizer)} "
+                         f"reduces over whole matrices, which DeepSpeed's flat partitions split: how DeepSpeed "
+                         f"runs it (and its cost) is not modelled")
         if precision.master:
             notes.append(f"{layout.strategy} with {precision.name}: the model cast to "
                          f"{str(precision.low).removeprefix('torch.')} with fp32 master weights, as "

@@ -1,0 +1,200 @@
+"""Optimizers that are not element-wise: Muon (with AdamW beside it) and Adafactor, against a real CPU step.
+
+``--optimizer muon`` is ``torch.optim.Muon`` on the hidden matrices and AdamW on the rest, as Muon's authors and
+``torch.optim.Muon``'s documentation train (a loop that steps both); a list of optimizer instances is that loop
+as the user wrote it.  ``adafactor`` is ``torch.optim.Adafactor`` (factored second moments).  Truth, measured here:
+the optimizer state as the real tensors after real ``step()`` calls (distinct storages), the optimizer step's
+matmul FLOPs as ``FlopCounterMode`` counts them around the real steps (Muon's Newton-Schulz iterations), and the
+peak of the real loop with the live-tensor tracker (``livetracker.measure_peaks``, two iterations).  Each model's
+Muon split is written out here by name, apart from the estimator's rule (``estimator.optim.hidden_matrices``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from instruments import flop_counter
+from livetracker import measure_peaks
+
+from estimator import estimate
+from estimator.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+import gpt  # noqa: E402  (examples/gpt.py: its lm_head tied to the token embedding)
+
+
+class Classifier(nn.Module):
+    """Convolutions, then two Linears: Muon takes the hidden one, the last (10 classes) is the output head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3, padding=1)
+        self.hidden = nn.Linear(16 * 8 * 8, 64)
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.fc(F.relu(self.hidden(F.relu(self.conv(x)).flatten(1))))
+
+
+def _gpt():
+    torch.manual_seed(0)
+    model = gpt.GPT(gpt.GPTConfig(vocab_size=512, block_size=64, n_layer=2, n_head=4, n_embd=64))
+    idx = torch.randint(0, 512, (2, 64), generator=torch.Generator().manual_seed(1))
+    # Muon: the attention's qkv and proj, the MLP's two Linears, in each of 2 blocks (lm_head is the embedding)
+    hidden = [f"blocks.{i}.{m}.weight" for i in range(2) for m in ("attn.qkv", "attn.proj", "mlp.0", "mlp.2")]
+    return model, (idx, idx), None, hidden
+
+
+def _llama():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa")
+    ids = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(1))
+    # Muon: the 7 projections of each decoder layer; lm_head (untied here) and the embedding on AdamW
+    hidden = [f"model.layers.{i}.{m}_proj.weight" for i in range(2)
+              for m in ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "mlp.gate", "mlp.up", "mlp.down")]
+    return model, {"input_ids": ids, "labels": ids.clone()}, None, hidden
+
+
+def _classifier():
+    torch.manual_seed(0)
+    model = Classifier()
+    x = torch.randn(4, 3, 8, 8)
+    y = torch.randint(0, 10, (4,), generator=torch.Generator().manual_seed(2))
+    return model, x, lambda out: F.cross_entropy(out, y), ["hidden.weight"]
+
+
+MODELS = {"gpt": _gpt, "llama": _llama, "classifier": _classifier}
+
+
+class _Both:
+    """The real loop's optimizers: Muon, then AdamW, stepped one after the other."""
+
+    def __init__(self, *optimizers):
+        self.optimizers = optimizers
+
+    def step(self):
+        for o in self.optimizers:
+            o.step()
+
+    def zero_grad(self, set_to_none=True):
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def state_tensors(self):
+        return [v for o in self.optimizers for st in o.state.values() for v in st.values() if torch.is_tensor(v)]
+
+
+def _muon_and_adamw(named, hidden):
+    """``named``: (name, parameter) pairs of the model the loop trains."""
+    named = [(n, p) for n, p in named if p.requires_grad]
+    muon = torch.optim.Muon([p for n, p in named if n in hidden], lr=2e-2)
+    return _Both(muon, torch.optim.AdamW([p for n, p in named if n not in hidden], lr=1e-3))
+
+
+def _factory(model, spec, hidden):
+    names = [n for n, _ in model.named_parameters()]
+    if spec == "muon":
+        return lambda params: _muon_and_adamw(list(zip(names, params)), hidden)
+    return lambda params: _Both(torch.optim.Adafactor(list(params), lr=1e-2))
+
+
+def _loss_of(loss_fn):
+    return loss_fn if loss_fn is not None else (lambda out: out.loss if hasattr(out, "loss") else out)
+
+
+def _real_step(model, inputs, loss_fn, spec, hidden):
+    """One real step: the optimizer's state bytes (distinct storages) and its step's matmul FLOPs."""
+    m = copy.deepcopy(model)
+    out = m(**inputs) if isinstance(inputs, dict) else m(*inputs) if isinstance(inputs, tuple) else m(inputs)
+    _loss_of(loss_fn)(out).backward()
+    opt = _factory(m, spec, hidden)(m.parameters())
+    counter = flop_counter()
+    with counter:
+        opt.step()
+    state = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in opt.state_tensors()}
+    return sum(state.values()), counter.get_total_flops()
+
+
+def _optimizer_matmul_flops(report) -> int:
+    return sum(r["flops_optimizer"] for r in report.to_dict()["by_operator"] if r["kind"] == "matmul")
+
+
+@pytest.mark.parametrize("spec", ["muon", "adafactor"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_state_flops_and_peak_match_a_real_step(name, spec):
+    model, inputs, loss_fn, hidden = MODELS[name]()
+    state, flops = _real_step(model, inputs, loss_fn, spec, hidden)
+    first, steady = measure_peaks(copy.deepcopy(model), inputs, _factory(model, spec, hidden), _loss_of(loss_fn))
+    report = estimate(model, inputs, loss_fn=loss_fn, optimizer=spec, device="cpu")
+    assert report.to_dict()["memory"]["optimizer_state"] == state
+    assert _optimizer_matmul_flops(report) == flops
+    if spec == "muon":
+        assert flops > 0  # the Newton-Schulz iterations: 5 x (X X^T, then two addmm) per matrix
+    assert report.memory.peak == pytest.approx(steady, rel=0.01), (report.memory.peak, steady)
+    assert report.memory.peak_first_step == pytest.approx(first, rel=0.01), (report.memory.peak_first_step, first)
+
+
+def test_a_list_of_optimizers_is_the_loop_that_steps_each():
+    model, inputs, loss_fn, hidden = _gpt()
+    both = _muon_and_adamw(list(model.named_parameters()), hidden)
+    by_list = estimate(model, inputs, optimizer=list(both.optimizers), device="cpu")
+    by_name = estimate(model, inputs, optimizer="muon", device="cpu")
+    assert by_list.capture.optimizer_name == "Muon + AdamW"
+    for key in ("optimizer_state", "peak", "peak_first_step"):
+        assert by_list.to_dict()["memory"][key] == by_name.to_dict()["memory"][key], key
+    assert _optimizer_matmul_flops(by_list) == _optimizer_matmul_flops(by_name) > 0
+
+
+def test_the_split_is_stated_in_the_report():
+    model, inputs, _, hidden = _llama()
+    report = estimate(model, inputs, optimizer="muon", device="cpu")
+    note = next(n for n in report.to_dict()["assumptions"] if n.startswith("optimizer muon"))
+    # 14 projections of 64 x 64 (q, o), 32 x 64 (k, v), 128 x 64 (gate, up, down) per layer x 2 layers
+    numel = 2 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 128 * 64)
+    assert f"on {len(hidden)} hidden matrices ({numel:,} parameters)" in note and "'lm_head'" in note
+
+
+def test_muon_without_a_hidden_matrix_is_a_user_error():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 10))
+    with pytest.raises(UserError, match="no trainable 2-D Linear weight besides its output head"):
+        estimate(model, torch.randn(2, 3, 8, 8), optimizer="muon", device="cpu")
+    with pytest.raises(UserError, match="a list of instances"):
+        estimate(model, torch.randn(2, 3, 8, 8), optimizer=[torch.optim.SGD(model.parameters()), "adamw"])
+
+
+def test_cli_muon_on_the_example():
+    out = subprocess.run([sys.executable, "-m", "estimator", "estimate", "examples/gpt.py:build", "--optimizer",
+                          "muon:lr=0.02", "--set", "batch=2", "--set", "seq=64", "--format", "json"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    # qkv, proj, mlp.0 and mlp.2 in each of the example's 4 blocks
+    assert any("torch.optim.Muon on 16 hidden matrices" in n for n in report["assumptions"])
+    assert report["flops"]["optimizer"] > report["flops"]["total"]  # Newton-Schulz on 16 matrices at batch 2 x 64
+
+
+def test_plans_say_what_they_cannot_run():
+    """FSDP2 with Adafactor fails on the DTensor parameters as a real run does (an in-place op on a norm that is
+    partial over the shards; seen on a real 2-rank gloo run of torch 2.13): one line that says what to change.
+    ZeRO, laid out by hand for element-wise steps, names what it does not model for Muon."""
+    from estimator.plan import plan
+
+    model, inputs, _, _ = _gpt()
+    with pytest.raises(UserError, match="fails on the engine.s sharded .DTensor. parameters, as it would in a real"):
+        plan(model, inputs, gpu="H100", gpus=2, strategy="fsdp", optimizer="adafactor", solve=())
+    notes = plan(model, inputs, gpu="H100", gpus=2, strategy="zero2", optimizer="muon", solve=()).notes
+    assert any("muon reduces over whole matrices" in n for n in notes)
