@@ -79,20 +79,37 @@ def test_a_large_answer_is_confirmed_by_traces_at_it_and_the_next():
 
 @pytest.mark.parametrize("seed", range(20))
 def test_refine_finds_the_largest_value_from_any_first_guess(seed):
-    """Against a scan: a threshold predicate (fits up to ``answer``), any start, any limit above it."""
+    """Against the answer by construction, for needs of three shapes (a threshold, a line, a line rounded up to the
+    allocator's 2 MiB or 20 MiB blocks plus a staircase), any start, any limit above the answer: the largest value
+    whose need fits, probing only values >= 1, in a number of evaluations that grows with the log of the first
+    guess's miss."""
     rnd = random.Random(seed)
     answer = rnd.choice([0, 1, 2, 3, rnd.randrange(4, 100), rnd.randrange(100, 1 << 20)])
     limit = answer + rnd.choice([1, 2, 1 << 22])
     start = max(1, rnd.choice([1, answer, answer + 1, rnd.randrange(1, 2 * answer + 2)]))
-    calls = []
+    slope, block = rnd.randrange(1_000, 10_000_000), rnd.choice([2 << 20, 20 << 20])
+    shapes = {
+        "threshold": lambda v: 0 if v <= answer else 1,
+        "line": lambda v: slope * v,
+        "rounded": lambda v: -(-slope * v // block) * block + (v // 7) * 4096,
+    }
+    for name, need in shapes.items():
+        capacity = need(answer)
+        if name == "threshold":
+            capacity = 0
+        elif name == "rounded" and need(answer + 1) == capacity:  # on a plateau: fit exactly its last value
+            while need(answer + 1) == capacity:
+                answer += 1
+                limit = max(limit, answer + 1)
+        calls = []
 
-    def fits(v):
-        calls.append(v)
-        return v <= answer
+        def counted(v):
+            calls.append(v)
+            return need(v)
 
-    assert _refine(fits, start, limit) == answer
-    assert len(calls) <= 4 * max(1, abs(start - answer)).bit_length() + 4
-    assert min(calls) >= 1
+        assert _refine(counted, capacity, start, limit) == answer, name
+        assert len(calls) <= 6 * max(1, abs(start - answer)).bit_length() + 8, (name, len(calls))
+        assert min(calls) >= 1
 
 
 def test_a_traces_deferred_need_is_the_need_computed_from_scratch():

@@ -148,7 +148,7 @@ def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], boo
     if best is None:
         return Solve(what, None, method, list(points), reason=f"over {limit:,} (the search stops there)")
     if exact is not None and capacity is not None and best >= 1:
-        best = _refine(lambda v: exact(v) <= capacity, best, limit)
+        best = _refine(exact, capacity, best, limit)
         method += " (the caching allocator simulated at each size)"
     if model_limit is not None and best > model_limit[0]:
         return Solve(what, model_limit[0], method, list(points), limited_by=f"{model_limit[1]} = {model_limit[0]}",
@@ -175,7 +175,7 @@ def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], boo
         lo, hi = _bracket(known)
         if need is None:
             break
-        again = _refine(lambda v: need(v) <= capacity, best, limit)
+        again = _refine(need, capacity, best, limit)
         again = max(lo, min(again, hi - 1)) if hi is not None else max(lo, again)  # within what the traces bound
         if again == best:
             break
@@ -212,22 +212,42 @@ def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], boo
                  peak_at_next=peak_next, needed_at_answer=need_best)
 
 
-def _refine(fits: Callable[[int], bool], start: int, limit: int) -> int:
-    """The largest value ``v`` for which ``fits(v)`` holds (monotone; 0 fits), searched outward from ``start``
-    (a first guess) in doubling steps, then by bisection of the bracket found."""
-    if fits(start):
-        lo, step = start, 1
-        while lo + step <= limit and fits(lo + step):
-            lo, step = lo + step, step * 2
-        hi = min(lo + step, limit + 1)
-    else:
-        hi, step = start, 1
-        while hi - step >= 1 and not fits(hi - step):
-            hi, step = hi - step, step * 2
-        lo = max(hi - step, 0)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+def _refine(need: Callable[[int], int], capacity: int, start: int, limit: int, budget: int = 128) -> int:
+    """The largest value ``v`` (0 when not even 1) with ``need(v) <= capacity``, ``need`` the bytes needed at ``v``
+    (non-decreasing and close to linear; each evaluation simulates the caching allocator), searched from ``start``
+    (a first guess): a second probe 1/64 of the way off for the slope, then each probe where the line through the
+    evaluations nearest the bracket reaches ``capacity``; when two probes in a row land on one side (the line
+    stalls on the allocator's rounding), the next goes at least twice the last move further.  The bracket
+    closes where a bisection's would (same answer), in about 6 evaluations where a doubling search and a bisection
+    took about 20 at answers in the thousands."""
+    seen: dict[int, int] = {}
+    lo, hi = 0, limit + 1  # need(lo) fits (0: nothing to fit); need(hi) does not (past the limit: taken so)
+    v, sides, probes = min(max(start, 1), limit), [], []
+    while budget > 0:
+        budget -= 1
+        seen[v] = need(v)
+        probes.append(v)
+        fits = seen[v] <= capacity
+        lo, hi = (v, hi) if fits else (lo, v)
+        if hi - lo <= 1:
+            break
+        sides.append(fits)
+        if len(seen) == 1:
+            v += max(1, v // 64) if fits else -max(1, v // 64)
+        else:
+            ends = [u for u in (lo, hi) if u in seen]
+            ends += [u for u in reversed(seen) if u not in ends][:2 - len(ends)]
+            (a, na), (b, nb) = ((u, seen[u]) for u in ends)
+            if nb != na:
+                v = a + (capacity - na) * (b - a) // (nb - na)
+            else:  # a plateau (the allocator's rounding): step out from it, twice as far, on its side
+                v = max(a, b) + abs(b - a) if nb <= capacity else min(a, b) - abs(b - a)
+            moved = abs(probes[-1] - probes[-2])
+            if sides[-2:] == [True, True]:  # the line stalls: gallop, twice the last move
+                v = max(v, lo + 2 * moved)
+            elif sides[-2:] == [False, False]:
+                v = min(v, hi - 2 * moved)
+        v = min(max(v, lo + 1), hi - 1)
     return lo
 
 
