@@ -94,6 +94,7 @@ def estimate(
     quantize: str | None = None,
     compile: Any = None,
     float8: Any = None,
+    lora: Any = None,
 ) -> Report:
     """Estimate one training step (forward, loss, backward, optimizer step) of ``model``.
 
@@ -162,7 +163,8 @@ def estimate(
         if device != "cuda":
             raise UserError(f"gpu={gpu!r} sizes the step for a CUDA GPU: use device='cuda' (the default)")
         target_gpu = gpu if isinstance(gpu, GPU) else lookup(gpu)
-    _check_mode(mode, grad_accum, quantize, prompt_len, new_tokens)
+    _check_mode(mode, grad_accum, quantize, prompt_len, new_tokens, lora)
+    model, finetune_notes, quantize = _finetuned(model, lora, quantize, precision, mode)
     policy = parse_policy(checkpoint_policy)
     from .capture.compiled import check_mode
 
@@ -204,7 +206,7 @@ def estimate(
             trace=trace, progress=progress, gpu=target_gpu)
     else:
         cap = capture(model, inputs, options, mode=trace, progress=progress)
-        cap.assumptions[:0] = float8_notes
+        cap.assumptions[:0] = finetune_notes + float8_notes
         t, profile = _analyse(cap, options, device, progress)
     report = Report(cap, t, model_name=model_name or type(model).__name__, depth=depth, memory=profile,
                     device=device, precision=options.precision.name, mode=mode, gpu=target_gpu,
@@ -271,7 +273,26 @@ def _model_states_over(report: Report, gpu: GPU) -> str | None:
             f"{fmt_bytes(room)} the card leaves beside the CUDA context: shard them (estimator plan --strategy fsdp)")
 
 
-def _check_mode(mode: str, grad_accum: Any, quantize: str | None, prompt_len: Any, new_tokens: Any) -> None:
+def _finetuned(model: torch.nn.Module, lora: Any, quantize: str | None, precision: str,
+               mode: str) -> tuple[torch.nn.Module, list[str], str | None]:
+    """(the model as a LoRA or QLoRA run trains it (:func:`estimator.lora.prepare_finetune`), what that assumed,
+    the ``quantize`` left for inference's what-ifs)."""
+    from .lora import parse_lora, prepare_finetune
+
+    spec = parse_lora(lora)
+    if mode != "train" or (spec is None and quantize is None):
+        return model, [], quantize
+    base = None
+    if quantize is not None:  # QLoRA: bitsandbytes' compute dtype is the low one; the statistics' the weights'
+        policy = parse_precision(precision)
+        base = {"compute_dtype": policy.cast or policy.autocast or torch.float32,
+                "quant_dtype": policy.cast or torch.float32, "double_quant": quantize == "int4-dq"}
+    model, notes = prepare_finetune(model, spec, base)
+    return model, notes, None
+
+
+def _check_mode(mode: str, grad_accum: Any, quantize: str | None, prompt_len: Any, new_tokens: Any,
+                lora: Any = None) -> None:
     """The mode and the options that go with it, or a one-line error."""
     from .quantize import check_scheme
 
@@ -283,7 +304,9 @@ def _check_mode(mode: str, grad_accum: Any, quantize: str | None, prompt_len: An
         raise UserError(f"grad_accum applies to training steps; drop it for mode={mode!r}")
     if mode != "generate" and (prompt_len is not None or new_tokens is not None):
         raise UserError("prompt_len and new_tokens size generation: use mode='generate'")
-    check_scheme(quantize, mode)
+    if lora is not None and mode != "train":
+        raise UserError(f"lora sizes fine-tuning steps; drop it for mode={mode!r}")
+    check_scheme(quantize, mode, lora is not None)
 
 
 def _largest_batch(model, inputs, gpu: GPU, **kwargs: Any) -> tuple[int | None, str | None, int | None]:

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from .errors import UserError
+from .layers import output_head
 
 # name -> (class, default keyword arguments)
 OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
@@ -211,25 +212,6 @@ class Chain:
     def zero_grad(self, set_to_none: bool = True) -> None:
         for o in self.optimizers:
             o.zero_grad(set_to_none=set_to_none)
-
-
-def output_head(model: torch.nn.Module) -> torch.nn.Linear | None:
-    """The model's output layer: the Linear its ``get_output_embeddings()`` (transformers) or ``get_classifier()``
-    (timm) returns, else the last Linear registered when no Linear reads its width (nanoGPT's ``lm_head``,
-    torchvision's ``fc`` and ``classifier[-1]``); None when neither finds one."""
-    for getter in ("get_output_embeddings", "get_classifier"):
-        fn = getattr(model, getter, None)
-        if callable(fn):
-            try:
-                head = fn()
-            except Exception:  # noqa: BLE001 (a model whose getter needs arguments or raises: not this route)
-                head = None
-            if isinstance(head, torch.nn.Linear):
-                return head
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    if linears and all(m.in_features != linears[-1].out_features for m in linears):
-        return linears[-1]
-    return None
 
 
 def hidden_matrices(model: torch.nn.Module) -> tuple[list[str], str | None]:

@@ -49,6 +49,20 @@ class Precision:
         """The dtype a floating parameter, buffer or input has under this policy."""
         return self.cast if (self.cast is not None and dtype.is_floating_point) else dtype
 
+    def tensor_dtype(self, t: torch.Tensor) -> torch.dtype:
+        """:meth:`traced_dtype` of ``t``'s dtype, or its own when it keeps it (:func:`keep_dtype`)."""
+        return t.dtype if getattr(t, KEEP_DTYPE, False) else self.traced_dtype(t.dtype)
+
+
+KEEP_DTYPE = "_estimator_keeps_dtype"
+
+
+def keep_dtype(t: torch.Tensor) -> torch.Tensor:
+    """Mark a parameter or buffer that a precision cast leaves as it is (peft's float32 LoRA adapters, which it
+    upcasts after any ``model.to(bf16)``; bitsandbytes' quantization statistics); returns ``t``."""
+    setattr(t, KEEP_DTYPE, True)
+    return t
+
 
 def parse_precision(name: str | Precision | None) -> Precision:
     if isinstance(name, Precision):

@@ -52,17 +52,23 @@ class QuantizedWhatIf:
         return dict(self.__dict__)
 
 
-def check_scheme(scheme: str | None, mode: str) -> None:
-    """``quantize=`` names a scheme and the estimate is of inference or generation, or a one-line error."""
+def check_scheme(scheme: str | None, mode: str, lora: bool = False) -> None:
+    """``quantize=`` names a scheme for inference or generation, or a 4-bit base for QLoRA (training with
+    ``lora``: ``int4`` or ``int4-dq``, double quantization; :mod:`estimator.qlora`), or a one-line error."""
     from .errors import UserError
 
     if scheme is None:
         return
+    if mode == "train":
+        if scheme not in ("int4", "int4-dq"):
+            raise UserError(f"training over quantized weights is QLoRA's 4-bit base: --quantize int4 or int4-dq "
+                            f"(double quantization) with --lora, not {scheme!r}")
+        if not lora:
+            raise UserError(f"--quantize {scheme} freezes the model's Linear layers in 4 bits: add --lora (QLoRA: "
+                            f"adapters trained over them), or --mode inference or generate")
+        return
     if scheme not in QUANT_SCHEMES:
         raise UserError(f"quantize must be one of {', '.join(QUANT_SCHEMES)}, not {scheme!r}")
-    if mode == "train":
-        raise UserError(f"--quantize {scheme} sizes inference with bitsandbytes' quantized weights (training a "
-                        f"quantized model, QLoRA, is not modelled): add --mode inference or generate")
 
 
 def _quantizable(cap: Any) -> list[tuple[str, int, int, int]]:

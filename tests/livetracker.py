@@ -15,7 +15,7 @@ from instruments import LiveTracker
 
 
 def measure_peaks(model, inputs, optimizer_factory, loss_of, *, autocast_dtype=None, train=True, steps=2,
-                  keep_output=False, grad_accum=1):
+                  keep_output=False, grad_accum=1, resident=()):
     """Live-byte peaks of ``steps`` real CPU iterations: [first, second, ...].
 
     Each iteration, the loop as written (``keep_output``, ``grad_accum``)::
@@ -37,8 +37,8 @@ def measure_peaks(model, inputs, optimizer_factory, loss_of, *, autocast_dtype=N
     args, kwargs = ((), dict(inputs)) if isinstance(inputs, dict) else (
         (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs), {})
     tracker = LiveTracker()
-    for t in list(model.parameters()) + list(model.buffers()):
-        tracker.register(t)
+    for t in list(model.parameters()) + list(model.buffers()) + list(resident):
+        tracker.register(t)  # ``resident``: tensors the model holds beside them (bitsandbytes' quantization state)
     for t in pytree.tree_leaves((args, kwargs)):
         if isinstance(t, torch.Tensor):
             tracker.register(t)

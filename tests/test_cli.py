@@ -150,7 +150,7 @@ def _main(capsys, *args: str) -> tuple[int, str, str]:
     (("estimate", "examples/mlp.py:build", "--mode", "inference", "--checkpoint", "Linear"),
      "--checkpoint is a what-if of training steps"),
     (("validate", "examples/mlp.py:build", "--checkpoint", "Linear"), "--checkpoint is a what-if of 'estimator estimate'"),
-    (("estimate", "examples/mlp.py:build", "--quantize", "int4"), "add --mode inference or generate"),
+    (("estimate", "examples/mlp.py:build", "--quantize", "int4"), "add --lora (QLoRA: adapters trained over them), or --mode inference or generate"),
     (("estimate", "examples/mlp.py:build", "--prompt-len", "8"), "--prompt-len size generation: add --mode generate"),
     (("estimate", "hf:gpt2", "--mode", "generate", "--prompt-len", "8"), "--mode generate needs --new-tokens"),
     (("estimate", "examples/mlp.py:build", "--cuda-torch", "2.x"), "give a torch release as MAJOR.MINOR"),

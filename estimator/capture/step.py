@@ -189,12 +189,12 @@ class Step:
 
     def _make_traced(self, args: tuple, kwargs: dict, named_buffers: dict) -> None:
         """Traced stand-ins for the parameters, buffers and inputs (fake, or real CPU copies)."""
-        dtype_of = self.opts.precision.traced_dtype
+        dtype_of, of = self.opts.precision.traced_dtype, self.opts.precision.tensor_dtype
         fake_mode = self.fake_mode
         if self.fake:
             def to_traced(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
                 with fake_mode:
-                    out = torch.empty_strided(t.shape, t.stride(), dtype=dtype_of(t.dtype), device="cpu")
+                    out = torch.empty_strided(t.shape, t.stride(), dtype=of(t), device="cpu")
                 return out.requires_grad_(requires_grad)
 
             def fake_base(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -207,8 +207,8 @@ class Step:
                             for n, b in named_buffers.items()}
             self.t_args, self.t_kwargs = convert_inputs((args, kwargs), fake_base, dtype_of, keep=keeps_values)
         else:
-            self.params = {n: real_param_copy(p, True, dtype_of(p.dtype)) for n, p in self.named_params.items()}
-            self.buffers = {n: real_param_copy(b, False, dtype_of(b.dtype)) for n, b in named_buffers.items()}
+            self.params = {n: real_param_copy(p, True, of(p)) for n, p in self.named_params.items()}
+            self.buffers = {n: real_param_copy(b, False, of(b)) for n, b in named_buffers.items()}
 
             def real_base(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
                 return materialize(torch.empty(shape, dtype=dtype, device="meta"))

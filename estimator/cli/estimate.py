@@ -57,7 +57,7 @@ def run_estimate(args: argparse.Namespace) -> int:
                           checkpoint=args.checkpoint or None, checkpoint_policy=args.checkpoint_policy,
                           keep_output=args.keep_output, grad_accum=grad_accum, model_name=loaded.title,
                           progress=progress, gpu=args.gpu, quantize=args.quantize, compile=args.compile, float8=args.float8,
-                          cuda_torch=args.cuda_torch, **generation)
+                          cuda_torch=args.cuda_torch, lora=args.lora, **generation)
         progress.set("writing the report")
         if fmt == "json":
             text = json.dumps(report.to_dict(), indent=2)

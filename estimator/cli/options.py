@@ -78,10 +78,15 @@ def add_common(p: argparse.ArgumentParser, *, precisions: Sequence[str] = PRECIS
                             "default) or StaticCache (allocated for P + N - 1 tokens at the first step, "
                             "cache_implementation='static') (default: dynamic), e.g. --kv-cache static")
         add_compile_options(p)
-        p.add_argument("--quantize", choices=("int8", "int4"),
+        p.add_argument("--quantize", choices=("int8", "int4", "int4-dq"),
                        help="--mode inference or generate: the weights of the Linear layers quantized as "
                             "bitsandbytes lays them out (int8: LLM.int8(); int4: NF4), the headline sized with "
-                            "them, e.g. --quantize int4")
+                            "them; training with --lora: QLoRA's frozen 4-bit base (int4-dq: double "
+                            "quantization), e.g. --quantize int4")
+        p.add_argument("--lora", metavar="r=R,alpha=A,...",
+                       help="LoRA fine-tuning as peft runs it: adapters of rank R on the targets (module names "
+                            "joined by +, default all-linear: every Linear but the output head), the rest frozen; "
+                            "keys r, alpha, dropout, targets, e.g. --lora r=16,alpha=32,targets=q_proj+v_proj")
     p.add_argument("--checkpoint", action="append", metavar="CLASS", default=[],
                    help="what-if: run every instance of this module class under activation checkpointing "
                         "and show the memory saved and FLOPs added; repeatable, e.g. --checkpoint Block")

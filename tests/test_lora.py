@@ -1,0 +1,181 @@
+"""LoRA and QLoRA fine-tuning (``lora=``, ``--lora``; ``quantize="int4"|"int4-dq"`` with it), against the real
+libraries' step on the CPU, measured in the same test.
+
+Truth: peft's own LoRA layers (``peft.get_peft_model``) over the Hugging Face model, and for QLoRA bitsandbytes'
+own ``Linear4bit`` layers, quantized for real (``Params4bit`` moved to the CPU) with peft's bitsandbytes LoRA layers
+over them (``is_loaded_in_4bit``, as ``from_pretrained`` with a ``BitsAndBytesConfig`` sets it); the live-tensor
+tracker (``livetracker.measure_peaks``, two iterations, AdamW on the trainable parameters) with bitsandbytes'
+quantization state (absmax, codes, offsets: not parameters or buffers) registered as resident; the real tensors
+after the real step for parameters, gradients and optimizer state; ``FlopCounterMode`` for LoRA's FLOPs.  The
+estimate is of the plain model (no peft, no bitsandbytes in it): estimator builds both layers itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from instruments import flop_counter
+from livetracker import measure_peaks
+
+from estimator import estimate
+from estimator.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+peft = pytest.importorskip("peft")
+transformers = pytest.importorskip("transformers")
+
+R, ALPHA = 8, 16
+
+
+def _llama():
+    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa")
+    ids = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(1))
+    return model, {"input_ids": ids, "labels": ids.clone()}
+
+
+def _with_lora(model, targets="all-linear", dropout=0.0):
+    config = peft.LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=dropout, target_modules=targets)
+    return peft.get_peft_model(model, config)
+
+
+def _quantized(model, compute_dtype, double_quant):
+    """bitsandbytes' Linear4bit (NF4) in place of every Linear but lm_head, quantized for real on the CPU."""
+    bnb = pytest.importorskip("bitsandbytes")
+    m = copy.deepcopy(model)
+    for name, lin in list(m.named_modules()):
+        if isinstance(lin, nn.Linear) and name != "lm_head":
+            q = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=lin.bias is not None,
+                                  compute_dtype=compute_dtype, quant_type="nf4", compress_statistics=double_quant)
+            q.weight = bnb.nn.Params4bit(lin.weight.data, requires_grad=False, quant_type="nf4",
+                                         compress_statistics=double_quant)
+            parent, _, child = name.rpartition(".")
+            setattr(m.get_submodule(parent), child, q)
+    m = m.to("cpu")  # Params4bit quantizes on the move
+    m.is_loaded_in_4bit = True  # what from_pretrained(quantization_config=BitsAndBytesConfig(...)) sets
+    return m
+
+
+def _quant_state(model):
+    import bitsandbytes as bnb
+
+    out = []
+    for mod in model.modules():
+        if isinstance(mod, bnb.nn.Linear4bit):
+            qs = mod.weight.quant_state
+            out += [qs.absmax, qs.code] + ([qs.offset, qs.state2.absmax, qs.state2.code] if qs.nested else [])
+    return out
+
+
+def _adamw(params):
+    return torch.optim.AdamW([p for p in params if p.requires_grad], lr=1e-3)
+
+
+def _nbytes(tensors) -> int:
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
+def _states_after_a_step(real, inputs, autocast):
+    """Parameters (and the quantization state), gradients and AdamW's state after one real step."""
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else torch.autocast("cpu", enabled=False)
+    with ctx:
+        loss = real(**inputs).loss
+    loss.backward()
+    opt = _adamw(real.parameters())
+    opt.step()
+    params = list(real.parameters()) + list(real.buffers())
+    resident = _quant_state(real) if hasattr(real, "is_loaded_in_4bit") else []
+    grads = [p.grad for p in real.parameters() if p.grad is not None]
+    state = [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
+    return _nbytes(params) + _nbytes(resident), _nbytes(grads), _nbytes(state)
+
+
+CASES = [  # (precision, quantize): LoRA alone, and QLoRA with single and double quantization, under autocast
+    ("fp32", None), ("fp32", "int4"), ("bf16-mixed", "int4-dq"),
+]
+
+
+@pytest.mark.parametrize("precision,quantize", CASES)
+def test_states_and_peaks_match_peft_and_bitsandbytes(precision, quantize):
+    model, inputs = _llama()
+    autocast = precision == "bf16-mixed"
+    compute = torch.bfloat16 if autocast else torch.float32
+    build = (lambda: _with_lora(_quantized(model, compute, quantize == "int4-dq"))) if quantize else \
+        (lambda: _with_lora(copy.deepcopy(model)))
+    real = build()
+    resident = _quant_state(real) if quantize else []
+    first, steady = measure_peaks(real, inputs, _adamw, lambda out: out.loss,
+                                  autocast_dtype=torch.bfloat16 if autocast else None, resident=resident)
+    held, grads, state = _states_after_a_step(build(), inputs, autocast)
+    report = estimate(model, inputs, device="cpu", precision=precision, lora=f"r={R},alpha={ALPHA}",
+                      quantize=quantize)
+    mem = report.to_dict()["memory"]
+    assert mem["parameters"] + mem["buffers"] == held
+    assert (mem["gradients"], mem["optimizer_state"]) == (grads, state)
+    assert report.memory.peak == pytest.approx(steady, rel=0.01), (report.memory.peak, steady)
+    assert report.memory.peak_first_step == pytest.approx(first, rel=0.01), (report.memory.peak_first_step, first)
+    assert report.to_dict()["unsupported_ops"] == []
+
+
+def test_lora_flops_match_flop_counter_on_peft():
+    """Forward and backward matmul FLOPs of a real peft step, targets q_proj and v_proj, with dropout."""
+    model, inputs = _llama()
+    real = _with_lora(copy.deepcopy(model), targets=["q_proj", "v_proj"], dropout=0.1)
+    fwd, bwd = flop_counter(), flop_counter()
+    with fwd:
+        loss = real(**inputs).loss
+    with bwd:
+        loss.backward()
+    t = estimate(model, inputs, device="cpu", lora=f"r={R},alpha={ALPHA},dropout=0.1,targets=q_proj+v_proj").tally
+    assert (t.flops["matmul_forward"], t.flops["matmul_backward"]) == (fwd.get_total_flops(), bwd.get_total_flops())
+    # the frozen base computes no weight gradient: LoRA's backward is under twice its forward
+    assert t.flops["matmul_backward"] < 2 * t.flops["matmul_forward"]
+
+
+def test_qlora_holds_the_base_in_four_bits():
+    """The 4-bit base's weights per layer: q and o 64 x 64, k and v 32 x 64 (2 of 4 heads' width: GQA), gate, up and
+    down 128 x 64; two layers: 73,728 weights at half a byte each against 4 bytes as LoRA holds them."""
+    model, inputs = _llama()
+    lora = estimate(model, inputs, device="cpu", lora="r=8").to_dict()
+    qlora = estimate(model, inputs, device="cpu", lora="r=8", quantize="int4").to_dict()
+    weights = 2 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 128 * 64)
+    assert lora["memory"]["parameters"] - qlora["memory"]["parameters"] == weights * 4 - weights // 2
+    assert any("4-bit base" in n for n in qlora["assumptions"])
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(quantize="int4"), "add --lora"),
+    (dict(lora="r=8,targets=nope"), "name no Linear layer of the model; its Linear layers are named"),
+    (dict(lora="r=0"), "r >= 1"),
+    (dict(lora="rank=8"), "takes r, alpha, dropout and targets"),
+    (dict(lora="r=8", quantize="int8"), "int4 or int4-dq"),
+    (dict(lora="r=8", mode="inference"), "fine-tuning steps"),
+])
+def test_bad_fine_tuning_options_are_one_line_errors(kwargs, message):
+    model, inputs = _llama()
+    with pytest.raises(UserError, match=message):
+        estimate(model, inputs, device="cpu", **kwargs)
+
+
+def test_cli_qlora_on_a_gpu():
+    out = subprocess.run([sys.executable, "-m", "estimator", "estimate", "hf:llama", "--set", "num_hidden_layers=1",
+                          "--seq", "256", "--lora", "r=16,alpha=32", "--quantize", "int4-dq", "--gpu", "L4",
+                          "--format", "json"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert any(n.startswith("LoRA r=16, alpha=32") for n in report["assumptions"])
+    assert report["fit"]["fits"] and report["fit"]["max_batch"] > 1 and report["step_time"]["total_s"] > 0
+    bad = subprocess.run([sys.executable, "-m", "estimator", "estimate", "hf:llama", "--quantize", "int4"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
