@@ -12,6 +12,7 @@ from .collect import young_only_during
 from .errors import DataDependentError, UserError
 from .hardware import GPU, lookup
 from .memory import simulate
+from .lora import finetuned
 from .precision import parse_precision
 from .report import CheckpointWhatIf, Report
 from .target import CudaTarget, parse_release
@@ -164,7 +165,7 @@ def estimate(
             raise UserError(f"gpu={gpu!r} sizes the step for a CUDA GPU: use device='cuda' (the default)")
         target_gpu = gpu if isinstance(gpu, GPU) else lookup(gpu)
     _check_mode(mode, grad_accum, quantize, prompt_len, new_tokens, lora)
-    model, finetune_notes, quantize = _finetuned(model, lora, quantize, precision, mode)
+    model, finetune_notes, quantize = finetuned(model, lora, quantize, parse_precision(precision), mode)
     policy = parse_policy(checkpoint_policy)
     from .capture.compiled import check_mode
 
@@ -271,24 +272,6 @@ def _model_states_over(report: Report, gpu: GPU) -> str | None:
         return None
     return (f"the parameters, gradients and optimizer state alone need {fmt_bytes(states)}, more than the "
             f"{fmt_bytes(room)} the card leaves beside the CUDA context: shard them (estimator plan --strategy fsdp)")
-
-
-def _finetuned(model: torch.nn.Module, lora: Any, quantize: str | None, precision: str,
-               mode: str) -> tuple[torch.nn.Module, list[str], str | None]:
-    """(the model as a LoRA or QLoRA run trains it (:func:`estimator.lora.prepare_finetune`), what that assumed,
-    the ``quantize`` left for inference's what-ifs)."""
-    from .lora import parse_lora, prepare_finetune
-
-    spec = parse_lora(lora)
-    if mode != "train" or (spec is None and quantize is None):
-        return model, [], quantize
-    base = None
-    if quantize is not None:  # QLoRA: bitsandbytes' compute dtype is the low one; the statistics' the weights'
-        policy = parse_precision(precision)
-        base = {"compute_dtype": policy.cast or policy.autocast or torch.float32,
-                "quant_dtype": policy.cast or torch.float32, "double_quant": quantize == "int4-dq"}
-    model, notes = prepare_finetune(model, spec, base)
-    return model, notes, None
 
 
 def _check_mode(mode: str, grad_accum: Any, quantize: str | None, prompt_len: Any, new_tokens: Any,

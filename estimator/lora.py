@@ -183,3 +183,22 @@ def _frozen(model: nn.Module, ids: set[int]) -> nn.Module:
                 copy_m._parameters[n] = copies[id(p)]
             swaps[path] = copy_m
     return _replaced(model, swaps)
+
+
+def finetuned(model: nn.Module, lora: Any, quantize: str | None, precision: Any,
+              mode: str = "train") -> tuple[nn.Module, list[str], str | None]:
+    """(the model as a LoRA or QLoRA run trains it (:func:`prepare_finetune`), what that assumed, the
+    ``quantize`` left for inference's what-ifs); ``precision``: the step's :class:`~.precision.Precision` (QLoRA
+    computes in its low dtype; the statistics keep the dtype the weights had, the cast one or float32)."""
+    from .quantize import check_scheme
+
+    spec = parse_lora(lora)
+    if mode != "train" or (spec is None and quantize is None):
+        return model, [], quantize
+    check_scheme(quantize, mode, spec is not None)
+    base = None
+    if quantize is not None:
+        base = {"compute_dtype": precision.cast or precision.autocast or torch.float32,
+                "quant_dtype": precision.cast or torch.float32, "double_quant": quantize == "int4-dq"}
+    model, notes = prepare_finetune(model, spec, base)
+    return model, notes, None

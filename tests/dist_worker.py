@@ -388,6 +388,10 @@ def run_one(case: dict, run: dict, world: int) -> dict:
             init_device_mesh("cpu", (world // (ep * etp), ep, etp), mesh_dim_names=("efsdp", "ep", "etp"))
     if run.get("f8"):
         float8(model, run["f8"])
+    if run.get("lora"):  # peft's own LoRA layers (r 8, alpha 16) on the attention's qkv and proj, the rest frozen
+        import peft
+
+        model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, target_modules=["qkv", "proj"]))
     tracker = ResizeAwareTracker()
     autocast = run["precision"] == "bf16-mixed"
     with tracker:

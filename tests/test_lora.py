@@ -179,3 +179,17 @@ def test_cli_qlora_on_a_gpu():
     bad = subprocess.run([sys.executable, "-m", "estimator", "estimate", "hf:llama", "--quantize", "int4"], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_plans_take_lora_on_data_parallel_engines_only():
+    """LoRA under DDP and FSDP2 is tested against real engines (tests/test_plan.py, the -lora runs); QLoRA is
+    planned under DDP only, and neither with tensor parallelism: one line each that says what to change."""
+    from estimator.plan import plan
+
+    model, inputs = _llama()
+    ddp = plan(model, inputs, gpu="H100", gpus=2, strategy="ddp", lora="r=8", quantize="int4", solve=())
+    assert any("4-bit base" in n for n in ddp.notes) and ddp.per_gpu.gradients < ddp.per_gpu.parameters
+    with pytest.raises(UserError, match="planned under --strategy ddp"):
+        plan(model, inputs, gpu="H100", gpus=2, strategy="fsdp", lora="r=8", quantize="int4", solve=())
+    with pytest.raises(UserError, match="data parallelism only"):
+        plan(model, inputs, gpu="H100", gpus=4, strategy="fsdp", tp=2, lora="r=8", solve=())

@@ -74,7 +74,8 @@ def _runs(*specs):
                         + ("-lp" if extra.get("lp") else "") + (f"-f8{extra['f8']}" if extra.get("f8") else "")
                         + ("-keep" if extra.get("reshard") is False else "")
                         + (f"-accum{extra['accum']}" if extra.get("accum") else "")
-                        + (f"-{extra['opt']}" if extra.get("opt") else ""), precision,
+                        + (f"-{extra['opt']}" if extra.get("opt") else "") + ("-lora" if extra.get("lora") else ""),
+                        precision,
                         "ckpt" if ck else "nockpt"])
         out.append({"id": tag, "strategy": strategy, "precision": precision, "checkpoint": ck, **extra})
     return out
@@ -93,7 +94,9 @@ GPT_CASE = {"name": "gpt", "model": "gpt", "world": 2, "ranks": [0, 1], "checkpo
                 ("ddp", "fp32", False, {"accum": 3}), ("fsdp", "fp32", False, {"accum": 3}),
                 # Muon on the blocks' matrices and AdamW on the rest (its Newton-Schulz steps on FSDP2's DTensors;
                 # on DDP's plain tensors it is tests/test_muon_adafactor.py's single-device step)
-                ("fsdp", "fp32", False, {"opt": "muon"}))}
+                ("fsdp", "fp32", False, {"opt": "muon"}),
+                # LoRA (peft's layers on qkv and proj, the rest frozen) under DDP and FSDP2's bf16 policy
+                ("ddp", "fp32", False, {"lora": True}), ("fsdp", "fsdp-bf16", True, {"lora": True}))}
 LLAMA_CASE = {"name": "llama", "model": "llama", "world": 4, "ranks": [0, 3], "checkpoint": "Block",
               "config": {"vocab_size": 250, "dim": 64, "hidden_dim": 96, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
                          "max_seq_len": 64},
@@ -143,10 +146,11 @@ def engines(tmp_path_factory):
             model, inputs = build(case["config"], case["batch"], case["seq"])
             planners = {}
             for run in case["runs"]:
-                key = (run["precision"], run.get("accum", 1), run.get("f8"), run.get("opt", "adamw"))
+                key = (run["precision"], run.get("accum", 1), run.get("f8"), run.get("opt", "adamw"), run.get("lora"))
                 planner = planners.get(key)
                 if planner is None:
                     planner = planners[key] = Planner(model, inputs, gpu="H100", device="cpu", optimizer=key[3],
+                                                      lora="r=8,alpha=16,targets=qkv+proj" if key[4] else None,
                                                       precision=run["precision"], grad_accum=key[1],
                                                       float8="tensorwise" if key[2] else None,
                                                       float8_all_gather=key[2] == "all-gather")

@@ -83,10 +83,7 @@ def add_common(p: argparse.ArgumentParser, *, precisions: Sequence[str] = PRECIS
                             "bitsandbytes lays them out (int8: LLM.int8(); int4: NF4), the headline sized with "
                             "them; training with --lora: QLoRA's frozen 4-bit base (int4-dq: double "
                             "quantization), e.g. --quantize int4")
-        p.add_argument("--lora", metavar="r=R,alpha=A,...",
-                       help="LoRA fine-tuning as peft runs it: adapters of rank R on the targets (module names "
-                            "joined by +, default all-linear: every Linear but the output head), the rest frozen; "
-                            "keys r, alpha, dropout, targets, e.g. --lora r=16,alpha=32,targets=q_proj+v_proj")
+        add_lora_option(p)
     p.add_argument("--checkpoint", action="append", metavar="CLASS", default=[],
                    help="what-if: run every instance of this module class under activation checkpointing "
                         "and show the memory saved and FLOPs added; repeatable, e.g. --checkpoint Block")
@@ -102,6 +99,13 @@ def add_common(p: argparse.ArgumentParser, *, precisions: Sequence[str] = PRECIS
                    help="micro-batches per optimizer step, gradients accumulated (the inputs are one micro-batch; "
                         "default: 1; training only), e.g. --grad-accum 8")
     p.add_argument("--debug", action="store_true", help="show the full traceback of errors")
+
+
+def add_lora_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lora", metavar="r=R,alpha=A,...",
+                   help="LoRA fine-tuning as peft runs it: adapters of rank R on the targets (module names "
+                        "joined by +, default all-linear: every Linear but the output head), the rest frozen; "
+                        "keys r, alpha, dropout, targets, e.g. --lora r=16,alpha=32,targets=q_proj+v_proj")
 
 
 def add_compile_options(p: argparse.ArgumentParser) -> None:

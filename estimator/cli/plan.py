@@ -9,7 +9,7 @@ import os
 import sys
 
 from ..errors import UserError
-from .options import add_common, add_compile_options, load_model, precision_of, training_options
+from .options import add_common, add_compile_options, add_lora_option, load_model, precision_of, training_options
 from .output import pick_format, plot_format, write_atomic, write_text
 from .progress import Progress
 
@@ -187,6 +187,10 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
                    help="also solve the longest sequence (seq) that fits; the largest micro-batch (batch) is "
                         "always solved, e.g. --solve seq")
     add_compile_options(p)
+    add_lora_option(p)
+    p.add_argument("--quantize", choices=("int4", "int4-dq"),
+                   help="with --lora: QLoRA's frozen 4-bit base (bitsandbytes NF4; int4-dq: double quantization), "
+                        "planned under --strategy ddp, e.g. --lora r=16 --quantize int4-dq")
     p.add_argument("--compare", action="store_true",
                    help="one row per strategy, without and with activation checkpointing (of --checkpoint or "
                         "the wrap class), with the recommended row (the fastest that fits), e.g. --compare")
@@ -252,7 +256,8 @@ def run_plan(args: argparse.Namespace) -> int:
                           zero_semantics=args.zero_semantics, model_name=loaded.title, progress=progress,
                           keep_output=args.keep_output, grad_accum=grad_accum,
                           checkpoint_policy=args.checkpoint_policy, compile=args.compile,
-                          float8=args.float8, float8_all_gather=args.float8_all_gather, cuda_torch=args.cuda_torch)
+                          float8=args.float8, float8_all_gather=args.float8_all_gather, cuda_torch=args.cuda_torch,
+                          lora=args.lora, quantize=args.quantize)
         budget = dict(tokens=args.tokens, samples=args.samples, steps=steps, mfu=args.mfu)
         degrees = dict(tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep)
         if args.compare or len(gpus_names) > 1 or len(args.gpus) > 1 or any(len(v) > 1 for v in degrees.values()):

@@ -283,3 +283,21 @@ def _check_ep(layout: Layout) -> None:
         raise UserError(f"--ep {ep} borrows from the {ranks} {borrowed} ranks (torchtitan's ParallelDims, etp "
                         f"{layout.etp}): "
                         f"use an ep that divides {ranks}" + (f" and is a multiple of {multiple}" if inner > 1 else ""))
+
+
+def check_finetune(layout: Layout, lora: bool, quantized: bool) -> None:
+    """Fine-tuning layouts the plan models: LoRA under DDP, FSDP2 and HSDP (FSDP2 shards frozen and trainable
+    parameters alike), QLoRA's 4-bit base under DDP (bitsandbytes' packed weights shard under FSDP only when
+    stored in bf16, ``bnb_4bit_quant_storage``: not modelled); no tensor, pipeline, context or expert
+    parallelism of the adapters."""
+    if not lora:
+        return
+    if quantized and layout.strategy != "ddp":
+        raise UserError(f"--quantize int4 with --lora (QLoRA) is planned under --strategy ddp: bitsandbytes' 4-bit "
+                        f"weights shard under FSDP only stored as bf16, which is not modelled (not {layout.strategy})")
+    if layout.strategy not in ENGINE_STRATEGIES:
+        raise UserError(f"--lora is planned on PyTorch's engines: use --strategy ddp, fsdp or hsdp, "
+                        f"not {layout.strategy}")
+    if max(layout.tp, layout.pp, layout.cp, layout.ep) > 1:
+        raise UserError("--lora is planned with data parallelism only (DDP, FSDP2, HSDP): drop --tp, --pp, --cp "
+                        "and --ep")

@@ -20,6 +20,7 @@ from ..capture.checkpoint import parse_policy, resolve_classes
 from ..capture.compiled import check_mode
 from ..collect import young_only_during
 from ..errors import UserError
+from ..lora import finetuned
 from ..hardware import GPU, gpu_links, link, lookup
 from ..memory import CUDA_RESERVE, FRAGMENTATION, simulate
 from ..tally import tally
@@ -28,7 +29,7 @@ from .context import in_chunks, shard_sequence
 from .describe import engine_text, layout_notes
 from .engine import one_sequence_per_sample, trace_engine
 from .interpolate import searched_allocator
-from .layout import Layout, check_layout, parse_plan_precision
+from .layout import Layout, check_finetune, check_layout, parse_plan_precision
 from .model_flops import attention_term, matmul_params
 from .report import Comparison, Plan
 from .results import Config, Flops, PerGpu, Solve, StepTime, Suggestion, Training, Verdict
@@ -87,7 +88,7 @@ class Planner:
                  model_name: str | None = None, progress: Progress | None = None, trace: str = "auto",
                  keep_output: bool = False, grad_accum: int = 1, checkpoint_policy: Any = "full",
                  replicate: bool = True, compile: Any = None, float8: Any = None, float8_all_gather: bool = False,
-                 cuda_torch: str | None = None):
+                 cuda_torch: str | None = None, lora: Any = None, quantize: str | None = None):
         if not isinstance(model, torch.nn.Module):
             raise UserError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         if device not in ("cuda", "cpu"):
@@ -104,10 +105,13 @@ class Planner:
         self.float8_all_gather = bool(float8_all_gather)
         if recipe is not None:  # torchao's Float8Linear on a meta copy (see estimator.float8)
             model, self.float8_notes = converted(model, recipe, self.float8_all_gather)
-        self.model, self.inputs, self.device = model, inputs, device
-        self.gpu = gpu if isinstance(gpu, GPU) else lookup(gpu)
         self.model_name = model_name or type(model).__name__
         self.precision = parse_plan_precision(precision, reduce_dtype)
+        # LoRA / QLoRA (estimator.lora): the model as the fine-tuning run trains it
+        model, notes, _ = finetuned(model, lora, quantize, self.precision.step)
+        self.float8_notes[:0], self.finetune = notes, (lora is not None, quantize is not None)
+        self.model, self.inputs, self.device = model, inputs, device
+        self.gpu = gpu if isinstance(gpu, GPU) else lookup(gpu)
         self.gpus_per_node = gpus_per_node
         self.interconnect, self.inter_node = interconnect, inter_node
         self.zero_semantics = zero_semantics
@@ -401,6 +405,7 @@ class Planner:
                         reshard_after_forward, offload, loss_parallel, pp, str(pp_schedule).lower(),
                         microbatches or 0, cp, str(cp_rotate).lower(), ep, async_tp, etp)
         check_layout(layout, self.precision)
+        check_finetune(layout, *self.finetune)
         if async_tp and self.options.compile is None:
             raise UserError("--async-tp is torch.compile's micro-pipeline pass (torchtitan requires compile for it): "
                             "add --compile")
