@@ -13,6 +13,7 @@ from .errors import DataDependentError, UserError
 from .hardware import GPU, lookup
 from .memory import simulate
 from .lora import finetuned
+from .optim import check_clip
 from .precision import parse_precision
 from .report import CheckpointWhatIf, Report
 from .target import CudaTarget, parse_release
@@ -96,6 +97,7 @@ def estimate(
     compile: Any = None,
     float8: Any = None,
     lora: Any = None,
+    clip_grad_norm: float | None = None,
 ) -> Report:
     """Estimate one training step (forward, loss, backward, optimizer step) of ``model``.
 
@@ -131,6 +133,9 @@ def estimate(
             once the loss is computed (``loss = model(x).loss``, as HF Trainer, Lightning and torchtitan do).
         grad_accum: micro-batches per optimizer step (gradient accumulation: ``inputs`` is one micro-batch,
             its loss divided by ``grad_accum``, gradients accumulating across micro-steps).
+        clip_grad_norm: the loop clips the gradients' norm before the optimizer step
+            (``torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)``: HF Trainer's ``max_grad_norm``,
+            torchtitan's ``max_norm``); None (the default): no clipping.
         depth: module depth of the per-module table.
         trace: ``"auto"``, ``"fake"`` or ``"real"`` (see :func:`estimator.capture.capture`).
         cuda_torch: the torch release that will run the step on the GPU (e.g. ``"2.11"``), when it is
@@ -188,6 +193,7 @@ def estimate(
         train=mode == "train",
         keep_output=bool(keep_output),
         grad_accum=grad_accum,
+        clip_grad_norm=check_clip(clip_grad_norm, mode),
         replicate=replicate,
         compile=compiled,
         target=device,
@@ -233,6 +239,7 @@ def estimate(
             report.max_batch, report.max_batch_note, report.max_batch_margin = _largest_batch(
                 model, inputs, target_gpu, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs, loss_fn=loss_fn,
                 precision=options.precision.name, trace=trace, keep_output=options.keep_output, grad_accum=grad_accum,
+                clip_grad_norm=options.clip_grad_norm,
                 replicate=replicate, compile=compiled)
     return report
 

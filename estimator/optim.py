@@ -182,6 +182,41 @@ def _construct(cls: type, params: Any, options: dict[str, Any]) -> torch.optim.O
         raise UserError(f"cannot build {cls.__name__} with {options}: {exc}") from exc
 
 
+def check_clip(value: Any, mode: str = "train") -> float | None:
+    """``clip_grad_norm``: None or a number > 0, for a training step; else a one-line error."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise UserError(f"clip_grad_norm must be a number > 0 (e.g. 1.0), not {value!r}")
+    if mode != "train":
+        raise UserError(f"clip_grad_norm clips a training step's gradients; drop it for mode={mode!r}")
+    return float(value)
+
+
+def clip_gradients(params: Any, max_norm: float, foreach: bool | None) -> None:
+    """The loop's ``torch.nn.utils.clip_grad_norm_(params, max_norm)`` before ``opt.step()`` (HF Trainer's
+    ``max_grad_norm=1.0``, torchtitan's ``max_norm``, nanoGPT's ``grad_clip``), as torch 2.13's
+    ``nn/utils/clip_grad.py`` runs it with its default ``foreach=None``: each gradient's 2-norm
+    (``_foreach_norm`` over plain tensors, CUDA's and the CPU's alike; one ``vector_norm`` each over an engine's
+    DTensor gradients, which ``_has_foreach_support`` refuses by type, or with ``foreach=False``), the norm of their stack, the
+    coefficient ``min(1, max_norm / (total + 1e-6))`` and the gradients scaled in place by it (``_foreach_mul_``,
+    or ``mul_`` each).  Written out rather than called: the traced gradients are fake or meta tensors, whose
+    device or type would send torch's own function down the other branch.  On DTensor gradients the norms'
+    reduction across ranks comes from DTensor itself."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    use_foreach = foreach is not False and all(getattr(g, "placements", None) is None for g in grads)
+    norms = torch._foreach_norm(grads, 2.0) if use_foreach else [torch.linalg.vector_norm(g, 2.0) for g in grads]
+    total = torch.linalg.vector_norm(torch.stack(list(norms)), 2.0)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    if use_foreach:
+        torch._foreach_mul_(grads, coef)
+    else:
+        for g in grads:
+            g.mul_(coef)
+
+
 # -- several optimizers, one step ----------------------------------------------------------------------------------
 
 

@@ -358,8 +358,9 @@ class _LiveRun:
     optimizer step; the loss returned (the caller keeps it into the next iteration, as a loop that logs it)."""
 
     def __init__(self, model: torch.nn.Module, inputs: Any, optimizer: Any, loss_fn: Callable | None,
-                 device: str, policy: Any, keep_output: bool = False, grad_accum: int = 1):
-        self.keep_output, self.grad_accum = keep_output, grad_accum
+                 device: str, policy: Any, keep_output: bool = False, grad_accum: int = 1,
+                 clip_grad_norm: float | None = None):
+        self.keep_output, self.grad_accum, self.clip = keep_output, grad_accum, clip_grad_norm
         self.device, self.dev = device, torch.device(device)
         self.m = _materialize_model(model, self.dev, policy.cast)
         self.args, self.kwargs = split_inputs(_materialize_inputs(inputs, self.dev, policy.cast))
@@ -394,6 +395,10 @@ class _LiveRun:
             with bwd_counter:
                 (scaler.scale(loss) if scaler else loss).backward()
         if opt is not None:
+            if scaler is not None:
+                scaler.unscale_(opt)
+            if self.clip is not None:  # the gradients' norm clipped before the step, unscaled first
+                torch.nn.utils.clip_grad_norm_([p for p in self.m.parameters() if p.grad is not None], self.clip)
             if scaler is not None:
                 scaler.step(opt)
                 scaler.update()
@@ -523,6 +528,7 @@ def validate(
     peak_tflops: float | None = None,
     keep_output: bool = False,
     grad_accum: int = 1,
+    clip_grad_norm: float | None = None,
 ) -> Validation:
     """Estimate, then run real training iterations and compare (see the module docstring)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -534,12 +540,13 @@ def validate(
     # on a GPU the estimate is for that GPU (its architecture decides kernels and workspaces)
     here = match_device_name(torch.cuda.get_device_name()) if device == "cuda" else None
     report = estimate(model, inputs, optimizer=optimizer, loss_fn=loss_fn, device=device, precision=precision,
-                      gpu=here, solve_batch=False, keep_output=keep_output, grad_accum=grad_accum)
+                      gpu=here, solve_batch=False, keep_output=keep_output, grad_accum=grad_accum,
+                      clip_grad_norm=clip_grad_norm)
     est = report.to_dict()
     _check_room(device, est, force)
 
     base_allocated = torch.cuda.memory_allocated() if device == "cuda" else 0
-    run = _LiveRun(model, inputs, optimizer, loss_fn, device, policy, keep_output, grad_accum)
+    run = _LiveRun(model, inputs, optimizer, loss_fn, device, policy, keep_output, grad_accum, clip_grad_norm)
     measured, keep = run.first_step()
     measured["peak"], keep = run.steady_peak(keep, base_allocated)
     del keep

@@ -488,6 +488,8 @@ def run_one(case: dict, run: dict, world: int) -> dict:
                     if accum > 1:
                         loss = loss / accum
                     loss.backward()
+            if run.get("clip"):  # torch's own clip_grad_norm_ on the engine's gradients (DTensors under FSDP2)
+                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], run["clip"])
             opt.step()
             if it >= last:
                 peaks.append((tracker.peak, tracker.peak_op))

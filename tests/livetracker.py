@@ -15,7 +15,7 @@ from instruments import LiveTracker
 
 
 def measure_peaks(model, inputs, optimizer_factory, loss_of, *, autocast_dtype=None, train=True, steps=2,
-                  keep_output=False, grad_accum=1, resident=()):
+                  keep_output=False, grad_accum=1, resident=(), clip=None):
     """Live-byte peaks of ``steps`` real CPU iterations: [first, second, ...].
 
     Each iteration, the loop as written (``keep_output``, ``grad_accum``)::
@@ -61,6 +61,8 @@ def measure_peaks(model, inputs, optimizer_factory, loss_of, *, autocast_dtype=N
                     if not keep_output:
                         out = None
                     loss.backward()
+                if clip is not None:  # torch's own clip_grad_norm_ (foreach on CPU tensors, its default)
+                    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], clip)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 keep = loss

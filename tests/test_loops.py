@@ -113,6 +113,23 @@ def test_the_loop_as_written_matches_a_real_step(name, loop, precision):
     assert mem.peak_first_step == pytest.approx(first, rel=0.01), (mem.peak_first_step, first)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_a_loop_that_clips_its_gradients_matches_a_real_step(name, precision):
+    """``clip_grad_norm_(params, 1.0)`` before the step (torch's own function in the real loop): the peaks as the
+    real loop's, and the step's ops: one norm per gradient, their stack's norm, the gradients scaled in place."""
+    model, inputs, loss_fn, _ = MODELS[name]()
+    first, steady = _truth(model, inputs, loss_fn, precision, clip=1.0)
+    report = estimate(model, inputs, loss_fn=loss_fn, device="cpu", precision=precision, clip_grad_norm=1.0)
+    assert report.memory.peak == pytest.approx(steady, rel=0.01), (report.memory.peak, steady)
+    assert report.memory.peak_first_step == pytest.approx(first, rel=0.01), (report.memory.peak_first_step, first)
+    grads = sum(1 for p in model.parameters() if p.requires_grad)
+    ops = [str(n.target) for n in report.capture.nodes if n.meta.get("phase") == "optimizer"]
+    assert ops.count("aten._foreach_norm.Scalar") == 1 and ops.count("aten._foreach_mul_.Tensor") >= 1, ops[:12]
+    unclipped = estimate(model, inputs, loss_fn=loss_fn, device="cpu", precision=precision).tally.flops["optimizer"]
+    assert report.tally.flops["optimizer"] > unclipped, grads
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 def test_the_loops_differ_as_the_real_ones_do(name):
     """The forms are told apart: each real loop's peak differs from the released single-step loop's by more

@@ -74,7 +74,8 @@ def _runs(*specs):
                         + ("-lp" if extra.get("lp") else "") + (f"-f8{extra['f8']}" if extra.get("f8") else "")
                         + ("-keep" if extra.get("reshard") is False else "")
                         + (f"-accum{extra['accum']}" if extra.get("accum") else "")
-                        + (f"-{extra['opt']}" if extra.get("opt") else "") + ("-lora" if extra.get("lora") else ""),
+                        + (f"-{extra['opt']}" if extra.get("opt") else "") + ("-lora" if extra.get("lora") else "")
+                        + ("-clip" if extra.get("clip") else ""),
                         precision,
                         "ckpt" if ck else "nockpt"])
         out.append({"id": tag, "strategy": strategy, "precision": precision, "checkpoint": ck, **extra})
@@ -96,7 +97,9 @@ GPT_CASE = {"name": "gpt", "model": "gpt", "world": 2, "ranks": [0, 1], "checkpo
                 # on DDP's plain tensors it is tests/test_muon_adafactor.py's single-device step)
                 ("fsdp", "fp32", False, {"opt": "muon"}),
                 # LoRA (peft's layers on qkv and proj, the rest frozen) under DDP and FSDP2's bf16 policy
-                ("ddp", "fp32", False, {"lora": True}), ("fsdp", "fsdp-bf16", True, {"lora": True}))}
+                ("ddp", "fp32", False, {"lora": True}), ("fsdp", "fsdp-bf16", True, {"lora": True}),
+                # the gradients' norm clipped before the step (torch's clip_grad_norm_, max norm 1.0)
+                ("ddp", "fp32", False, {"clip": 1.0}), ("fsdp", "fsdp-bf16", False, {"clip": 1.0}))}
 LLAMA_CASE = {"name": "llama", "model": "llama", "world": 4, "ranks": [0, 3], "checkpoint": "Block",
               "config": {"vocab_size": 250, "dim": 64, "hidden_dim": 96, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
                          "max_seq_len": 64},
@@ -146,11 +149,13 @@ def engines(tmp_path_factory):
             model, inputs = build(case["config"], case["batch"], case["seq"])
             planners = {}
             for run in case["runs"]:
-                key = (run["precision"], run.get("accum", 1), run.get("f8"), run.get("opt", "adamw"), run.get("lora"))
+                key = (run["precision"], run.get("accum", 1), run.get("f8"), run.get("opt", "adamw"), run.get("lora"),
+                       run.get("clip"))
                 planner = planners.get(key)
                 if planner is None:
                     planner = planners[key] = Planner(model, inputs, gpu="H100", device="cpu", optimizer=key[3],
                                                       lora="r=8,alpha=16,targets=qkv+proj" if key[4] else None,
+                                                      clip_grad_norm=key[5],
                                                       precision=run["precision"], grad_accum=key[1],
                                                       float8="tensorwise" if key[2] else None,
                                                       float8_all_gather=key[2] == "all-gather")

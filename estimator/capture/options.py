@@ -42,6 +42,7 @@ class StepOptions:
     keep_output: bool = False  # the model's output held through backward and the optimizer step (else dropped
     #                            once the loss is computed, as HF Trainer, Lightning and torchtitan do)
     grad_accum: int = 1  # micro-batches per optimizer step, gradients accumulating (no zero_grad between)
+    clip_grad_norm: float | None = None  # torch.nn.utils.clip_grad_norm_(params, max_norm) before the step
     # ``accumulate(module, micro_step, last)``: a context manager around one micro-step's forward and
     # backward (an engine's gradient sync off but on the last: DDP's no_sync, FSDP2's
     # set_requires_gradient_sync); None: nothing
@@ -100,6 +101,7 @@ class Capture:
     # 2..N, which accumulate into existing gradients) before the optimizer step
     keep_output: bool = False
     grad_accum: int = 1
+    clip_grad_norm: float | None = None  # the gradients' norm clipped to it before the optimizer step
     # a step of generate() (see .generate): stage, prompt_len, new_tokens, cache, cache_class, batch, cached
     # (tokens in the cache after the step) and one row per layer of the cache
     generation: dict[str, Any] | None = None

@@ -28,11 +28,12 @@ from torch.nn.utils.stateless import _untie_named_tensors_map
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import UserError
-from ..optim import build_optimizer, elementwise, wants_fused
+from ..optim import build_optimizer, clip_gradients, elementwise, wants_fused
 from ..target import FAKE_KERNELS, CudaTarget, installed
 from .as_is import AsIs, AsIsRecorder
 from .checkpoint import wrap_checkpointed
 from .failures import guard, input_hint, optimizer_hint
+from .held import leaves_held_by
 from .fake import (
     GROUPED_MM, RecordingFakeMode, clear_shared_cache, fake_ctc_loss, fake_grouped_mm, fake_pack_padded_sequence,
     output_kernels, real_output_bytes,
@@ -504,6 +505,9 @@ class Step:
             self.fake_entered.exit()
             opt_params = {n: meta_twin(rec, self.params[n], AsIs.local(p.grad) if p.grad is not None else None,
                                        p.requires_grad) for n, p in self.named_params.items()}
+        if opts.clip_grad_norm is not None:  # the loop's torch.nn.utils.clip_grad_norm_ before the step
+            with self._recording():
+                self._guard(lambda: clip_gradients(opt_params.values(), opts.clip_grad_norm, opts.foreach))
         opt, self.optimizer_name = build_optimizer(opts.optimizer, opt_params, self.named_params,
                                                    opts.optimizer_kwargs, opts.foreach, self.model)
         if opt is None:
@@ -522,24 +526,9 @@ class Step:
 
     # -- the result -----------------------------------------------------------------------------
     def _leaves_held_by(self, loss: torch.Tensor) -> list[torch.Tensor]:
-        """The leaves made in the step (not parameters, not inputs: a view of the input on which the model sets
-        ``requires_grad``, as wav2vec2's feature encoder does; queries a decoder starts from zeros with
-        ``requires_grad``) that the loss's graph keeps, and their gradients: its AccumulateGrad nodes hold their
-        leaf, and the leaf its ``.grad``, as long as the loss lives."""
         if self.opts.prepare is not None or loss.grad_fn is None:
             return []
-        known = {id(t) for t in self.params.values()} | {id(t) for t in self.flat_inputs}
-        held, seen, stack = [], set(), [loss.grad_fn]
-        while stack:
-            fn = stack.pop()
-            if fn is None or fn in seen:
-                continue
-            seen.add(fn)
-            leaf = getattr(fn, "variable", None)  # AccumulateGrad
-            if leaf is not None and id(leaf) not in known:
-                held += [leaf] + ([leaf.grad] if leaf.grad is not None else [])
-            stack.extend(f for f, _ in fn.next_functions)
-        return held
+        return leaves_held_by(loss, {id(t) for t in self.params.values()} | {id(t) for t in self.flat_inputs})
 
     def _result(self) -> Capture:
         rec, loss = self.rec, self.loss
@@ -588,7 +577,7 @@ class Step:
             events=rec.events,
             sids=sids,
             keep_output=self.opts.keep_output,
-            grad_accum=self.opts.grad_accum if self.opts.train else 1,
+            grad_accum=self.opts.grad_accum if self.opts.train else 1, clip_grad_norm=self.opts.clip_grad_norm,
             generation=self.generation,
             assumptions=self.notes,  # the same list: notes made on leaving the step come too
         )

@@ -98,6 +98,10 @@ def add_common(p: argparse.ArgumentParser, *, precisions: Sequence[str] = PRECIS
     p.add_argument("--grad-accum", type=int, metavar="N",
                    help="micro-batches per optimizer step, gradients accumulated (the inputs are one micro-batch; "
                         "default: 1; training only), e.g. --grad-accum 8")
+    p.add_argument("--clip-grad-norm", type=float, metavar="MAX",
+                   help="the loop clips the gradients' norm to MAX before the optimizer step "
+                        "(torch.nn.utils.clip_grad_norm_; HF Trainer's max_grad_norm, torchtitan's max_norm; "
+                        "default: no clipping; training only), e.g. --clip-grad-norm 1.0")
     p.add_argument("--debug", action="store_true", help="show the full traceback of errors")
 
 
@@ -133,7 +137,8 @@ def training_options(args: argparse.Namespace) -> tuple[str, int]:
     mode = getattr(args, "mode", "train")
     if mode != "train":
         given = [flag for flag, value in (("--optimizer", args.optimizer), ("--keep-output", args.keep_output or None),
-                                          ("--grad-accum", args.grad_accum)) if value is not None]
+                                          ("--grad-accum", args.grad_accum),
+                                          ("--clip-grad-norm", args.clip_grad_norm)) if value is not None]
         if given:
             raise UserError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to training steps; "
                             f"--mode {mode} has no optimizer and no training loop: drop {' and '.join(given)}")

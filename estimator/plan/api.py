@@ -26,7 +26,8 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
          rank: int = 0, confirm: bool = True, model_name: str | None = None, progress: Progress | None = None,
          trace: str = "auto", solve_unfit: bool = False, keep_output: bool = False, grad_accum: int = 1,
          checkpoint_policy: Any = "full", replicate: bool = True, compile: Any = None, float8: Any = None,
-         float8_all_gather: bool = False, etp: int = 1, lora: Any = None, quantize: str | None = None) -> Plan:
+         float8_all_gather: bool = False, etp: int = 1, lora: Any = None, quantize: str | None = None,
+         clip_grad_norm: float | None = None) -> Plan:
     """Plan a training step of ``model`` on ``gpus`` GPUs called ``gpu`` with ``strategy``.
 
     ``inputs`` are one GPU's micro-batch.  ``ddp``, ``fsdp`` and ``hsdp`` (with ``tp`` tensor
@@ -60,7 +61,9 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
     ``"rowwise"`` (torchao's float8 training, :mod:`estimator.float8`); ``float8_all_gather`` (tensorwise, fsdp or
     hsdp): FSDP2 gathers the float8 weights in float8 (torchao's ``enable_fsdp_float8_all_gather``).  ``lora``
     (and ``quantize="int4"|"int4-dq"``, QLoRA, ddp only): the fine-tuning step as :func:`estimator.estimate` takes
-    it (:mod:`estimator.lora`), data parallelism only.  Raises
+    it (:mod:`estimator.lora`), data parallelism only.  ``clip_grad_norm``: the loop clips the gradients' norm
+    before the step (``torch.nn.utils.clip_grad_norm_`` on the engine's gradients, its reduction across ranks
+    included).  Raises
     :class:`~estimator.errors.UserError` for impossible combinations.
     """
     planner = Planner(model, inputs, gpu=gpu, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs,
@@ -69,7 +72,7 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
                       zero_semantics=zero_semantics, model_name=model_name, progress=progress, trace=trace,
                       keep_output=keep_output, grad_accum=grad_accum, checkpoint_policy=checkpoint_policy,
                       replicate=replicate, compile=compile, float8=float8, float8_all_gather=float8_all_gather,
-                      lora=lora, quantize=quantize)
+                      lora=lora, quantize=quantize, clip_grad_norm=clip_grad_norm)
     return planner.plan(strategy, gpus, tp=tp, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel,
                         async_tp=async_tp,
                         pp=pp, pp_schedule=pp_schedule, microbatches=microbatches, cp=cp, cp_rotate=cp_rotate,

@@ -49,7 +49,8 @@ def to_dict(report: ReportData, depth: int | None = None) -> dict[str, Any]:
             "total_per_optimizer_step": report.capture.grad_accum * (t.flops["forward"] + t.flops["backward"])
             + t.flops["optimizer"],
         },
-        "loop": ({"keep_output": report.capture.keep_output, "grad_accum": report.capture.grad_accum}
+        "loop": ({"keep_output": report.capture.keep_output, "grad_accum": report.capture.grad_accum,
+                  **({"clip_grad_norm": report.capture.clip_grad_norm} if report.capture.clip_grad_norm else {})}
                  if report.mode == "train" else None),
         "checkpoint": report.checkpoint.to_dict() if report.checkpoint else None,
         "compile": dict(report.compiled) if report.compiled else None,

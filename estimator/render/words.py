@@ -127,6 +127,8 @@ def loop_words(cap: Any) -> str:
             else "output dropped once the loss is computed (loss = model(x).loss; --keep-output holds it)")
     if cap.grad_accum > 1:
         text += f"; {cap.grad_accum} micro-batches per optimizer step, gradients accumulated (--grad-accum)"
+    if getattr(cap, "clip_grad_norm", None):
+        text += f"; gradients' norm clipped to {cap.clip_grad_norm:g} before the step (--clip-grad-norm)"
     return text
 
 
