@@ -16,6 +16,7 @@ import torch
 
 from .errors import UserError
 from .layers import output_head
+from .optim8bit import AdamW8bit
 
 # name -> (class, default keyword arguments)
 OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
@@ -30,6 +31,7 @@ OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
     "nadam": (torch.optim.NAdam, {"lr": 1e-3}),
     "radam": (torch.optim.RAdam, {"lr": 1e-3}),
     "adafactor": (torch.optim.Adafactor, {"lr": 1e-2}),
+    "adamw8bit": (AdamW8bit, {"lr": 1e-3}),  # bitsandbytes' bnb.optim.AdamW8bit (estimator.optim8bit)
     # on the hidden matrices, with AdamW on the other parameters (:func:`hidden_matrices`, :func:`muon_and_adamw`)
     "muon": (torch.optim.Muon, {"lr": 2e-2}),
 }

@@ -45,7 +45,8 @@ def add_common(p: argparse.ArgumentParser, *, precisions: Sequence[str] = PRECIS
                         "(e.g. --input 8x3x224x224, --input 8x1024:int64); overrides inputs from SPEC")
     p.add_argument("--optimizer", metavar="NAME[:k=v,...]",
                    help="sgd, sgd-momentum, adam, adamw, adagrad, rmsprop, adamax, adadelta, nadam, radam, adafactor, "
-                        "muon (torch.optim.Muon on the hidden matrices, AdamW on the rest) or none, "
+                        "adamw8bit (bitsandbytes' 8-bit AdamW), muon (torch.optim.Muon on the hidden matrices, "
+                        "AdamW on the rest) or none, "
                         f"with options, e.g. sgd:momentum=0.9 or adam:amsgrad=true (default: {DEFAULT_OPTIMIZER}; "
                         "training only)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
