@@ -28,6 +28,7 @@ from torch import nn
 from instruments import flop_counter
 from h100_cases import torchtitan_op_context_fn
 from livetracker import measure_peaks
+from zoo import tiny_llama
 
 from estimator import estimate
 
@@ -36,16 +37,10 @@ from estimator import estimate
 
 
 def _llama():
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   use_cache=False)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa")
-    ids = torch.randint(0, 2048, (2, 48), generator=torch.Generator().manual_seed(1))
-    layer = type(model.model.layers[0])
+    pytest.importorskip("transformers")
+    model, inputs = tiny_llama(vocab=2048, layers=4, seq=48)
     # logits (2, 48, 2048) in fp32: 768 KiB, the hidden states (2, 48, 64) 24 KiB
-    return model, {"input_ids": ids, "labels": ids.clone()}, None, layer
+    return model, inputs, None, type(model.model.layers[0])
 
 
 class ConvBlock(nn.Module):

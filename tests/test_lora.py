@@ -24,6 +24,7 @@ from torch import nn
 
 from instruments import flop_counter
 from livetracker import measure_peaks
+from zoo import tiny_llama
 
 from estimator import estimate
 from estimator.errors import UserError
@@ -36,13 +37,7 @@ R, ALPHA = 8, 16
 
 
 def _llama():
-    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   use_cache=False)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa")
-    ids = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(1))
-    return model, {"input_ids": ids, "labels": ids.clone()}
+    return tiny_llama()
 
 
 def _with_lora(model, targets="all-linear", dropout=0.0):

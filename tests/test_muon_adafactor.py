@@ -25,6 +25,7 @@ from torch import nn
 
 from instruments import flop_counter
 from livetracker import measure_peaks
+from zoo import tiny_llama
 
 from estimator import estimate
 from estimator.errors import UserError
@@ -57,17 +58,12 @@ def _gpt():
 
 
 def _llama():
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   use_cache=False)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa")
-    ids = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(1))
+    pytest.importorskip("transformers")
+    model, inputs = tiny_llama()
     # Muon: the 7 projections of each decoder layer; lm_head (untied here) and the embedding on AdamW
     hidden = [f"model.layers.{i}.{m}_proj.weight" for i in range(2)
               for m in ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "mlp.gate", "mlp.up", "mlp.down")]
-    return model, {"input_ids": ids, "labels": ids.clone()}, None, hidden
+    return model, inputs, None, hidden
 
 
 def _classifier():

@@ -126,6 +126,20 @@ def _llama(attn: str, device: str) -> Case:
     return model, _on(device, {"input_ids": ids, "labels": ids.clone()}), None
 
 
+def tiny_llama(vocab: int = 512, layers: int = 2, seq: int = 32, batch: int = 2) -> tuple[nn.Module, dict]:
+    """A Hugging Face Llama 64 wide (4 heads, 2 key/value heads), MLP 128, ``layers`` layers, SDPA attention, no
+    KV cache, random weights (seed 0); ``batch x seq`` token ids (seed 1), the labels too."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa")
+    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1))
+    return model, {"input_ids": ids, "labels": ids.clone()}
+
+
 def hf_llama_sdpa(device: str = "cpu") -> Case:
     return _llama("sdpa", device)
 

@@ -92,6 +92,12 @@ def add_common(p: argparse.ArgumentParser, *, precisions: Sequence[str] = PRECIS
                    help="which --checkpoint instances and ops are recomputed: full (every instance, everything), "
                         "layer:N (every N-th instance), op (torchtitan's per-op policy: the attention and every "
                         "other matmul output saved) (default: full), e.g. --checkpoint-policy layer:2")
+    add_loop_options(p)
+    p.add_argument("--debug", action="store_true", help="show the full traceback of errors")
+
+
+def add_loop_options(p: argparse.ArgumentParser) -> None:
+    """The training loop as it is written: the output's lifetime, gradient accumulation, gradient clipping."""
     p.add_argument("--keep-output", action="store_true",
                    help="the training loop holds the model's output through backward and the optimizer step "
                         "(out = model(x)); by default it is dropped once the loss is computed "
@@ -103,7 +109,6 @@ def add_common(p: argparse.ArgumentParser, *, precisions: Sequence[str] = PRECIS
                    help="the loop clips the gradients' norm to MAX before the optimizer step "
                         "(torch.nn.utils.clip_grad_norm_; HF Trainer's max_grad_norm, torchtitan's max_norm; "
                         "default: no clipping; training only), e.g. --clip-grad-norm 1.0")
-    p.add_argument("--debug", action="store_true", help="show the full traceback of errors")
 
 
 def add_lora_option(p: argparse.ArgumentParser) -> None:
