@@ -25,8 +25,20 @@ def output_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     return None
 
 
-def linear_layers(model: torch.nn.Module, head: bool = False) -> list[tuple[str, torch.nn.Linear]]:
-    """(path, module) of the model's Linear layers in registration order; the output head (:func:`output_head`)
-    only with ``head``."""
+def linear_dims(m: torch.nn.Module) -> tuple[int, int] | None:
+    """(in, out) features of a Linear layer: ``nn.Linear``, or transformers' ``Conv1D`` (GPT-2, GPT, ...: a Linear
+    whose weight is stored ``in x out``, which peft's LoRA and transformers' bitsandbytes integration take as one);
+    None for any other module."""
+    if isinstance(m, torch.nn.Linear):
+        return m.in_features, m.out_features
+    weight = getattr(m, "weight", None)
+    if type(m).__name__ == "Conv1D" and isinstance(weight, torch.Tensor) and weight.ndim == 2 and hasattr(m, "nf"):
+        return int(weight.shape[0]), int(weight.shape[1])
+    return None
+
+
+def linear_layers(model: torch.nn.Module, head: bool = False) -> list[tuple[str, torch.nn.Module]]:
+    """(path, module) of the model's Linear layers (:func:`linear_dims`) in registration order; the output head
+    (:func:`output_head`) only with ``head``."""
     found = output_head(model)
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and (head or m is not found)]
+    return [(n, m) for n, m in model.named_modules() if linear_dims(m) is not None and (head or m is not found)]

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from .errors import UserError
-from .layers import linear_layers
+from .layers import linear_dims, linear_layers
 from .precision import keep_dtype
 
 
@@ -89,6 +89,15 @@ class LoraLinear(nn.Module):
         for p in (self.lora_A.weight, self.lora_B.weight):
             keep_dtype(p)
         self.scaling = spec.alpha / spec.r
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The base layer's, as peft's ``BaseTunerLayer.weight`` gives it (T5 and Mamba read their layers' weights)."""
+        return self.base_layer.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return getattr(self.base_layer, "bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         result = self.base_layer(x)
@@ -158,7 +167,7 @@ def prepare_finetune(model: nn.Module, lora: LoraSpec | None, quantize: dict | N
                      f"the output head and the other parameters as they are, frozen")
     targets = _targets(model, lora)
     for path, m in targets:
-        swaps[path] = LoraLinear(swaps.get(path, m), m.in_features, m.out_features, lora, path in swaps)
+        swaps[path] = LoraLinear(swaps.get(path, m), *linear_dims(m), lora, path in swaps)
     trained = {id(p) for path, _ in targets for p in (swaps[path].lora_A.weight, swaps[path].lora_B.weight)}
     out = _replaced(model, swaps)
     frozen = [p for p in out.parameters() if id(p) not in trained and p.requires_grad]

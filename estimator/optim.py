@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from .errors import UserError
-from .layers import output_head
+from .layers import linear_layers, output_head
 from .optim8bit import AdamW8bit
 
 # name -> (class, default keyword arguments)
@@ -252,16 +252,16 @@ class Chain:
 
 
 def hidden_matrices(model: torch.nn.Module) -> tuple[list[str], str | None]:
-    """The parameters Muon updates, by name: the 2-D weights of the model's Linear layers but the output head's
+    """The parameters Muon updates, by name: the 2-D weights of the model's Linear layers (transformers' Conv1D
+    included, :func:`.layers.linear_dims`) but the output head's
     and any tied to an embedding (``torch.optim.Muon``'s documentation: "Muon should only be used for hidden weight
     layers. The input embedding, final output layer, and any internal gains or biases should be optimized using a
     standard method such as AdamW"); and the output head's name (None when none was found)."""
     by_id = {id(p): n for n, p in model.named_parameters()}
     embedded = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     head = output_head(model)
-    names = [by_id[id(m.weight)] for m in model.modules()
-             if isinstance(m, torch.nn.Linear) and m is not head and id(m.weight) not in embedded
-             and id(m.weight) in by_id and m.weight.ndim == 2]
+    names = [by_id[id(m.weight)] for _, m in linear_layers(model)
+             if id(m.weight) not in embedded and id(m.weight) in by_id and m.weight.ndim == 2]
     head_name = next((n for n, m in model.named_modules() if m is head), None)
     return list(dict.fromkeys(names)), head_name
 

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import linear_layers
+from .layers import linear_dims, linear_layers
 from .precision import keep_dtype
 from .rules import OTHER, register
 
@@ -152,13 +152,17 @@ class _MatMul4Bit(torch.autograd.Function):
 
 def quantize_linears(model: nn.Module, compute_dtype: torch.dtype, quant_dtype: torch.dtype,
                      double_quant: bool) -> dict[str, Linear4bit]:
-    """:class:`Linear4bit` stand-ins, by path, for every Linear layer of ``model`` but the output head (the
-    replacements; the model is not changed)."""
+    """:class:`Linear4bit` stand-ins, by path, for every Linear layer of ``model`` but the output head and the
+    modules a transformers model keeps in float32 (``_keep_in_fp32_modules``, e.g. T5's ``wo``: transformers'
+    bitsandbytes quantizer leaves them out too); the replacements (the model is not changed)."""
+    keep = set(getattr(model, "_keep_in_fp32_modules", None) or ()) | \
+        set(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
     out = {}
     for path, m in linear_layers(model):
+        if keep & set(path.split(".")):
+            continue
         bias = m.bias
         if bias is not None:  # frozen with the base, as peft's bias="none" leaves it
             bias = nn.Parameter(bias.detach(), requires_grad=False)
-        out[path] = Linear4bit(m.in_features, m.out_features, bias, compute_dtype, quant_dtype, double_quant,
-                               device=m.weight.device)
+        out[path] = Linear4bit(*linear_dims(m), bias, compute_dtype, quant_dtype, double_quant, device=m.weight.device)
     return out

@@ -188,3 +188,36 @@ def test_plans_take_lora_on_data_parallel_engines_only():
         plan(model, inputs, gpu="H100", gpus=2, strategy="fsdp", lora="r=8", quantize="int4", solve=())
     with pytest.raises(UserError, match="data parallelism only"):
         plan(model, inputs, gpu="H100", gpus=4, strategy="fsdp", tp=2, lora="r=8", solve=())
+
+
+def test_lora_on_gpt2s_conv1d_layers_matches_peft():
+    """GPT-2 keeps its Linear layers as transformers' Conv1D (weights in x out): peft's all-linear takes them
+    (c_attn, c_proj, c_fc and the MLP's c_proj), and so does the estimate; states and peaks against peft's step."""
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=512, n_positions=64, n_embd=64, n_layer=2, n_head=4, use_cache=False)
+    model = transformers.GPT2LMHeadModel(cfg)
+    ids = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(1))
+    inputs = {"input_ids": ids, "labels": ids.clone()}
+    real = _with_lora(copy.deepcopy(model))
+    first, steady = measure_peaks(real, inputs, _adamw, lambda out: out.loss)
+    held, grads, state = _states_after_a_step(_with_lora(copy.deepcopy(model)), inputs, False)
+    report = estimate(model, inputs, device="cpu", lora=f"r={R},alpha={ALPHA}")
+    mem = report.to_dict()["memory"]
+    # 4 Conv1D per layer, r (in + out) each: 8 x (64 + 192) + 8 x (64 + 64) + 8 x (64 + 256) + 8 x (256 + 64)
+    assert report.to_dict()["params"]["trainable"] == 2 * R * (256 + 128 + 320 + 320)
+    assert (mem["parameters"] + mem["buffers"], mem["gradients"], mem["optimizer_state"]) == (held, grads, state)
+    assert report.memory.peak == pytest.approx(steady, rel=0.01), (report.memory.peak, steady)
+    assert report.memory.peak_first_step == pytest.approx(first, rel=0.01), (report.memory.peak_first_step, first)
+
+
+def test_qlora_leaves_the_modules_transformers_keeps_in_float32():
+    """T5 keeps its feed-forward output ``wo`` in float32 (``_keep_in_fp32_modules``), and transformers' bitsandbytes
+    quantizer leaves it unquantized: the estimate too; LoRA still wraps it (T5's forward reads ``wo.weight``)."""
+    from estimator.specs import load
+
+    model, inputs = load("hf:t5", batch=2, seq=16, overrides=dict(num_layers=2, num_decoder_layers=2, d_model=64,
+                                                                    d_ff=128, num_heads=4, d_kv=16))
+    report = estimate(model, inputs, device="cpu", lora="r=8", quantize="int4")
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n != "lm_head"]
+    kept = [n for n in linears if n.endswith(".wo")]
+    assert kept and any(f"in {len(linears) - len(kept)} Linear layers" in n for n in report.to_dict()["assumptions"])
