@@ -13,6 +13,7 @@ from .errors import DataDependentError, UserError
 from .hardware import GPU, lookup
 from .memory import simulate
 from .lora import finetuned
+from .ema import check_ema
 from .optim import check_clip
 from .precision import parse_precision
 from .report import CheckpointWhatIf, Report
@@ -98,6 +99,7 @@ def estimate(
     float8: Any = None,
     lora: Any = None,
     clip_grad_norm: float | None = None,
+    ema: float | None = None,
 ) -> Report:
     """Estimate one training step (forward, loss, backward, optimizer step) of ``model``.
 
@@ -136,6 +138,8 @@ def estimate(
         clip_grad_norm: the loop clips the gradients' norm before the optimizer step
             (``torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)``: HF Trainer's ``max_grad_norm``,
             torchtitan's ``max_norm``); None (the default): no clipping.
+        ema: the loop keeps a moving average of the weights with this decay (``AveragedModel`` with
+            ``get_ema_multi_avg_fn``, updated after each step; :mod:`estimator.ema`); None (the default): none.
         depth: module depth of the per-module table.
         trace: ``"auto"``, ``"fake"`` or ``"real"`` (see :func:`estimator.capture.capture`).
         cuda_torch: the torch release that will run the step on the GPU (e.g. ``"2.11"``), when it is
@@ -193,7 +197,7 @@ def estimate(
         train=mode == "train",
         keep_output=bool(keep_output),
         grad_accum=grad_accum,
-        clip_grad_norm=check_clip(clip_grad_norm, mode),
+        clip_grad_norm=check_clip(clip_grad_norm, mode), ema=check_ema(ema, mode),
         replicate=replicate,
         compile=compiled,
         target=device,
@@ -239,7 +243,7 @@ def estimate(
             report.max_batch, report.max_batch_note, report.max_batch_margin = _largest_batch(
                 model, inputs, target_gpu, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs, loss_fn=loss_fn,
                 precision=options.precision.name, trace=trace, keep_output=options.keep_output, grad_accum=grad_accum,
-                clip_grad_norm=options.clip_grad_norm,
+                clip_grad_norm=options.clip_grad_norm, ema=options.ema,
                 replicate=replicate, compile=compiled)
     return report
 

@@ -238,8 +238,9 @@ class Chain:
     @property
     def state(self) -> dict[torch.Tensor, dict[str, Any]]:
         merged: dict[torch.Tensor, dict[str, Any]] = {}
-        for o in self.optimizers:
-            merged.update(o.state)
+        for o in self.optimizers:  # a parameter two of them keep state for (AdamW's moments, the EMA's copy): both
+            for p, st in o.state.items():
+                merged.setdefault(p, {}).update(st)
         return merged
 
     def step(self, closure: Any = None) -> None:

@@ -359,7 +359,7 @@ class _LiveRun:
 
     def __init__(self, model: torch.nn.Module, inputs: Any, optimizer: Any, loss_fn: Callable | None,
                  device: str, policy: Any, keep_output: bool = False, grad_accum: int = 1,
-                 clip_grad_norm: float | None = None):
+                 clip_grad_norm: float | None = None, ema: float | None = None):
         self.keep_output, self.grad_accum, self.clip = keep_output, grad_accum, clip_grad_norm
         self.device, self.dev = device, torch.device(device)
         self.m = _materialize_model(model, self.dev, policy.cast)
@@ -372,6 +372,11 @@ class _LiveRun:
         self.sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         self.loss_fn = loss_fn
         self.m.train()
+        self.ema = None
+        if ema is not None:  # the loop's moving average of the weights, as estimator.ema models it
+            from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+            self.ema = AveragedModel(self.m, multi_avg_fn=get_ema_multi_avg_fn(ema))
 
     def step(self, pack_hook=None, counters=None, at_backward=None) -> torch.Tensor:
         """One optimizer step; ``pack_hook``, ``counters`` (forward, backward) and ``at_backward`` (called when
@@ -404,6 +409,8 @@ class _LiveRun:
                 scaler.update()
             else:
                 opt.step()
+            if self.ema is not None:
+                self.ema.update_parameters(self.m)
         del out
         return loss
 
@@ -437,7 +444,8 @@ class _LiveRun:
             "buffers": nbytes(list(m.buffers())),
             "gradients": nbytes([p.grad for p in params if p.grad is not None]),
             "optimizer_state": nbytes([v for st in (opt.state.values() if opt else []) for v in st.values()
-                                       if isinstance(v, torch.Tensor) and v.device.type == self.dev.type]),
+                                       if isinstance(v, torch.Tensor) and v.device.type == self.dev.type]
+                                      + (list(self.ema.module.parameters()) if self.ema is not None else [])),
             "activations": sum(saved.values()),
             "flops_forward": fwd_counter.get_total_flops(),
             "flops_backward": bwd_counter.get_total_flops(),
@@ -456,7 +464,8 @@ class _LiveRun:
         else:
             opt = self.opt
             tracker = LiveTracker()
-            for t in list(self.m.parameters()) + list(self.m.buffers()) + [
+            ema = list(self.ema.parameters()) + list(self.ema.buffers()) if self.ema is not None else []
+            for t in list(self.m.parameters()) + list(self.m.buffers()) + ema + [
                     t for st in (opt.state.values() if opt else []) for t in st.values() if isinstance(t, torch.Tensor)]:
                 tracker.register(t)
             for t in pytree.tree_leaves((self.args, self.kwargs)):
@@ -529,6 +538,7 @@ def validate(
     keep_output: bool = False,
     grad_accum: int = 1,
     clip_grad_norm: float | None = None,
+    ema: float | None = None,
 ) -> Validation:
     """Estimate, then run real training iterations and compare (see the module docstring)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -541,12 +551,12 @@ def validate(
     here = match_device_name(torch.cuda.get_device_name()) if device == "cuda" else None
     report = estimate(model, inputs, optimizer=optimizer, loss_fn=loss_fn, device=device, precision=precision,
                       gpu=here, solve_batch=False, keep_output=keep_output, grad_accum=grad_accum,
-                      clip_grad_norm=clip_grad_norm)
+                      clip_grad_norm=clip_grad_norm, ema=ema)
     est = report.to_dict()
     _check_room(device, est, force)
 
     base_allocated = torch.cuda.memory_allocated() if device == "cuda" else 0
-    run = _LiveRun(model, inputs, optimizer, loss_fn, device, policy, keep_output, grad_accum, clip_grad_norm)
+    run = _LiveRun(model, inputs, optimizer, loss_fn, device, policy, keep_output, grad_accum, clip_grad_norm, ema)
     measured, keep = run.first_step()
     measured["peak"], keep = run.steady_peak(keep, base_allocated)
     del keep

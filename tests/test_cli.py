@@ -151,6 +151,8 @@ def _main(capsys, *args: str) -> tuple[int, str, str]:
      "--checkpoint is a what-if of training steps"),
     (("validate", "examples/mlp.py:build", "--checkpoint", "Linear"), "--checkpoint is a what-if of 'estimator estimate'"),
     (("estimate", "examples/mlp.py:build", "--clip-grad-norm", "0"), "clip_grad_norm must be a number > 0"),
+    (("estimate", "examples/mlp.py:build", "--ema", "1.5"), "a number between 0 and 1"),
+    (("plan", "examples/mlp.py:build", "--gpu", "H100", "--ema", "0"), "a number between 0 and 1"),
     (("estimate", "examples/mlp.py:build", "--mode", "inference", "--clip-grad-norm", "1"),
      "--clip-grad-norm applies to training steps"),
     (("estimate", "examples/mlp.py:build", "--quantize", "int4"), "add --lora (QLoRA: adapters trained over them), or --mode inference or generate"),

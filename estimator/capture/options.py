@@ -43,6 +43,7 @@ class StepOptions:
     #                            once the loss is computed, as HF Trainer, Lightning and torchtitan do)
     grad_accum: int = 1  # micro-batches per optimizer step, gradients accumulating (no zero_grad between)
     clip_grad_norm: float | None = None  # torch.nn.utils.clip_grad_norm_(params, max_norm) before the step
+    ema: float | None = None  # the weights' moving average (its decay), updated after the step (estimator.ema)
     # ``accumulate(module, micro_step, last)``: a context manager around one micro-step's forward and
     # backward (an engine's gradient sync off but on the last: DDP's no_sync, FSDP2's
     # set_requires_gradient_sync); None: nothing

@@ -28,6 +28,7 @@ from torch.nn.utils.stateless import _untie_named_tensors_map
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import UserError
+from ..ema import with_ema
 from ..optim import build_optimizer, clip_gradients, elementwise, wants_fused
 from ..target import FAKE_KERNELS, CudaTarget, installed
 from .as_is import AsIs, AsIsRecorder
@@ -510,6 +511,8 @@ class Step:
                 self._guard(lambda: clip_gradients(opt_params.values(), opts.clip_grad_norm, opts.foreach))
         opt, self.optimizer_name = build_optimizer(opts.optimizer, opt_params, self.named_params,
                                                    opts.optimizer_kwargs, opts.foreach, self.model)
+        if opt is not None and opts.ema is not None:  # the weights' moving average, after the optimizer
+            opt = with_ema(opt, opt_params.values(), opts.ema)
         if opt is None:
             return
         self.notes.extend(n for n in [getattr(opt, "note", None)] if n and n not in self.notes)  # Chain's split

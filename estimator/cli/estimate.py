@@ -57,7 +57,7 @@ def run_estimate(args: argparse.Namespace) -> int:
                           checkpoint=args.checkpoint or None, checkpoint_policy=args.checkpoint_policy,
                           keep_output=args.keep_output, grad_accum=grad_accum, model_name=loaded.title,
                           progress=progress, gpu=args.gpu, quantize=args.quantize, compile=args.compile, float8=args.float8,
-                          cuda_torch=args.cuda_torch, lora=args.lora, clip_grad_norm=args.clip_grad_norm,
+                          cuda_torch=args.cuda_torch, lora=args.lora, clip_grad_norm=args.clip_grad_norm, ema=args.ema,
                           **generation)
         progress.set("writing the report")
         if fmt == "json":
@@ -89,7 +89,7 @@ def run_validate(args: argparse.Namespace) -> int:
     result = validate(loaded.model, loaded.inputs, optimizer=optimizer, loss_fn=loaded.loss_fn,
                       device=args.device, precision=precision_of(args), keep_output=args.keep_output,
                       grad_accum=grad_accum, steps=args.steps, tolerance=args.tolerance, force=args.force,
-                      peak_tflops=args.peak_tflops, clip_grad_norm=args.clip_grad_norm)
+                      peak_tflops=args.peak_tflops, clip_grad_norm=args.clip_grad_norm, ema=args.ema)
     write_text(json.dumps(result.to_dict(), indent=2) if args.format == "json" else result.render(), None)
     return 0 if result.ok else 1
 

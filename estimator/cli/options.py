@@ -109,6 +109,10 @@ def add_loop_options(p: argparse.ArgumentParser) -> None:
                    help="the loop clips the gradients' norm to MAX before the optimizer step "
                         "(torch.nn.utils.clip_grad_norm_; HF Trainer's max_grad_norm, torchtitan's max_norm; "
                         "default: no clipping; training only), e.g. --clip-grad-norm 1.0")
+    p.add_argument("--ema", type=float, metavar="DECAY",
+                   help="the loop keeps a moving average of the weights (torch.optim.swa_utils.AveragedModel; "
+                        "timm's and diffusers' EMA), updated after each step, counted with the optimizer state "
+                        "(default: none; training only), e.g. --ema 0.9999")
 
 
 def add_lora_option(p: argparse.ArgumentParser) -> None:
@@ -144,7 +148,8 @@ def training_options(args: argparse.Namespace) -> tuple[str, int]:
     if mode != "train":
         given = [flag for flag, value in (("--optimizer", args.optimizer), ("--keep-output", args.keep_output or None),
                                           ("--grad-accum", args.grad_accum),
-                                          ("--clip-grad-norm", args.clip_grad_norm)) if value is not None]
+                                          ("--clip-grad-norm", args.clip_grad_norm), ("--ema", args.ema))
+                 if value is not None]
         if given:
             raise UserError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to training steps; "
                             f"--mode {mode} has no optimizer and no training loop: drop {' and '.join(given)}")

@@ -21,6 +21,7 @@ from ..capture.compiled import check_mode
 from ..collect import young_only_during
 from ..errors import UserError
 from ..lora import finetuned
+from ..ema import check_ema
 from ..optim import check_clip
 from ..hardware import GPU, gpu_links, link, lookup
 from ..memory import CUDA_RESERVE, FRAGMENTATION, simulate
@@ -90,7 +91,7 @@ class Planner:
                  keep_output: bool = False, grad_accum: int = 1, checkpoint_policy: Any = "full",
                  replicate: bool = True, compile: Any = None, float8: Any = None, float8_all_gather: bool = False,
                  cuda_torch: str | None = None, lora: Any = None, quantize: str | None = None,
-                 clip_grad_norm: float | None = None):
+                 clip_grad_norm: float | None = None, ema: float | None = None):
         if not isinstance(model, torch.nn.Module):
             raise UserError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         if device not in ("cuda", "cpu"):
@@ -124,7 +125,7 @@ class Planner:
         self.options = StepOptions(loss_fn=loss_fn, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs,
                                    foreach=True if device == "cuda" else None, precision=self.precision.step,
                                    train=True, target=device, keep_output=bool(keep_output), grad_accum=grad_accum,
-                                   clip_grad_norm=check_clip(clip_grad_norm),
+                                   clip_grad_norm=check_clip(clip_grad_norm), ema=check_ema(ema),
                                    checkpoint_policy=parse_policy(checkpoint_policy), replicate=replicate,
                                    compile=check_mode(compile),
                                    cuda=CudaTarget.for_gpu(self.gpu, parse_release(cuda_torch))
