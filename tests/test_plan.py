@@ -94,12 +94,12 @@ GPT_CASE = {"name": "gpt", "model": "gpt", "world": 2, "ranks": [0, 1], "checkpo
                 # set_requires_gradient_sync)
                 ("ddp", "fp32", False, {"accum": 3}), ("fsdp", "fp32", False, {"accum": 3}),
                 # Muon on the blocks' matrices and AdamW on the rest (its Newton-Schulz steps on FSDP2's DTensors;
-                # on DDP's plain tensors it is tests/test_muon_adafactor.py's single-device step)
-                ("fsdp", "fp32", False, {"opt": "muon"}),
-                # LoRA (peft's layers on qkv and proj, the rest frozen) under DDP and FSDP2's bf16 policy
-                ("ddp", "fp32", False, {"lora": True}), ("fsdp", "fsdp-bf16", True, {"lora": True}),
-                # the gradients' norm clipped before the step (torch's clip_grad_norm_, max norm 1.0)
-                ("ddp", "fp32", False, {"clip": 1.0}), ("fsdp", "fsdp-bf16", False, {"clip": 1.0}))}
+                # on DDP's plain tensors it is tests/test_muon_adafactor.py's single-device step), with the gradients'
+                # norm clipped before the step (torch's clip_grad_norm_, max norm 1.0: one norm per DTensor gradient)
+                ("fsdp", "fp32", False, {"opt": "muon", "clip": 1.0}),
+                # LoRA (peft's layers on qkv and proj, the rest frozen) under DDP (clipped: foreach norms over plain
+                # tensors) and FSDP2's bf16 policy
+                ("ddp", "fp32", False, {"lora": True, "clip": 1.0}), ("fsdp", "fsdp-bf16", True, {"lora": True}))}
 LLAMA_CASE = {"name": "llama", "model": "llama", "world": 4, "ranks": [0, 3], "checkpoint": "Block",
               "config": {"vocab_size": 250, "dim": 64, "hidden_dim": 96, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
                          "max_seq_len": 64},
