@@ -378,3 +378,19 @@ def test_minimax_normed_residual_stays_on_its_shard():
     tp = planner.tp_plan()
     assert {f"model.layers.{i}.input_layernorm" for i in range(2)} <= set(tp.post_norms)
     assert planner.plan("fsdp", 4, tp=2, sequence_parallel=True, solve=()).per_gpu.peak > 0
+
+
+def test_an_in_place_op_on_a_tensor_parallel_output_is_refused_as_a_real_run_refuses_it():
+    """Llama 4's MoE adds the routed experts' output into its shared expert's output in place (``out.add_``); under
+    tensor parallelism that output is DTensor's ``to_local()`` view, which autograd will not modify in place (a real
+    2-rank gloo run of torch 2.13's RowwiseParallel fails with the same "Output 0 of _ToTorchTensor is a view"):
+    one line that says so and what to change, not a hint at the input shapes."""
+    from estimator.errors import UserError
+    from estimator.specs import load
+
+    model, inputs = load("hf:llama4_text", batch=1, seq=32, overrides=dict(
+        num_hidden_layers=2, hidden_size=64, intermediate_size=128, intermediate_size_mlp=128, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=4, vocab_size=256))
+    with pytest.raises(UserError, match="modifies a tensor-parallel layer's output in place.*without --tp") as err:
+        Planner(model, inputs, gpu="H100").plan("fsdp", 4, tp=2, solve=())
+    assert "check the input shapes" not in str(err.value)

@@ -39,8 +39,18 @@ def guard(rec: Any, fn: Callable[[], Any], hint: Callable[[], str]) -> Any:
         op = f" in {rec.current_op}" if rec.current_op is not None else ""
         raise StepFailed(
             f"the {rec.phase} pass failed{f' in module {where!r}' if where else ''}{op}: "
-            f"{type(exc).__name__}: {first}; {hint()}"
+            f"{type(exc).__name__}: {first}; {_view_hint(first) or hint()}"
         ) from exc
+
+
+def _view_hint(first: str) -> str | None:
+    """What an in-place op on a tensor-parallel layer's local output means (Llama 4's shared expert adds the routed
+    experts' output into it): DTensor's ``to_local()`` returns a view made in a custom autograd Function, which
+    autograd refuses to modify in place, so the real step under tensor parallelism fails at the same op."""
+    if "_ToTorchTensor" in first and "inplace" in first:
+        return ("the model modifies a tensor-parallel layer's output in place, which autograd refuses on DTensor's "
+                "to_local() view in a real run too: plan it without --tp (or change that op to out-of-place)")
+    return None
 
 
 def input_hint(call: torch.nn.Module, args: tuple, kwargs: dict) -> str:
