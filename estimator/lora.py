@@ -163,7 +163,7 @@ def prepare_finetune(model: nn.Module, lora: LoraSpec | None, quantize: dict | N
         swaps = dict(quantize_linears(model, **quantize))
         notes.append(f"4-bit base (bitsandbytes NF4, {'double' if quantize['double_quant'] else 'single'} "
                      f"quantization, compute in {str(quantize['compute_dtype']).removeprefix('torch.')}) in "
-                     f"{len(swaps)} Linear layers (their parameters counted as stored: two weights per uint8); "
+                     f"{len(swaps)} Linear layers (two weights per stored byte); "
                      f"the output head and the other parameters as they are, frozen")
     targets = _targets(model, lora)
     for path, m in targets:

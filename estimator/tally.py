@@ -15,6 +15,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from .capture import INPUT_MODULE, Capture
 from .graph import OpNode, map_args
 from .rules import MATMUL, ZERO, OpCall, TensorSpec, bind, lookup  # the package: every built-in rule registered
@@ -158,6 +160,18 @@ def _no_gradient(cap: Capture) -> list[dict[str, Any]]:
     return sorted(rows.values(), key=lambda r: -r["count"])
 
 
+# bitsandbytes' 4-bit layers (and estimator.qlora's stand-in): two weights per byte of the packed uint8 weight
+PACKED_VALUES = {"Linear4bit": 2}
+
+
+def param_values(cap: Capture, name: str, p: torch.Tensor) -> int:
+    """The values a parameter holds: its elements, or two per byte of a 4-bit layer's packed weight (as peft's
+    ``print_trainable_parameters`` counts bitsandbytes' ``Params4bit``)."""
+    if p.dtype != torch.uint8:
+        return p.numel()
+    return p.numel() * PACKED_VALUES.get(cap.module_types.get(cap.param_owner.get(name, ""), ""), 1)
+
+
 def _op_name(target: Any) -> str:
     packet = getattr(target, "overloadpacket", None)
     return str(packet if packet is not None else target)
@@ -193,7 +207,7 @@ class _Tallier:
         cap = self.cap
         for name, p in cap.params.items():
             m = self.mod(cap.param_owner[name])
-            m.params += p.numel()
+            m.params += param_values(cap, name, p)
             m.param_bytes += p.numel() * p.element_size()
             if p.requires_grad:
                 m.trainable += p.numel()
@@ -288,7 +302,7 @@ def tally(cap: Capture, train: bool = True) -> Tally:
     params = list(cap.params.values())
     trainable = [p for p in params if p.requires_grad]
     return Tally(
-        params_total=sum(p.numel() for p in params),
+        params_total=sum(param_values(cap, n, p) for n, p in cap.params.items()),
         params_trainable=sum(p.numel() for p in trainable),
         parameters_bytes=_sid_bytes(cap, "parameter"),
         buffers_bytes=_sid_bytes(cap, "buffer"),

@@ -146,6 +146,8 @@ def test_qlora_holds_the_base_in_four_bits():
     qlora = estimate(model, inputs, device="cpu", lora="r=8", quantize="int4").to_dict()
     weights = 2 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 128 * 64)
     assert lora["memory"]["parameters"] - qlora["memory"]["parameters"] == weights * 4 - weights // 2
+    # counted as weights, two per stored byte (as peft's print_trainable_parameters counts Params4bit)
+    assert qlora["params"] == lora["params"]
     assert any("4-bit base" in n for n in qlora["assumptions"])
 
 
