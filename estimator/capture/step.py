@@ -506,9 +506,6 @@ class Step:
             self.fake_entered.exit()
             opt_params = {n: meta_twin(rec, self.params[n], AsIs.local(p.grad) if p.grad is not None else None,
                                        p.requires_grad) for n, p in self.named_params.items()}
-        if opts.clip_grad_norm is not None:  # the loop's torch.nn.utils.clip_grad_norm_ before the step
-            with self._recording():
-                self._guard(lambda: clip_gradients(opt_params.values(), opts.clip_grad_norm, opts.foreach))
         opt, self.optimizer_name = build_optimizer(opts.optimizer, opt_params, self.named_params,
                                                    opts.optimizer_kwargs, opts.foreach, self.model)
         if opt is not None and opts.ema is not None:  # the weights' moving average, after the optimizer
@@ -519,6 +516,8 @@ class Step:
         with self._recording():
             if scaler is not None:
                 self._guard(lambda: scaler.unscale_(opt))
+            if opts.clip_grad_norm is not None:  # the loop's torch.nn.utils.clip_grad_norm_, on unscaled gradients
+                self._guard(lambda: clip_gradients(opt_params.values(), opts.clip_grad_norm, opts.foreach))
             self._guard(opt.step, lambda: optimizer_hint(self.named_params.values()))  # (scaler.step would skip it)
             if scaler is not None:
                 self._guard(scaler.update)
