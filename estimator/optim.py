@@ -203,8 +203,8 @@ def clip_gradients(params: Any, max_norm: float, foreach: bool | None) -> None:
     DTensor gradients, which ``_has_foreach_support`` refuses by type, or with ``foreach=False``), the norm of
     their stack, the coefficient ``min(1, max_norm / (total + 1e-6))`` and the gradients scaled in place by it
     (``_foreach_mul_``, or ``mul_`` each).  Written out rather than called: the traced gradients are fake or
-    meta tensors, whose device or type would send torch's own function down the other branch.  On DTensor gradients the norms'
-    reduction across ranks comes from DTensor itself."""
+    meta tensors, whose device or type would send torch's own function down the other branch.  On DTensor
+    gradients the norms' reduction across ranks comes from DTensor itself."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return
