@@ -794,3 +794,27 @@ def test_gradient_accumulation_syncs_once_per_step_and_multiplies_the_global_bat
     # four micro-steps: the three without sync skip the engine's reduction bookkeeping on the compute stream
     # (FSDP2's chunk_cat and casts, DDP's bucket copies), the later ones add into the gradients
     assert 3 * fb_one < fb_four < 4.5 * fb_one
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_gradient_accumulation_flops_are_every_micro_batch_once(strategy):
+    """Model FLOPs under ``grad_accum``: per token one micro-batch's (the trace's later micro-step stands for
+    micro-steps 2..N and is not counted again), per optimizer step N micro-batches', and the MFU over the whole
+    step.  Truth: FlopCounterMode on a real forward + backward of one micro-batch (tests/instruments.py's fixes)."""
+    from instruments import flop_counter
+
+    cfg = {"vocab_size": 96, "block_size": 32, "n_layer": 2, "n_head": 4, "n_embd": 32}
+    model, inputs = _gpt(cfg, 2, 16)
+    one = plan(model, inputs, gpu="H100", gpus=4, strategy=strategy, solve=())
+    four = plan(model, inputs, gpu="H100", gpus=4, strategy=strategy, solve=(), grad_accum=4)
+    torch.manual_seed(0)
+    real = gpt.GPT(gpt.GPTConfig(**cfg))
+    with flop_counter() as counter:
+        real(*inputs).backward()
+    counted = counter.get_total_flops()  # every op FlopCounterMode knows: matmuls and attention here
+    assert one.flops.model_flops_per_step_per_gpu == counted
+    assert four.flops.model_flops_per_step_per_gpu == 4 * counted  # 4 micro-batches of 2 x 16 tokens
+    assert four.flops.traced_per_token == one.flops.traced_per_token == counted / (2 * 16)
+    assert four.flops.attention_per_token == one.flops.attention_per_token == 12 * 2 * 4 * 8 * 16  # 12 L H Q T
+    # the step is ~4 micro-steps' compute: the MFU stays within the optimizer step's share of the single one's
+    assert four.flops.mfu == pytest.approx(one.flops.mfu, rel=0.25)

@@ -69,7 +69,8 @@ def attention_term(step: Step) -> int | None:
     for node in step.cap.nodes:
         packet = getattr(node.target, "overloadpacket", None)
         name = packet.__name__ if packet is not None else ""
-        if node.meta.get("phase") != "forward" or "scaled_dot_product" not in name or "backward" in name:
+        if node.meta.get("phase") != "forward" or node.meta.get("micro_step") or "scaled_dot_product" not in name \
+                or "backward" in name:  # (one micro-batch's: a later micro-step of an accumulation repeats it)
             continue
         args = [a for a in node.args[:2] if isinstance(a, OpNode)]
         if len(args) < 2:

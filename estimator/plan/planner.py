@@ -540,7 +540,7 @@ class Planner:
         attn = attention_term(base)
         traced_per_token = six = None
         if attn is not None and tps:
-            traced_per_token = matmul_flops(base)[0] / ((self.batch or 1) * tps)
+            traced_per_token = matmul_flops(base, per_step=False)[0] / ((self.batch or 1) * tps)
             six = 6 * n_mm + attn
         return Flops(model_flops, dtype, peak, mfu, n_mm, traced_per_token, six, attn)
 

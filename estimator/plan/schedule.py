@@ -389,13 +389,18 @@ def zero_time(step: Step, gpu: GPU, stage: int, n: int, gpus_per_node: int, intr
                     band_note=band_note)
 
 
-def matmul_flops(step: Step, phases: Sequence[str] = ("forward", "loss", "backward")) -> tuple[float, str]:
-    """Matmul-class FLOPs of ``phases`` and the dtype most of them run in."""
+def matmul_flops(step: Step, phases: Sequence[str] = ("forward", "loss", "backward"),
+                 per_step: bool = True) -> tuple[float, str]:
+    """Matmul-class FLOPs of ``phases`` and the dtype most of them run in: one micro-batch's (the later micro-step
+    of a gradient accumulation, traced once for micro-steps 2..N, not counted), times the step's ``grad_accum``
+    micro-batches when ``per_step``."""
     by_dtype: dict[str, float] = defaultdict(float)
     for node in step.cap.nodes:
         cost = node.meta.get("cost")
-        if cost is not None and cost.kind == MATMUL and node.meta.get("phase") in phases:
+        if cost is not None and cost.kind == MATMUL and node.meta.get("phase") in phases \
+                and not node.meta.get("micro_step"):
             by_dtype[cost.dtype or "float32"] += cost.flops
     if not by_dtype:
         return 0.0, "float32"
-    return sum(by_dtype.values()), max(by_dtype, key=by_dtype.get)
+    scale = max(1, step.cap.grad_accum) if per_step else 1
+    return scale * sum(by_dtype.values()), max(by_dtype, key=by_dtype.get)
