@@ -85,3 +85,22 @@ def test_zero2_holds_no_more_than_zero1(semantics, gpus):
     planner = Planner(model, (idx, idx.clone()), gpu="H100", zero_semantics=semantics)
     peaks = [planner.plan(f"zero{k}", gpus, solve=()).per_gpu.peak for k in (1, 2)]
     assert peaks[0] >= peaks[1], peaks
+
+
+def test_gradient_accumulation_communicates_as_deepspeed_stages_do():
+    """Under ``grad_accum`` N DeepSpeed's stage 2 reduce-scatters in every micro-step's backward (gradient hooks:
+    ``partition_gradients``), stage 3 gathers and reduce-scatters in every micro-step, stage 1 reduces once at
+    the boundary; the all-gather of the updated parameters (stages 1-2) runs once per optimizer step."""
+    cfg = {"vocab_size": 512, "dim": 64, "hidden_dim": 128, "n_layers": 3, "n_heads": 4, "n_kv_heads": 2,
+           "max_seq_len": 32}
+    with torch.device("meta"):
+        model = llama.Llama(llama.LlamaConfig(**cfg))
+    idx = torch.zeros(2, 32, dtype=torch.long)
+    n = 4
+    one, four = (Planner(model, (idx, idx.clone()), gpu="H100", grad_accum=g) for g in (1, n))
+    for stage, rs_times, ag_times in ((1, 1, 1), (2, n, 1), (3, n, n)):
+        a, b = (p.plan(f"zero{stage}", 8, solve=()).time for p in (one, four))
+        assert b.comm_bytes_per_gpu["reduce_scatter"] == rs_times * a.comm_bytes_per_gpu["reduce_scatter"]
+        assert b.comm_bytes_per_gpu["all_gather"] == ag_times * a.comm_bytes_per_gpu["all_gather"]
+        assert b.comm_by_kind_s["reduce_scatter"] == pytest.approx(rs_times * a.comm_by_kind_s["reduce_scatter"])
+        assert b.step_time_s == pytest.approx(b.compute_s + b.exposed_comm_s)

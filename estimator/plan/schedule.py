@@ -38,7 +38,8 @@ rank's partition); communication per DeepSpeed's defaults: stages 1-2 reduce-sca
 gradients and all-gather the updated parameters without overlap (``overlap_comm`` off), stage
 3 gathers parameters in forward and backward and reduce-scatters gradients overlapped with the
 pass that needs them (``overlap_comm`` on): a pass's exposed time is its communication beyond
-its compute.
+its compute.  Under gradient accumulation stages 2 and 3 communicate in every micro-step (their
+gradient hooks), stage 1 once per optimizer step.
 """
 
 from __future__ import annotations
@@ -312,9 +313,12 @@ def zero3_gathers(step: Step, times, units: Sequence[str], param_bytes: float, g
 
     Units are the wrap class's instances (the rest of the model, embeddings and head, one more unit), each
     collective its own ring with its own latency (``collective(kind, bytes)`` gives its seconds), its bytes
-    the unit's share of the 16-bit parameters and gradients.  Returns (exposed seconds, all-gather seconds,
-    reduce-scatter seconds)."""
+    the unit's share of the 16-bit parameters and gradients.  Under gradient accumulation every micro-step
+    gathers and reduce-scatters again (stage 3's gradient hooks fire in every backward): each micro-step is
+    costed against its share of the compute.  Returns (exposed seconds, all-gather seconds, reduce-scatter
+    seconds) of the whole step."""
     cap = step.cap
+    micro = max(1, cap.grad_accum)
     numel: dict[str, int] = defaultdict(int)
     for name, p in cap.params.items():
         numel[_unit_of(cap.param_owner.get(name, ""), units)] += p.numel()
@@ -329,7 +333,7 @@ def zero3_gathers(step: Step, times, units: Sequence[str], param_bytes: float, g
         u = _unit_of(node.meta.get("module") or "", units)
         if phase == "forward" and u not in order and numel.get(u):
             order.append(u)
-        compute[(u, phase)] += times[i][0]
+        compute[(u, phase)] += times[i][0] / micro  # one micro-step's
     order = [u for u in order if numel.get(u)] or [""]
     ag = {u: collective("all_gather", param_bytes * numel[u] / total) for u in order}
     rs = {u: collective("reduce_scatter", grad_bytes * numel[u] / total) for u in order}
@@ -341,7 +345,7 @@ def zero3_gathers(step: Step, times, units: Sequence[str], param_bytes: float, g
     for u, nxt in zip(back, back[1:]):
         exposed += max(0.0, ag[nxt] + rs[u] - compute[(u, "backward")])
     exposed += rs[back[-1]]
-    return exposed, 2 * sum(ag.values()), sum(rs.values())
+    return micro * exposed, micro * 2 * sum(ag.values()), micro * sum(rs.values())
 
 
 def zero_time(step: Step, gpu: GPU, stage: int, n: int, gpus_per_node: int, intra: Link, inter: Link,
@@ -367,8 +371,13 @@ def zero_time(step: Step, gpu: GPU, stage: int, n: int, gpus_per_node: int, intr
     rs_c = Collective("reduce_scatter", int(grad_bytes), n, nodes, min(n, gpus_per_node))
     ag_c = Collective("all_gather", int(param_bytes), n, nodes, min(n, gpus_per_node))
     (rs_s, lk), (ag_s, _) = collective_time(rs_c, intra, inter), collective_time(ag_c, intra, inter)
-    comm_bytes = {"reduce_scatter": ring_bytes("reduce_scatter", n, grad_bytes),
-                  "all_gather": ring_bytes("all_gather", n, param_bytes) * (2 if stage == 3 else 1)}
+    # under gradient accumulation stage 2 reduce-scatters in every micro-step's backward (its gradient hooks:
+    # DeepSpeed's partition_gradients), stage 1 once at the accumulation boundary (reduce_gradients)
+    # (stage 3 gathers and reduce-scatters in every micro-step: zero3_gathers)
+    reductions = max(1, step.cap.grad_accum) if stage in (2, 3) else 1
+    rs_s *= reductions
+    comm_bytes = {"reduce_scatter": reductions * ring_bytes("reduce_scatter", n, grad_bytes),
+                  "all_gather": ring_bytes("all_gather", n, param_bytes) * (2 * reductions if stage == 3 else 1)}
     comm_s = {"reduce_scatter": rs_s, "all_gather": ag_s * (2 if stage == 3 else 1)}
     if stage == 3:
         def collective(kind: str, nbytes: float) -> float:
