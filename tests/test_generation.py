@@ -24,8 +24,10 @@ P, N, B = 16, 8, 2  # prompt tokens, new tokens, batch
 
 
 def _config(name: str):
-    if name == "llama_gqa":  # 4 query heads sharing 2 key/value heads
-        return transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+    if name.startswith("llama"):  # 4 query heads sharing 2 key/value heads; llama_deep: more layers than the
+        # capture traces of a training step's stack of blocks (estimator.capture.blocks.TRACED_BLOCKS, 6)
+        return transformers.LlamaConfig(num_hidden_layers=8 if name == "llama_deep" else 2, hidden_size=64,
+                                        intermediate_size=128,
                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
                                         eos_token_id=None, pad_token_id=0)
     return transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, eos_token_id=None,
@@ -33,7 +35,7 @@ def _config(name: str):
 
 
 def _model(name: str, real: bool):
-    cls = transformers.LlamaForCausalLM if name == "llama_gqa" else transformers.GPT2LMHeadModel
+    cls = transformers.LlamaForCausalLM if name.startswith("llama") else transformers.GPT2LMHeadModel
     if real:
         torch.manual_seed(0)
         return cls(_config(name)).eval()
@@ -67,7 +69,8 @@ def _live_generate(name: str, cache: str, dtype: torch.dtype) -> tuple[int, int]
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("name,precision,dtype", [("llama_gqa", "fp32", torch.float32),
                                                    ("llama_gqa", "bf16", torch.bfloat16),
-                                                   ("gpt2", "fp32", torch.float32)])
+                                                   ("gpt2", "fp32", torch.float32),
+                                                   ("llama_deep", "fp32", torch.float32)])
 def test_prefill_and_decode_peaks_match_a_live_generate(name, precision, dtype, cache):
     prefill, decode = _live_generate(name, cache, dtype)
     r = estimate(_model(name, real=False), {"input_ids": torch.zeros(B, P, dtype=torch.int64, device="meta")},

@@ -188,7 +188,8 @@ def _replicated(model: torch.nn.Module, args: tuple, kw: dict, opts: StepOptions
     """The step traced with four blocks of the model's stack of identical blocks and the rest replicated
     (:mod:`.replicate`); None where there is no such stack, or the blocks do not run alike (a full
     trace follows)."""
-    repeats = find_repeats(model) if opts.replicate else None
+    # (not generate(): its cache holds a row per layer of the whole model, which four blocks would not fill)
+    repeats = find_repeats(model) if opts.replicate and opts.generation is None else None
     if repeats is None or repeats.count <= TRACED_BLOCKS:
         return None
     try:
