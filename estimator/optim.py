@@ -267,6 +267,28 @@ def hidden_matrices(model: torch.nn.Module) -> tuple[list[str], str | None]:
     return list(dict.fromkeys(names)), head_name
 
 
+MUON_NOTE = "optimizer muon: "
+
+
+def muon_note(model: torch.nn.Module, trainable: Mapping[str, torch.Tensor]) -> str:
+    """The report's line on :func:`muon_and_adamw`'s split of ``trainable`` (name -> parameter) over ``model``."""
+    hidden, head = hidden_matrices(model)
+    on_muon = [n for n in hidden if n in trainable]
+    rest = [n for n in trainable if n not in set(on_muon)]
+    numel = lambda names: sum(trainable[n].numel() for n in names)  # noqa: E731
+    return (f"{MUON_NOTE}torch.optim.Muon on {len(on_muon)} hidden matrices ({numel(on_muon):,} parameters), "
+            f"AdamW on the other {len(rest)} parameter tensors ({numel(rest):,}: embeddings, "
+            + (f"the output head '{head}', " if head else "no output head found, ")
+            + "norms' gains, biases), as torch.optim.Muon's documentation advises")
+
+
+def whole_model_notes(notes: list[str], model: torch.nn.Module, params: Mapping[str, torch.Tensor]) -> list[str]:
+    """``notes`` made on a step traced with some of the model's blocks (:mod:`.capture.replicate`), with the
+    counts that depend on the blocks made again over the whole ``model`` and its ``params`` (name -> parameter)."""
+    trainable = {n: p for n, p in params.items() if p.requires_grad}
+    return [muon_note(model, trainable) if n.startswith(MUON_NOTE) else n for n in notes]
+
+
 def muon_and_adamw(model: torch.nn.Module | None, trainable: Mapping[str, torch.Tensor], options: dict[str, Any],
                    extra: dict[str, Any]) -> Chain:
     """``--optimizer muon``: ``torch.optim.Muon`` (``options``) on :func:`hidden_matrices`, AdamW (lr 1e-3, its
@@ -279,11 +301,7 @@ def muon_and_adamw(model: torch.nn.Module | None, trainable: Mapping[str, torch.
         raise UserError("--optimizer muon: the model has no trainable 2-D Linear weight besides its output head "
                         "(Muon updates hidden matrices only); use adamw")
     rest = [n for n in trainable if n not in set(on_muon)]
-    numel = lambda names: sum(trainable[n].numel() for n in names)  # noqa: E731
-    note = (f"optimizer muon: torch.optim.Muon on {len(on_muon)} hidden matrices ({numel(on_muon):,} parameters), "
-            f"AdamW on the other {len(rest)} parameter tensors ({numel(rest):,}: embeddings, "
-            + (f"the output head '{head}', " if head else "no output head found, ")
-            + "norms' gains, biases), as torch.optim.Muon's documentation advises")
+    note = muon_note(model, trainable)
     muon = _construct(torch.optim.Muon, [trainable[n] for n in on_muon], options)
     optimizers = [muon]
     if rest:

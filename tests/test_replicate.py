@@ -130,6 +130,20 @@ def test_gradient_accumulation_replicates_each_micro_step(kw, expanded):
     assert _same(ours.to_dict(), full.to_dict()) == []
 
 
+@pytest.mark.parametrize("kw", [dict(clip_grad_norm=1.0), dict(optimizer="muon"), dict(ema=0.99, lora="r=4"),
+                                dict(optimizer="adamw8bit", precision="bf16-mixed")],
+                         ids=["clip", "muon", "ema-lora", "adamw8bit"])
+def test_the_loop_replicates_too(kw, expanded):
+    """The loop's own ops over every parameter: clip_grad_norm_'s stack of per-tensor norms grows with the copies
+    (one norm per parameter, as the full trace stacks them), and what the report says of the optimizer's split
+    (Muon's hidden matrices) counts the whole model's parameters, not the traced blocks'."""
+    model, inputs = _llama()
+    ours = estimate(model, inputs, device="cpu", **kw)
+    assert expanded, "the blocks were traced in full"
+    full = estimate(model, inputs, device="cpu", replicate=False, **kw)
+    assert _same(ours.to_dict(), full.to_dict()) == []
+
+
 def test_ddp_traces_every_block():
     """DDP buckets the gradients of the whole model at construction (its buffers and all-reduces depend on
     the number of blocks): its traces are never replicated, and its plan is the full trace's."""

@@ -36,9 +36,13 @@ from typing import Any
 import torch
 
 from ..graph import OpNode
+from ..rules.registry import TensorSpec
 from .block_layout import PARAM_KINDS, Layout, NotReplicable, check_alike
 from .blocks import Repeats
 from .options import Capture
+
+
+_JOINS = (torch.ops.aten.stack.default, torch.ops.aten.cat.default)
 
 
 class _Expansion:
@@ -295,12 +299,36 @@ class _Expansion:
                 emit(node, getitems, node_events)
             else:
                 getitems = self.shared_outputs(node, getitems)
+                joined = node.args[0] if node.target in _JOINS and node.args else None
                 node.args, node.kwargs = self.shared_args(node.args), self.shared_args(node.kwargs)
+                if joined is not None:
+                    self._grown_join(node, joined)
                 emit(node, getitems, self._shared_events(events.get(i, [])))
             for kind, end in last.items():
                 if not kind.startswith("bwd") and i == end:
                     emit_copies(kind, range(t + 1, t + m + 1))
         return self._assemble(records, nodes, new_events)
+
+    def _grown_join(self, node: OpNode, before: list) -> None:
+        """A stack or cat of a list the copies extended (clip_grad_norm_'s stack of the per-tensor norms): its
+        output grows along the joined dimension, as the full trace's does, and its storage with it."""
+        added = [x for x in node.args[0] if not any(x is y for y in before)]
+        spec = node.meta["spec"][0]
+        if not added or not spec.shape:
+            return
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        d = dim % len(spec.shape)
+        shape = list(spec.shape)
+        if node.target is torch.ops.aten.stack.default:
+            shape[d] += len(added)  # each element one slice
+        else:
+            shape[d] += sum(x.meta["spec"][0].shape[d] for x in added)
+        strides, step = [0] * len(shape), 1
+        for k in range(len(shape) - 1, -1, -1):  # (the output of a join is contiguous)
+            strides[k], step = step, step * shape[k]
+        node.meta["spec"] = (TensorSpec(tuple(shape), spec.dtype),) + tuple(node.meta["spec"][1:])
+        node.meta["stride"] = (tuple(strides),) + tuple(node.meta["stride"][1:])
+        self.sizes[node.meta["storage"][0]] = step * spec.dtype.itemsize
 
     def _shared_events(self, node_events: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """A shared op's events with, after each run of events on block t's storages, the copies'."""

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..errors import DataDependentError, UnsupportedModelError, UserError
+from ..optim import whole_model_notes
 from .inputs import split_inputs
 from .blocks import TRACED_BLOCKS, find_repeats, truncated
 from .eager_paths import eager_paths
@@ -195,7 +196,9 @@ def _replicated(model: torch.nn.Module, args: tuple, kw: dict, opts: StepOptions
     try:
         with truncated(model, repeats):
             short = Step(model, args, kw, opts, fake=True, progress=progress).run()
-        return expand(short, repeats, TRACED_BLOCKS)
+        cap = expand(short, repeats, TRACED_BLOCKS)
+        cap.assumptions = whole_model_notes(cap.assumptions, model, cap.params)
+        return cap
     except NotReplicable as exc:
         log.info("the blocks of %s are not replicated (%s): tracing all %d", repeats.path, exc, repeats.count)
     except ReadsValues:  # a value read is not the truncation's doing: the full fake trace would read it too,
