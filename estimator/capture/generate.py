@@ -203,7 +203,15 @@ class GenerationStep:
         length = self.gen.cached_before
         ids = _real(lambda: torch.zeros(self.batch, length, dtype=torch.int64))
         with _off_the_record(self.step):
-            out = self._forward(ids, self._state(length), decode=False)
+            try:
+                out = self.step._guard(lambda: self._forward(ids, self._state(length), decode=False))
+            except UserError as exc:
+                if "out of bounds" not in str(exc):
+                    raise
+                raise UserError(f"generate() runs past the model's positions: a prompt of {self.gen.prompt_len} "
+                                f"tokens and {self.gen.new_tokens} new ones take positions 0 to "
+                                f"{self.gen.sequence - 1}, and a real run fails there too ({exc.__cause__ or exc}); "
+                                f"use a shorter --prompt-len or fewer --new-tokens") from None
         del out
         self.step.module_outputs.clear()  # the shapes of the first call are the step's, not the fill's
         for layer, name, t in cache_tensors(self.cache):

@@ -180,4 +180,5 @@ def load_model(args: argparse.Namespace, empty: bool = True):
         if given:
             raise UserError(f"{' and '.join(given)} size generation: add --mode generate")
     return load_spec(args.spec, args.input, batch=args.batch, seq=seq, image_size=args.image_size,
-                     overrides=args.overrides, empty=empty, labels=mode == "train")
+                     overrides=args.overrides, empty=empty, labels=mode == "train",
+                     new_tokens=getattr(args, "new_tokens", None) if mode == "generate" else None)

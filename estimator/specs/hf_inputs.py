@@ -103,7 +103,12 @@ def _batch_for(model: torch.nn.Module, cfg: Any, opts: SpecOptions) -> tuple[Any
             raise UserError(f"--image-size: {type(model).__name__} takes token ids; use --seq")
         limit = position_limit(model, cfg)
         seq = opts.seq or default_seq(limit)
-        if limit and seq > limit:
+        # generation: the last decode step's token sits at position prompt + new tokens - 1
+        positions = seq + max(0, opts.new_tokens - 1)
+        if limit and positions > limit and opts.new_tokens:
+            log.warning("--prompt-len %d and --new-tokens %d need %d positions, more than the model's %d: a real "
+                        "run may fail", seq, opts.new_tokens, positions, limit)
+        elif limit and seq > limit:
             log.warning("--seq %d is longer than the model's %d positions: a real run may fail", seq, limit)
         ids = torch.zeros(batch, seq, dtype=torch.int64, **meta)
         inputs = {"input_ids": ids}

@@ -24,12 +24,15 @@ def load_spec(
     overrides: list[str] | Mapping[str, Any] | None = None,
     empty: bool = True,
     labels: bool = True,
+    new_tokens: int | None = None,
 ) -> Loaded:
     """Build the model and inputs a SPEC names (see the module doc); never downloads anything.
 
     ``labels``: a training batch (``hf:`` token and image models get labels, so that they compute their loss);
-    False for inference and generation, which feed the inputs alone."""
-    opts = SpecOptions(list(input_shapes or []), batch, seq, image_size, parse_overrides(overrides), empty, labels)
+    False for inference and generation, which feed the inputs alone; ``new_tokens``: generation's tokens after the
+    prompt of ``seq`` (a warning when the two need more positions than the model has)."""
+    opts = SpecOptions(list(input_shapes or []), batch, seq, image_size, parse_overrides(overrides), empty, labels,
+                       new_tokens or 0)
     for flag, value in (("--batch", batch), ("--seq", seq), ("--image-size", image_size)):
         if value is not None and value < 1:
             raise UserError(f"{flag} must be >= 1, not {value}")

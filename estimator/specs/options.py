@@ -170,6 +170,7 @@ class SpecOptions:
     overrides: dict[str, Any] = field(default_factory=dict)
     empty: bool = True  # build user factories without weights (library models always are)
     labels: bool = True  # a training batch; False: the inputs of inference and generation, without labels
+    new_tokens: int = 0  # generation: tokens generated after the prompt (``seq``), which need positions too
 
 
 def prefix_of(spec: str) -> str | None:
