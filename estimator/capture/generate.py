@@ -94,27 +94,47 @@ def make_cache(model: torch.nn.Module, gen: Generation) -> Any:
     return DynamicCache(config=config)
 
 
+STATES = ("conv_states", "recurrent_states")  # a linear-attention (state-space) layer's fixed-size states
+
+
 def cache_tensors(cache: Any) -> list[tuple[int, str, torch.Tensor]]:
-    """(layer, attribute, tensor) of every tensor the cache's layers hold: keys, values and their counters."""
+    """(layer, attribute, tensor) of every tensor the cache's layers hold: keys, values and their counters, and a
+    linear-attention layer's states (transformers 5 keeps them in dicts)."""
     out = []
     for i, layer in enumerate(getattr(cache, "layers", ())):
         for name, value in vars(layer).items():
             if isinstance(value, torch.Tensor):
                 out.append((i, name, value))
+            elif isinstance(value, dict):
+                out += [(i, f"{name}[{k}]", v) for k, v in value.items() if isinstance(v, torch.Tensor)]
     return out
+
+
+def _state_tensors(layer: Any) -> dict[str, torch.Tensor]:
+    return {f"{name}[{k}]" if len(states) > 1 else name: v for name in STATES
+            for states in [getattr(layer, name, None) or {}] if isinstance(states, dict)
+            for k, v in states.items() if isinstance(v, torch.Tensor)}
 
 
 def cache_rows(cache: Any) -> list[dict[str, Any]]:
     """One row per layer: its class, the keys' and values' shapes (batch, key/value heads, tokens, head
-    dimension) and dtype, and the bytes they hold."""
+    dimension) and dtype, and the bytes they hold; a linear-attention layer (Mamba's, a hybrid's) its states'
+    shapes instead (``states``: a fixed size, whatever the tokens)."""
     rows = []
     for i, layer in enumerate(getattr(cache, "layers", ())):
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
+        if isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor):
+            rows.append({"layer": i, "kind": type(layer).__name__, "keys": list(keys.shape),
+                         "values": list(values.shape), "dtype": str(keys.dtype).removeprefix("torch."),
+                         "bytes": keys.untyped_storage().nbytes() + values.untyped_storage().nbytes()})
             continue
-        rows.append({"layer": i, "kind": type(layer).__name__, "keys": list(keys.shape), "values": list(values.shape),
-                     "dtype": str(keys.dtype).removeprefix("torch."),
-                     "bytes": keys.untyped_storage().nbytes() + values.untyped_storage().nbytes()})
+        states = _state_tensors(layer)
+        if states:
+            first = next(iter(states.values()))
+            rows.append({"layer": i, "kind": type(layer).__name__,
+                         "states": {k: list(v.shape) for k, v in states.items()},
+                         "dtype": str(first.dtype).removeprefix("torch."),
+                         "bytes": sum(v.untyped_storage().nbytes() for v in states.values())})
     return rows
 
 
@@ -159,7 +179,12 @@ class GenerationStep:
         params = inspect.signature(self.model.forward).parameters
         self.positions = "position_ids" in params
         self.logits_to_keep = "logits_to_keep" in params
-        self.prepare_takes = inspect.signature(self.model.prepare_inputs_for_generation).parameters
+        self.prepare_takes = dict(inspect.signature(self.model.prepare_inputs_for_generation).parameters)
+        if any(p.kind is p.VAR_KEYWORD for p in self.prepare_takes.values()):  # (Mamba's: the rest to the base's)
+            from transformers import GenerationMixin
+
+            self.prepare_takes = {**inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters,
+                                  **self.prepare_takes}
         self.cache: Any = None
         self.sids: dict[str, set[int]] = {"kv_cache": set(), "input": set()}
 
@@ -176,16 +201,19 @@ class GenerationStep:
 
     def _forward(self, ids: torch.Tensor, state: dict[str, Any], decode: bool) -> Any:
         """prepare_inputs_for_generation and the forward, as one iteration of ``_sample`` calls them."""
-        model, cached = self.model, self.cache.get_seq_length() if decode else 0
+        model = self.model
         extra: dict[str, Any] = {}
-        if "next_sequence_length" in self.prepare_takes:  # transformers 5
-            extra["next_sequence_length"] = ids.shape[1] - int(cached) if decode else None
+        if "next_sequence_length" in self.prepare_takes:  # transformers 5: _sample's, 1 with a cache
+            extra["next_sequence_length"] = 1 if decode else None
         else:  # transformers 4: the positions to write, as a tensor
+            cached = self.cache.get_seq_length() if decode else 0
             extra["cache_position"] = _real(lambda: torch.arange(int(cached), ids.shape[1]))
         if "is_first_iteration" in self.prepare_takes:
             extra["is_first_iteration"] = not decode
+        # generate() hands the cache to Mamba-named models as cache_params (_prepare_cache_for_generation)
+        cache_name = "cache_params" if "mamba" in type(model).__name__.lower() else "past_key_values"
         with self._in(GENERATE_MODULE):
-            inputs = model.prepare_inputs_for_generation(ids, past_key_values=self.cache, **state, **extra)
+            inputs = model.prepare_inputs_for_generation(ids, **{cache_name: self.cache}, **state, **extra)
         return model(**inputs, return_dict=True)
 
     @contextlib.contextmanager

@@ -20,15 +20,22 @@ def cache_words(report: ReportData) -> str:
     g = report.generation
     groups: dict[tuple, int] = {}
     for r in g.layers:
-        key = (r["kind"], _shape(r["keys"]), _shape(r["values"]), r["dtype"])
+        if "states" in r:  # a linear-attention layer: its fixed-size states
+            key = (r["kind"], ", ".join(f"{k} {_shape(v)}" for k, v in r["states"].items()), None, r["dtype"])
+        else:
+            key = (r["kind"], _shape(r["keys"]), _shape(r["values"]), r["dtype"])
         groups[key] = groups.get(key, 0) + 1
     parts = []
     for (kind, keys, values, dtype), n in groups.items():
-        kv = f"keys and values {keys} each" if keys == values else f"keys {keys}, values {values}"
+        if values is None:
+            kv = f"{keys} (fixed size)"
+        else:
+            kv = f"keys and values {keys} each" if keys == values else f"keys {keys}, values {values}"
         parts.append(f"{n} layer{'s' if n != 1 else ''} of {kind}, {kv}, {dtype}")
     text = f"{fmt_bytes(g.kv_cache_bytes)} at {g.cache_len:,} tokens: " + "; ".join(parts)
-    text += " (batch x KV heads x tokens x head dim)"
-    heads = {r["keys"][1] for r in g.layers if len(r["keys"]) == 4}
+    if any("keys" in r for r in g.layers):
+        text += " (keys and values: batch x KV heads x tokens x head dim)"
+    heads = {r["keys"][1] for r in g.layers if len(r.get("keys", ())) == 4}
     if g.query_heads and heads and max(heads) < g.query_heads:
         kv = "/".join(map(str, sorted(heads)))
         text += f"; {kv} KV heads for {g.query_heads} query heads (grouped-query attention)"
@@ -42,6 +49,10 @@ def generation_rows(report: ReportData) -> list[tuple[str, str]]:
         return []
     how = ("DynamicCache: each layer's keys and values grown by torch.cat at every token" if g.cache == "dynamic"
            else f"StaticCache: each layer's keys and values allocated for {g.cache_len:,} tokens at the prefill")
+    if all("states" in r for r in g.layers) and g.layers:
+        how = f"{g.cache_class}: each layer's recurrent states, a fixed size, updated at every token"
+    elif any("states" in r for r in g.layers):
+        how += "; the linear-attention layers' recurrent states a fixed size, updated at every token"
     rows = [("Generation", f"prompt {g.prompt_len:,} tokens + {g.new_tokens:,} new, batch {g.batch}, greedy "
                            f"(transformers generate()); {how}"),
             ("KV cache", cache_words(report))]

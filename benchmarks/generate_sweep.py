@@ -1,0 +1,183 @@
+"""The generation sweep: every causal LM of the zoo sweep, ``--mode generate`` against a real ``generate()``.
+
+    python benchmarks/generate_sweep.py                   # every causal LM type the zoo sweep ran exactly
+    python benchmarks/generate_sweep.py --types gpt2,llama
+    python benchmarks/generate_sweep.py --table-only
+
+The types are those of ``benchmarks/zoo_sweep.jsonl`` whose class is a causal LM (``...ForCausalLM``,
+``...LMHeadModel``) and whose training step the sweep found exact, built with the same shrunk configuration
+(its ``overrides``: 2 layers of width 64).  Each runs in its own process: the estimate of transformers'
+``generate()`` (CPU target, fp32, batch 2, a prompt of 16 tokens and 8 new ones, the dynamic cache) beside a real
+greedy ``generate()`` of the same model with random weights, measured with ``tests/instruments.py``'s live-tensor
+tracker: the peak of the prefill (the first forward, with its token selection) and of the last decode step (the
+8th forward to the end).  Outcomes: ``exact`` (both peaks within 1 %), ``differs``, ``refused`` (the estimator
+said in one line that it cannot size it), ``no-truth`` (the real ``generate()`` fails too), ``crash`` (a
+traceback: a defect).  Records go to ``benchmarks/generate_sweep.jsonl``, the table to ``generate_sweep.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import traceback
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+P, N, B = 16, 8, 2  # prompt tokens, new tokens, batch
+TOLERANCE = 0.01
+
+
+def causal_types() -> list[tuple[str, dict]]:
+    out = []
+    with open(os.path.join(HERE, "zoo_sweep.jsonl"), encoding="utf-8") as f:
+        for line in f:
+            r = json.loads(line)
+            cls = r.get("cls") or ""
+            if r.get("outcome") == "exact" and (cls.endswith("ForCausalLM") or cls.endswith("LMHeadModel")):
+                out.append((r["type"], r.get("overrides") or {}))
+    return out
+
+
+def live_generate(model, ids):
+    """(prefill peak, last decode step peak) of a real greedy ``generate()`` of N tokens, in live bytes."""
+    import torch
+    from instruments import LiveTracker
+
+    tracker, calls, windows = LiveTracker(), [0], {}
+
+    def pre(_module, _args, _kwargs):
+        calls[0] += 1
+        if calls[0] in (2, N):  # the prefill ends where the 2nd forward starts; the last decode step starts
+            windows[calls[0]] = tracker.peak
+            tracker.reset_peak()
+
+    model.register_forward_pre_hook(pre, with_kwargs=True)
+    model.generation_config.eos_token_id = None
+    with tracker:
+        for t in [*model.parameters(), *model.buffers(), ids]:
+            tracker.register(t)
+        tracker.reset_peak()
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N, min_new_tokens=N,
+                             do_sample=False, pad_token_id=0)
+    if out.shape[-1] != P + N or calls[0] != N:
+        raise RuntimeError(f"generate() ran {calls[0]} forwards for {out.shape[-1] - P} new tokens")
+    return windows[2], tracker.peak
+
+
+def one(model_type: str, overrides: dict) -> dict:
+    """The record of one type (in the child process); never raises."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import torch
+    from sweep import import_torchvision, materialize
+
+    import_torchvision()
+    from estimator import estimate
+    from estimator.errors import UserError
+    from estimator.specs import load_spec
+
+    rec: dict = {"type": model_type}
+    try:
+        loaded = load_spec(f"hf:{model_type}", batch=B, seq=P, overrides=overrides, labels=False)
+    except Exception as exc:  # noqa: BLE001
+        return {**rec, "outcome": "unbuilt", "message": f"{type(exc).__name__}: {exc}"[:300]}
+    rec["cls"] = type(loaded.model).__name__
+    try:
+        r = estimate(loaded.model, loaded.inputs, device="cpu", precision="fp32", mode="generate", new_tokens=N)
+        g = r.generation
+        est = (g.stages["prefill"].peak, g.stages["decode"].peak)
+    except UserError as exc:
+        est, rec["message"] = None, str(exc)[:300]
+    except Exception as exc:  # noqa: BLE001
+        return {**rec, "outcome": "crash", "message": f"{type(exc).__name__}: {exc}"[:300],
+                "trace": traceback.format_exc()[-1500:]}
+    try:
+        torch.manual_seed(0)
+        real = materialize(loaded.model).eval()
+        ids = torch.randint(1, 100, (B, P))
+        with torch.no_grad():
+            truth = live_generate(real, ids)
+    except Exception as exc:  # noqa: BLE001 - the model's own generate() fails
+        return {**rec, "outcome": "no-truth" if est is None else "estimated-no-truth",
+                "truth_error": f"{type(exc).__name__}: {exc}"[:300]}
+    if est is None:
+        return {**rec, "outcome": "refused", "truth": truth}
+    rel = [(e - t) / t for e, t in zip(est, truth)]
+    ok = all(abs(x) <= TOLERANCE for x in rel)
+    return {**rec, "outcome": "exact" if ok else "differs", "estimate": est, "truth": truth,
+            "rel": [round(x, 5) for x in rel]}
+
+
+def run_one(model_type: str, overrides: dict, timeout: float) -> dict:
+    code = f"import json, sys; sys.path.insert(0, {HERE!r}); import generate_sweep as g; " \
+           f"print('RESULT ' + json.dumps(g.one({model_type!r}, json.loads({json.dumps(overrides)!r}))))"
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env,
+                              cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"type": model_type, "outcome": "timeout"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if not lines:
+        return {"type": model_type, "outcome": "crash", "message": (proc.stderr or proc.stdout)[-300:]}
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def table(records: list[dict]) -> str:
+    counts = Counter(r["outcome"] for r in records)
+    lines = [f"# Generation sweep: {len(records)} causal LM types", "",
+             f"`estimate --mode generate` (CPU target, fp32, batch {B}, prompt {P}, {N} new tokens, dynamic cache) "
+             f"against a real greedy `generate()` measured by the live-tensor tracker (peak of the prefill and of the "
+             f"last decode step; exact: both within {TOLERANCE:.0%}).", "",
+             "| outcome | types |", "|---|---:|"]
+    lines += [f"| {k} | {v} |" for k, v in sorted(counts.items())]
+    lines += ["", "| type | outcome | class | prefill / decode (estimate / real - 1) or message |", "|---|---|---|---|"]
+    for r in sorted(records, key=lambda r: (r["outcome"] == "exact", r["type"])):
+        if r["outcome"] == "exact":
+            continue
+        detail = (f"{r['rel'][0]:+.2%} / {r['rel'][1]:+.2%}" if "rel" in r
+                  else (r.get("message") or r.get("truth_error") or "")[:160].replace("|", "/"))
+        lines.append(f"| {r['type']} | {r['outcome']} | {r.get('cls', '')} | {detail} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--types", help="comma-separated model types (default: every causal LM of the zoo sweep)")
+    ap.add_argument("--out", default=os.path.join(HERE, "generate_sweep.jsonl"))
+    ap.add_argument("--table", default=os.path.join(HERE, "generate_sweep.md"))
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--table-only", action="store_true")
+    args = ap.parse_args(argv)
+    done = {}
+    if os.path.exists(args.out):
+        with open(args.out, encoding="utf-8") as f:
+            done = {r["type"]: r for r in map(json.loads, f)}
+    if not args.table_only:
+        todo = causal_types()
+        if args.types:
+            wanted = set(args.types.split(","))
+            todo = [(t, o) for t, o in todo if t in wanted]
+            for t in wanted:
+                done.pop(t, None)
+        todo = [(t, o) for t, o in todo if t not in done]
+        with ThreadPoolExecutor(args.jobs) as pool:
+            for rec in pool.map(lambda to: run_one(*to, args.timeout), todo):
+                done[rec["type"]] = rec
+                print(f"{rec['type']}: {rec['outcome']} {rec.get('rel', '')} {rec.get('message', '')[:120]}",
+                      flush=True)
+                with open(args.out, "w", encoding="utf-8") as f:
+                    for r in done.values():
+                        f.write(json.dumps(r) + "\n")
+    with open(args.table, "w", encoding="utf-8") as f:
+        f.write(table(list(done.values())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
