@@ -30,12 +30,16 @@ def _config(name: str):
                                         intermediate_size=128,
                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
                                         eos_token_id=None, pad_token_id=0)
+    if name == "mamba":  # a state-space model: fixed-size recurrent states, no keys and values
+        return transformers.MambaConfig(num_hidden_layers=2, hidden_size=64, state_size=16, vocab_size=1000,
+                                        eos_token_id=None, pad_token_id=0)
     return transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, eos_token_id=None,
                                    pad_token_id=0)
 
 
 def _model(name: str, real: bool):
-    cls = transformers.LlamaForCausalLM if name.startswith("llama") else transformers.GPT2LMHeadModel
+    cls = (transformers.LlamaForCausalLM if name.startswith("llama") else
+           transformers.MambaForCausalLM if name == "mamba" else transformers.GPT2LMHeadModel)
     if real:
         torch.manual_seed(0)
         return cls(_config(name)).eval()
@@ -70,7 +74,8 @@ def _live_generate(name: str, cache: str, dtype: torch.dtype) -> tuple[int, int]
 @pytest.mark.parametrize("name,precision,dtype", [("llama_gqa", "fp32", torch.float32),
                                                    ("llama_gqa", "bf16", torch.bfloat16),
                                                    ("gpt2", "fp32", torch.float32),
-                                                   ("llama_deep", "fp32", torch.float32)])
+                                                   ("llama_deep", "fp32", torch.float32),
+                                                   ("mamba", "fp32", torch.float32)])
 def test_prefill_and_decode_peaks_match_a_live_generate(name, precision, dtype, cache):
     prefill, decode = _live_generate(name, cache, dtype)
     r = estimate(_model(name, real=False), {"input_ids": torch.zeros(B, P, dtype=torch.int64, device="meta")},
@@ -100,6 +105,21 @@ def test_kv_cache_is_per_layer_gqa_aware_and_as_transformers_allocates_it(cache)
     expected = P * per_token if cache == "dynamic" else g.kv_cache_bytes
     assert g.stages["prefill"].memory.timeline[-1].by_category["kv_cache"] >= expected
     assert "grouped-query attention" in r.render() and "KV cache" in r.headline()
+
+
+def test_a_state_space_cache_is_its_fixed_size_states():
+    """Mamba's cache (transformers 5: a LinearAttentionLayer per layer) holds a convolution state of the last
+    conv_kernel inputs and an SSM state per channel, whatever the tokens: counted and described as such."""
+    cfg = _config("mamba")
+    r = estimate(_model("mamba", real=False), {"input_ids": torch.zeros(B, P, dtype=torch.int64, device="meta")},
+                 device="cpu", precision="fp32", mode="generate", new_tokens=N)
+    g = r.generation
+    inner = cfg.intermediate_size  # expand x hidden = 2 x 64 = 128 channels
+    assert [row["states"] for row in g.layers] == [{"conv_states": [B, inner, cfg.conv_kernel],
+                                                    "recurrent_states": [B, inner, cfg.state_size]}] * 2
+    # 2 layers x batch 2 x 128 channels x (4 + 16) x 4 bytes = 40,960
+    assert g.kv_cache_bytes == 2 * B * inner * (cfg.conv_kernel + cfg.state_size) * 4
+    assert "recurrent-state cache" in r.headline() and "(fixed size)" in r.render()
 
 
 def test_generate_from_the_command_line(capsys):
