@@ -112,8 +112,9 @@ def one(model_type: str, overrides: dict) -> dict:
             "rel": [round(x, 5) for x in rel]}
 
 
-def run_one(model_type: str, overrides: dict, timeout: float) -> dict:
-    code = f"import json, sys; sys.path.insert(0, {HERE!r}); import generate_sweep as g; " \
+def run_child(module: str, model_type: str, overrides: dict, timeout: float) -> dict:
+    """``module.one(model_type, overrides)`` in a process of its own (a crash or a hang is one record)."""
+    code = f"import json, sys; sys.path.insert(0, {HERE!r}); import {module} as g; " \
            f"print('RESULT ' + json.dumps(g.one({model_type!r}, json.loads({json.dumps(overrides)!r}))))"
     env = dict(os.environ, PYTHONPATH=ROOT)
     try:
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                 done.pop(t, None)
         todo = [(t, o) for t, o in todo if t not in done]
         with ThreadPoolExecutor(args.jobs) as pool:
-            for rec in pool.map(lambda to: run_one(*to, args.timeout), todo):
+            for rec in pool.map(lambda to: run_child("generate_sweep", *to, args.timeout), todo):
                 done[rec["type"]] = rec
                 print(f"{rec['type']}: {rec['outcome']} {rec.get('rel', '')} {rec.get('message', '')[:120]}",
                       flush=True)

@@ -226,3 +226,32 @@ def test_quantize_answers_in_the_headline(capsys):
     what_if = {q["scheme"]: q for q in plain["quantized"]}["int4"]
     assert int4["quantize"] == {"scheme": "int4", "peak": what_if["peak"]}
     assert int4["needed"] == needed_for_peak(what_if["peak"])
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "whisper"])
+def test_inference_holds_the_cache_its_output_returns(name):
+    """An inference forward with the config's use_cache returns past_key_values (a decoder's keys and values; an
+    encoder-decoder's cross-attention keys and values of the whole encoder output too), and a loop that holds
+    its output (``out = model(x)``) holds them until the next forward returns.  Truth: that loop run for real
+    under the live-tensor tracker, its steady-state (second) iteration."""
+    from livetracker import measure_peaks
+
+    if name == "whisper":
+        cfg = transformers.WhisperConfig(encoder_layers=2, decoder_layers=2, d_model=64, encoder_attention_heads=4,
+                                         decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                                         vocab_size=1000, max_source_positions=1500, num_mel_bins=80, pad_token_id=0,
+                                         bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+        inputs = {"input_features": torch.zeros(B, 80, 3000), "decoder_input_ids": torch.zeros(B, 32, dtype=torch.long)}
+        cls = transformers.WhisperForConditionalGeneration
+    else:
+        cfg, cls = _config(name), transformers.LlamaForCausalLM
+        inputs = {"input_ids": torch.zeros(B, 256, dtype=torch.long)}
+    torch.manual_seed(0)
+    real = cls(cfg).eval()
+    truth = measure_peaks(real, inputs, None, None, train=False, steps=2)[-1]
+    with empty_weights():
+        model = cls(cfg)
+    r = estimate(model, {k: v.to("meta") for k, v in inputs.items()}, device="cpu", precision="fp32",
+                 mode="inference")
+    assert r.memory.peak == pytest.approx(truth, rel=0.01), (r.memory.peak, truth)
+    assert "the output holds the model's cache (past_key_values" in r.render()

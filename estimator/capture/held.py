@@ -1,4 +1,5 @@
-"""What the loss keeps alive: the leaves its graph holds beside the parameters and inputs."""
+"""What the loop keeps alive: the leaves the loss's graph holds beside the parameters and inputs; the tensors of
+the output it holds, a transformers cache's included."""
 
 from __future__ import annotations
 
@@ -21,3 +22,34 @@ def leaves_held_by(loss: torch.Tensor, known: set[int]) -> list[torch.Tensor]:
             held += [leaf] + ([leaf.grad] if leaf.grad is not None else [])
         stack.extend(f for f, _ in fn.next_functions)
     return held
+
+
+def output_tensors(output: object) -> list[torch.Tensor]:
+    """The tensors ``output`` holds: its pytree leaves, and inside a transformers ``Cache`` among them (the
+    ``past_key_values`` an inference forward returns with ``use_cache``: each layer's keys and values or
+    recurrent states; an encoder-decoder's self- and cross-attention caches) the tensors of its layers."""
+    import torch.utils._pytree as pytree
+
+    out: list[torch.Tensor] = []
+    for leaf in pytree.tree_leaves(output):
+        if isinstance(leaf, torch.Tensor):
+            out.append(leaf)
+        else:
+            out += _cache_tensors(leaf, 0)
+    return out
+
+
+def _cache_tensors(obj: object, depth: int) -> list[torch.Tensor]:
+    if depth > 2:
+        return []
+    out: list[torch.Tensor] = []
+    for inner in ("self_attention_cache", "cross_attention_cache"):  # EncoderDecoderCache
+        if hasattr(obj, inner):
+            out += _cache_tensors(getattr(obj, inner), depth + 1)
+    for layer in getattr(obj, "layers", None) or () if not isinstance(obj, torch.nn.Module) else ():
+        for value in vars(layer).values() if hasattr(layer, "__dict__") else ():
+            if isinstance(value, torch.Tensor):
+                out.append(value)
+            elif isinstance(value, dict):
+                out += [v for v in value.values() if isinstance(v, torch.Tensor)]
+    return out

@@ -51,6 +51,11 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
     with without_layer_drop(model) as assumed, same_random_draws(), eager_paths():
         cap = _capture(model, args, kw, opts, mode, progress)
     cap.assumptions.extend(assumed)
+    held_cache = sum(cap.storage_bytes[s] for s in cap.sids.get("output_cache", ()))
+    if held_cache and not opts.train and opts.generation is None:
+        cap.assumptions.append(f"inference: the output holds the model's cache (past_key_values, config.use_cache: "
+                               f"{held_cache / 2**20:,.2f} MiB), alive with it until the next forward returns (a loop "
+                               f"that keeps only the logits, or use_cache=False, holds none)")
     _tag_subclass_layers(cap)
     if opts.compile is not None:
         from .compiled import fuse

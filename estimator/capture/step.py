@@ -34,7 +34,7 @@ from ..target import FAKE_KERNELS, CudaTarget, installed
 from .as_is import AsIs, AsIsRecorder
 from .checkpoint import wrap_checkpointed
 from .failures import guard, input_hint, optimizer_hint
-from .held import leaves_held_by
+from .held import leaves_held_by, output_tensors
 from .fake import (
     GROUPED_MM, RecordingFakeMode, clear_shared_cache, fake_ctc_loss, fake_grouped_mm, fake_pack_padded_sequence,
     output_kernels, real_output_bytes,
@@ -363,6 +363,7 @@ class Step:
             # kept to the end of the capture: a serving loop holds the output it returns
             self.output = self._guard(lambda: self.call(*self.t_args, **self.t_kwargs))
 
+
     @contextlib.contextmanager
     def _paused(self):
         """Nothing run inside is the step's: not recorded, not saved, not seen by the modes on the stack (a
@@ -550,8 +551,10 @@ class Step:
             "loss": ({sid(loss)} | {sid(t) for t in self._leaves_held_by(loss)}) - state if loss is not None
             else set(),
             # the model's output tensors (held to the end of the step when the loop keeps them; see estimator.memory)
-            "output": self.output_sids | {sid(t) for t in pytree.tree_leaves(self.output)
-                                          if isinstance(t, torch.Tensor)},
+            "output": self.output_sids | {sid(t) for t in output_tensors(self.output)},
+            # (of which a transformers cache's: past_key_values; not a category of its own)
+            "output_cache": {sid(t) for t in output_tensors(self.output)} - {
+                sid(t) for t in pytree.tree_leaves(self.output) if isinstance(t, torch.Tensor)},
         }
         if self.opts.prepare is not None:
             sids["engine"] = rec.engine_sids

@@ -1,0 +1,128 @@
+"""The inference sweep: every model type the zoo sweep ran exactly, ``--mode inference`` against a real forward.
+
+    python benchmarks/inference_sweep.py                  # every type benchmarks/zoo_sweep.jsonl found exact
+    python benchmarks/inference_sweep.py --types gpt2,vit
+    python benchmarks/inference_sweep.py --table-only
+
+Each type is built as the zoo sweep built it (its ``overrides``: 2 layers of width 64; batch 2 x 32 tokens or the
+model's own image/audio size) without labels, in its own process: the estimate (CPU target, fp32,
+``mode="inference"``: forward under ``torch.no_grad()``, eval mode, the previous output held until the new one
+replaces it) beside the same loop run for real with random weights under ``tests/livetracker.py``'s live-tensor
+tracker (two iterations; the second, steady-state peak compared).  Outcomes as ``generate_sweep.py``'s; records in
+``benchmarks/inference_sweep.jsonl``, the table in ``inference_sweep.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from generate_sweep import TOLERANCE, run_child  # noqa: E402
+
+
+def exact_types() -> list[tuple[str, dict]]:
+    with open(os.path.join(HERE, "zoo_sweep.jsonl"), encoding="utf-8") as f:
+        return [(r["type"], r.get("overrides") or {}) for r in map(json.loads, f) if r.get("outcome") == "exact"]
+
+
+def one(model_type: str, overrides: dict) -> dict:
+    """The record of one type (in the child process); never raises."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import functools
+
+    from sweep import _load, import_torchvision, materialize, real_inputs, without_layerdrop
+
+    import_torchvision()
+    from livetracker import measure_peaks
+
+    from estimator import estimate
+    from estimator.errors import UserError
+    from estimator.specs import load_spec
+
+    rec: dict = {"type": model_type}
+    try:
+        loaded = _load(functools.partial(load_spec, labels=False), model_type, overrides)
+    except Exception as exc:  # noqa: BLE001
+        return {**rec, "outcome": "unbuilt", "message": f"{type(exc).__name__}: {exc}"[:300]}
+    rec["cls"] = type(loaded.model).__name__
+    try:
+        est = estimate(loaded.model, loaded.inputs, device="cpu", precision="fp32", mode="inference").to_dict()
+        est = est["memory"]["peak"]
+    except UserError as exc:
+        est, rec["message"] = None, str(exc)[:300]
+    except Exception as exc:  # noqa: BLE001
+        return {**rec, "outcome": "crash", "message": f"{type(exc).__name__}: {exc}"[:300],
+                "trace": traceback.format_exc()[-1500:]}
+    try:
+        real = without_layerdrop(materialize(loaded.model))
+        truth = measure_peaks(real, real_inputs(loaded.inputs), None, None, train=False, steps=2)[-1]
+    except Exception as exc:  # noqa: BLE001 - the model's own forward fails
+        return {**rec, "outcome": "no-truth" if est is None else "estimated-no-truth",
+                "truth_error": f"{type(exc).__name__}: {exc}"[:300]}
+    if est is None:
+        return {**rec, "outcome": "refused", "truth": truth}
+    rel = (est - truth) / truth
+    return {**rec, "outcome": "exact" if abs(rel) <= TOLERANCE else "differs", "estimate": est, "truth": truth,
+            "rel": round(rel, 5)}
+
+
+def table(records: list[dict]) -> str:
+    counts = Counter(r["outcome"] for r in records)
+    lines = [f"# Inference sweep: {len(records)} model types", "",
+             f"`estimate --mode inference` (CPU target, fp32) against the same loop run for real (forward under "
+             f"`torch.no_grad()`, eval mode, the previous output held) measured by the live-tensor tracker (the "
+             f"second iteration's peak; exact: within {TOLERANCE:.0%}).", "", "| outcome | types |", "|---|---:|"]
+    lines += [f"| {k} | {v} |" for k, v in sorted(counts.items())]
+    lines += ["", "| type | outcome | class | estimate / real - 1, or message |", "|---|---|---|---|"]
+    for r in sorted(records, key=lambda r: r["type"]):
+        if r["outcome"] != "exact":
+            detail = (f"{r['rel']:+.2%}" if "rel" in r
+                      else (r.get("message") or r.get("truth_error") or "")[:160].replace("|", "/"))
+            lines.append(f"| {r['type']} | {r['outcome']} | {r.get('cls', '')} | {detail} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--types", help="comma-separated model types (default: every exact type of the zoo sweep)")
+    ap.add_argument("--out", default=os.path.join(HERE, "inference_sweep.jsonl"))
+    ap.add_argument("--table", default=os.path.join(HERE, "inference_sweep.md"))
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--table-only", action="store_true")
+    args = ap.parse_args(argv)
+    done = {}
+    if os.path.exists(args.out):
+        with open(args.out, encoding="utf-8") as f:
+            done = {r["type"]: r for r in map(json.loads, f)}
+    if not args.table_only:
+        todo = exact_types()
+        if args.types:
+            wanted = set(args.types.split(","))
+            todo = [(t, o) for t, o in todo if t in wanted]
+            for t in wanted:
+                done.pop(t, None)
+        todo = [(t, o) for t, o in todo if t not in done]
+        with ThreadPoolExecutor(args.jobs) as pool:
+            for rec in pool.map(lambda to: run_child("inference_sweep", *to, args.timeout), todo):
+                done[rec["type"]] = rec
+                print(f"{rec['type']}: {rec['outcome']} {rec.get('rel', '')} {rec.get('message', '')[:120]}",
+                      flush=True)
+                with open(args.out, "w", encoding="utf-8") as f:
+                    for r in done.values():
+                        f.write(json.dumps(r) + "\n")
+    with open(args.table, "w", encoding="utf-8") as f:
+        f.write(table(list(done.values())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
