@@ -40,16 +40,12 @@ def output_tensors(output: object) -> list[torch.Tensor]:
 
 
 def _cache_tensors(obj: object, depth: int) -> list[torch.Tensor]:
-    if depth > 2:
+    from .generate import cache_tensors
+
+    if depth > 2 or isinstance(obj, torch.nn.Module):
         return []
-    out: list[torch.Tensor] = []
+    out = [t for _, _, t in cache_tensors(obj)]  # a Cache's layers (nothing for another object)
     for inner in ("self_attention_cache", "cross_attention_cache"):  # EncoderDecoderCache
         if hasattr(obj, inner):
             out += _cache_tensors(getattr(obj, inner), depth + 1)
-    for layer in getattr(obj, "layers", None) or () if not isinstance(obj, torch.nn.Module) else ():
-        for value in vars(layer).values() if hasattr(layer, "__dict__") else ():
-            if isinstance(value, torch.Tensor):
-                out.append(value)
-            elif isinstance(value, dict):
-                out += [v for v in value.values() if isinstance(v, torch.Tensor)]
     return out

@@ -363,7 +363,6 @@ class Step:
             # kept to the end of the capture: a serving loop holds the output it returns
             self.output = self._guard(lambda: self.call(*self.t_args, **self.t_kwargs))
 
-
     @contextlib.contextmanager
     def _paused(self):
         """Nothing run inside is the step's: not recorded, not saved, not seen by the modes on the stack (a
@@ -540,6 +539,7 @@ class Step:
         sid = lambda t: rec.sid(AsIs.local(t))  # noqa: E731  (an engine's DTensor: its local tensor's storage)
         # storages every iteration has anyway: what the loss holds of them (a leaf viewing the input) is not repeated
         state = self.param_sids | {sid(b) for b in self.buffers.values()} | {sid(t) for t in self.flat_inputs}
+        output = {sid(t) for t in output_tensors(self.output)}
         sids = {
             "parameter": self.param_sids,
             "buffer": {sid(b) for b in self.buffers.values()},
@@ -551,10 +551,9 @@ class Step:
             "loss": ({sid(loss)} | {sid(t) for t in self._leaves_held_by(loss)}) - state if loss is not None
             else set(),
             # the model's output tensors (held to the end of the step when the loop keeps them; see estimator.memory)
-            "output": self.output_sids | {sid(t) for t in output_tensors(self.output)},
+            "output": self.output_sids | output,
             # (of which a transformers cache's: past_key_values; not a category of its own)
-            "output_cache": {sid(t) for t in output_tensors(self.output)} - {
-                sid(t) for t in pytree.tree_leaves(self.output) if isinstance(t, torch.Tensor)},
+            "output_cache": output - {sid(t) for t in pytree.tree_leaves(self.output) if isinstance(t, torch.Tensor)},
         }
         if self.opts.prepare is not None:
             sids["engine"] = rec.engine_sids
