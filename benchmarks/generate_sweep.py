@@ -69,6 +69,21 @@ def live_generate(model, ids):
     return windows[2], tracker.peak
 
 
+def try_estimate(rec: dict, figures) -> tuple:
+    """(``figures()``, None): the estimate's figures; (None, None) with the one-line refusal in ``rec["message"]``;
+    (None, the record of a crash) where it raised anything else (a defect)."""
+    from estimator.errors import UserError
+
+    try:
+        return figures(), None
+    except UserError as exc:
+        rec["message"] = str(exc)[:300]
+        return None, None
+    except Exception as exc:  # noqa: BLE001
+        return None, {**rec, "outcome": "crash", "message": f"{type(exc).__name__}: {exc}"[:300],
+                      "trace": traceback.format_exc()[-1500:]}
+
+
 def one(model_type: str, overrides: dict) -> dict:
     """The record of one type (in the child process); never raises."""
     sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -77,7 +92,6 @@ def one(model_type: str, overrides: dict) -> dict:
 
     import_torchvision()
     from estimator import estimate
-    from estimator.errors import UserError
     from estimator.specs import load_spec
 
     rec: dict = {"type": model_type}
@@ -86,15 +100,14 @@ def one(model_type: str, overrides: dict) -> dict:
     except Exception as exc:  # noqa: BLE001
         return {**rec, "outcome": "unbuilt", "message": f"{type(exc).__name__}: {exc}"[:300]}
     rec["cls"] = type(loaded.model).__name__
-    try:
-        r = estimate(loaded.model, loaded.inputs, device="cpu", precision="fp32", mode="generate", new_tokens=N)
-        g = r.generation
-        est = (g.stages["prefill"].peak, g.stages["decode"].peak)
-    except UserError as exc:
-        est, rec["message"] = None, str(exc)[:300]
-    except Exception as exc:  # noqa: BLE001
-        return {**rec, "outcome": "crash", "message": f"{type(exc).__name__}: {exc}"[:300],
-                "trace": traceback.format_exc()[-1500:]}
+    def peaks():
+        g = estimate(loaded.model, loaded.inputs, device="cpu", precision="fp32", mode="generate",
+                     new_tokens=N).generation
+        return g.stages["prefill"].peak, g.stages["decode"].peak
+
+    est, crashed = try_estimate(rec, peaks)
+    if crashed:
+        return crashed
     try:
         torch.manual_seed(0)
         real = materialize(loaded.model).eval()
@@ -146,11 +159,13 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--types", help="comma-separated model types (default: every causal LM of the zoo sweep)")
-    ap.add_argument("--out", default=os.path.join(HERE, "generate_sweep.jsonl"))
-    ap.add_argument("--table", default=os.path.join(HERE, "generate_sweep.md"))
+def sweep_main(module: str, types, table_of, description: str, argv: list[str] | None = None) -> int:
+    """A sweep's command line: ``module.one`` over ``types()`` ((type, overrides) pairs), each in its own process,
+    records appended to ``benchmarks/<module>.jsonl`` (resumable) and ``table_of(records)`` written to ``.md``."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--types", help="comma-separated model types (default: every type of the sweep)")
+    ap.add_argument("--out", default=os.path.join(HERE, f"{module}.jsonl"))
+    ap.add_argument("--table", default=os.path.join(HERE, f"{module}.md"))
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--table-only", action="store_true")
@@ -160,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.out, encoding="utf-8") as f:
             done = {r["type"]: r for r in map(json.loads, f)}
     if not args.table_only:
-        todo = causal_types()
+        todo = types()
         if args.types:
             wanted = set(args.types.split(","))
             todo = [(t, o) for t, o in todo if t in wanted]
@@ -168,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                 done.pop(t, None)
         todo = [(t, o) for t, o in todo if t not in done]
         with ThreadPoolExecutor(args.jobs) as pool:
-            for rec in pool.map(lambda to: run_child("generate_sweep", *to, args.timeout), todo):
+            for rec in pool.map(lambda to: run_child(module, *to, args.timeout), todo):
                 done[rec["type"]] = rec
                 print(f"{rec['type']}: {rec['outcome']} {rec.get('rel', '')} {rec.get('message', '')[:120]}",
                       flush=True)
@@ -176,9 +191,9 @@ def main(argv: list[str] | None = None) -> int:
                     for r in done.values():
                         f.write(json.dumps(r) + "\n")
     with open(args.table, "w", encoding="utf-8") as f:
-        f.write(table(list(done.values())))
+        f.write(table_of(list(done.values())))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(sweep_main("generate_sweep", causal_types, table, __doc__.split("\n")[0]))

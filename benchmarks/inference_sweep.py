@@ -14,18 +14,15 @@ tracker (two iterations; the second, steady-state peak compared).  Outcomes as `
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import traceback
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from generate_sweep import TOLERANCE, run_child  # noqa: E402
+from generate_sweep import TOLERANCE, sweep_main, try_estimate  # noqa: E402
 
 
 def exact_types() -> list[tuple[str, dict]]:
@@ -44,7 +41,6 @@ def one(model_type: str, overrides: dict) -> dict:
     from livetracker import measure_peaks
 
     from estimator import estimate
-    from estimator.errors import UserError
     from estimator.specs import load_spec
 
     rec: dict = {"type": model_type}
@@ -53,14 +49,10 @@ def one(model_type: str, overrides: dict) -> dict:
     except Exception as exc:  # noqa: BLE001
         return {**rec, "outcome": "unbuilt", "message": f"{type(exc).__name__}: {exc}"[:300]}
     rec["cls"] = type(loaded.model).__name__
-    try:
-        est = estimate(loaded.model, loaded.inputs, device="cpu", precision="fp32", mode="inference").to_dict()
-        est = est["memory"]["peak"]
-    except UserError as exc:
-        est, rec["message"] = None, str(exc)[:300]
-    except Exception as exc:  # noqa: BLE001
-        return {**rec, "outcome": "crash", "message": f"{type(exc).__name__}: {exc}"[:300],
-                "trace": traceback.format_exc()[-1500:]}
+    est, crashed = try_estimate(rec, lambda: estimate(loaded.model, loaded.inputs, device="cpu", precision="fp32",
+                                                       mode="inference").memory.peak)
+    if crashed:
+        return crashed
     try:
         real = without_layerdrop(materialize(loaded.model))
         truth = measure_peaks(real, real_inputs(loaded.inputs), None, None, train=False, steps=2)[-1]
@@ -90,39 +82,5 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--types", help="comma-separated model types (default: every exact type of the zoo sweep)")
-    ap.add_argument("--out", default=os.path.join(HERE, "inference_sweep.jsonl"))
-    ap.add_argument("--table", default=os.path.join(HERE, "inference_sweep.md"))
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--timeout", type=float, default=300)
-    ap.add_argument("--table-only", action="store_true")
-    args = ap.parse_args(argv)
-    done = {}
-    if os.path.exists(args.out):
-        with open(args.out, encoding="utf-8") as f:
-            done = {r["type"]: r for r in map(json.loads, f)}
-    if not args.table_only:
-        todo = exact_types()
-        if args.types:
-            wanted = set(args.types.split(","))
-            todo = [(t, o) for t, o in todo if t in wanted]
-            for t in wanted:
-                done.pop(t, None)
-        todo = [(t, o) for t, o in todo if t not in done]
-        with ThreadPoolExecutor(args.jobs) as pool:
-            for rec in pool.map(lambda to: run_child("inference_sweep", *to, args.timeout), todo):
-                done[rec["type"]] = rec
-                print(f"{rec['type']}: {rec['outcome']} {rec.get('rel', '')} {rec.get('message', '')[:120]}",
-                      flush=True)
-                with open(args.out, "w", encoding="utf-8") as f:
-                    for r in done.values():
-                        f.write(json.dumps(r) + "\n")
-    with open(args.table, "w", encoding="utf-8") as f:
-        f.write(table(list(done.values())))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(sweep_main("inference_sweep", exact_types, table, __doc__.split("\n")[0]))
