@@ -93,6 +93,9 @@ class GenerationData:
                 "tokens_per_s": self.tokens_per_s}
 
 
+_TEXT_INPUTS = ("input_ids", "attention_mask", "position_ids", "token_type_ids", "labels")
+
+
 def prompt_inputs(inputs: Any, prompt_len: int | None) -> tuple[dict[str, Any], int]:
     """generate()'s input: the prompt's token ids (batch x P integers), from ``inputs`` (a tensor, or a dict
     with ``input_ids``; labels and masks are dropped: generate() makes its own mask), ``prompt_len`` replacing
@@ -103,6 +106,12 @@ def prompt_inputs(inputs: Any, prompt_len: int | None) -> tuple[dict[str, Any], 
     if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.is_floating_point():
         raise UserError("mode='generate' takes the prompt's token ids: a batch x length integer tensor, or a dict "
                         "with input_ids")
+    media = sorted(k for k, v in inputs.items() if isinstance(v, torch.Tensor) and k not in _TEXT_INPUTS) \
+        if isinstance(inputs, dict) else []
+    if media:  # (a vision- or audio-language model: generate() would encode them into the prompt first)
+        raise UserError(f"mode='generate' sizes text generation from the prompt's token ids; this model's inputs also "
+                        f"hold {', '.join(media)}, which generate() would encode into the prompt: size the forward "
+                        f"with mode='inference' (--mode inference)")
     if prompt_len is not None:
         if prompt_len < 1:
             raise UserError(f"prompt_len must be >= 1, not {prompt_len}")

@@ -161,6 +161,23 @@ def test_generation_past_the_positions_is_one_line():
         "1024); use a shorter --prompt-len or fewer --new-tokens"]
 
 
+def test_generate_refuses_a_prompt_with_images_in_one_line(capsys):
+    """A vision-language model's prompt holds image tokens that generate() encodes first: refused in one line,
+    from the command line (before the prompt length is checked) and from the API (inputs beside the token ids)."""
+    from estimator.cli import main
+    from estimator.errors import UserError
+
+    assert main(["estimate", "hf:llava", "--mode", "generate", "--prompt-len", "64", "--new-tokens", "8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("estimator: error: --mode generate sizes text generation from the prompt's token ids; this "
+                       "model's prompt also holds 576 image tokens, which generate() encodes first: size the forward "
+                       "with --mode inference")
+    ids = torch.zeros(B, P, dtype=torch.int64, device="meta")
+    with pytest.raises(UserError, match="also hold pixel_values, which generate"):
+        estimate(_model("gpt2", real=False), {"input_ids": ids, "pixel_values": torch.zeros(B, 3, 8, 8, device="meta")},
+                 mode="generate", new_tokens=N, device="cpu")
+
+
 def test_generate_refuses_what_it_cannot_size():
     from estimator.errors import UserError
 

@@ -421,6 +421,10 @@ def _image_token_id(cfg: Any) -> int | None:
 
 
 def _seq_for(cfg: Any, opts: SpecOptions, at_least: int, what: str) -> int:
+    if opts.new_tokens:  # (estimator.generation.prompt_inputs refuses the same for a model given as it is)
+        raise UserError(f"--mode generate sizes text generation from the prompt's token ids; this model's prompt "
+                        f"also holds {at_least} {what}, which generate() encodes first: size the forward with --mode "
+                        f"inference")
     limit = max_positions(cfg)
     seq = opts.seq or max(default_seq(limit), at_least + 1)
     if seq <= at_least:
