@@ -55,7 +55,8 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
     if held_cache and not opts.train and opts.generation is None:
         cap.assumptions.append(f"inference: the output holds the model's cache (past_key_values, config.use_cache: "
                                f"{held_cache / 2**20:,.2f} MiB), alive with it until the next forward returns (a loop "
-                               f"that keeps only the logits, or use_cache=False, holds none)")
+                               f"that keeps only the logits, or use_cache=False: --set use_cache=false, holds none)")
+    cap.assumptions.extend(_reference_paths(cap))
     _tag_subclass_layers(cap)
     if opts.compile is not None:
         from .compiled import fuse
@@ -68,6 +69,22 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
 # Float8TrainingTensor, autograd.Functions and scaling code in Python around every op; FSDP2 renames the class
 # FSDPFloat8Linear): in eager each of their ops costs more host time (estimator.timing.host).
 SUBCLASS_LAYERS = ("Float8Linear",)
+
+
+def _reference_paths(cap: Capture) -> list[str]:
+    """What the step ran as transformers' PyTorch reference code because optional CUDA kernels are not installed
+    here: a state-space model's mixers (``mamba_ssm``, ``causal_conv1d``), which a GPU with them runs as fused
+    kernels (faster, fewer intermediates)."""
+    import importlib.util
+
+    mixers = sorted({cls for cls in cap.module_types.values() if cls.endswith("Mixer")
+                     and ("Mamba" in cls or cls in ("BambaMixer", "FalconH1Mixer"))})  # (transformers' SSM mixers)
+    missing = [m for m in ("mamba_ssm", "causal_conv1d") if importlib.util.find_spec(m) is None]
+    if not mixers or not missing:
+        return []
+    return [f"{', '.join(mixers)}: transformers' PyTorch reference path ({' and '.join(missing)} not installed "
+            f"here), a sequential scan; with those CUDA kernels the step runs fused kernels, faster and with fewer "
+            f"intermediates"]
 
 
 def _tag_subclass_layers(cap: Capture) -> None:
