@@ -67,6 +67,16 @@ class GenerationData:
         return self.prompt_len + self.new_tokens - 1
 
     @property
+    def state_layers(self) -> int:
+        """Layers whose cache is a linear-attention layer's fixed-size states (a state-space model's, a hybrid's)."""
+        return sum("states" in r for r in self.layers)
+
+    @property
+    def states_only(self) -> bool:
+        """The whole cache is fixed-size states (Mamba): no keys and values grow with the tokens."""
+        return bool(self.layers) and self.state_layers == len(self.layers)
+
+    @property
     def kv_cache_bytes(self) -> int:
         """Bytes of the cache at its largest (the last decode step: P + N - 1 tokens)."""
         return sum(r["bytes"] for r in self.layers)

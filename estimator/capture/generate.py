@@ -111,9 +111,14 @@ def cache_tensors(cache: Any) -> list[tuple[int, str, torch.Tensor]]:
 
 
 def _state_tensors(layer: Any) -> dict[str, torch.Tensor]:
-    return {f"{name}[{k}]" if len(states) > 1 else name: v for name in STATES
-            for states in [getattr(layer, name, None) or {}] if isinstance(states, dict)
-            for k, v in states.items() if isinstance(v, torch.Tensor)}
+    """A linear-attention layer's states by name (``conv_states``; ``conv_states[k]`` where a dict holds several)."""
+    out: dict[str, torch.Tensor] = {}
+    for name in STATES:
+        states = getattr(layer, name, None)
+        if isinstance(states, dict):
+            tensors = {k: v for k, v in states.items() if isinstance(v, torch.Tensor)}
+            out.update({f"{name}[{k}]" if len(tensors) > 1 else name: v for k, v in tensors.items()})
+    return out
 
 
 def cache_rows(cache: Any) -> list[dict[str, Any]]:

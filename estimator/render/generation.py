@@ -33,7 +33,7 @@ def cache_words(report: ReportData) -> str:
             kv = f"keys and values {keys} each" if keys == values else f"keys {keys}, values {values}"
         parts.append(f"{n} layer{'s' if n != 1 else ''} of {kind}, {kv}, {dtype}")
     text = f"{fmt_bytes(g.kv_cache_bytes)} at {g.cache_len:,} tokens: " + "; ".join(parts)
-    if any("keys" in r for r in g.layers):
+    if not g.states_only:
         text += " (keys and values: batch x KV heads x tokens x head dim)"
     heads = {r["keys"][1] for r in g.layers if len(r.get("keys", ())) == 4}
     if g.query_heads and heads and max(heads) < g.query_heads:
@@ -49,9 +49,9 @@ def generation_rows(report: ReportData) -> list[tuple[str, str]]:
         return []
     how = ("DynamicCache: each layer's keys and values grown by torch.cat at every token" if g.cache == "dynamic"
            else f"StaticCache: each layer's keys and values allocated for {g.cache_len:,} tokens at the prefill")
-    if all("states" in r for r in g.layers) and g.layers:
+    if g.states_only:
         how = f"{g.cache_class}: each layer's recurrent states, a fixed size, updated at every token"
-    elif any("states" in r for r in g.layers):
+    elif g.state_layers:
         how += "; the linear-attention layers' recurrent states a fixed size, updated at every token"
     rows = [("Generation", f"prompt {g.prompt_len:,} tokens + {g.new_tokens:,} new, batch {g.batch}, greedy "
                            f"(transformers generate()); {how}"),

@@ -31,7 +31,7 @@ def generation_words(report: ReportData) -> str:
     """'Generating 128 tokens after a 512-token prompt (batch 4, DynamicCache grown token by token)'."""
     g = report.generation
     how = "grown token by token" if g.cache == "dynamic" else f"allocated for {g.cache_len:,} tokens"
-    if g.layers and all("states" in r for r in g.layers):
+    if g.states_only:
         how = "of fixed-size recurrent states"
     return (f"Generating {g.new_tokens:,} token{'s' if g.new_tokens != 1 else ''} after a {g.prompt_len:,}-token "
             f"prompt (batch {g.batch}, {g.cache_class} {how})")
@@ -199,6 +199,6 @@ def _generation_tail(report: ReportData) -> str:
     if g is None:
         return ""
     pre, dec = (stage_peak(report, g.stages[s]) for s in ("prefill", "decode"))
-    what = "recurrent-state cache" if g.layers and all("states" in r for r in g.layers) else "KV cache"
+    what = "recurrent-state cache" if g.states_only else "KV cache"
     return (f"; the peak is in the {STAGE_WORDS[g.binding]} (prefill {fmt_bytes(pre)}, decode {fmt_bytes(dec)}); "
             f"{what} {fmt_bytes(g.kv_cache_bytes)} at {g.cache_len:,} tokens")
