@@ -62,14 +62,17 @@ def map_args(node: OpNode, fn: Callable[[OpNode], Any],
              other: Callable[[Any], Any] = lambda v: v) -> tuple[tuple, dict[str, Any]]:
     """``node``'s arguments with every OpNode in them replaced by ``fn(op_node)`` (lists as tuples)
     and every other value by ``other(value)`` (kept by default): what rules bind by name."""
-    def one(value: Any) -> Any:
-        if isinstance(value, OpNode):
-            return fn(value)
-        if isinstance(value, (list, tuple)):
-            return tuple(one(v) for v in value)
-        return other(value)
+    return tuple(_map_one(a, fn, other) for a in node.args), {k: _map_one(v, fn, other) for k, v in node.kwargs.items()}
 
-    return tuple(one(a) for a in node.args), {k: one(v) for k, v in node.kwargs.items()}
+
+def _map_one(value: Any, fn: Callable[[OpNode], Any], other: Callable[[Any], Any]) -> Any:
+    # a module-level recursion: a nested function that calls itself is a reference cycle (function -> cell ->
+    # function) that only the cyclic collector frees, once per call (see estimator.collect)
+    if isinstance(value, OpNode):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return tuple(_map_one(v, fn, other) for v in value)
+    return other(value)
 
 
 def _collect(value: Any, found: list[OpNode]) -> None:

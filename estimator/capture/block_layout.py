@@ -117,23 +117,8 @@ class Layout:
     def _blocks_read(self, node: OpNode, made_by: dict[int, int] | None = None) -> set[int]:
         """The blocks whose records ``node`` reads (``made_by``: blocks of records the optimizer made)."""
         found: set[int] = set()
-
-        def visit(v: Any) -> None:
-            if isinstance(v, OpNode):
-                owner = self.rec_owner.get(id(v))
-                if owner is not None:
-                    found.add(owner[0])
-                elif made_by is not None and id(v) in made_by:
-                    found.add(made_by[id(v)])
-            elif isinstance(v, (list, tuple)):
-                for x in v:
-                    visit(x)
-            elif isinstance(v, dict):
-                for x in v.values():
-                    visit(x)
-
-        visit(node.args)
-        visit(node.kwargs)
+        _owners_read(node.args, self.rec_owner, made_by, found)
+        _owners_read(node.kwargs, self.rec_owner, made_by, found)
         return found
 
     def _optimizer_runs(self) -> bool:
@@ -368,3 +353,20 @@ def check_alike(layout: Layout, a: int, b: int) -> None:
             outside[owner[0]].append((index, owner[1], delta))
     if sorted(outside[a], key=repr) != sorted(outside[b], key=repr):
         raise NotReplicable(f"storages of blocks {a} and {b} live differently outside the blocks")
+
+
+def _owners_read(v: Any, rec_owner: dict, made_by: dict[int, int] | None, found: set[int]) -> None:
+    """The blocks of the records in argument ``v`` into ``found`` (:meth:`Layout._blocks_read`; a module-level
+    recursion: a nested function calling itself is a reference cycle per call)."""
+    if isinstance(v, OpNode):
+        owner = rec_owner.get(id(v))
+        if owner is not None:
+            found.add(owner[0])
+        elif made_by is not None and id(v) in made_by:
+            found.add(made_by[id(v)])
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            _owners_read(x, rec_owner, made_by, found)
+    elif isinstance(v, dict):
+        for x in v.values():
+            _owners_read(x, rec_owner, made_by, found)

@@ -13,7 +13,7 @@ import operator
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from ..graph import target_text
+from ..graph import OpNode, target_text
 from ..rules.attention import sdpa_backward_flops, sdpa_flops
 from ..rules.conv import conv_flops
 from ..rules.matmul import grouped_mm_flops
@@ -210,43 +210,42 @@ class _NodeShapes:
 def _node_inputs(node) -> tuple[list, list]:
     """Tensor inputs of a captured node in schema order, as (shape, dtype, None), and their
     producers; an input made by ``expand`` counts the expanded tensor's source elements."""
-    from ..graph import OpNode
-
     ins, producers = [], []
-
-    def visit(v):
-        if isinstance(v, OpNode):
-            spec = (v.meta.get("spec") or (None,))
-            spec = spec[0] if len(spec) == 1 else None
-            if v.target is operator.getitem and v.op == "call_function":
-                spec = (v.meta.get("spec") or (None,))[0]
-            if spec is None:
-                return
-            shape = tuple(spec.shape)
-            stride = None
-            if v.op == "call_function" and op_base(target_text(v.target)) in ("expand", "expand_as", "broadcast_to"):
-                src = v.args[0] if v.args else None
-                src_spec = (src.meta.get("spec") or (None,))[0] if isinstance(src, OpNode) else None
-                if src_spec is not None:
-                    # an expanded view addresses only its source's elements: stride 0 on broadcast dims
-                    pad = len(shape) - len(src_spec.shape)
-                    src_shape = (1,) * pad + tuple(src_spec.shape)
-                    stride = tuple(0 if (s == 1 and d != 1) else 1 for s, d in zip(src_shape, shape))
-                    stride = _dense_strides_masked(shape, stride)
-            ins.append((shape, _dtype_name(spec.dtype), stride))
-            producers.append(v)
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                visit(x)
-        elif isinstance(v, dict):
-            for x in v.values():
-                visit(x)
-
     for a in node.args:
-        visit(a)
+        _visit_input(a, ins, producers)
     for a in node.kwargs.values():
-        visit(a)
+        _visit_input(a, ins, producers)
     return ins, producers
+
+
+def _visit_input(v, ins: list, producers: list) -> None:
+    """One argument of :func:`_node_inputs` (a module-level recursion: no reference cycle per call)."""
+    if isinstance(v, OpNode):
+        spec = (v.meta.get("spec") or (None,))
+        spec = spec[0] if len(spec) == 1 else None
+        if v.target is operator.getitem and v.op == "call_function":
+            spec = (v.meta.get("spec") or (None,))[0]
+        if spec is None:
+            return
+        shape = tuple(spec.shape)
+        stride = None
+        if v.op == "call_function" and op_base(target_text(v.target)) in ("expand", "expand_as", "broadcast_to"):
+            src = v.args[0] if v.args else None
+            src_spec = (src.meta.get("spec") or (None,))[0] if isinstance(src, OpNode) else None
+            if src_spec is not None:
+                # an expanded view addresses only its source's elements: stride 0 on broadcast dims
+                pad = len(shape) - len(src_spec.shape)
+                src_shape = (1,) * pad + tuple(src_spec.shape)
+                stride = tuple(0 if (s == 1 and d != 1) else 1 for s, d in zip(src_shape, shape))
+                stride = _dense_strides_masked(shape, stride)
+        ins.append((shape, _dtype_name(spec.dtype), stride))
+        producers.append(v)
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            _visit_input(x, ins, producers)
+    elif isinstance(v, dict):
+        for x in v.values():
+            _visit_input(x, ins, producers)
 
 
 def _dense_strides_masked(shape, mask) -> tuple[int, ...]:

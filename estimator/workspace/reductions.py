@@ -164,26 +164,7 @@ def reduction_bytes(shape: tuple[int, ...], in_strides: tuple[int, ...], reduced
     sizes, out, inp = _reduction_iterator(shape, in_strides, reduced, itemsize, out_bytes)
     if not sizes or numel_of(tuple(sizes)) == 0:
         return 0
-    seen: dict[tuple, int] = {}
-
-    def launch(sizes: list[int]) -> int:
-        key = tuple(sizes)
-        if key in seen:
-            return seen[key]
-        offsets = [sum((n - 1) * s for n, s in zip(sizes, st)) for st in (out, inp)]
-        if numel_of(key) <= _INT32_MAX and max(offsets) < _INT32_MAX:
-            seen[key] = reduce_buffer_bytes(sizes, out, inp, itemsize, arg_bytes, target, input_vec_size)
-            return seen[key]
-        # get_dim_to_split: the largest (size - 1) * |stride| over the operands, last dim first on ties
-        dim = max(range(len(sizes) - 1, -1, -1), key=lambda d: max((sizes[d] - 1) * abs(st[d]) for st in (out, inp)))
-        half = list(sizes)
-        half[dim] = sizes[dim] // 2
-        rest = list(sizes)
-        rest[dim] = sizes[dim] - half[dim]
-        seen[key] = max(launch(half), launch(rest))
-        return seen[key]
-
-    buffers = launch(sizes)
+    buffers = _launch_buffers(sizes, out, inp, (itemsize, arg_bytes, target, input_vec_size), {})
     offsets = [sum((n - 1) * s for n, s in zip(sizes, st)) for st in (out, inp)]
     split = numel_of(tuple(sizes)) > _INT32_MAX or max(offsets) >= _INT32_MAX
     accumulate = 0
@@ -191,6 +172,28 @@ def reduction_bytes(shape: tuple[int, ...], in_strides: tuple[int, ...], reduced
         extent = max([out_bytes] + [n * s for n, s in zip(sizes, out)])
         accumulate = rounded(extent // out_bytes * arg_bytes)
     return accumulate + buffers
+
+
+def _launch_buffers(sizes: list[int], out: list[int], inp: list[int], kernel: tuple, seen: dict[tuple, int]) -> int:
+    """The largest cross-block buffer of the launches a reduction of ``sizes`` splits into (``kernel``:
+    :func:`reduce_buffer_bytes`'s itemsize, arg_bytes, target, input_vec_size; ``seen``: sizes already
+    costed).  A module-level recursion: a nested function calling itself is a reference cycle per call."""
+    key = tuple(sizes)
+    if key in seen:
+        return seen[key]
+    offsets = [sum((n - 1) * s for n, s in zip(sizes, st)) for st in (out, inp)]
+    if numel_of(key) <= _INT32_MAX and max(offsets) < _INT32_MAX:
+        itemsize, arg_bytes, target, input_vec_size = kernel
+        seen[key] = reduce_buffer_bytes(sizes, out, inp, itemsize, arg_bytes, target, input_vec_size)
+        return seen[key]
+    # get_dim_to_split: the largest (size - 1) * |stride| over the operands, last dim first on ties
+    dim = max(range(len(sizes) - 1, -1, -1), key=lambda d: max((sizes[d] - 1) * abs(st[d]) for st in (out, inp)))
+    half = list(sizes)
+    half[dim] = sizes[dim] // 2
+    rest = list(sizes)
+    rest[dim] = sizes[dim] - half[dim]
+    seen[key] = max(_launch_buffers(half, out, inp, kernel, seen), _launch_buffers(rest, out, inp, kernel, seen))
+    return seen[key]
 
 
 def _reduced_dims(shape: tuple[int, ...], dim: Any) -> set[int]:
