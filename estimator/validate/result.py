@@ -1,0 +1,68 @@
+"""What validate returns: each figure estimated and measured, with its error (:class:`Validation`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ROWS = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "peak",
+        "flops_forward", "flops_backward")
+
+
+@dataclass
+class Validation:
+    device: str
+    device_name: str
+    rows: dict[str, dict[str, float]]
+    step_time_s: float
+    achieved_flops_per_s: float
+    mfu: float | None
+    peak_flops_per_s: float | None
+    tolerance: float  # percent
+    notes: list[str] = field(default_factory=list)
+    # the step time estimator.timing predicts for this GPU (CUDA runs), and whether it is calibrated
+    predicted_step_time_s: float | None = None
+    predicted_calibrated: bool | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(abs(r["error"]) * 100 <= self.tolerance for r in self.rows.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "device_name": self.device_name, "rows": self.rows,
+                "step_time_s": self.step_time_s, "achieved_flops_per_s": self.achieved_flops_per_s,
+                "mfu": self.mfu, "peak_flops_per_s": self.peak_flops_per_s, "tolerance_percent": self.tolerance,
+                "ok": self.ok, "notes": self.notes, "predicted_step_time_s": self.predicted_step_time_s,
+                "predicted_calibrated": self.predicted_calibrated}
+
+    def render(self, tablefmt: str = "simple") -> str:
+        from tabulate import tabulate
+
+        from ..render import fmt_bytes, fmt_flops
+
+        def value(name: str, v: float) -> str:
+            """Every figure with its unit: bytes in binary units, FLOPs in decimal ones, exact value beside."""
+            if name.startswith("flops"):
+                return fmt_flops(v) + (f" ({v:,.0f})" if abs(v) >= 1000 else "")
+            return fmt_bytes(v) + (f" ({v:,.0f} B)" if abs(v) >= 1024 else "")
+
+        body = [[name.replace("_", " "), value(name, r["estimated"]), value(name, r["measured"]),
+                 f"{100 * r['error']:+.2f}%", "ok" if abs(r["error"]) * 100 <= self.tolerance else "OFF"]
+                for name, r in self.rows.items()]
+        head = tabulate(body, headers=["", "estimated", "measured", "error", f"within {self.tolerance:g}%"],
+                        tablefmt=tablefmt, disable_numparse=True, colalign=("left", "right", "right", "right", "left"))
+        mfu = "unknown (pass --peak-tflops)" if self.mfu is None else f"{100 * self.mfu:.1f}%"
+        predicted = ""
+        if self.predicted_step_time_s is not None:
+            predicted = (f", predicted {self.predicted_step_time_s * 1e3:.2f} ms "
+                         f"({100 * _error(self.predicted_step_time_s, self.step_time_s):+.1f}%"
+                         f"{'' if self.predicted_calibrated else ', extrapolated constants'})")
+        tail = (f"device: {self.device_name}\nstep time: {self.step_time_s * 1e3:.2f} ms (median){predicted}\n"
+                f"achieved: {self.achieved_flops_per_s / 1e12:.3f} TFLOP/s, MFU {mfu}")
+        return "\n".join([head, tail, *self.notes]) + "\n"
+
+
+def _error(est: float, meas: float) -> float:
+    if meas == 0:
+        return 0.0 if est == 0 else 1.0
+    return (est - meas) / meas
