@@ -204,8 +204,9 @@ class Step:
                     return torch.empty(shape, dtype=dtype, device="cpu")
 
             self.params = {n: to_traced(p, p.requires_grad) for n, p in self.named_params.items()}
-            # integer and boolean buffers and inputs keep their values (see .fake: known values)
-            self.buffers = {n: b.detach().clone() if keeps_values(b) else to_traced(b, False)
+            # integer and boolean buffers and inputs keep their values (see .fake: known values); a small
+            # floating buffer kept so is cast as model.to(dtype) casts it (a rotary table's inv_freq in bf16)
+            self.buffers = {n: b.detach().to(of(b), copy=True) if keeps_values(b) else to_traced(b, False)
                             for n, b in named_buffers.items()}
             self.t_args, self.t_kwargs = convert_inputs((args, kwargs), fake_base, dtype_of, keep=keeps_values)
         else:
