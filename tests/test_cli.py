@@ -134,7 +134,9 @@ def _main(capsys, *args: str) -> tuple[int, str, str]:
     (("plan", "examples/mlp.py:build", "--gpu", "H100", "--tokens", "100Q"), "'100Q' is not a count"),
     (("plan", "examples/mlp.py:build", "--gpu", "H100", "--gpus", "eight"), "'eight' is not a number"),
     (("estimate",), "the following arguments are required: SPEC"),
-    (("validate", "examples/mlp.py:build", "--mode", "inference"), "unrecognized arguments: --mode inference"),
+    # (validate runs --mode inference and generate: a model that takes no token ids cannot generate)
+    (("validate", "examples/mlp.py:build", "--mode", "generate", "--new-tokens", "4", "--device", "cpu"),
+     "takes the prompt's token ids"),
     # accepted silently before
     (("estimate", "examples/mlp.py:build", "--format", "csv", "--output", "r.json"),
      "--format csv but --output r.json names a json file"),

@@ -85,11 +85,18 @@ def run_validate(args: argparse.Namespace) -> int:
         raise UserError("--checkpoint is a what-if of 'estimator estimate'; validate runs the model's step as its "
                         "code is written: drop --checkpoint (or checkpoint inside the model's code)")
     optimizer, grad_accum = training_options(args)
+    generation = {}
+    if args.mode == "generate":
+        if args.new_tokens is None:
+            raise UserError("--mode generate needs --new-tokens N (the tokens generated after the prompt), "
+                            "e.g. --new-tokens 64")
+        generation = dict(new_tokens=args.new_tokens, kv_cache=args.kv_cache or "dynamic")
     loaded = load_model(args, empty=False)  # it runs real steps: a factory's own weights, as before
     result = validate(loaded.model, loaded.inputs, optimizer=optimizer, loss_fn=loaded.loss_fn,
                       device=args.device, precision=precision_of(args), keep_output=args.keep_output,
                       grad_accum=grad_accum, steps=args.steps, tolerance=args.tolerance, force=args.force,
-                      peak_tflops=args.peak_tflops, clip_grad_norm=args.clip_grad_norm, ema=args.ema)
+                      peak_tflops=args.peak_tflops, clip_grad_norm=args.clip_grad_norm, ema=args.ema,
+                      mode=args.mode, **generation)
     write_text(json.dumps(result.to_dict(), indent=2) if args.format == "json" else result.render(), None)
     return 0 if result.ok else 1
 

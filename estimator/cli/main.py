@@ -74,14 +74,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     val = sub.add_parser("validate", help="check an estimate against a live run (e.g. estimator validate "
                                           "examples/mlp.py:build --device cpu)",
-                         description="Estimate, then run real training iterations on the device and compare: "
-                                     "model states, saved activations, peak memory, FLOPs, step time, MFU. "
+                         description="Estimate, then run the same thing for real on the device and compare: "
+                                     "real training iterations (model states, saved activations, peak memory, "
+                                     "FLOPs, step time, MFU), or with --mode inference real forwards (peak, "
+                                     "FLOPs, time), or with --mode generate a real generate() (KV cache, the "
+                                     "prefill's and the last decode step's peaks, FLOPs and times). "
                                      "Exit 0 when every line is within the tolerance, 1 otherwise.",
                          epilog="examples:\n  estimator validate examples/mlp.py:build --device cpu\n"
                                 "  estimator validate examples/gpt.py:build --precision bf16-mixed --steps 20 "
-                                "--format json",
+                                "--format json\n"
+                                "  estimator validate hf:llama --set num_hidden_layers=2 --mode generate "
+                                "--prompt-len 512 --new-tokens 64",
                          formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common(val, mode=False, target_torch=False)  # it runs training steps, on the installed torch
+    add_common(val, mode=False, target_torch=False, serving=True)  # it runs on the installed torch
     val.set_defaults(device=None)
     val.add_argument("--steps", type=int, default=5, metavar="N",
                      help="timed iterations after the warm-up (default: 5), e.g. --steps 20")

@@ -22,7 +22,10 @@ MODES = ("train", "inference", "generate")
 
 
 def add_common(p: argparse.ArgumentParser, *, precisions: Sequence[str] = PRECISIONS,
-                precision_help: str | None = None, mode: bool = True, target_torch: bool = True) -> None:
+                precision_help: str | None = None, mode: bool = True, target_torch: bool = True,
+                serving: bool = False) -> None:
+    """The options of every spec-taking command; ``mode``: estimate's modes and what-ifs (compile, quantize,
+    LoRA); ``serving``: the modes alone (--mode, --prompt-len, --new-tokens, --kv-cache: validate's)."""
     p.add_argument("spec", metavar="SPEC",
                    help="path/to/file.py:callable or package.module:callable (the callable returns an "
                         "nn.Module or a (module, inputs) pair, e.g. examples/gpt.py:build); hf:MODEL_TYPE or "
@@ -61,23 +64,10 @@ def add_common(p: argparse.ArgumentParser, *, precisions: Sequence[str] = PRECIS
                          "weights; fp16 with a GradScaler); fp8 (a model: bf16-mixed with linear layers in "
                          "E4M3/E5M2)") + f" (default: {DEFAULT_PRECISION}, the same in estimate, validate and "
                    "plan: how models are trained" + (f"; {SERVING_PRECISION} for --mode inference and generate, as "
-                                                     "models are served" if mode else "") + "), e.g. --precision fp32")
+                                                     "models are served" if mode or serving else "") + "), e.g. --precision fp32")
+    if mode or serving:
+        add_mode_options(p)
     if mode:
-        p.add_argument("--mode", default="train", choices=MODES,
-                       help="train: one training step; inference: forward only under torch.no_grad() (no labels "
-                            "fed: the model computes no loss); generate: transformers' generate() with its KV "
-                            "cache, the prefill and one decode step (with --prompt-len and --new-tokens) "
-                            "(default: train), e.g. --mode generate")
-        p.add_argument("--prompt-len", type=int, metavar="P",
-                       help="--mode generate: tokens in the prompt (the prefill's length; hf: specs only, in place "
-                            "of --seq), e.g. --prompt-len 2048")
-        p.add_argument("--new-tokens", type=int, metavar="N",
-                       help="--mode generate: tokens generated after the prompt (the cache holds P + N - 1 at the "
-                            "last decode step), e.g. --new-tokens 512")
-        p.add_argument("--kv-cache", choices=("dynamic", "static"), default=None,
-                       help="--mode generate: transformers' DynamicCache (grown token by token, generate()'s "
-                            "default) or StaticCache (allocated for P + N - 1 tokens at the first step, "
-                            "cache_implementation='static') (default: dynamic), e.g. --kv-cache static")
         add_compile_options(p)
         p.add_argument("--quantize", choices=("int8", "int4", "int4-dq"),
                        help="--mode inference or generate: the weights of the Linear layers quantized as "
@@ -94,6 +84,25 @@ def add_common(p: argparse.ArgumentParser, *, precisions: Sequence[str] = PRECIS
                         "other matmul output saved) (default: full), e.g. --checkpoint-policy layer:2")
     add_loop_options(p)
     p.add_argument("--debug", action="store_true", help="show the full traceback of errors")
+
+
+def add_mode_options(p: argparse.ArgumentParser) -> None:
+    """What runs: a training step, a forward, or generate() with its prompt, new tokens and cache."""
+    p.add_argument("--mode", default="train", choices=MODES,
+                   help="train: one training step; inference: forward only under torch.no_grad() (no labels "
+                        "fed: the model computes no loss); generate: transformers' generate() with its KV "
+                        "cache, the prefill and one decode step (with --prompt-len and --new-tokens) "
+                        "(default: train), e.g. --mode generate")
+    p.add_argument("--prompt-len", type=int, metavar="P",
+                   help="--mode generate: tokens in the prompt (the prefill's length; hf: specs only, in place "
+                        "of --seq), e.g. --prompt-len 2048")
+    p.add_argument("--new-tokens", type=int, metavar="N",
+                   help="--mode generate: tokens generated after the prompt (the cache holds P + N - 1 at the "
+                        "last decode step), e.g. --new-tokens 512")
+    p.add_argument("--kv-cache", choices=("dynamic", "static"), default=None,
+                   help="--mode generate: transformers' DynamicCache (grown token by token, generate()'s "
+                        "default) or StaticCache (allocated for P + N - 1 tokens at the first step, "
+                        "cache_implementation='static') (default: dynamic), e.g. --kv-cache static")
 
 
 def add_loop_options(p: argparse.ArgumentParser) -> None:

@@ -1,4 +1,5 @@
-"""Check an estimate against a live training run on the GPU (or CPU).
+"""Check an estimate against a live run on the GPU (or CPU): a training step, or (``mode``) a forward under
+``torch.no_grad()`` or transformers' ``generate()`` (:mod:`.serving`, which lists its measurements).
 
 The measurements, independent of the estimator's rules and simulation:
 
@@ -23,9 +24,51 @@ The user's model is never changed: the run uses a deep copy.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
+import torch
+
+from ..errors import UserError
 from .flops import FLOP_FIXES, flop_counter
 from .result import ROWS, Validation
 from .tracker import LiveTracker
-from .training import validate_training as validate
+from .training import validate_training
 
 __all__ = ["FLOP_FIXES", "LiveTracker", "ROWS", "Validation", "flop_counter", "validate"]
+
+MODES = ("train", "inference", "generate")
+
+
+def validate(model: torch.nn.Module, inputs: Any, *, optimizer: Any = "adamw",
+             loss_fn: Callable[[Any], torch.Tensor] | None = None, device: str | None = None, precision: str = "fp32",
+             steps: int = 5, tolerance: float = 5.0, force: bool = False, peak_tflops: float | None = None,
+             keep_output: bool = False, grad_accum: int = 1, clip_grad_norm: float | None = None,
+             ema: float | None = None, mode: str = "train", new_tokens: int | None = None, kv_cache: str = "dynamic",
+             prompt_len: int | None = None) -> Validation:
+    """Estimate, then run the same thing for real and compare (see the module docstring).  ``mode``: "train" (the
+    training loop: ``optimizer``, ``loss_fn``, ``keep_output``, ``grad_accum``, ``clip_grad_norm``, ``ema``),
+    "inference" or "generate" (``new_tokens``, ``kv_cache``, ``prompt_len``), as :func:`estimator.estimate` takes
+    them.  Exit status of the command: 0 when every row is within ``tolerance`` percent."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda but no CUDA device is available; use --device cpu")
+    if steps < 1:
+        raise UserError(f"--steps must be >= 1, not {steps}")
+    if mode not in MODES:
+        raise UserError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if mode == "train":
+        if new_tokens is not None or prompt_len is not None:
+            raise UserError("new_tokens and prompt_len size generation: use mode='generate'")
+        return validate_training(model, inputs, optimizer=optimizer, loss_fn=loss_fn, device=device,
+                                 precision=precision, steps=steps, tolerance=tolerance, force=force,
+                                 peak_tflops=peak_tflops, keep_output=keep_output, grad_accum=grad_accum,
+                                 clip_grad_norm=clip_grad_norm, ema=ema)
+    loop = [name for name, given in (("keep_output", keep_output), ("grad_accum", grad_accum != 1),
+                                     ("clip_grad_norm", clip_grad_norm is not None), ("ema", ema is not None)) if given]
+    if loop:
+        raise UserError(f"{', '.join(loop)} shape a training loop; mode={mode!r} runs none: drop {' and '.join(loop)}")
+    from .serving import validate_serving
+
+    return validate_serving(model, inputs, mode=mode, device=device, precision=precision, steps=steps,
+                            tolerance=tolerance, force=force, peak_tflops=peak_tflops, new_tokens=new_tokens,
+                            kv_cache=kv_cache, prompt_len=prompt_len)

@@ -7,6 +7,9 @@ from typing import Any
 
 ROWS = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "peak",
         "flops_forward", "flops_backward")
+# the rows of the serving runs (estimator.validate.serving)
+INFERENCE_ROWS = ("parameters", "buffers", "peak", "flops_forward")
+GENERATE_ROWS = ("parameters", "buffers", "kv_cache", "peak_prefill", "peak_decode", "flops_prefill", "flops_decode")
 
 
 @dataclass
@@ -23,6 +26,10 @@ class Validation:
     # the step time estimator.timing predicts for this GPU (CUDA runs), and whether it is calibrated
     predicted_step_time_s: float | None = None
     predicted_calibrated: bool | None = None
+    mode: str = "train"  # train: step_time_s is a training step's; inference: a forward's; generate: generate()'s
+    # generate: the prefill's forward and the last decode step's, measured (median) and predicted (CUDA runs)
+    stage_times_s: dict[str, float] | None = None
+    predicted_stage_times_s: dict[str, float | None] | None = None
 
     @property
     def ok(self) -> bool:
@@ -33,7 +40,8 @@ class Validation:
                 "step_time_s": self.step_time_s, "achieved_flops_per_s": self.achieved_flops_per_s,
                 "mfu": self.mfu, "peak_flops_per_s": self.peak_flops_per_s, "tolerance_percent": self.tolerance,
                 "ok": self.ok, "notes": self.notes, "predicted_step_time_s": self.predicted_step_time_s,
-                "predicted_calibrated": self.predicted_calibrated}
+                "predicted_calibrated": self.predicted_calibrated, "mode": self.mode,
+                "stage_times_s": self.stage_times_s, "predicted_stage_times_s": self.predicted_stage_times_s}
 
     def render(self, tablefmt: str = "simple") -> str:
         from tabulate import tabulate
@@ -52,14 +60,30 @@ class Validation:
         head = tabulate(body, headers=["", "estimated", "measured", "error", f"within {self.tolerance:g}%"],
                         tablefmt=tablefmt, disable_numparse=True, colalign=("left", "right", "right", "right", "left"))
         mfu = "unknown (pass --peak-tflops)" if self.mfu is None else f"{100 * self.mfu:.1f}%"
-        predicted = ""
-        if self.predicted_step_time_s is not None:
-            predicted = (f", predicted {self.predicted_step_time_s * 1e3:.2f} ms "
-                         f"({100 * _error(self.predicted_step_time_s, self.step_time_s):+.1f}%"
-                         f"{'' if self.predicted_calibrated else ', extrapolated constants'})")
-        tail = (f"device: {self.device_name}\nstep time: {self.step_time_s * 1e3:.2f} ms (median){predicted}\n"
-                f"achieved: {self.achieved_flops_per_s / 1e12:.3f} TFLOP/s, MFU {mfu}")
+        what = {"train": "step time", "inference": "forward", "generate": "generate()"}[self.mode]
+        lines = [f"device: {self.device_name}",
+                 f"{what}: {_ms(self.step_time_s)} (median){self._predicted(self.predicted_step_time_s, self.step_time_s)}"]
+        for stage, seconds in (self.stage_times_s or {}).items():
+            ahead = (self.predicted_stage_times_s or {}).get(stage)
+            lines.append(f"  {STAGE_TEXT[stage]}: {_ms(seconds)} (median){self._predicted(ahead, seconds)}")
+        lines.append(f"achieved{' (prefill)' if self.mode == 'generate' else ''}: "
+                     f"{self.achieved_flops_per_s / 1e12:.3f} TFLOP/s, MFU {mfu}")
+        tail = "\n".join(lines)
         return "\n".join([head, tail, *self.notes]) + "\n"
+
+
+    def _predicted(self, predicted: float | None, measured: float) -> str:
+        if predicted is None:
+            return ""
+        return (f", predicted {_ms(predicted)} ({100 * _error(predicted, measured):+.1f}%"
+                f"{'' if self.predicted_calibrated else ', extrapolated constants'})")
+
+
+STAGE_TEXT = {"prefill": "prefill (the prompt's forward)", "decode": "last decode step (one token's forward)"}
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
 
 
 def _error(est: float, meas: float) -> float:

@@ -1,0 +1,172 @@
+"""validate --mode inference and --mode generate: the estimate beside a real forward or a real generate().
+
+Two layers of truth: validate's own measurements (real tensors, its live tracker, FlopCounterMode) must agree
+with the estimate, and with this file's independent ones (``tests/instruments.py``: a live-tensor tracker and a
+fixed FlopCounterMode that share no code with the estimator) taken on a separate real copy of the model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from instruments import LiveTracker, flop_counter
+
+pytest.importorskip("transformers")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# a Llama with grouped-query attention (4 query heads, 2 key/value heads) and a GPT-2, two layers of width 64
+LLAMA = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=1000)
+GPT2 = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=1000)
+B, P, N = 2, 16, 6  # batch, prompt tokens, new tokens
+
+
+def _load(model_type: str, overrides: dict, seq: int = P):
+    from sweep import import_torchvision
+
+    import_torchvision()
+    from estimator.specs import load_spec
+
+    return load_spec(f"hf:{model_type}", batch=B, seq=seq, overrides=overrides, labels=False)
+
+
+def _real(model):
+    from sweep import materialize
+
+    return materialize(model).eval()
+
+
+def _truth_generate(model, new_tokens: int, kv_cache: str) -> dict[str, int]:
+    """This file's own measurement of a greedy generate(): the prefill's and the last decode step's peaks (split
+    where the 2nd and the last forward start) and matmul FLOPs (read at each forward's start and end), and the
+    bytes of the storages the returned cache's layers hold."""
+    real = _real(model)
+    ids = torch.randint(1, 100, (B, P), generator=torch.Generator().manual_seed(0))
+    tracker, counter, calls, marks, windows = LiveTracker(), flop_counter(), [0], {}, {}
+
+    def pre(_m, _a, _k):
+        calls[0] += 1
+        marks[("start", calls[0])] = counter.get_total_flops()
+        if calls[0] in (2, new_tokens):
+            windows[calls[0]] = tracker.peak
+            tracker.reset_peak()
+
+    def post(_m, _a, _k, _o):
+        marks[("end", calls[0])] = counter.get_total_flops()
+
+    real.register_forward_pre_hook(pre, with_kwargs=True)
+    real.register_forward_hook(post, with_kwargs=True)
+    extra = {"cache_implementation": "static"} if kv_cache == "static" else {}
+    with torch.no_grad(), tracker, counter:
+        for t in [*real.parameters(), *real.buffers(), ids]:
+            tracker.register(t)
+        tracker.reset_peak()
+        out = real.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                            min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None,
+                            return_dict_in_generate=True, **extra)
+    cache = {}
+    for layer in out.past_key_values.layers:
+        for v in vars(layer).values():
+            for t in (v.values() if isinstance(v, dict) else [v]):
+                if isinstance(t, torch.Tensor):
+                    cache[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return {"peak_prefill": windows[2], "peak_decode": tracker.peak, "kv_cache": sum(cache.values()),
+            "flops_prefill": marks[("end", 1)] - marks[("start", 1)],
+            "flops_decode": marks[("end", new_tokens)] - marks[("start", new_tokens)]}
+
+
+@pytest.mark.parametrize("model_type,overrides,kv_cache", [("llama", LLAMA, "dynamic"), ("llama", LLAMA, "static"),
+                                                           ("gpt2", GPT2, "dynamic")])
+def test_generate_against_a_real_generate(model_type, overrides, kv_cache):
+    from estimator.validate import validate
+    from estimator.validate.result import GENERATE_ROWS
+
+    loaded = _load(model_type, overrides)
+    result = validate(loaded.model, loaded.inputs, device="cpu", precision="fp32", mode="generate", new_tokens=N,
+                      kv_cache=kv_cache, steps=1, tolerance=1.0)
+    assert tuple(result.rows) == GENERATE_ROWS and result.mode == "generate"
+    assert result.ok, result.render()
+    truth = _truth_generate(loaded.model, N, kv_cache)
+    for name, value in truth.items():  # validate's measurements are this file's, on another real copy
+        assert result.rows[name]["measured"] == value, (name, result.rows[name], value)
+    assert set(result.stage_times_s) == {"prefill", "decode"} and all(t > 0 for t in result.stage_times_s.values())
+    text = result.render()
+    assert "prefill (the prompt's forward)" in text and "last decode step" in text
+
+
+def test_generate_of_one_token_has_no_decode_rows():
+    from estimator.validate import validate
+
+    loaded = _load("llama", LLAMA)
+    result = validate(loaded.model, loaded.inputs, device="cpu", precision="fp32", mode="generate", new_tokens=1,
+                      steps=1, tolerance=1.0)
+    assert "peak_decode" not in result.rows and "flops_decode" not in result.rows and result.ok, result.render()
+    assert any("prefill only" in n for n in result.notes)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "bf16-mixed"])
+def test_inference_against_a_real_forward(precision):
+    from estimator.validate import validate
+    from estimator.validate.result import INFERENCE_ROWS
+
+    loaded = _load("llama", LLAMA)
+    result = validate(loaded.model, loaded.inputs, device="cpu", precision=precision, mode="inference", steps=1,
+                      tolerance=1.0)
+    assert tuple(result.rows) == INFERENCE_ROWS and result.ok, result.render()
+    # this file's own measurement: the second of two forwards (the first's output, its cache included, held), and
+    # the forward's matmul FLOPs; under bf16 the model is cast whole, buffers too (the rotary table's inv_freq)
+    real = _real(loaded.model)
+    cast = {"bf16": torch.bfloat16}.get(precision)
+    real = real.to(cast) if cast else real
+    ids = loaded.inputs["input_ids"]
+    ids = torch.zeros(ids.shape, dtype=ids.dtype)
+    amp = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-mixed" else torch.autocast("cpu", enabled=False)
+    tracker, counter = LiveTracker(), flop_counter()
+    with torch.no_grad(), amp, tracker:
+        for t in [*real.parameters(), *real.buffers(), ids]:
+            tracker.register(t)
+        with counter:
+            out = real(input_ids=ids)
+        tracker.reset_peak()
+        out = real(input_ids=ids)  # noqa: F841 - held, as a loop's ``out = model(x)``
+    buffers = sum(b.untyped_storage().nbytes() for b in real.buffers())
+    assert result.rows["peak"]["measured"] == tracker.peak
+    assert result.rows["flops_forward"]["measured"] == counter.get_total_flops()
+    assert result.rows["buffers"]["measured"] == result.rows["buffers"]["estimated"] == buffers
+
+
+def test_training_loop_options_are_refused_outside_training():
+    from estimator import UserError
+    from estimator.validate import validate
+
+    loaded = _load("llama", LLAMA)
+    with pytest.raises(UserError, match="grad_accum"):
+        validate(loaded.model, loaded.inputs, device="cpu", mode="inference", grad_accum=2)
+    with pytest.raises(UserError, match="mode='generate'"):
+        validate(loaded.model, loaded.inputs, device="cpu", new_tokens=4)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    flags = [f"--set={k}={v}" for k, v in LLAMA.items()]
+    return subprocess.run([sys.executable, "-m", "estimator", "validate", "hf:llama", *flags, "--device", "cpu",
+                           "--steps", "1", "--batch", str(B), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_cli_validate_generate_and_its_errors():
+    ok = _cli("--mode", "generate", "--prompt-len", str(P), "--new-tokens", str(N), "--format", "json")
+    assert ok.returncode == 0, ok.stderr
+    d = json.loads(ok.stdout)
+    assert d["mode"] == "generate" and d["ok"] is True and set(d["stage_times_s"]) == {"prefill", "decode"}
+    for args, message in ((("--mode", "generate"), "needs --new-tokens"),
+                          (("--mode", "inference", "--optimizer", "sgd"), "drop --optimizer"),
+                          (("--new-tokens", "4"), "add --mode generate")):
+        bad = _cli(*args)
+        assert bad.returncode == 2 and bad.stdout == "", (args, bad.stdout)
+        lines = [ln for ln in bad.stderr.splitlines() if ln.startswith("estimator: error")]
+        assert len(lines) == 1 and message in lines[0], bad.stderr
