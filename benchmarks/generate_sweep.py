@@ -9,8 +9,10 @@ The types are those of ``benchmarks/zoo_sweep.jsonl`` whose class is a causal LM
 (its ``overrides``: 2 layers of width 64).  Each runs in its own process: the estimate of transformers'
 ``generate()`` (CPU target, fp32, batch 2, a prompt of 16 tokens and 8 new ones, the dynamic cache) beside a real
 greedy ``generate()`` of the same model with random weights, measured with ``tests/instruments.py``'s live-tensor
-tracker: the peak of the prefill (the first forward, with its token selection) and of the last decode step (the
-8th forward to the end).  Outcomes: ``exact`` (both peaks within 1 %), ``differs``, ``refused`` (the estimator
+tracker and fixed FlopCounterMode: the peak of the prefill (the first forward, with its token selection) and of the
+last decode step (the 8th forward to the end), the matmul FLOPs of the first and of the 8th forward (read at each
+forward's start and end), and the bytes of the storages the returned cache's layers hold.  Outcomes: ``exact``
+(all five within 1 %), ``differs``, ``refused`` (the estimator
 said in one line that it cannot size it), ``no-truth`` (the real ``generate()`` fails too), ``crash`` (a
 traceback: a defect).  Records go to ``benchmarks/generate_sweep.jsonl``, the table to ``generate_sweep.md``.
 """
@@ -44,29 +46,43 @@ def causal_types() -> list[tuple[str, dict]]:
 
 
 def live_generate(model, ids):
-    """(prefill peak, last decode step peak) of a real greedy ``generate()`` of N tokens, in live bytes."""
+    """(prefill peak, last decode step peak, prefill matmul FLOPs, last decode step matmul FLOPs, cache bytes) of a
+    real greedy ``generate()`` of N tokens: live bytes (the peaks split where the 2nd and the N-th forward start),
+    FLOPs read at each forward's start and end, the bytes of the storages the returned cache's layers hold."""
     import torch
-    from instruments import LiveTracker
+    from instruments import LiveTracker, flop_counter
 
-    tracker, calls, windows = LiveTracker(), [0], {}
+    tracker, counter, calls, windows, marks = LiveTracker(), flop_counter(), [0], {}, {}
 
     def pre(_module, _args, _kwargs):
         calls[0] += 1
+        marks[("start", calls[0])] = counter.get_total_flops()
         if calls[0] in (2, N):  # the prefill ends where the 2nd forward starts; the last decode step starts
             windows[calls[0]] = tracker.peak
             tracker.reset_peak()
 
+    def post(_module, _args, _kwargs, _out):
+        marks[("end", calls[0])] = counter.get_total_flops()
+
     model.register_forward_pre_hook(pre, with_kwargs=True)
+    model.register_forward_hook(post, with_kwargs=True)
     model.generation_config.eos_token_id = None
-    with tracker:
+    with tracker, counter:
         for t in [*model.parameters(), *model.buffers(), ids]:
             tracker.register(t)
         tracker.reset_peak()
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N, min_new_tokens=N,
-                             do_sample=False, pad_token_id=0)
-    if out.shape[-1] != P + N or calls[0] != N:
-        raise RuntimeError(f"generate() ran {calls[0]} forwards for {out.shape[-1] - P} new tokens")
-    return windows[2], tracker.peak
+                             do_sample=False, pad_token_id=0, return_dict_in_generate=True)
+    if out.sequences.shape[-1] != P + N or calls[0] != N:
+        raise RuntimeError(f"generate() ran {calls[0]} forwards for {out.sequences.shape[-1] - P} new tokens")
+    cache = {}
+    for layer in getattr(out.past_key_values, "layers", ()):  # (None without a cache)
+        for v in vars(layer).values():
+            for t in (v.values() if isinstance(v, dict) else [v]):
+                if isinstance(t, torch.Tensor):
+                    cache[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    flops = [marks[("end", i)] - marks[("start", i)] for i in (1, N)]
+    return windows[2], tracker.peak, *flops, sum(cache.values())
 
 
 def try_estimate(rec: dict, figures) -> tuple:
@@ -103,7 +119,9 @@ def one(model_type: str, overrides: dict) -> dict:
     def peaks():
         g = estimate(loaded.model, loaded.inputs, device="cpu", precision="fp32", mode="generate",
                      new_tokens=N).generation
-        return g.stages["prefill"].peak, g.stages["decode"].peak
+        pre, dec = g.stages["prefill"], g.stages["decode"]
+        return (pre.peak, dec.peak, pre.tally.flops["matmul_forward"], dec.tally.flops["matmul_forward"],
+                g.kv_cache_bytes)
 
     est, crashed = try_estimate(rec, peaks)
     if crashed:
@@ -119,7 +137,7 @@ def one(model_type: str, overrides: dict) -> dict:
                 "truth_error": f"{type(exc).__name__}: {exc}"[:300]}
     if est is None:
         return {**rec, "outcome": "refused", "truth": truth}
-    rel = [(e - t) / t for e, t in zip(est, truth)]
+    rel = [(e - t) / t if t else float(e != 0) for e, t in zip(est, truth)]
     ok = all(abs(x) <= TOLERANCE for x in rel)
     return {**rec, "outcome": "exact" if ok else "differs", "estimate": est, "truth": truth,
             "rel": [round(x, 5) for x in rel]}
@@ -145,15 +163,18 @@ def table(records: list[dict]) -> str:
     counts = Counter(r["outcome"] for r in records)
     lines = [f"# Generation sweep: {len(records)} causal LM types", "",
              f"`estimate --mode generate` (CPU target, fp32, batch {B}, prompt {P}, {N} new tokens, dynamic cache) "
-             f"against a real greedy `generate()` measured by the live-tensor tracker (peak of the prefill and of the "
-             f"last decode step; exact: both within {TOLERANCE:.0%}).", "",
+             f"against a real greedy `generate()`: the live-tensor tracker's peaks of the prefill and of the last "
+             f"decode step, FlopCounterMode's matmul FLOPs of each, the bytes the returned cache holds (exact: all "
+             f"five within {TOLERANCE:.0%}).", "",
              "| outcome | types |", "|---|---:|"]
     lines += [f"| {k} | {v} |" for k, v in sorted(counts.items())]
-    lines += ["", "| type | outcome | class | prefill / decode (estimate / real - 1) or message |", "|---|---|---|---|"]
+    lines += ["", "| type | outcome | class | peaks prefill / decode; FLOPs prefill / decode; cache (estimate / real - 1) "
+                  "or message |", "|---|---|---|---|"]
     for r in sorted(records, key=lambda r: (r["outcome"] == "exact", r["type"])):
         if r["outcome"] == "exact":
             continue
-        detail = (f"{r['rel'][0]:+.2%} / {r['rel'][1]:+.2%}" if "rel" in r
+        detail = ("{:+.2%} / {:+.2%}; {:+.2%} / {:+.2%}; {:+.2%}".format(*r["rel"]) if len(r.get("rel", ())) == 5
+                  else " / ".join(f"{x:+.2%}" for x in r["rel"]) if "rel" in r
                   else (r.get("message") or r.get("truth_error") or "")[:160].replace("|", "/"))
         lines.append(f"| {r['type']} | {r['outcome']} | {r.get('cls', '')} | {detail} |")
     return "\n".join(lines) + "\n"

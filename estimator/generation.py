@@ -55,7 +55,7 @@ class GenerationData:
     prompt_len: int
     new_tokens: int
     batch: int
-    cache: str  # "dynamic" or "static"
+    cache: str  # "dynamic" or "static"; "none": the model's generation config has use_cache=False
     cache_class: str  # transformers' class: DynamicCache, StaticCache
     layers: list[dict[str, Any]]  # the cache at the last decode step, one row per layer (see capture.generate)
     stages: dict[str, GenerationStage]
@@ -74,7 +74,7 @@ class GenerationData:
     @property
     def states_only(self) -> bool:
         """The whole cache is fixed-size states (Mamba): no keys and values grow with the tokens."""
-        return bool(self.layers) and self.state_layers == len(self.layers)
+        return bool(self.layers) and all("states" in r and "keys" not in r for r in self.layers)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -162,13 +162,14 @@ def trace_generation(model, inputs: Any, options: StepOptions, *, prompt_len: in
 
             time_s = step_time(cap, gpu).total
         stages[stage] = GenerationStage(
-            stage=stage, tokens=p if stage == "prefill" else 1, cached=cap.generation["cached"], peak=prof.peak,
+            stage=stage, tokens=cap.generation["tokens"], cached=cap.generation["cached"], peak=prof.peak,
             peak_at=prof.peak_at, flops=t.flops["forward"],
             kv_cache=prof.peak_at.by_category.get(Category.KV_CACHE, 0), memory=prof, capture=cap, tally=t,
             time_s=time_s)
         last = cap
     binding = max(STAGES, key=lambda s: (stages[s].peak, s == "decode"))
-    data = GenerationData(prompt_len=p, new_tokens=new_tokens, batch=last.generation["batch"], cache=kv_cache,
+    data = GenerationData(prompt_len=p, new_tokens=new_tokens, batch=last.generation["batch"],
+                          cache=last.generation["cache"],
                           cache_class=last.generation["cache_class"], layers=last.generation["layers"],
                           stages=stages, binding=binding,
                           query_heads=getattr(model.config.get_text_config(decoder=True), "num_attention_heads", None))

@@ -70,7 +70,7 @@ def _truth_generate(model, new_tokens: int, kv_cache: str) -> dict[str, int]:
                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None,
                             return_dict_in_generate=True, **extra)
     cache = {}
-    for layer in out.past_key_values.layers:
+    for layer in getattr(out.past_key_values, "layers", ()):  # (None without a cache)
         for v in vars(layer).values():
             for t in (v.values() if isinstance(v, dict) else [v]):
                 if isinstance(t, torch.Tensor):
@@ -97,6 +97,46 @@ def test_generate_against_a_real_generate(model_type, overrides, kv_cache):
     assert set(result.stage_times_s) == {"prefill", "decode"} and all(t > 0 for t in result.stage_times_s.values())
     text = result.render()
     assert "prefill (the prompt's forward)" in text and "last decode step" in text
+
+
+def _zoo_overrides(model_type: str) -> dict:
+    """The zoo sweep's shrunk configuration of ``model_type`` (2 layers of width 64)."""
+    with open(os.path.join(ROOT, "benchmarks", "zoo_sweep.jsonl"), encoding="utf-8") as f:
+        return next(r.get("overrides") or {} for r in map(json.loads, f) if r["type"] == model_type)
+
+
+@pytest.mark.parametrize("model_type,use_cache", [
+    ("falcon_h1", None),  # attention and Mamba mixers side by side in every layer: keys, values and states
+    ("jamba", None),  # its shrunk configuration holds no attention layer: use_cache=False (hf_fixups)
+    ("llama", False),  # a configuration's own use_cache=False: generate() keeps no cache
+])
+def test_generate_hybrid_caches_and_no_cache(model_type, use_cache):
+    from estimator import estimate
+    from estimator.validate import validate
+
+    overrides = {**(LLAMA if model_type == "llama" else _zoo_overrides(model_type)),
+                 **({} if use_cache is None else {"use_cache": use_cache})}
+    loaded = _load(model_type, overrides)
+    result = validate(loaded.model, loaded.inputs, device="cpu", precision="fp32", mode="generate", new_tokens=N,
+                      steps=1, tolerance=1.0)
+    assert result.ok, result.render()
+    truth = _truth_generate(loaded.model, N, "dynamic")
+    assert {k: result.rows[k]["measured"] for k in truth} == truth
+    g = estimate(loaded.model, loaded.inputs, device="cpu", precision="fp32", mode="generate", new_tokens=N).generation
+    if model_type == "falcon_h1":  # each layer's row holds its keys, values and states; every byte of them counted
+        assert all("keys" in r and "states" in r for r in g.layers) and not g.states_only
+        assert g.kv_cache_bytes == truth["kv_cache"] > 0
+    else:  # no cache: the last decode step feeds the whole sequence but the last token (P + N - 1)
+        assert g.cache == "none" and g.kv_cache_bytes == truth["kv_cache"] == 0
+        assert g.stages["decode"].tokens == P + N - 1 and g.stages["decode"].cached == 0
+
+
+def test_static_cache_without_use_cache_is_refused():
+    from estimator import UserError, estimate
+
+    loaded = _load("llama", {**LLAMA, "use_cache": False})
+    with pytest.raises(UserError, match="use_cache=False"):
+        estimate(loaded.model, loaded.inputs, device="cpu", mode="generate", new_tokens=N, kv_cache="static")
 
 
 def test_generate_of_one_token_has_no_decode_rows():

@@ -124,22 +124,23 @@ def _state_tensors(layer: Any) -> dict[str, torch.Tensor]:
 def cache_rows(cache: Any) -> list[dict[str, Any]]:
     """One row per layer: its class, the keys' and values' shapes (batch, key/value heads, tokens, head
     dimension) and dtype, and the bytes they hold; a linear-attention layer (Mamba's, a hybrid's) its states'
-    shapes instead (``states``: a fixed size, whatever the tokens)."""
+    shapes (``states``: a fixed size, whatever the tokens), beside its keys and values where the layer holds
+    both (Falcon-H1's attention and Mamba mixers side by side in every layer)."""
     rows = []
     for i, layer in enumerate(getattr(cache, "layers", ())):
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor):
-            rows.append({"layer": i, "kind": type(layer).__name__, "keys": list(keys.shape),
-                         "values": list(values.shape), "dtype": str(keys.dtype).removeprefix("torch."),
-                         "bytes": keys.untyped_storage().nbytes() + values.untyped_storage().nbytes()})
-            continue
         states = _state_tensors(layer)
+        row: dict[str, Any] = {"layer": i, "kind": type(layer).__name__, "bytes": 0}
+        if isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor):
+            row.update(keys=list(keys.shape), values=list(values.shape),
+                       dtype=str(keys.dtype).removeprefix("torch."))
+            row["bytes"] += keys.untyped_storage().nbytes() + values.untyped_storage().nbytes()
         if states:
-            first = next(iter(states.values()))
-            rows.append({"layer": i, "kind": type(layer).__name__,
-                         "states": {k: list(v.shape) for k, v in states.items()},
-                         "dtype": str(first.dtype).removeprefix("torch."),
-                         "bytes": sum(v.untyped_storage().nbytes() for v in states.values())})
+            row["states"] = {k: list(v.shape) for k, v in states.items()}
+            row.setdefault("dtype", str(next(iter(states.values())).dtype).removeprefix("torch."))
+            row["bytes"] += sum(v.untyped_storage().nbytes() for v in states.values())
+        if "keys" in row or states:
+            rows.append(row)
     return rows
 
 
@@ -190,6 +191,12 @@ class GenerationStep:
 
             self.prepare_takes = {**inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters,
                                   **self.prepare_takes}
+        # generate() runs with its generation config's use_cache (from the model's configuration): without it no
+        # cache is made and every step feeds the whole sequence so far (_sample: next_sequence_length None)
+        self.use_cache = getattr(getattr(self.model, "generation_config", None), "use_cache", True) is not False
+        if not self.use_cache and gen.cache == "static":
+            raise UserError(f"{type(self.model).__name__}'s generation config has use_cache=False: generate() keeps "
+                            f"no cache; drop --kv-cache static (kv_cache='static'), or --set use_cache=true")
         self.cache: Any = None
         self.sids: dict[str, set[int]] = {"kv_cache": set(), "input": set()}
 
@@ -197,7 +204,7 @@ class GenerationStep:
         """generate()'s model_kwargs for a sequence of ``length`` tokens with no padding: the attention mask of
         ones and the position ids ``_prepare_position_ids_for_generation`` derives from it (cumsum - 1)."""
         mask = _real(lambda: torch.ones(self.batch, length, dtype=torch.int64))
-        state: dict[str, Any] = {"attention_mask": mask, "use_cache": True}
+        state: dict[str, Any] = {"attention_mask": mask, "use_cache": self.use_cache}
         if self.positions:
             state["position_ids"] = _real(lambda: (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0))
         if self.logits_to_keep:
@@ -209,9 +216,9 @@ class GenerationStep:
         model = self.model
         extra: dict[str, Any] = {}
         if "next_sequence_length" in self.prepare_takes:  # transformers 5: _sample's, 1 with a cache
-            extra["next_sequence_length"] = 1 if decode else None
+            extra["next_sequence_length"] = 1 if decode and self.use_cache else None
         else:  # transformers 4: the positions to write, as a tensor
-            cached = self.cache.get_seq_length() if decode else 0
+            cached = self.cache.get_seq_length() if decode and self.cache is not None else 0
             extra["cache_position"] = _real(lambda: torch.arange(int(cached), ids.shape[1]))
         if "is_first_iteration" in self.prepare_takes:
             extra["is_first_iteration"] = not decode
@@ -256,9 +263,10 @@ class GenerationStep:
         step, gen, rec = self.step, self.gen, self.step.rec
         decode = gen.stage == "decode"
         with torch.no_grad(), step.opts.precision.autocast_context():
-            self.cache = _real(lambda: make_cache(self.model, gen))
-            if decode:
-                self.fill()
+            if self.use_cache:
+                self.cache = _real(lambda: make_cache(self.model, gen))
+                if decode:
+                    self.fill()
             length = gen.sequence
             # the sequence so far: the prompt itself at the prefill, a longer tensor later (the prompt stays alive:
             # the caller holds it)
@@ -281,9 +289,12 @@ class GenerationStep:
                 del outputs, new, next_tokens  # ``del outputs``: the logits go
         self.sids["kv_cache"] |= {rec.sid(t) for _, _, t in cache_tensors(self.cache)}
         step.loss_source = "none (generation)"
+        cached = 0 if not self.use_cache else gen.sequence if decode else gen.prompt_len
         step.generation = {"stage": gen.stage, "prompt_len": gen.prompt_len, "new_tokens": gen.new_tokens,
-                           "cache": gen.cache, "cache_class": type(self.cache).__name__, "batch": self.batch,
-                           "cached": gen.sequence if decode else gen.prompt_len, "layers": cache_rows(self.cache)}
+                           "cache": gen.cache if self.use_cache else "none", "batch": self.batch,
+                           "cache_class": type(self.cache).__name__ if self.use_cache else "none",
+                           "cached": cached, "tokens": 1 if decode and self.use_cache else length,
+                           "layers": cache_rows(self.cache)}
         step.extra_sids = self.sids
         return self.cache, ids, scores
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..results import ReportData
 from .units import fmt_bytes, fmt_flops
-from .words import STAGE_WORDS, place, stage_peak
+from .words import NO_CACHE, STAGE_WORDS, place, stage_peak
 
 
 def _shape(dims: list[int]) -> str:
@@ -18,20 +18,22 @@ def cache_words(report: ReportData) -> str:
     """'3.00 MiB at 639 tokens: 2 layers of DynamicLayer, keys and values 4x2x639x32 each (batch x KV heads x
     tokens x head dim), bfloat16; 2 KV heads for 8 query heads (grouped-query attention)'."""
     g = report.generation
+    if g.cache == "none":
+        return "none (use_cache=False)"
     groups: dict[tuple, int] = {}
-    for r in g.layers:
-        if "states" in r:  # a linear-attention layer: its fixed-size states
-            key = (r["kind"], ", ".join(f"{k} {_shape(v)}" for k, v in r["states"].items()), None, r["dtype"])
-        else:
-            key = (r["kind"], _shape(r["keys"]), _shape(r["values"]), r["dtype"])
+    for r in g.layers:  # keys and values, a linear-attention layer's fixed-size states, or both (Falcon-H1)
+        states = ", ".join(f"{k} {_shape(v)}" for k, v in r["states"].items()) if "states" in r else None
+        key = (r["kind"], _shape(r["keys"]) if "keys" in r else None, _shape(r["values"]) if "keys" in r else None,
+               states, r["dtype"])
         groups[key] = groups.get(key, 0) + 1
     parts = []
-    for (kind, keys, values, dtype), n in groups.items():
-        if values is None:
-            kv = f"{keys} (fixed size)"
-        else:
-            kv = f"keys and values {keys} each" if keys == values else f"keys {keys}, values {values}"
-        parts.append(f"{n} layer{'s' if n != 1 else ''} of {kind}, {kv}, {dtype}")
+    for (kind, keys, values, states, dtype), n in groups.items():
+        held = []
+        if keys is not None:
+            held.append(f"keys and values {keys} each" if keys == values else f"keys {keys}, values {values}")
+        if states is not None:
+            held.append(f"{states} (fixed size)")
+        parts.append(f"{n} layer{'s' if n != 1 else ''} of {kind}, {' and '.join(held)}, {dtype}")
     text = f"{fmt_bytes(g.kv_cache_bytes)} at {g.cache_len:,} tokens: " + "; ".join(parts)
     if not g.states_only:
         text += " (keys and values: batch x KV heads x tokens x head dim)"
@@ -51,6 +53,8 @@ def generation_rows(report: ReportData) -> list[tuple[str, str]]:
            else f"StaticCache: each layer's keys and values allocated for {g.cache_len:,} tokens at the prefill")
     if g.states_only:
         how = f"{g.cache_class}: each layer's recurrent states, a fixed size, updated at every token"
+    elif g.cache == "none":
+        how = NO_CACHE + " (--set use_cache=true: generate() keeps a cache)"
     elif g.state_layers:
         how += "; the linear-attention layers' recurrent states a fixed size, updated at every token"
     rows = [("Generation", f"prompt {g.prompt_len:,} tokens + {g.new_tokens:,} new, batch {g.batch}, greedy "
@@ -59,11 +63,13 @@ def generation_rows(report: ReportData) -> list[tuple[str, str]]:
     for name in ("prefill", "decode"):
         s = g.stages[name]
         quant = f" with {report.quantize} weights" if report.quantize else ""
-        what = (f"{s.tokens:,} tokens in, {s.cached:,} cached after" if name == "prefill"
+        what = (f"{s.tokens:,} tokens in, no cache" if g.cache == "none"
+                else f"{s.tokens:,} tokens in, {s.cached:,} cached after" if name == "prefill"
                 else f"1 token in, {s.cached - 1:,} cached before and {s.cached:,} after")
+        if g.cache != "none":
+            what += f"; KV cache {fmt_bytes(s.kv_cache)} then"
         rows.append((f"Memory: peak during the {STAGE_WORDS[name]}",
-                     f"{fmt_bytes(stage_peak(report, s))}{quant}, in the {place(report, s.peak_at)} ({what}; "
-                     f"KV cache {fmt_bytes(s.kv_cache)} then)"))
+                     f"{fmt_bytes(stage_peak(report, s))}{quant}, in the {place(report, s.peak_at)} ({what})"))
     rows.append(("FLOPs: prefill / one decode step", f"{fmt_flops(g.stages['prefill'].flops)} / "
                                                     f"{fmt_flops(g.stages['decode'].flops)}"))
     pre, dec = g.stages["prefill"].time_s, g.stages["decode"].time_s

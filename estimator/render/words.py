@@ -33,8 +33,12 @@ def generation_words(report: ReportData) -> str:
     how = "grown token by token" if g.cache == "dynamic" else f"allocated for {g.cache_len:,} tokens"
     if g.states_only:
         how = "of fixed-size recurrent states"
+    cache = f"{g.cache_class} {how}" if g.cache != "none" else NO_CACHE
     return (f"Generating {g.new_tokens:,} token{'s' if g.new_tokens != 1 else ''} after a {g.prompt_len:,}-token "
-            f"prompt (batch {g.batch}, {g.cache_class} {how})")
+            f"prompt (batch {g.batch}, {cache})")
+
+
+NO_CACHE = "no cache: the model's generation config has use_cache=False, so each step runs the whole sequence so far"
 
 
 STAGE_WORDS = {"prefill": "prefill", "decode": "last decode step"}
@@ -200,5 +204,6 @@ def _generation_tail(report: ReportData) -> str:
         return ""
     pre, dec = (stage_peak(report, g.stages[s]) for s in ("prefill", "decode"))
     what = "recurrent-state cache" if g.states_only else "KV cache"
-    return (f"; the peak is in the {STAGE_WORDS[g.binding]} (prefill {fmt_bytes(pre)}, decode {fmt_bytes(dec)}); "
-            f"{what} {fmt_bytes(g.kv_cache_bytes)} at {g.cache_len:,} tokens")
+    cache = "no cache (use_cache=False)" if g.cache == "none" else \
+        f"{what} {fmt_bytes(g.kv_cache_bytes)} at {g.cache_len:,} tokens"
+    return f"; the peak is in the {STAGE_WORDS[g.binding]} (prefill {fmt_bytes(pre)}, decode {fmt_bytes(dec)}); {cache}"
