@@ -97,11 +97,14 @@ def test_kv_cache_is_per_layer_gqa_aware_and_as_transformers_allocates_it(cache)
     shape = [B, cfg.num_key_value_heads, P + N - 1, head_dim]  # the cache at the last decode step: P + N - 1 = 23
     assert [row["keys"] for row in g.layers] == [shape] * cfg.num_hidden_layers
     assert {row["dtype"] for row in g.layers} == {"bfloat16"}
-    # 2 (keys, values) x layers x batch x KV heads x tokens x head dim x 2 bytes = 2*2*2*2*23*16*2 = 11,776
-    assert g.kv_cache_bytes == 2 * cfg.num_hidden_layers * B * cfg.num_key_value_heads * (P + N - 1) * head_dim * 2
+    # 2 (keys, values) x layers x batch x KV heads x tokens x head dim x 2 bytes = 2*2*2*2*23*16*2 = 11,776, and a
+    # StaticLayer's position counter (cumulative_length: one int64, 8 bytes) per layer: every byte the cache holds
+    counters = 8 * cfg.num_hidden_layers if cache == "static" else 0
+    assert g.kv_cache_bytes == 2 * cfg.num_hidden_layers * B * cfg.num_key_value_heads * (P + N - 1) * head_dim * 2 \
+        + counters
     assert g.cache_class == ("DynamicCache" if cache == "dynamic" else "StaticCache")
     # the prefill: a DynamicCache holds the prompt's P tokens, a StaticCache is allocated whole already
-    per_token = g.kv_cache_bytes // (P + N - 1)
+    per_token = (g.kv_cache_bytes - counters) // (P + N - 1)
     expected = P * per_token if cache == "dynamic" else g.kv_cache_bytes
     assert g.stages["prefill"].memory.timeline[-1].by_category["kv_cache"] >= expected
     assert "grouped-query attention" in r.render() and "KV cache" in r.headline()

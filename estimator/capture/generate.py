@@ -125,23 +125,41 @@ def cache_rows(cache: Any) -> list[dict[str, Any]]:
     """One row per layer: its class, the keys' and values' shapes (batch, key/value heads, tokens, head
     dimension) and dtype, and the bytes they hold; a linear-attention layer (Mamba's, a hybrid's) its states'
     shapes (``states``: a fixed size, whatever the tokens), beside its keys and values where the layer holds
-    both (Falcon-H1's attention and Mamba mixers side by side in every layer)."""
+    both (Falcon-H1's attention and Mamba mixers side by side in every layer), and ``others``: the layer's other
+    tensors of at least one dimension by attribute (a sparse-attention indexer's keys, a compressed cache's
+    buffers: DeepSeek-V3.2-style and V4 layers).  ``bytes``: every distinct storage the layer holds, its scalar
+    counters included (what it keeps in memory)."""
     rows = []
     for i, layer in enumerate(getattr(cache, "layers", ())):
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         states = _state_tensors(layer)
-        row: dict[str, Any] = {"layer": i, "kind": type(layer).__name__, "bytes": 0}
+        row: dict[str, Any] = {"layer": i, "kind": type(layer).__name__}
+        named = dict((name, t) for _, name, t in cache_tensors(_One(layer)))
         if isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor):
             row.update(keys=list(keys.shape), values=list(values.shape),
                        dtype=str(keys.dtype).removeprefix("torch."))
-            row["bytes"] += keys.untyped_storage().nbytes() + values.untyped_storage().nbytes()
+            named.pop("keys", None), named.pop("values", None)
         if states:
             row["states"] = {k: list(v.shape) for k, v in states.items()}
             row.setdefault("dtype", str(next(iter(states.values())).dtype).removeprefix("torch."))
-            row["bytes"] += sum(v.untyped_storage().nbytes() for v in states.values())
-        if "keys" in row or states:
+            named = {k: v for k, v in named.items() if k not in states and k.split("[")[0] not in STATES}
+        others = {k: list(t.shape) for k, t in named.items() if t.ndim >= 1 and t.numel() > 0}
+        if others:
+            row["others"] = others
+        storages = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for _, _, t in cache_tensors(_One(layer))}
+        row["bytes"] = sum(storages.values())
+        if "keys" in row or states or others:
+            if "dtype" not in row:  # (only other tensors: the first's)
+                row["dtype"] = str(named[next(iter(others))].dtype).removeprefix("torch.")
             rows.append(row)
     return rows
+
+
+class _One:
+    """A cache of one layer, for :func:`cache_tensors`."""
+
+    def __init__(self, layer: Any):
+        self.layers = (layer,)
 
 
 @contextlib.contextmanager

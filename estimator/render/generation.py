@@ -23,16 +23,19 @@ def cache_words(report: ReportData) -> str:
     groups: dict[tuple, int] = {}
     for r in g.layers:  # keys and values, a linear-attention layer's fixed-size states, or both (Falcon-H1)
         states = ", ".join(f"{k} {_shape(v)}" for k, v in r["states"].items()) if "states" in r else None
+        others = ", ".join(f"{k} {_shape(v)}" for k, v in r["others"].items()) if "others" in r else None
         key = (r["kind"], _shape(r["keys"]) if "keys" in r else None, _shape(r["values"]) if "keys" in r else None,
-               states, r["dtype"])
+               states, others, r["dtype"])
         groups[key] = groups.get(key, 0) + 1
     parts = []
-    for (kind, keys, values, states, dtype), n in groups.items():
+    for (kind, keys, values, states, others, dtype), n in groups.items():
         held = []
         if keys is not None:
             held.append(f"keys and values {keys} each" if keys == values else f"keys {keys}, values {values}")
         if states is not None:
             held.append(f"{states} (fixed size)")
+        if others is not None:
+            held.append(others)
         parts.append(f"{n} layer{'s' if n != 1 else ''} of {kind}, {' and '.join(held)}, {dtype}")
     text = f"{fmt_bytes(g.kv_cache_bytes)} at {g.cache_len:,} tokens: " + "; ".join(parts)
     if not g.states_only:
