@@ -210,3 +210,19 @@ def test_cli_validate_generate_and_its_errors():
         assert bad.returncode == 2 and bad.stdout == "", (args, bad.stdout)
         lines = [ln for ln in bad.stderr.splitlines() if ln.startswith("estimator: error")]
         assert len(lines) == 1 and message in lines[0], bad.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", ["inference", "generate"])
+def test_gpu_serving_validation(mode):
+    # on a GPU: max_memory_allocated against the estimate for that GPU (its kernels and workspaces), bf16 as served
+    from estimator.validate import validate
+
+    loaded = _load("llama", {**LLAMA, "hidden_size": 256, "intermediate_size": 688}, seq=256)
+    extra = {"new_tokens": 16} if mode == "generate" else {}
+    result = validate(loaded.model, loaded.inputs, device="cuda", precision="bf16", mode=mode, steps=3,
+                      tolerance=5.0, **extra)
+    assert result.rows["parameters"]["error"] == 0
+    peaks = [k for k in result.rows if k.startswith("peak")]
+    assert all(abs(result.rows[k]["error"]) < 0.05 for k in peaks), result.render()
+    assert "predicted" in result.render()
