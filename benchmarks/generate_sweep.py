@@ -47,42 +47,11 @@ def causal_types() -> list[tuple[str, dict]]:
 
 def live_generate(model, ids):
     """(prefill peak, last decode step peak, prefill matmul FLOPs, last decode step matmul FLOPs, cache bytes) of a
-    real greedy ``generate()`` of N tokens: live bytes (the peaks split where the 2nd and the N-th forward start),
-    FLOPs read at each forward's start and end, the bytes of the storages the returned cache's layers hold."""
-    import torch
-    from instruments import LiveTracker, flop_counter
+    real greedy ``generate()`` of N tokens (tests/livetracker.py's ``measure_generate``)."""
+    from livetracker import measure_generate
 
-    tracker, counter, calls, windows, marks = LiveTracker(), flop_counter(), [0], {}, {}
-
-    def pre(_module, _args, _kwargs):
-        calls[0] += 1
-        marks[("start", calls[0])] = counter.get_total_flops()
-        if calls[0] in (2, N):  # the prefill ends where the 2nd forward starts; the last decode step starts
-            windows[calls[0]] = tracker.peak
-            tracker.reset_peak()
-
-    def post(_module, _args, _kwargs, _out):
-        marks[("end", calls[0])] = counter.get_total_flops()
-
-    model.register_forward_pre_hook(pre, with_kwargs=True)
-    model.register_forward_hook(post, with_kwargs=True)
-    model.generation_config.eos_token_id = None
-    with tracker, counter:
-        for t in [*model.parameters(), *model.buffers(), ids]:
-            tracker.register(t)
-        tracker.reset_peak()
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N, min_new_tokens=N,
-                             do_sample=False, pad_token_id=0, return_dict_in_generate=True)
-    if out.sequences.shape[-1] != P + N or calls[0] != N:
-        raise RuntimeError(f"generate() ran {calls[0]} forwards for {out.sequences.shape[-1] - P} new tokens")
-    cache = {}
-    for layer in getattr(out.past_key_values, "layers", ()):  # (None without a cache)
-        for v in vars(layer).values():
-            for t in (v.values() if isinstance(v, dict) else [v]):
-                if isinstance(t, torch.Tensor):
-                    cache[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    flops = [marks[("end", i)] - marks[("start", i)] for i in (1, N)]
-    return windows[2], tracker.peak, *flops, sum(cache.values())
+    got = measure_generate(model, ids, N)
+    return tuple(got[k] for k in ("peak_prefill", "peak_decode", "flops_prefill", "flops_decode", "kv_cache"))
 
 
 def try_estimate(rec: dict, figures) -> tuple:

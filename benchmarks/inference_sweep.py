@@ -8,7 +8,9 @@ Each type is built as the zoo sweep built it (its ``overrides``: 2 layers of wid
 model's own image/audio size) without labels, in its own process: the estimate (CPU target, fp32,
 ``mode="inference"``: forward under ``torch.no_grad()``, eval mode, the previous output held until the new one
 replaces it) beside the same loop run for real with random weights under ``tests/livetracker.py``'s live-tensor
-tracker (two iterations; the second, steady-state peak compared).  Outcomes as ``generate_sweep.py``'s; records in
+tracker (two iterations; the second, steady-state peak compared), and the forward's matmul FLOPs against
+``tests/instruments.py``'s fixed FlopCounterMode on a third real forward (eval mode: a model's inference branches,
+as dropout and layer drop off, may run other matmuls than its training step does).  Outcomes as ``generate_sweep.py``'s; records in
 ``benchmarks/inference_sweep.jsonl``, the table in ``inference_sweep.md``.
 """
 
@@ -49,21 +51,39 @@ def one(model_type: str, overrides: dict) -> dict:
     except Exception as exc:  # noqa: BLE001
         return {**rec, "outcome": "unbuilt", "message": f"{type(exc).__name__}: {exc}"[:300]}
     rec["cls"] = type(loaded.model).__name__
-    est, crashed = try_estimate(rec, lambda: estimate(loaded.model, loaded.inputs, device="cpu", precision="fp32",
-                                                       mode="inference").memory.peak)
+    def figures():
+        r = estimate(loaded.model, loaded.inputs, device="cpu", precision="fp32", mode="inference")
+        return r.memory.peak, r.tally.flops["matmul_forward"]
+
+    est, crashed = try_estimate(rec, figures)
     if crashed:
         return crashed
     try:
         real = without_layerdrop(materialize(loaded.model))
-        truth = measure_peaks(real, real_inputs(loaded.inputs), None, None, train=False, steps=2)[-1]
+        inputs = real_inputs(loaded.inputs)
+        truth = (measure_peaks(real, inputs, None, None, train=False, steps=2)[-1], forward_flops(real, inputs))
     except Exception as exc:  # noqa: BLE001 - the model's own forward fails
         return {**rec, "outcome": "no-truth" if est is None else "estimated-no-truth",
                 "truth_error": f"{type(exc).__name__}: {exc}"[:300]}
     if est is None:
         return {**rec, "outcome": "refused", "truth": truth}
-    rel = (est - truth) / truth
-    return {**rec, "outcome": "exact" if abs(rel) <= TOLERANCE else "differs", "estimate": est, "truth": truth,
-            "rel": round(rel, 5)}
+    rel = [(e - t) / t if t else float(e != 0) for e, t in zip(est, truth)]
+    return {**rec, "outcome": "exact" if all(abs(x) <= TOLERANCE for x in rel) else "differs", "estimate": est,
+            "truth": truth, "rel": [round(x, 5) for x in rel]}
+
+
+def forward_flops(model, inputs) -> int:
+    """Matmul-class FLOPs of one real forward under ``no_grad`` in eval mode (tests/instruments.py's counter)."""
+    import torch
+    from instruments import flop_counter
+
+    args, kwargs = ((), dict(inputs)) if isinstance(inputs, dict) else (
+        (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs), {})
+    model.eval()
+    counter = flop_counter()
+    with torch.no_grad(), counter:
+        model(*args, **kwargs)
+    return counter.get_total_flops()
 
 
 def table(records: list[dict]) -> str:
@@ -71,12 +91,14 @@ def table(records: list[dict]) -> str:
     lines = [f"# Inference sweep: {len(records)} model types", "",
              f"`estimate --mode inference` (CPU target, fp32) against the same loop run for real (forward under "
              f"`torch.no_grad()`, eval mode, the previous output held) measured by the live-tensor tracker (the "
-             f"second iteration's peak; exact: within {TOLERANCE:.0%}).", "", "| outcome | types |", "|---|---:|"]
+             f"second iteration's peak) and FlopCounterMode (the forward's matmul FLOPs); exact: both within "
+             f"{TOLERANCE:.0%}.", "", "| outcome | types |", "|---|---:|"]
     lines += [f"| {k} | {v} |" for k, v in sorted(counts.items())]
-    lines += ["", "| type | outcome | class | estimate / real - 1, or message |", "|---|---|---|---|"]
+    lines += ["", "| type | outcome | class | peak; FLOPs (estimate / real - 1), or message |", "|---|---|---|---|"]
     for r in sorted(records, key=lambda r: r["type"]):
         if r["outcome"] != "exact":
-            detail = (f"{r['rel']:+.2%}" if "rel" in r
+            rel = r.get("rel")
+            detail = ("; ".join(f"{x:+.2%}" for x in rel) if isinstance(rel, list) else f"{rel:+.2%}" if rel is not None
                       else (r.get("message") or r.get("truth_error") or "")[:160].replace("|", "/"))
             lines.append(f"| {r['type']} | {r['outcome']} | {r.get('cls', '')} | {detail} |")
     return "\n".join(lines) + "\n"

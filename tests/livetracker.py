@@ -73,3 +73,46 @@ def measure_peaks(model, inputs, optimizer_factory, loss_of, *, autocast_dtype=N
             peaks.append(tracker.peak)
     del keep
     return peaks
+
+
+def measure_generate(model, ids, new_tokens: int, kv_cache: str = "dynamic") -> dict[str, int]:
+    """A real greedy ``generate()`` of ``new_tokens`` tokens after the prompt ``ids`` (no end-of-sequence stop),
+    measured: the live-byte peaks of the prefill (to where the 2nd forward starts) and of the last decode step
+    (from where the last forward starts to the return), the matmul FLOPs of the 1st and the last forward (the fixed
+    FlopCounterMode read at each forward's start and end), and the bytes of the distinct storages of every tensor
+    the returned cache's layers hold.  Forward hooks are registered on ``model`` and left there."""
+    from instruments import flop_counter
+
+    tracker, counter, calls, marks, windows = LiveTracker(), flop_counter(), [0], {}, {}
+
+    def pre(_module, _args, _kwargs):
+        calls[0] += 1
+        marks[("start", calls[0])] = counter.get_total_flops()
+        if calls[0] in (2, new_tokens):
+            windows[calls[0]] = tracker.peak
+            tracker.reset_peak()
+
+    def post(_module, _args, _kwargs, _out):
+        marks[("end", calls[0])] = counter.get_total_flops()
+
+    model.register_forward_pre_hook(pre, with_kwargs=True)
+    model.register_forward_hook(post, with_kwargs=True)
+    extra = {"cache_implementation": "static"} if kv_cache == "static" else {}
+    with torch.no_grad(), tracker, counter:
+        for t in [*model.parameters(), *model.buffers(), ids]:
+            tracker.register(t)
+        tracker.reset_peak()
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None,
+                             return_dict_in_generate=True, **extra)
+    if out.sequences.shape[-1] != ids.shape[-1] + new_tokens or calls[0] != new_tokens:
+        raise RuntimeError(f"generate() ran {calls[0]} forwards for {out.sequences.shape[-1] - ids.shape[-1]} tokens")
+    cache = {}
+    for layer in getattr(out.past_key_values, "layers", ()):  # (None without a cache)
+        for v in vars(layer).values():
+            for t in (v.values() if isinstance(v, dict) else [v]):
+                if isinstance(t, torch.Tensor):
+                    cache[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return {"peak_prefill": windows.get(2, tracker.peak), "peak_decode": tracker.peak, "kv_cache": sum(cache.values()),
+            "flops_prefill": marks[("end", 1)] - marks[("start", 1)],
+            "flops_decode": marks[("end", new_tokens)] - marks[("start", new_tokens)]}

@@ -42,42 +42,11 @@ def _real(model):
 
 
 def _truth_generate(model, new_tokens: int, kv_cache: str) -> dict[str, int]:
-    """This file's own measurement of a greedy generate(): the prefill's and the last decode step's peaks (split
-    where the 2nd and the last forward start) and matmul FLOPs (read at each forward's start and end), and the
-    bytes of the storages the returned cache's layers hold."""
-    real = _real(model)
+    """This file's own measurement of a greedy generate() on another real copy (tests/livetracker.py)."""
+    from livetracker import measure_generate
+
     ids = torch.randint(1, 100, (B, P), generator=torch.Generator().manual_seed(0))
-    tracker, counter, calls, marks, windows = LiveTracker(), flop_counter(), [0], {}, {}
-
-    def pre(_m, _a, _k):
-        calls[0] += 1
-        marks[("start", calls[0])] = counter.get_total_flops()
-        if calls[0] in (2, new_tokens):
-            windows[calls[0]] = tracker.peak
-            tracker.reset_peak()
-
-    def post(_m, _a, _k, _o):
-        marks[("end", calls[0])] = counter.get_total_flops()
-
-    real.register_forward_pre_hook(pre, with_kwargs=True)
-    real.register_forward_hook(post, with_kwargs=True)
-    extra = {"cache_implementation": "static"} if kv_cache == "static" else {}
-    with torch.no_grad(), tracker, counter:
-        for t in [*real.parameters(), *real.buffers(), ids]:
-            tracker.register(t)
-        tracker.reset_peak()
-        out = real.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                            min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None,
-                            return_dict_in_generate=True, **extra)
-    cache = {}
-    for layer in getattr(out.past_key_values, "layers", ()):  # (None without a cache)
-        for v in vars(layer).values():
-            for t in (v.values() if isinstance(v, dict) else [v]):
-                if isinstance(t, torch.Tensor):
-                    cache[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    return {"peak_prefill": windows[2], "peak_decode": tracker.peak, "kv_cache": sum(cache.values()),
-            "flops_prefill": marks[("end", 1)] - marks[("start", 1)],
-            "flops_decode": marks[("end", new_tokens)] - marks[("start", new_tokens)]}
+    return measure_generate(_real(model), ids, new_tokens, kv_cache)
 
 
 @pytest.mark.parametrize("model_type,overrides,kv_cache", [("llama", LLAMA, "dynamic"), ("llama", LLAMA, "static"),

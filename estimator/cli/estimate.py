@@ -9,7 +9,7 @@ import json
 import sys
 
 from ..errors import UserError
-from .options import load_model, precision_of, training_options
+from .options import generation_options, load_model, precision_of, training_options
 from .output import pick_format, plot_format, text_width, write_atomic, write_text
 from .progress import Progress
 
@@ -43,12 +43,7 @@ def run_estimate(args: argparse.Namespace) -> int:
     if args.mode != "train" and (args.checkpoint or args.checkpoint_policy != "full"):
         raise UserError(f"--checkpoint is a what-if of training steps (recomputation in backward); --mode "
                         f"{args.mode} has no backward: drop it")
-    generation = {}
-    if args.mode == "generate":
-        if args.new_tokens is None:
-            raise UserError("--mode generate needs --new-tokens N (the tokens generated after the prompt), "
-                            "e.g. --new-tokens 256")
-        generation = dict(new_tokens=args.new_tokens, kv_cache=args.kv_cache or "dynamic")
+    generation = generation_options(args)
     with Progress() as progress:
         progress.set("building the model")
         loaded = load_model(args)
@@ -85,12 +80,7 @@ def run_validate(args: argparse.Namespace) -> int:
         raise UserError("--checkpoint is a what-if of 'estimator estimate'; validate runs the model's step as its "
                         "code is written: drop --checkpoint (or checkpoint inside the model's code)")
     optimizer, grad_accum = training_options(args)
-    generation = {}
-    if args.mode == "generate":
-        if args.new_tokens is None:
-            raise UserError("--mode generate needs --new-tokens N (the tokens generated after the prompt), "
-                            "e.g. --new-tokens 64")
-        generation = dict(new_tokens=args.new_tokens, kv_cache=args.kv_cache or "dynamic")
+    generation = generation_options(args)
     loaded = load_model(args, empty=False)  # it runs real steps: a factory's own weights, as before
     result = validate(loaded.model, loaded.inputs, optimizer=optimizer, loss_fn=loaded.loss_fn,
                       device=args.device, precision=precision_of(args), keep_output=args.keep_output,

@@ -5,7 +5,7 @@ precision, mode, checkpointing, the training loop) and the model they load.
 from __future__ import annotations
 
 import argparse
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..errors import UserError
 from ..specs import DEFAULT_SEQ, FALLBACK_SEQ
@@ -165,6 +165,16 @@ def training_options(args: argparse.Namespace) -> tuple[str, int]:
     if args.grad_accum is not None and args.grad_accum < 1:
         raise UserError(f"--grad-accum must be >= 1, not {args.grad_accum}")
     return args.optimizer or DEFAULT_OPTIMIZER, args.grad_accum or 1
+
+
+def generation_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``--mode generate``'s keyword arguments (new_tokens, kv_cache), --new-tokens required; {} in other modes."""
+    if args.mode != "generate":
+        return {}
+    if args.new_tokens is None:
+        raise UserError("--mode generate needs --new-tokens N (the tokens generated after the prompt), "
+                        "e.g. --new-tokens 256")
+    return dict(new_tokens=args.new_tokens, kv_cache=args.kv_cache or "dynamic")
 
 
 def load_model(args: argparse.Namespace, empty: bool = True):
