@@ -6,7 +6,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from .capture import Progress, StepOptions, capture
+from .capture import Progress, StepOptions, capture, check_zero_grad
 from .capture.checkpoint import parse_policy, policy_name, resolve_classes
 from .collect import young_only_during
 from .errors import DataDependentError, UserError
@@ -100,6 +100,7 @@ def estimate(
     lora: Any = None,
     clip_grad_norm: float | None = None,
     ema: float | None = None,
+    zero_grad: str = "after_step",
 ) -> Report:
     """Estimate one training step (forward, loss, backward, optimizer step) of ``model``.
 
@@ -138,6 +139,10 @@ def estimate(
         clip_grad_norm: the loop clips the gradients' norm before the optimizer step
             (``torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)``: HF Trainer's ``max_grad_norm``,
             torchtitan's ``max_norm``); None (the default): no clipping.
+        zero_grad: where the loop calls ``optimizer.zero_grad(set_to_none=True)``: ``"after_step"`` (the default:
+            after ``opt.step()``, or at the top of the loop before the forward) or ``"before_backward"`` (after the
+            loss, before ``loss.backward()``: Lightning's automatic optimization), whose previous step's
+            gradients live through the forward (see :data:`estimator.capture.ZERO_GRAD`).
         ema: the loop keeps a moving average of the weights with this decay (``AveragedModel`` with
             ``get_ema_multi_avg_fn``, updated after each step; :mod:`estimator.ema`); None (the default): none.
         depth: module depth of the per-module table.
@@ -198,7 +203,7 @@ def estimate(
         keep_output=bool(keep_output),
         grad_accum=grad_accum,
         clip_grad_norm=check_clip(clip_grad_norm, mode), ema=check_ema(ema, mode),
-        replicate=replicate,
+        zero_grad=check_zero_grad(zero_grad, mode), replicate=replicate,
         compile=compiled,
         target=device,
         cuda=CudaTarget.for_gpu(target_gpu, parse_release(cuda_torch)) if device == "cuda" else None,
@@ -243,7 +248,7 @@ def estimate(
             report.max_batch, report.max_batch_note, report.max_batch_margin = _largest_batch(
                 model, inputs, target_gpu, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs, loss_fn=loss_fn,
                 precision=options.precision.name, trace=trace, keep_output=options.keep_output, grad_accum=grad_accum,
-                clip_grad_norm=options.clip_grad_norm, ema=options.ema,
+                clip_grad_norm=options.clip_grad_norm, ema=options.ema, zero_grad=options.zero_grad,
                 replicate=replicate, compile=compiled)
     return report
 

@@ -176,6 +176,26 @@ def _replay(events: list[tuple[int, int, int]], sizes: list[int], cats: list[str
     return best, points
 
 
+def carried_gradients(cap: Capture) -> tuple[int, list[int]] | None:
+    """``(index, gradient sids)`` when the loop frees the gradients before the backward (``zero_grad=
+    "before_backward"``): the previous step's gradients, one storage per gradient of this step, live from the start
+    of the steady-state step and are freed after the op of ``index`` (the last before the first backward op); None
+    when the loop frees them after the step (nothing carried) or the step has no backward."""
+    if cap.zero_grad != "before_backward":
+        return None
+    first = next((i for i, n in enumerate(cap.nodes) if n.meta.get("phase") == "backward"), None)
+    grads = sorted(cap.sids.get("gradient", ()))
+    if first is None or not grads:
+        return None
+    return first - 1, grads
+
+
+def with_carried(events: list[tuple[int, Any, int]], index: int, frees: list[tuple[int, Any, int]]) -> list:
+    """``events`` with ``frees`` (each at ``index``) after every event of an op up to ``index``."""
+    at = next((k for k, e in enumerate(events) if e[0] > index), len(events))
+    return events[:at] + frees + events[at:]
+
+
 def _snapshot(cap: Capture, index: int, total: int, by_category: dict[str, int]) -> Snapshot:
     if index < 0:
         return Snapshot(index, "start", "", "", total, by_category)
@@ -260,7 +280,9 @@ def _allocator_streams(cap: Capture, events: list[tuple[int, int, int]], raw: li
     the step that makes them; every other storage is the step's own (a new block each step).  At the
     end of a step the loop drops what it no longer holds: the gradients (``zero_grad(set_to_none=
     True)``), the output, everything but ``held`` (the loss kept for logging, or in inference the
-    output kept until the next one replaces it)."""
+    output kept until the next one replaces it).  The previous step's gradients, when the loop frees them before the
+    backward (:func:`carried_gradients`), are not dropped at the end of the first step: the second frees them there."""
+    carry = carried_gradients(cap)
     names = {n.target: n.meta["storage"][0] for n in cap.records if n.op == "placeholder"}
     loaded: list[int] = []
     for name in _load_order(cap):
@@ -289,7 +311,10 @@ def _allocator_streams(cap: Capture, events: list[tuple[int, int, int]], raw: li
                 live.discard(key)
                 stream.append((index, key, -raw[sid]))
         end = len(cap.nodes)
-        drop = [(end, key, -raw[key[1]]) for key in sorted(k for k in live if isinstance(k, tuple) and k[1] not in held)]
+        kept = set(held) | (set(carry[1]) if carry is not None and step == 1 else set())
+        if carry is not None and step == 2:  # the first step's gradients, freed by zero_grad before this backward
+            stream = with_carried(stream, carry[0], [(carry[0], (1, sid), -raw[sid]) for sid in carry[1] if raw[sid]])
+        drop = [(end, key, -raw[key[1]]) for key in sorted(k for k in live if isinstance(k, tuple) and k[1] not in kept)]
         streams += [stream, drop]
     return streams
 
@@ -458,8 +483,18 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
         sizes.append(sizes[sid])
         cats.append(Category.TEMPORARY)
         previous.add(len(sizes) - 1)
+    steady_events = events
+    carry = carried_gradients(cap)
+    if carry is not None:  # the previous step's gradients, live until zero_grad before this step's backward
+        frees = []
+        for sid in carry[1]:
+            sizes.append(sizes[sid])
+            cats.append(Category.GRADIENT)
+            previous.add(len(sizes) - 1)
+            frees.append((carry[0], len(sizes) - 1, -1))
+        steady_events = with_carried(events, carry[0], frees)
     steady_pre = pre_first | set(cap.sids.get("optimizer_state", ())) | persistent | previous
-    steady, points = _replay(events, sizes, cats, steady_pre, timeline=True)
+    steady, points = _replay(steady_events, sizes, cats, steady_pre, timeline=True)
     reserve: dict[str, int] = {}
     reserved = deferred = None
     if traces is not None and len(traces) == 2:

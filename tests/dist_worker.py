@@ -34,7 +34,9 @@ For each run the rank
    ``zero_grad(set_to_none=True)``) and records the peak of live bytes of each of the last two (steady
    state: optimizer state allocated, gradients ``None`` at the start: the second and third, the third and
    fourth for DDP, which rebuilds its gradient buckets in the second), reporting the smaller (gloo frees what it
-   sent on its own thread, now and then late);
+   sent on its own thread, now and then late); a run with ``"zero": "before_backward"`` calls ``zero_grad``
+   after the first micro-step's loss instead (Lightning's order: the previous step's gradients live through
+   the forward);
 4. measures the model states from the real tensors after the last ``step()``, before
    ``zero_grad``: the distinct storages (``untyped_storage().nbytes()``) of the parameters, the
    gradients and the optimizer state (DTensors by their local tensor).
@@ -487,6 +489,8 @@ def run_one(case: dict, run: dict, world: int) -> dict:
                         loss = loss_of(wrapped(*batch, **named))
                     if accum > 1:
                         loss = loss / accum
+                    if run.get("zero") == "before_backward" and micro == 0:  # Lightning's order
+                        opt.zero_grad(set_to_none=True)
                     loss.backward()
             if run.get("clip"):  # torch's own clip_grad_norm_ on the engine's gradients (DTensors under FSDP2)
                 torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], run["clip"])
@@ -503,7 +507,8 @@ def run_one(case: dict, run: dict, world: int) -> dict:
                 out["local_shapes"] = {n: list(_local(p).shape) for n, p in model.named_parameters()}
                 if tracker.trace is not None:
                     out["trace"], tracker.trace = tracker.trace, None
-            opt.zero_grad(set_to_none=True)
+            if run.get("zero") != "before_backward":
+                opt.zero_grad(set_to_none=True)
             del loss
     return out
 

@@ -15,7 +15,7 @@ from instruments import LiveTracker
 
 
 def measure_peaks(model, inputs, optimizer_factory, loss_of, *, autocast_dtype=None, train=True, steps=2,
-                  keep_output=False, grad_accum=1, resident=(), clip=None):
+                  keep_output=False, grad_accum=1, resident=(), clip=None, zero_grad="after_step"):
     """Live-byte peaks of ``steps`` real CPU iterations: [first, second, ...].
 
     Each iteration, the loop as written (``keep_output``, ``grad_accum``)::
@@ -29,7 +29,10 @@ def measure_peaks(model, inputs, optimizer_factory, loss_of, *, autocast_dtype=N
         keep = loss                               # kept into the next iteration, as a loop that logs it
 
     ``keep_output``: ``out`` lives until the next micro-step replaces it (``out = model(x)``) or the
-    iteration ends.  ``train=False``: ``out = model(...)`` under ``no_grad`` in eval mode, the previous
+    iteration ends.  ``zero_grad="before_backward"``: ``optimizer.zero_grad(set_to_none=True)`` after the
+    first micro-step's loss and before its backward (Lightning's automatic optimization; ``loss = ...;
+    opt.zero_grad(); loss.backward(); opt.step()``), not after the step: the previous iteration's gradients
+    live through the forward.  ``train=False``: ``out = model(...)`` under ``no_grad`` in eval mode, the previous
     output held until the new one replaces it.
     """
     import contextlib
@@ -52,7 +55,7 @@ def measure_peaks(model, inputs, optimizer_factory, loss_of, *, autocast_dtype=N
             tracker.reset_peak()
             if train:
                 out = None
-                for _micro in range(grad_accum):
+                for micro in range(grad_accum):
                     with amp():
                         out = model(*args, **kwargs)
                         loss = loss_of(out)
@@ -60,11 +63,14 @@ def measure_peaks(model, inputs, optimizer_factory, loss_of, *, autocast_dtype=N
                         loss = loss / grad_accum
                     if not keep_output:
                         out = None
+                    if zero_grad == "before_backward" and micro == 0:
+                        opt.zero_grad(set_to_none=True)
                     loss.backward()
                 if clip is not None:  # torch's own clip_grad_norm_ (foreach on CPU tensors, its default)
                     torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], clip)
                 opt.step()
-                opt.zero_grad(set_to_none=True)
+                if zero_grad == "after_step":
+                    opt.zero_grad(set_to_none=True)
                 keep = loss
                 del out, loss
             else:

@@ -145,6 +145,8 @@ def _main(capsys, *args: str) -> tuple[int, str, str]:
     (("estimate", "hf:gpt2", "--set", "num_hidden_layers=-1"), "--set num_hidden_layers=-1: a layer count must be"),
     (("estimate", "hf:llama", "--set", "text_config.num_hidden_layers=0"), "a layer count must be an integer >= 1"),
     (("estimate", "hf:gpt2", "--set", "n_layer=0"), "--set n_layer=0: a layer count"),
+    (("estimate", "examples/mlp.py:build", "--mode", "inference", "--zero-grad", "before-backward"),
+     "drop --zero-grad"),
     (("estimate", "examples/mlp.py:build", "--mode", "inference", "--optimizer", "sgd"),
      "--optimizer applies to training steps; --mode inference"),
     (("estimate", "examples/mlp.py:build", "--mode", "inference", "--keep-output"), "--keep-output applies"),

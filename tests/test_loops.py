@@ -7,6 +7,8 @@ fully convolutional CNN (its output a per-pixel map, the loss computed outside t
 * the output dropped once the loss is computed (``loss = model(x).loss``: HF Trainer, Lightning,
   torchtitan) or held through backward (``out = model(x)`` kept: ``keep_output=True``);
 * gradient accumulation over 1 and 4 micro-batches (``grad_accum``);
+* ``optimizer.zero_grad()`` after the step or before the backward (``zero_grad="before_backward"``:
+  Lightning's automatic optimization, the previous step's gradients held through the forward);
 * activation checkpointing policies (``checkpoint_policy``): ``full``, ``layer:2`` (every second
   instance) and ``op`` (torchtitan's per-op policy);
 
@@ -94,6 +96,10 @@ LOOPS = {
     "kept": dict(keep_output=True),
     "accum4": dict(grad_accum=4),
     "accum4-kept": dict(grad_accum=4, keep_output=True),
+    # zero_grad after the loss, before backward (Lightning's automatic optimization): the previous step's
+    # gradients live through this step's forward
+    "zero-before-backward": dict(zero_grad="before_backward"),
+    "zero-before-backward-accum4-kept": dict(zero_grad="before_backward", grad_accum=4, keep_output=True),
 }
 
 
@@ -185,7 +191,7 @@ def test_accumulation_counts_one_micro_batch_and_times_all_of_them():
     assert d4["flops"]["matmul_forward"] == d1["flops"]["matmul_forward"]
     assert d4["memory"]["activations"] == d1["memory"]["activations"]
     assert d4["memory"]["gradients"] == d1["memory"]["gradients"]
-    assert d4["loop"] == {"keep_output": False, "grad_accum": 4}
+    assert d4["loop"] == {"keep_output": False, "grad_accum": 4, "zero_grad": "after_step"}
     t1 = step_time(one, "H100")
     passes = {k: step_time(estimate(model, inputs, loss_fn=loss_fn, device="cuda", grad_accum=k), "H100")
               for k in (2, 3, 4)}
@@ -284,3 +290,22 @@ def test_a_users_own_context_fn():
     assert mine.checkpoint.policy == "custom"
     assert mine.checkpoint.peak == ours.checkpoint.peak
     assert mine.checkpoint.flops_backward == ours.checkpoint.flops_backward
+
+
+def test_zero_grad_before_backward_in_validate_and_its_refusals():
+    """validate runs the loop with zero_grad() before the backward (the real peak with the previous step's
+    gradients held) and agrees; a pipeline schedule, whose step() runs the backward, refuses the option."""
+    from estimator import UserError
+    from estimator.plan import plan
+    from estimator.validate import validate
+
+    model, inputs, loss_fn, block = MODELS["llama"]()
+    result = validate(model, inputs, loss_fn=loss_fn, device="cpu", steps=1, tolerance=1.0, zero_grad="before_backward")
+    assert result.ok, result.render()
+    _, steady = _truth(model, inputs, loss_fn, "fp32", zero_grad="before_backward")
+    assert result.rows["peak"]["measured"] == steady  # validate's loop is this file's
+    with pytest.raises(UserError, match="pipeline schedule"):
+        plan(model, inputs, gpu="H100", gpus=4, strategy="fsdp", pp=2, zero_grad="before_backward", device="cpu")
+    with pytest.raises(UserError, match="zero_grad must be one of"):
+        estimate(model, inputs, device="cpu", zero_grad="never")
+

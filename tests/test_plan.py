@@ -75,7 +75,7 @@ def _runs(*specs):
                         + ("-keep" if extra.get("reshard") is False else "")
                         + (f"-accum{extra['accum']}" if extra.get("accum") else "")
                         + (f"-{extra['opt']}" if extra.get("opt") else "") + ("-lora" if extra.get("lora") else "")
-                        + ("-clip" if extra.get("clip") else ""),
+                        + ("-clip" if extra.get("clip") else "") + ("-zerobb" if extra.get("zero") else ""),
                         precision,
                         "ckpt" if ck else "nockpt"])
         out.append({"id": tag, "strategy": strategy, "precision": precision, "checkpoint": ck, **extra})
@@ -99,7 +99,11 @@ GPT_CASE = {"name": "gpt", "model": "gpt", "world": 2, "ranks": [0, 1], "checkpo
                 ("fsdp", "fp32", False, {"opt": "muon", "clip": 1.0}),
                 # LoRA (peft's layers on qkv and proj, the rest frozen) under DDP (clipped: foreach norms over plain
                 # tensors) and FSDP2's bf16 policy
-                ("ddp", "fp32", False, {"lora": True, "clip": 1.0}), ("fsdp", "fsdp-bf16", True, {"lora": True}))}
+                ("ddp", "fp32", False, {"lora": True, "clip": 1.0}), ("fsdp", "fsdp-bf16", True, {"lora": True}),
+                # zero_grad() after the loss, before backward (Lightning's automatic optimization): the previous
+                # step's gradients (DDP's plain ones, FSDP2's sharded DTensors) held through the forward
+                ("ddp", "fp32", False, {"zero": "before_backward"}),
+                ("fsdp", "fsdp-bf16", False, {"zero": "before_backward", "accum": 3}))}
 LLAMA_CASE = {"name": "llama", "model": "llama", "world": 4, "ranks": [0, 3], "checkpoint": "Block",
               "config": {"vocab_size": 250, "dim": 64, "hidden_dim": 96, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
                          "max_seq_len": 64},
@@ -150,12 +154,12 @@ def engines(tmp_path_factory):
             planners = {}
             for run in case["runs"]:
                 key = (run["precision"], run.get("accum", 1), run.get("f8"), run.get("opt", "adamw"), run.get("lora"),
-                       run.get("clip"))
+                       run.get("clip"), run.get("zero", "after_step"))
                 planner = planners.get(key)
                 if planner is None:
                     planner = planners[key] = Planner(model, inputs, gpu="H100", device="cpu", optimizer=key[3],
                                                       lora="r=8,alpha=16,targets=qkv+proj" if key[4] else None,
-                                                      clip_grad_norm=key[5],
+                                                      clip_grad_norm=key[5], zero_grad=key[6],
                                                       precision=run["precision"], grad_accum=key[1],
                                                       float8="tensorwise" if key[2] else None,
                                                       float8_all_gather=key[2] == "all-gather")

@@ -24,6 +24,24 @@ DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
 Progress = Callable[..., None]  # progress(stage: str, detail: str = "")
 
 
+# Where the training loop calls ``optimizer.zero_grad(set_to_none=True)``:
+# * "after_step": after ``optimizer.step()`` (HF Trainer, torchtitan, nanoGPT, PyTorch's quickstart), or at the top
+#   of the loop before the forward: no gradient lives through the forward;
+# * "before_backward": after the loss and before ``loss.backward()`` (Lightning's automatic optimization:
+#   training_step, then zero_grad, then backward; ``loss = ...; opt.zero_grad(); loss.backward(); opt.step()``):
+#   the previous step's gradients live through this step's forward.
+ZERO_GRAD = ("after_step", "before_backward")
+
+
+def check_zero_grad(value: Any, mode: str = "train") -> str:
+    """``zero_grad``: one of :data:`ZERO_GRAD`; "before_backward" for a training step only."""
+    if value not in ZERO_GRAD:
+        raise UserError(f"zero_grad must be one of {', '.join(ZERO_GRAD)}, not {value!r}")
+    if value != "after_step" and mode != "train":
+        raise UserError(f"zero_grad places a training loop's zero_grad(); drop it for mode={mode!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class StepOptions:
     """How the step is run: loss, optimizer, precision, training or inference, checkpointing."""
@@ -43,6 +61,8 @@ class StepOptions:
     #                            once the loss is computed, as HF Trainer, Lightning and torchtitan do)
     grad_accum: int = 1  # micro-batches per optimizer step, gradients accumulating (no zero_grad between)
     clip_grad_norm: float | None = None  # torch.nn.utils.clip_grad_norm_(params, max_norm) before the step
+    # where the loop calls optimizer.zero_grad(set_to_none=True) (see ZERO_GRAD): the step traced is the same
+    zero_grad: str = "after_step"
     ema: float | None = None  # the weights' moving average (its decay), updated after the step (estimator.ema)
     # ``accumulate(module, micro_step, last)``: a context manager around one micro-step's forward and
     # backward (an engine's gradient sync off but on the last: DDP's no_sync, FSDP2's
@@ -103,6 +123,8 @@ class Capture:
     keep_output: bool = False
     grad_accum: int = 1
     clip_grad_norm: float | None = None  # the gradients' norm clipped to it before the optimizer step
+    # where the loop frees the gradients (ZERO_GRAD): "before_backward" keeps the previous step's through the forward
+    zero_grad: str = "after_step"
     # a step of generate() (see .generate): stage, prompt_len, new_tokens, cache, cache_class, batch, cached
     # (tokens in the cache after the step) and one row per layer of the cache
     generation: dict[str, Any] | None = None

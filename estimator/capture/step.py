@@ -583,6 +583,7 @@ class Step:
             sids=sids,
             keep_output=self.opts.keep_output,
             grad_accum=self.opts.grad_accum if self.opts.train else 1, clip_grad_norm=self.opts.clip_grad_norm,
+            zero_grad=self.opts.zero_grad if self.opts.train else "after_step",
             generation=self.generation,
             assumptions=self.notes,  # the same list: notes made on leaving the step come too
         )

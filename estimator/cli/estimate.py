@@ -9,7 +9,7 @@ import json
 import sys
 
 from ..errors import UserError
-from .options import generation_options, load_model, precision_of, training_options
+from .options import generation_options, load_model, precision_of, training_options, zero_grad_of
 from .output import pick_format, plot_format, text_width, write_atomic, write_text
 from .progress import Progress
 
@@ -53,6 +53,7 @@ def run_estimate(args: argparse.Namespace) -> int:
                           keep_output=args.keep_output, grad_accum=grad_accum, model_name=loaded.title,
                           progress=progress, gpu=args.gpu, quantize=args.quantize, compile=args.compile, float8=args.float8,
                           cuda_torch=args.cuda_torch, lora=args.lora, clip_grad_norm=args.clip_grad_norm, ema=args.ema,
+                          zero_grad=zero_grad_of(args),
                           **generation)
         progress.set("writing the report")
         if fmt == "json":
@@ -86,6 +87,7 @@ def run_validate(args: argparse.Namespace) -> int:
                       device=args.device, precision=precision_of(args), keep_output=args.keep_output,
                       grad_accum=grad_accum, steps=args.steps, tolerance=args.tolerance, force=args.force,
                       peak_tflops=args.peak_tflops, clip_grad_norm=args.clip_grad_norm, ema=args.ema,
+                      zero_grad=zero_grad_of(args),
                       mode=args.mode, **generation)
     write_text(json.dumps(result.to_dict(), indent=2) if args.format == "json" else result.render(), None)
     return 0 if result.ok else 1

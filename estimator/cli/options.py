@@ -122,6 +122,12 @@ def add_loop_options(p: argparse.ArgumentParser) -> None:
                    help="the loop keeps a moving average of the weights (torch.optim.swa_utils.AveragedModel; "
                         "timm's and diffusers' EMA), updated after each step, counted with the optimizer state "
                         "(default: none; training only), e.g. --ema 0.9999")
+    p.add_argument("--zero-grad", choices=("after-step", "before-backward"), default=None,
+                   help="where the loop calls optimizer.zero_grad(): after-step (after optimizer.step(), or at the "
+                        "top of the loop before the forward: HF Trainer, torchtitan, nanoGPT) or before-backward "
+                        "(after the loss, before loss.backward(): Lightning's automatic optimization), which keeps "
+                        "the previous step's gradients through the forward (default: after-step; training only), "
+                        "e.g. --zero-grad before-backward")
 
 
 def add_lora_option(p: argparse.ArgumentParser) -> None:
@@ -157,7 +163,8 @@ def training_options(args: argparse.Namespace) -> tuple[str, int]:
     if mode != "train":
         given = [flag for flag, value in (("--optimizer", args.optimizer), ("--keep-output", args.keep_output or None),
                                           ("--grad-accum", args.grad_accum),
-                                          ("--clip-grad-norm", args.clip_grad_norm), ("--ema", args.ema))
+                                          ("--clip-grad-norm", args.clip_grad_norm), ("--ema", args.ema),
+                                          ("--zero-grad", getattr(args, "zero_grad", None)))
                  if value is not None]
         if given:
             raise UserError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to training steps; "
@@ -165,6 +172,11 @@ def training_options(args: argparse.Namespace) -> tuple[str, int]:
     if args.grad_accum is not None and args.grad_accum < 1:
         raise UserError(f"--grad-accum must be >= 1, not {args.grad_accum}")
     return args.optimizer or DEFAULT_OPTIMIZER, args.grad_accum or 1
+
+
+def zero_grad_of(args: argparse.Namespace) -> str:
+    """--zero-grad as the API spells it (after_step, before_backward)."""
+    return (getattr(args, "zero_grad", None) or "after-step").replace("-", "_")
 
 
 def generation_options(args: argparse.Namespace) -> dict[str, Any]:

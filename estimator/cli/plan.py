@@ -9,7 +9,8 @@ import os
 import sys
 
 from ..errors import UserError
-from .options import add_common, add_compile_options, add_lora_option, load_model, precision_of, training_options
+from .options import (add_common, add_compile_options, add_lora_option, load_model, precision_of, training_options,
+                      zero_grad_of)
 from .output import pick_format, plot_format, write_atomic, write_text
 from .progress import Progress
 
@@ -257,7 +258,8 @@ def run_plan(args: argparse.Namespace) -> int:
                           keep_output=args.keep_output, grad_accum=grad_accum,
                           checkpoint_policy=args.checkpoint_policy, compile=args.compile,
                           float8=args.float8, float8_all_gather=args.float8_all_gather, cuda_torch=args.cuda_torch,
-                          lora=args.lora, quantize=args.quantize, clip_grad_norm=args.clip_grad_norm, ema=args.ema)
+                          lora=args.lora, quantize=args.quantize, clip_grad_norm=args.clip_grad_norm, ema=args.ema,
+                          zero_grad=zero_grad_of(args))
         budget = dict(tokens=args.tokens, samples=args.samples, steps=steps, mfu=args.mfu)
         degrees = dict(tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep)
         if args.compare or len(gpus_names) > 1 or len(args.gpus) > 1 or any(len(v) > 1 for v in degrees.values()):

@@ -27,7 +27,7 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
          trace: str = "auto", solve_unfit: bool = False, keep_output: bool = False, grad_accum: int = 1,
          checkpoint_policy: Any = "full", replicate: bool = True, compile: Any = None, float8: Any = None,
          float8_all_gather: bool = False, etp: int = 1, lora: Any = None, quantize: str | None = None,
-         clip_grad_norm: float | None = None, ema: float | None = None) -> Plan:
+         clip_grad_norm: float | None = None, ema: float | None = None, zero_grad: str = "after_step") -> Plan:
     """Plan a training step of ``model`` on ``gpus`` GPUs called ``gpu`` with ``strategy``.
 
     ``inputs`` are one GPU's micro-batch.  ``ddp``, ``fsdp`` and ``hsdp`` (with ``tp`` tensor
@@ -63,7 +63,8 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
     (and ``quantize="int4"|"int4-dq"``, QLoRA, ddp only): the fine-tuning step as :func:`estimator.estimate` takes
     it (:mod:`estimator.lora`), data parallelism only.  ``clip_grad_norm``: the loop clips the gradients' norm
     before the step (``torch.nn.utils.clip_grad_norm_`` on the engine's gradients, its reduction across ranks
-    included); ``ema``: the loop keeps a moving average of the weights (:mod:`estimator.ema`).  Raises
+    included); ``ema``: the loop keeps a moving average of the weights (:mod:`estimator.ema`); ``zero_grad``: where
+    the loop frees the gradients, as :func:`estimator.estimate` takes it.  Raises
     :class:`~estimator.errors.UserError` for impossible combinations.
     """
     planner = Planner(model, inputs, gpu=gpu, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs,
@@ -72,7 +73,7 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
                       zero_semantics=zero_semantics, model_name=model_name, progress=progress, trace=trace,
                       keep_output=keep_output, grad_accum=grad_accum, checkpoint_policy=checkpoint_policy,
                       replicate=replicate, compile=compile, float8=float8, float8_all_gather=float8_all_gather,
-                      lora=lora, quantize=quantize, clip_grad_norm=clip_grad_norm, ema=ema)
+                      lora=lora, quantize=quantize, clip_grad_norm=clip_grad_norm, ema=ema, zero_grad=zero_grad)
     return planner.plan(strategy, gpus, tp=tp, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel,
                         async_tp=async_tp,
                         pp=pp, pp_schedule=pp_schedule, microbatches=microbatches, cp=cp, cp_rotate=cp_rotate,

@@ -429,6 +429,10 @@ def plan_pipeline(planner: Any, layout: Any, checkpoint: tuple[type, ...], gpu: 
     table) is filled from the composed ranks here, once."""
     from ..render.units import fmt_bytes
     from .pipeline_schedule import stages_per_rank
+
+    if planner.options.zero_grad != "after_step":
+        raise UserError("--zero-grad before-backward: a pipeline schedule runs every micro-batch's forward and "
+                        "backward inside its step(), and the loop's zero_grad() comes before it: drop --zero-grad")
     from .report import Plan
     from .results import Config, PerGpu, Verdict
     from .schedule import matmul_flops

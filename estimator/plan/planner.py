@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from ..capture import StepOptions, capture
+from ..capture import StepOptions, capture, check_zero_grad
 from ..capture.checkpoint import parse_policy, resolve_classes
 from ..capture.compiled import check_mode
 from ..collect import young_only_during
@@ -91,7 +91,7 @@ class Planner:
                  keep_output: bool = False, grad_accum: int = 1, checkpoint_policy: Any = "full",
                  replicate: bool = True, compile: Any = None, float8: Any = None, float8_all_gather: bool = False,
                  cuda_torch: str | None = None, lora: Any = None, quantize: str | None = None,
-                 clip_grad_norm: float | None = None, ema: float | None = None):
+                 clip_grad_norm: float | None = None, ema: float | None = None, zero_grad: str = "after_step"):
         if not isinstance(model, torch.nn.Module):
             raise UserError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         if device not in ("cuda", "cpu"):
@@ -126,6 +126,7 @@ class Planner:
                                    foreach=True if device == "cuda" else None, precision=self.precision.step,
                                    train=True, target=device, keep_output=bool(keep_output), grad_accum=grad_accum,
                                    clip_grad_norm=check_clip(clip_grad_norm), ema=check_ema(ema),
+                                   zero_grad=check_zero_grad(zero_grad),
                                    checkpoint_policy=parse_policy(checkpoint_policy), replicate=replicate,
                                    compile=check_mode(compile),
                                    cuda=CudaTarget.for_gpu(self.gpu, parse_release(cuda_torch))

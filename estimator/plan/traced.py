@@ -28,7 +28,7 @@ import torch.utils._pytree as pytree
 
 from ..capture import Capture
 from ..graph import OpNode
-from ..memory import CUDA_BLOCK, Category, MemoryProfile, categories, round_cuda, simulate
+from ..memory import CUDA_BLOCK, Category, MemoryProfile, carried_gradients, categories, round_cuda, simulate, with_carried
 from ..memory import fragmentation as memory_fragmentation
 from ..tally import Tally
 
@@ -189,11 +189,21 @@ class Timeline:
     def __init__(self, cap: Capture, rows: Sequence[str]):
         events = cap.events
         self.n = len(cap.storage_bytes)
+        pre = {sid for index, sid, delta in events if index < 0 and delta > 0}
+        pre |= set(cap.sids.get("optimizer_state", ()))
+        # the previous step's gradients when the loop frees them before the backward: storages n, n + 1, ... of
+        # the sizes of this step's gradients (``carried``), live from the start, freed at zero_grad
+        carry = carried_gradients(cap)
+        self.carried = torch.tensor(carry[1] if carry else [], dtype=torch.long)
+        if carry is not None:
+            extra = list(range(self.n, self.n + len(carry[1])))
+            events = with_carried(list(events), carry[0], [(carry[0], sid, -1) for sid in extra])
+            pre |= set(extra)
+            rows = list(rows) + [rows[sid] for sid in carry[1]]
+            self.n += len(extra)
         self.sid = torch.tensor([s for _, s, _ in events], dtype=torch.long)
         self.sign = torch.tensor([1 if d > 0 else -1 for _, _, d in events], dtype=torch.long)
         self.index = [i for i, _, _ in events]
-        pre = {sid for index, sid, delta in events if index < 0 and delta > 0}
-        pre |= set(cap.sids.get("optimizer_state", ()))
         self.pre = torch.zeros(self.n, dtype=torch.bool)
         if pre:
             self.pre[list(pre)] = True
@@ -209,6 +219,8 @@ def running_bytes(timeline: Timeline, sizes: Sequence[float], device: str, extra
     caching allocator does for ``device="cuda"``; ``extra``: storages live for the whole step (bytes by row);
     rows in ``drop`` count 0."""
     size = torch.round(torch.clamp(torch.as_tensor(sizes, dtype=torch.float64), min=0)).to(torch.long)
+    if len(timeline.carried):  # the previous step's gradients: this step's sizes
+        size = torch.cat([size, size[timeline.carried]])
     if device == "cuda":
         size = torch.where(size > 0, (size + CUDA_BLOCK - 1) // CUDA_BLOCK * CUDA_BLOCK, size)
     for r in drop:

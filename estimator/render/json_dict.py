@@ -50,6 +50,7 @@ def to_dict(report: ReportData, depth: int | None = None) -> dict[str, Any]:
             + t.flops["optimizer"],
         },
         "loop": ({"keep_output": report.capture.keep_output, "grad_accum": report.capture.grad_accum,
+                  "zero_grad": report.capture.zero_grad,
                   **({"clip_grad_norm": report.capture.clip_grad_norm} if report.capture.clip_grad_norm else {})}
                  if report.mode == "train" else None),
         "checkpoint": report.checkpoint.to_dict() if report.checkpoint else None,

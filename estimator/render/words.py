@@ -135,6 +135,11 @@ def loop_words(cap: Any) -> str:
         text += f"; {cap.grad_accum} micro-batches per optimizer step, gradients accumulated (--grad-accum)"
     if getattr(cap, "clip_grad_norm", None):
         text += f"; gradients' norm clipped to {cap.clip_grad_norm:g} before the step (--clip-grad-norm)"
+    if getattr(cap, "zero_grad", "after_step") == "before_backward":
+        text += ("; optimizer.zero_grad() after the loss, before backward (Lightning's automatic optimization): the "
+                 "previous step's gradients held through the forward (--zero-grad before-backward)")
+    else:
+        text += "; optimizer.zero_grad() after the step (--zero-grad before-backward: after the loss, as Lightning)"
     return text
 
 

@@ -44,9 +44,10 @@ def validate(model: torch.nn.Module, inputs: Any, *, optimizer: Any = "adamw",
              steps: int = 5, tolerance: float = 5.0, force: bool = False, peak_tflops: float | None = None,
              keep_output: bool = False, grad_accum: int = 1, clip_grad_norm: float | None = None,
              ema: float | None = None, mode: str = "train", new_tokens: int | None = None, kv_cache: str = "dynamic",
-             prompt_len: int | None = None) -> Validation:
+             prompt_len: int | None = None, zero_grad: str = "after_step") -> Validation:
     """Estimate, then run the same thing for real and compare (see the module docstring).  ``mode``: "train" (the
-    training loop: ``optimizer``, ``loss_fn``, ``keep_output``, ``grad_accum``, ``clip_grad_norm``, ``ema``),
+    training loop: ``optimizer``, ``loss_fn``, ``keep_output``, ``grad_accum``, ``clip_grad_norm``, ``ema``,
+    ``zero_grad``),
     "inference" or "generate" (``new_tokens``, ``kv_cache``, ``prompt_len``), as :func:`estimator.estimate` takes
     them.  Exit status of the command: 0 when every row is within ``tolerance`` percent."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -62,9 +63,10 @@ def validate(model: torch.nn.Module, inputs: Any, *, optimizer: Any = "adamw",
         return validate_training(model, inputs, optimizer=optimizer, loss_fn=loss_fn, device=device,
                                  precision=precision, steps=steps, tolerance=tolerance, force=force,
                                  peak_tflops=peak_tflops, keep_output=keep_output, grad_accum=grad_accum,
-                                 clip_grad_norm=clip_grad_norm, ema=ema)
+                                 clip_grad_norm=clip_grad_norm, ema=ema, zero_grad=zero_grad)
     loop = [name for name, given in (("keep_output", keep_output), ("grad_accum", grad_accum != 1),
-                                     ("clip_grad_norm", clip_grad_norm is not None), ("ema", ema is not None)) if given]
+                                     ("clip_grad_norm", clip_grad_norm is not None), ("ema", ema is not None),
+                                     ("zero_grad", zero_grad != "after_step")) if given]
     if loop:
         raise UserError(f"{', '.join(loop)} shape a training loop; mode={mode!r} runs none: drop {' and '.join(loop)}")
     from .serving import validate_serving

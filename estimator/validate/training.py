@@ -28,12 +28,15 @@ class LiveRun:
     """The real training loop on a private copy of the model: ``step()`` is one iteration as the
     estimate models it: ``grad_accum`` micro-steps (each loss divided by it), the output dropped once the
     loss is computed or (``keep_output``) held until the next micro-step or the end of the step, one
-    optimizer step; the loss returned (the caller keeps it into the next iteration, as a loop that logs it)."""
+    optimizer step; the loss returned (the caller keeps it into the next iteration, as a loop that logs it).
+    ``zero_grad``: the gradients freed after the step (:meth:`end_step`) or, "before_backward", before the first
+    micro-step's backward (the previous step's live through the forward)."""
 
     def __init__(self, model: torch.nn.Module, inputs: Any, optimizer: Any, loss_fn: Callable | None,
                  device: str, policy: Any, keep_output: bool = False, grad_accum: int = 1,
-                 clip_grad_norm: float | None = None, ema: float | None = None):
+                 clip_grad_norm: float | None = None, ema: float | None = None, zero_grad: str = "after_step"):
         self.keep_output, self.grad_accum, self.clip = keep_output, grad_accum, clip_grad_norm
+        self.zero_before = zero_grad == "before_backward"
         self.device, self.dev = device, torch.device(device)
         self.m = materialize_model(model, self.dev, policy.cast)
         self.args, self.kwargs = split_inputs(materialize_inputs(inputs, self.dev, policy.cast))
@@ -68,6 +71,8 @@ class LiveRun:
                 loss = loss / self.grad_accum
             if not self.keep_output:
                 out = None
+            if self.zero_before and watch:
+                self.zero_grad()
             if at_backward is not None and watch:
                 at_backward()
             with bwd_counter:
@@ -90,6 +95,11 @@ class LiveRun:
     def zero_grad(self) -> None:
         if self.opt is not None:
             self.opt.zero_grad(set_to_none=True)
+
+    def end_step(self) -> None:
+        """What the loop does after the step: zero_grad, unless it does that before the next backward."""
+        if not self.zero_before:
+            self.zero_grad()
 
     def first_step(self) -> tuple[dict[str, int], torch.Tensor]:
         """Iteration 1: saved activations and FLOPs; then the model states from the real tensors."""
@@ -123,7 +133,7 @@ class LiveRun:
             "flops_forward": fwd_counter.get_total_flops(),
             "flops_backward": bwd_counter.get_total_flops(),
         }
-        self.zero_grad()
+        self.end_step()
         return measured, keep
 
     def steady_peak(self, keep: torch.Tensor, base_allocated: int) -> tuple[int, torch.Tensor]:
@@ -144,12 +154,15 @@ class LiveRun:
             for t in pytree.tree_leaves((self.args, self.kwargs)):
                 if isinstance(t, torch.Tensor):
                     tracker.register(t)
+            for p in self.m.parameters():  # the previous step's gradients, where zero_grad comes before backward
+                if p.grad is not None:
+                    tracker.register(p.grad)
             tracker.register(keep)  # the previous iteration's loss, still referenced
             with tracker:
                 tracker.reset_peak()
                 keep = self.step()
             peak = tracker.peak
-        self.zero_grad()
+        self.end_step()
         return peak, keep
 
     def median_step_time(self, steps: int) -> float:
@@ -159,7 +172,7 @@ class LiveRun:
             self.sync()
             t0 = time.perf_counter()
             keep = self.step()
-            self.zero_grad()
+            self.end_step()
             self.sync()
             times.append(time.perf_counter() - t0)
         del keep
@@ -182,6 +195,7 @@ def validate_training(
     grad_accum: int = 1,
     clip_grad_norm: float | None = None,
     ema: float | None = None,
+    zero_grad: str = "after_step",
 ) -> Validation:
     """Estimate, then run real training iterations and compare (see the module docstring)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -194,12 +208,13 @@ def validate_training(
     here = match_device_name(torch.cuda.get_device_name()) if device == "cuda" else None
     report = estimate(model, inputs, optimizer=optimizer, loss_fn=loss_fn, device=device, precision=precision,
                       gpu=here, solve_batch=False, keep_output=keep_output, grad_accum=grad_accum,
-                      clip_grad_norm=clip_grad_norm, ema=ema)
+                      clip_grad_norm=clip_grad_norm, ema=ema, zero_grad=zero_grad)
     est = report.to_dict()
     check_room(device, est, force)
 
     base_allocated = torch.cuda.memory_allocated() if device == "cuda" else 0
-    run = LiveRun(model, inputs, optimizer, loss_fn, device, policy, keep_output, grad_accum, clip_grad_norm, ema)
+    run = LiveRun(model, inputs, optimizer, loss_fn, device, policy, keep_output, grad_accum, clip_grad_norm, ema,
+                  zero_grad)
     measured, keep = run.first_step()
     measured["peak"], keep = run.steady_peak(keep, base_allocated)
     del keep
