@@ -221,3 +221,20 @@ def test_unknown_gpu_file_is_a_one_line_error(tmp_path):
     with pytest.raises(UserError, match="no such file"):
         lookup(str(tmp_path / "missing.json"))
     assert os.path.exists(SAMPLE / "kernels.csv.gz")
+
+
+@pytest.mark.parametrize("gpu", ["H100-SXM", "A100-80GB", "A100-40GB", "L4", "T4", "V100", "RTX4090"])
+def test_skinny_gemms_are_monotone_and_bounded_by_their_weights(gpu):
+    """Below the fitted shapes (m < 64: a decode step's GEMMs, one row per sequence) a GEMM is timed no slower than
+    the same GEMM padded to more rows (kernels.padded_size), and a one-row GEMM stays near its weight's bytes over the
+    model's bandwidth, plus the library's launch floor (the bytes bound it; before, the fitted factor extrapolated to m = 1 made an L4's 1 x 11008 @
+    11008 x 4096 5x slower than 16 rows).  Derived from the model's own constants: no time typed here."""
+    from estimator.timing.kernels import gemm_seconds
+
+    model = T.load_model(gpu)
+    for n, k in ((11008, 4096), (4096, 11008), (32000, 4096), (4096, 4096), (10, 512)):
+        times = [gemm_seconds(model, "bf16", "half", 1, m, n, k) for m in (1, 2, 4, 8, 16, 32, 64)]
+        assert all(a <= b * (1 + 1e-9) for a, b in zip(times, times[1:])), (n, k, times)
+        weight = 2 * n * k / model.bandwidth
+        if n * k >= 4096 * 4096:  # a weight large enough that its bytes, not the launch, decide
+            assert weight <= times[0] <= 1.5 * weight + model.library_s, (n, k, times[0], weight)

@@ -102,6 +102,27 @@ def size_factor(rows: float, m: float, n: float, k: float, fill_rows: float, n0:
     return rows / (rows + fill_rows) * m / (m + n0) * n / (n + n0) * k / (k + k0)
 
 
+PAD_LIMIT = 64  # the smallest m and n of the fp32 GEMMs the GPUs without steps of their own are fitted on
+
+
+def padded_size(batch: int, m: int, n: int, k: int, fill_rows: float, n0: float, k0: float) -> float:
+    """:func:`size_factor` made monotone in ``m`` and ``n`` below :data:`PAD_LIMIT`: a GEMM with fewer rows (or
+    columns) runs no slower than the same GEMM padded to more, which the library can always run, so its size
+    factor is at least ``size_factor(padded) x m / m_padded`` (the padded GEMM does ``m_padded / m`` times the
+    work).  The fitted factor, extrapolated below the fitted shapes (m, n >= 64 in the public kernels), made a
+    one-row GEMM (a decode step's) up to 5x slower than a 16-row one with the same weight (2.1 against 0.44 ms on an
+    L4 for 1 x 11008 @ 11008 x 4096 in bf16) where its weight's bytes bound both."""
+    best = size_factor(batch * m * n, m, n, k, fill_rows, n0, k0)
+    if m >= PAD_LIMIT and n >= PAD_LIMIT:
+        return best
+    pads_m = [m] + [p for p in (2, 4, 8, 16, 32, 64) if m < p <= PAD_LIMIT]
+    pads_n = [n] + [p for p in (2, 4, 8, 16, 32, 64) if n < p <= PAD_LIMIT]
+    for pm in pads_m:
+        for pn in pads_n:
+            best = max(best, size_factor(batch * pm * pn, pm, pn, k, fill_rows, n0, k0) * (m / pm) * (n / pn))
+    return best
+
+
 def align_factor(align: float, gamma: float) -> float:
     """Tensor-core efficiency of misaligned operands: 16-byte loads need 16-byte aligned leading
     dimensions; narrower ones (8, 4, 2 bytes) issue proportionally more load instructions."""
@@ -125,7 +146,7 @@ def gemm_seconds(model: TimingModel, peak_key: str, eff_key: str, batch: int, m:
     flops = 2 * batch * m * n * k
     item = 2 if eff_key == "half" else 4
     nbytes = item * batch * (m * k + k * n + m * n) if nbytes is None else nbytes
-    size = size_factor(batch * m * n, m, n, k, model.fill_rows, model.n0, model.k0)
+    size = padded_size(batch, m, n, k, model.fill_rows, model.n0, model.k0)
     align_f = align_factor(align, model.align_gamma) if eff_key != "fp32" else 1.0
     compute = compute_seconds(flops, peak_of(model, peak_key), model.eff[f"matmul.{eff_key}"], size, align_f)
     return model.library_s + soft_max_p(compute, nbytes / model.bandwidth, model.overlap_p)
@@ -184,7 +205,8 @@ def gpu_seconds(w: OpWork, model: TimingModel, matmul_tf32: bool = False, conv_t
         eff = measured * model.tensor_ratio if measured else eff * (model.attention_backward if w.backward else 1.0)
         size = 1.0
     else:
-        size = size_factor(w.batch * w.m * w.n, w.m, w.n, w.k, model.fill_rows, model.n0, model.k0)
+        size = (padded_size(w.batch, w.m, w.n, w.k, model.fill_rows, model.n0, model.k0) if w.kind == MATMUL
+                else size_factor(w.batch * w.m * w.n, w.m, w.n, w.k, model.fill_rows, model.n0, model.k0))
         if w.kind == CONV and w.backward:
             eff *= model.conv_backward
     align = align_factor(w.align, model.align_gamma) if precision not in ("fp32", "grouped") else 1.0
