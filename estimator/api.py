@@ -179,7 +179,7 @@ def estimate(
             raise UserError(f"gpu={gpu!r} sizes the step for a CUDA GPU: use device='cuda' (the default)")
         target_gpu = gpu if isinstance(gpu, GPU) else lookup(gpu)
     _check_mode(mode, grad_accum, quantize, prompt_len, new_tokens, lora)
-    model, finetune_notes, quantize = finetuned(model, lora, quantize, parse_precision(precision), mode)
+    model, finetune_notes, quantize = finetuned(model, lora, quantize, parse_precision(precision), mode, device)
     policy = parse_policy(checkpoint_policy)
     from .capture.compiled import check_mode
 

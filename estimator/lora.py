@@ -20,6 +20,7 @@ the replaced layers (parameters shared, not copied).
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,14 +195,35 @@ def _frozen(model: nn.Module, ids: set[int]) -> nn.Module:
     return _replaced(model, swaps)
 
 
+# the weights an inference or generation estimate is traced over (estimator.qlora's Linear4bit); int8 is a what-if
+TRACED_4BIT = ("int4", "int4-dq")
+
+
 def finetuned(model: nn.Module, lora: Any, quantize: str | None, precision: Any,
-              mode: str = "train") -> tuple[nn.Module, list[str], str | None]:
+              mode: str = "train", device: str = "cuda") -> tuple[nn.Module, list[str], str | None]:
     """(the model as a LoRA or QLoRA run trains it (:func:`prepare_finetune`), what that assumed, the
     ``quantize`` left for inference's what-ifs); ``precision``: the step's :class:`~.precision.Precision` (QLoRA
     computes in its low dtype; the statistics keep the dtype the weights had, the cast one or float32)."""
     from .quantize import check_scheme
 
     spec = parse_lora(lora)
+    if mode != "train" and quantize in TRACED_4BIT:  # served over bitsandbytes' 4-bit weights: traced with them
+        from .qlora import CUDA_FUSED_ROWS, quantize_linears
+
+        double = quantize == "int4-dq"
+        # bitsandbytes on CUDA: its fused kernel for at most 4 rows (a decode step of batch <= 4), else the weight
+        # dequantized for F.linear; on the CPU its inference kernel (weights repacked at the first call) for any
+        fused = CUDA_FUSED_ROWS if device == "cuda" else math.inf
+        swaps = quantize_linears(model, compute_dtype=precision.cast or precision.autocast or torch.float32,
+                                 quant_dtype=precision.cast or torch.float32, double_quant=double, fused_rows=fused)
+        return _replaced(model, swaps), [
+            f"4-bit weights (bitsandbytes NF4, {'double' if double else 'single'} quantization) in {len(swaps)} "
+            f"Linear layers, traced as they run: " + (
+                "bitsandbytes' fused kernel (the 4-bit weight read as it is) for at most 4 rows of input, e.g. a "
+                "decode step of batch <= 4, else the weight dequantized to the compute dtype for F.linear (its "
+                "choice between 5 and 1,536 rows depends on the GPU)" if device == "cuda" else
+                "bitsandbytes' CPU inference kernel (the 4-bit weight read as it is; its repacking at the first "
+                "call not counted)") + "; the output head and the other parameters as they are"], quantize
     if mode != "train" or (spec is None and quantize is None):
         return model, [], quantize
     check_scheme(quantize, mode, spec is not None)

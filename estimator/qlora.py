@@ -37,7 +37,7 @@ from torch import nn
 
 from .layers import linear_dims, linear_layers
 from .precision import keep_dtype
-from .rules import OTHER, register
+from .rules import MATMUL, OTHER, register
 
 BLOCKSIZE = 64  # bitsandbytes' default blocksize for 4-bit weights
 NESTED_BLOCKSIZE = 256  # double quantization: absmax values per second-level block
@@ -68,8 +68,31 @@ def _(quantized, absmax, code):
     return quantized.new_empty(quantized.shape, dtype=torch.float32)
 
 
+@torch.library.custom_op("estimator::gemm_4bit", mutates_args=())
+def gemm_4bit(x: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """``x @ W.T`` with ``W`` (``rows x cols``) read in its 4-bit form (bitsandbytes' fused ``gemm_4bit`` kernels: no
+    dequantized copy of the weight); values not modelled."""
+    return torch.zeros((*x.shape[:-1], rows), dtype=x.dtype, device=x.device)
+
+
+@gemm_4bit.register_fake
+def _(x, packed, absmax, rows, cols):
+    return x.new_empty((*x.shape[:-1], rows))
+
+
 DEQUANTIZE_4BIT = torch.ops.estimator.dequantize_4bit
 DEQUANTIZE_BLOCKWISE = torch.ops.estimator.dequantize_blockwise
+GEMM_4BIT = torch.ops.estimator.gemm_4bit
+# bitsandbytes 0.50's fused inference kernel on CUDA takes at most this many rows (``_GEMM_4BIT_CUSTOM_FLOOR_M``:
+# always fused up to 4; 5 to 1,536 by a per-architecture heuristic, taken here as the dequantize-and-F.linear
+# fallback it picks on an H100 past a few rows; above 1,536 that fallback)
+CUDA_FUSED_ROWS = 4
+
+
+@register(GEMM_4BIT, kind=MATMUL)
+def gemm_4bit_flops(call) -> int:
+    """``2 x rows x out x in`` (a matmul's multiply-adds, as ``F.linear`` on the dequantized weight counts them)."""
+    return 2 * call.out.numel * call["cols"]
 
 
 @register(DEQUANTIZE_4BIT, DEQUANTIZE_BLOCKWISE, kind=OTHER)
@@ -86,8 +109,10 @@ class Linear4bit(nn.Module):
     """bitsandbytes' ``Linear4bit`` as it holds and runs a frozen 4-bit weight (see the module docstring)."""
 
     def __init__(self, in_features: int, out_features: int, bias: nn.Parameter | None, compute_dtype: torch.dtype,
-                 quant_dtype: torch.dtype, double_quant: bool, device: Any = "meta", quant_type: str = "nf4"):
+                 quant_dtype: torch.dtype, double_quant: bool, device: Any = "meta", quant_type: str = "nf4",
+                 fused_rows: float = 0):
         super().__init__()
+        self.fused_rows = fused_rows  # inference: up to this many input rows run the fused kernel (gemm_4bit)
         self.in_features, self.out_features, self.quant_type = in_features, out_features, quant_type
         self.compute_dtype, self.quant_dtype, self.double_quant = compute_dtype, quant_dtype, double_quant
         n = in_features * out_features
@@ -117,7 +142,12 @@ class Linear4bit(nn.Module):
         return out.to(inp_dtype)
 
     def gemm(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """``gemm_4bit``'s dequantize-then-``F.linear`` path (``_dequant_linear_fallback``, the default impl)."""
+        """``gemm_4bit``: the fused kernel up to :attr:`fused_rows` input rows (no gradient), else its
+        dequantize-then-``F.linear`` path (``_dequant_linear_fallback``, the default impl)."""
+        if x.numel() <= self.fused_rows * self.in_features and not torch.is_grad_enabled():
+            absmax = self.absmax if not self.double_quant else self.absmax2
+            out = GEMM_4BIT(x, self.weight, absmax, self.out_features, self.in_features)
+            return out if bias is None else out + bias
         absmax = self.absmax
         if self.double_quant:
             absmax = DEQUANTIZE_BLOCKWISE(self.absmax, self.absmax2, self.code2) + self.offset
@@ -151,7 +181,7 @@ class _MatMul4Bit(torch.autograd.Function):
 
 
 def quantize_linears(model: nn.Module, compute_dtype: torch.dtype, quant_dtype: torch.dtype,
-                     double_quant: bool) -> dict[str, Linear4bit]:
+                     double_quant: bool, fused_rows: float = 0) -> dict[str, Linear4bit]:
     """:class:`Linear4bit` stand-ins, by path, for every Linear layer of ``model`` but the output head and the
     modules a transformers model keeps in float32 (``_keep_in_fp32_modules``, e.g. T5's ``wo``: transformers'
     bitsandbytes quantizer leaves them out too); the replacements (the model is not changed)."""
@@ -164,5 +194,6 @@ def quantize_linears(model: nn.Module, compute_dtype: torch.dtype, quant_dtype: 
         bias = m.bias
         if bias is not None:  # frozen with the base, as peft's bias="none" leaves it
             bias = nn.Parameter(bias.detach(), requires_grad=False)
-        out[path] = Linear4bit(*linear_dims(m), bias, compute_dtype, quant_dtype, double_quant, device=m.weight.device)
+        out[path] = Linear4bit(*linear_dims(m), bias, compute_dtype, quant_dtype, double_quant, device=m.weight.device,
+                               fused_rows=fused_rows)
     return out

@@ -67,8 +67,8 @@ def check_scheme(scheme: str | None, mode: str, lora: bool = False) -> None:
             raise UserError(f"--quantize {scheme} freezes the model's Linear layers in 4 bits: add --lora (QLoRA: "
                             f"adapters trained over them), or --mode inference or generate")
         return
-    if scheme not in QUANT_SCHEMES:
-        raise UserError(f"quantize must be one of {', '.join(QUANT_SCHEMES)}, not {scheme!r}")
+    if scheme not in QUANT_SCHEMES and scheme != "int4-dq":
+        raise UserError(f"quantize must be one of {', '.join(QUANT_SCHEMES)} or int4-dq, not {scheme!r}")
 
 
 def _quantizable(cap: Any) -> list[tuple[str, int, int, int]]:

@@ -17,6 +17,7 @@ import torch.fx as fx
 from .capture import INPUT_MODULE, LOSS_MODULE, Capture
 from .hardware import GPU
 from .memory import MemoryProfile
+from .lora import TRACED_4BIT
 from .quantize import QUANT_SCHEMES, QuantizedWhatIf, quantized_peak, quantized_what_ifs  # noqa: F401
 from .tally import ModuleTally, Tally
 
@@ -162,6 +163,8 @@ class ReportData:
             return None
         from .memory import gpu_bytes_needed, needed_for_peak
 
+        if self.quantize in TRACED_4BIT:
+            return gpu_bytes_needed(self.memory)
         if self.quantize:  # sized with the quantized weights: the peak they leave, and its reserve
             peak = self.quantized_peak
             return needed_for_peak(peak) if self.device == "cuda" else peak
@@ -172,6 +175,8 @@ class ReportData:
         """The peak with the weights quantized as ``quantize`` says (None without ``quantize``)."""
         if not self.quantize or self.memory is None:
             return None
+        if self.quantize in TRACED_4BIT:  # traced over the 4-bit weights: the trace's own peak
+            return max(self.memory.peak, self.memory.peak_first_step)
         return quantized_peak(self.capture, self.device, max(self.memory.peak, self.memory.peak_first_step),
                               self.quantize)
 

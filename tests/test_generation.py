@@ -246,10 +246,13 @@ def test_quantize_answers_in_the_headline(capsys):
     assert f"; fits with int8 weights (needs {fmt_bytes(int8_needs)}: --quantize int8)" in plain["headline"]
     assert int4["fit"]["fits"] and int4["headline"].startswith("Inference with int4 weights (NF4, bitsandbytes) needs")
     assert ": fits on L4" in int4["headline"]
-    # the headline's figure is the int4 what-if's peak with the reserve on it, the what-if every inference report shows
+    # the headline's figure is the step traced over bitsandbytes' 4-bit weights (estimator.qlora's stand-ins): its
+    # own peak and reserve; the int4 what-if every unquantized inference report shows (the peak less the bytes the
+    # weights save, plus one layer's dequantized weight) bounds it from above
     what_if = {q["scheme"]: q for q in plain["quantized"]}["int4"]
-    assert int4["quantize"] == {"scheme": "int4", "peak": what_if["peak"]}
-    assert int4["needed"] == needed_for_peak(what_if["peak"])
+    assert int4["quantize"] == {"scheme": "int4", "peak": int4["memory"]["peak"]}
+    assert int4["needed"] == int4["memory"]["peak"] + sum(int4["memory"]["reserve"].values())
+    assert int4["memory"]["peak"] <= what_if["peak"]
 
 
 @pytest.mark.parametrize("name", ["llama_gqa", "whisper"])

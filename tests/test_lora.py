@@ -223,3 +223,54 @@ def test_qlora_leaves_the_modules_transformers_keeps_in_float32():
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n != "lm_head"]
     kept = [n for n in linears if n.endswith(".wo")]
     assert kept and any(f"in {len(linears) - len(kept)} Linear layers" in n for n in report.to_dict()["assumptions"])
+
+
+@pytest.mark.parametrize("precision,quantize", [("fp32", "int4"), ("bf16", "int4"), ("bf16-mixed", "int4"),
+                                                ("fp32", "int4-dq")])
+def test_inference_over_4bit_weights_matches_bitsandbytes(precision, quantize):
+    """``--mode inference --quantize int4`` is traced over the 4-bit stand-ins (no what-if arithmetic): the
+    steady-state forward's peak against bitsandbytes' Linear4bit run for real on the CPU (the second forward:
+    bitsandbytes converts the weights for its CPU kernel at the first), the quantization state resident.  Under
+    bf16-mixed the model holds no autocast copies of the quantized weights (the what-if on the unquantized trace
+    counted them: +27 % here)."""
+    model, inputs = _llama()
+    inputs = {k: v for k, v in inputs.items() if k != "labels"}
+    compute = torch.bfloat16 if precision in ("bf16", "bf16-mixed") else torch.float32
+    base = copy.deepcopy(model).to(torch.bfloat16) if precision == "bf16" else model
+    real = _quantized(base, compute, quantize == "int4-dq")
+    _, steady = measure_peaks(real, inputs, None, None, train=False, resident=_quant_state(real),
+                              autocast_dtype=torch.bfloat16 if precision == "bf16-mixed" else None)
+    report = estimate(model, inputs, device="cpu", precision=precision, mode="inference", quantize=quantize)
+    assert report.quantized_peak == report.memory.peak == pytest.approx(steady, rel=0.01), (report.memory.peak, steady)
+    assert report.headline().startswith(f"Inference with {quantize} weights")
+
+
+def test_4bit_inference_runs_bitsandbytes_fused_kernel_where_it_does():
+    """bitsandbytes 0.50's ``gemm_4bit`` on CUDA: its fused kernel for at most 4 input rows (a decode step of
+    batch <= 4: no dequantized copy of the weight), the weight dequantized for ``F.linear`` above; the fused op's
+    FLOPs are the matmul's, as FlopCounterMode counts ``F.linear`` of the same shapes on real tensors."""
+    from estimator.qlora import CUDA_FUSED_ROWS
+    from instruments import flop_counter
+
+    model, inputs = _llama()
+    model = copy.deepcopy(model)
+    model.config.use_cache = model.generation_config.use_cache = True  # (the training helper turns it off)
+    ids = inputs["input_ids"]
+    ops = {}
+    for batch in (1, CUDA_FUSED_ROWS + 1):
+        g = estimate(model, {"input_ids": ids[:1].expand(batch, -1).contiguous()}, device="cuda", precision="bf16",
+                     mode="generate", new_tokens=3, quantize="int4").generation
+        ops[batch] = {s: [str(n.target) for n in g.stages[s].capture.nodes] for s in ("prefill", "decode")}
+    assert any("gemm_4bit" in o for o in ops[1]["decode"]) and not any("dequantize_4bit" in o for o in ops[1]["decode"])
+    assert any("dequantize_4bit" in o for o in ops[1]["prefill"])  # the prompt's rows: dequantized
+    assert not any("gemm_4bit" in o for o in ops[CUDA_FUSED_ROWS + 1]["decode"])
+    from estimator.rules.registry import OpCall, TensorSpec, lookup
+    from estimator.qlora import GEMM_4BIT
+
+    x, w = torch.randn(3, 64), torch.randn(128, 64)
+    counter = flop_counter()
+    with counter:
+        torch.nn.functional.linear(x, w)
+    call = OpCall(GEMM_4BIT, {"x": TensorSpec((3, 64), torch.bfloat16), "rows": 128, "cols": 64},
+                  (TensorSpec((3, 128), torch.bfloat16),))
+    assert lookup(GEMM_4BIT).fn(call) == counter.get_total_flops() == 2 * 3 * 128 * 64  # 2 x rows x out x in

@@ -9,6 +9,7 @@ import re
 
 from tabulate import tabulate
 
+from ..lora import TRACED_4BIT
 from ..results import ReportData
 from .generation import generation_rows
 from .units import CATEGORY_LABEL, dtype_note, fmt_bytes, fmt_count, fmt_flops, step_time_words
@@ -21,18 +22,20 @@ def _memory_rows(report: ReportData, train: bool) -> list[tuple[str, str]]:
     """The peak, where it is and what is live there, the step time, the kernels and the CUDA reserve."""
     rows: list[tuple[str, str]] = []
     m = report.memory
+    traced = report.quantize in TRACED_4BIT  # (traced over the 4-bit weights: no what-if on the peak)
     if m is not None:
         at = m.peak_at
         if report.device == "cuda":
             rows.append(("Memory the GPU needs", f"{fmt_bytes(report.needed)} (peak + CUDA reserve"
                                                  f"{f', {report.quantize} weights' if report.quantize else ''})"))
-        if report.quantize:
+        if report.quantize and not traced:
             rows.append((f"Memory: peak with {report.quantize} weights",
                          f"{fmt_bytes(report.quantized_peak)} (the traced peak less what the quantized weights save; "
                          f"see the what-if below)"))
         which = " (steady-state step)" if train else (
             f" (the {STAGE_WORDS[report.generation.binding]})" if report.generation is not None else "")
-        rows.append((f"Memory: peak{which}{' as traced' if report.quantize else ''}",
+        rows.append((f"Memory: peak{which}{' as traced' if report.quantize and not traced else ''}"
+                     f"{f' with {report.quantize} weights' if traced else ''}",
                      f"{fmt_bytes(m.peak)}, in the {place(report, at)}"))
         rows.append(("Memory at the peak", ", ".join(f"{CATEGORY_LABEL.get(k, k)} {fmt_bytes(v)}"
                                                      for k, v in at.by_category.items() if v)))
@@ -41,7 +44,7 @@ def _memory_rows(report: ReportData, train: bool) -> list[tuple[str, str]]:
                                                        f"is created inside the first step)"))
         st = report.step_time
         if st is not None:
-            weights = " (16-bit weights)" if report.quantize else ""
+            weights = " (16-bit weights)" if report.quantize and not traced else ""
             rows.append((f"Step time on {st.gpu}{weights}", f"{step_time_words(st.total, st.likely, st.band_note)} "
                          f"(forward {st.forward * 1e3:.1f}, backward {st.backward * 1e3:.1f}, optimizer "
                          f"{st.optimizer * 1e3:.1f}; {'launch' if st.bound == 'host' else 'GPU'}-bound)"))

@@ -46,7 +46,9 @@ STAGE_WORDS = {"prefill": "prefill", "decode": "last decode step"}
 
 def stage_peak(report: ReportData, stage: Any) -> int:
     """A generation step's peak, with the quantized weights when the estimate is sized with them."""
-    if not report.quantize:
+    from ..lora import TRACED_4BIT
+
+    if not report.quantize or report.quantize in TRACED_4BIT:  # (4-bit weights: traced with them)
         return stage.peak
     from ..quantize import quantized_peak
 
