@@ -137,8 +137,8 @@ def table(records: list[dict]) -> str:
              f"five within {TOLERANCE:.0%}).", "",
              "| outcome | types |", "|---|---:|"]
     lines += [f"| {k} | {v} |" for k, v in sorted(counts.items())]
-    lines += ["", "| type | outcome | class | peaks prefill / decode; FLOPs prefill / decode; cache (estimate / real - 1) "
-                  "or message |", "|---|---|---|---|"]
+    lines += ["", "| type | outcome | class | peaks prefill / decode; FLOPs prefill / decode; cache "
+                  "(estimate / real - 1) or message |", "|---|---|---|---|"]
     for r in sorted(records, key=lambda r: (r["outcome"] == "exact", r["type"])):
         if r["outcome"] == "exact":
             continue

@@ -10,7 +10,8 @@ model's own image/audio size) without labels, in its own process: the estimate (
 replaces it) beside the same loop run for real with random weights under ``tests/livetracker.py``'s live-tensor
 tracker (two iterations; the second, steady-state peak compared), and the forward's matmul FLOPs against
 ``tests/instruments.py``'s fixed FlopCounterMode on a third real forward (eval mode: a model's inference branches,
-as dropout and layer drop off, may run other matmuls than its training step does).  Outcomes as ``generate_sweep.py``'s; records in
+as dropout and layer drop off, may run other matmuls than its training step does).  Outcomes as
+``generate_sweep.py``'s; records in
 ``benchmarks/inference_sweep.jsonl``, the table in ``inference_sweep.md``.
 """
 

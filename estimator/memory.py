@@ -314,7 +314,8 @@ def _allocator_streams(cap: Capture, events: list[tuple[int, int, int]], raw: li
         kept = set(held) | (set(carry[1]) if carry is not None and step == 1 else set())
         if carry is not None and step == 2:  # the first step's gradients, freed by zero_grad before this backward
             stream = with_carried(stream, carry[0], [(carry[0], (1, sid), -raw[sid]) for sid in carry[1] if raw[sid]])
-        drop = [(end, key, -raw[key[1]]) for key in sorted(k for k in live if isinstance(k, tuple) and k[1] not in kept)]
+        drop = [(end, key, -raw[key[1]]) for key in sorted(k for k in live if isinstance(k, tuple)
+                                                            and k[1] not in kept)]
         streams += [stream, drop]
     return streams
 

@@ -50,6 +50,7 @@ from .recorder import (
 from .options import ZERO_GRAD, Capture, Progress, StepOptions, check_zero_grad
 from .run import capture
 
-__all__ = ["capture", "Capture", "StepOptions", "ZERO_GRAD", "check_zero_grad", "Progress", "Phase", "FORWARD_PHASES", "LOSS_MODULE",
+__all__ = ["capture", "Capture", "StepOptions", "ZERO_GRAD", "check_zero_grad", "Progress", "Phase", "FORWARD_PHASES",
+           "LOSS_MODULE",
            "INPUT_MODULE", "OPTIMIZER_MODULE", "GENERATE_MODULE", "Generation", "KV_CACHES", "select_loss",
            "default_loss", "split_inputs", "tensor_spec"]

@@ -64,7 +64,8 @@ def add_common(p: argparse.ArgumentParser, *, precisions: Sequence[str] = PRECIS
                          "weights; fp16 with a GradScaler); fp8 (a model: bf16-mixed with linear layers in "
                          "E4M3/E5M2)") + f" (default: {DEFAULT_PRECISION}, the same in estimate, validate and "
                    "plan: how models are trained" + (f"; {SERVING_PRECISION} for --mode inference and generate, as "
-                                                     "models are served" if mode or serving else "") + "), e.g. --precision fp32")
+                                                     "models are served" if mode or serving else "")
+                   + "), e.g. --precision fp32")
     if mode or serving:
         add_mode_options(p)
     if mode:

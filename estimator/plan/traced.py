@@ -28,7 +28,8 @@ import torch.utils._pytree as pytree
 
 from ..capture import Capture
 from ..graph import OpNode
-from ..memory import CUDA_BLOCK, Category, MemoryProfile, carried_gradients, categories, round_cuda, simulate, with_carried
+from ..memory import (CUDA_BLOCK, Category, MemoryProfile, carried_gradients, categories, round_cuda, simulate,
+                      with_carried)
 from ..memory import fragmentation as memory_fragmentation
 from ..tally import Tally
 
