@@ -182,3 +182,22 @@ def test_cli_validate_generate_and_its_errors(capsys):
         out, err = capsys.readouterr()
         lines = [ln for ln in err.splitlines() if ln.startswith("estimator: error")]
         assert out == "" and len(lines) == 1 and message in lines[0], err
+
+
+@pytest.mark.parametrize("precision,quantize", [("fp32", "int4"), ("bf16", "int4-dq")])
+@pytest.mark.parametrize("mode", ["inference", "generate"])
+def test_4bit_serving_against_bitsandbytes(mode, precision, quantize):
+    """``--quantize int4`` in validate: the real model's Linear layers bitsandbytes' Linear4bit quantized for real (its
+    CPU kernels; FlopCounterMode given a formula for its fused 4-bit matmuls), beside the estimate traced over the
+    4-bit stand-ins: every row within 1 % (parameters and buffers, the quantization state, to the byte)."""
+    pytest.importorskip("bitsandbytes")
+    from estimator.validate import validate
+
+    loaded = _load("llama", LLAMA)
+    extra = {"new_tokens": N} if mode == "generate" else {}
+    result = validate(loaded.model, loaded.inputs, device="cpu", precision=precision, mode=mode, steps=1,
+                      tolerance=1.0, quantize=quantize, **extra)
+    assert result.ok, result.render()
+    assert result.rows["parameters"]["error"] == result.rows["buffers"]["error"] == 0
+    flops = [k for k in result.rows if k.startswith("flops")]
+    assert all(result.rows[k]["measured"] > 0 and result.rows[k]["error"] == 0 for k in flops)

@@ -87,7 +87,7 @@ def run_validate(args: argparse.Namespace) -> int:
                       device=args.device, precision=precision_of(args), keep_output=args.keep_output,
                       grad_accum=grad_accum, steps=args.steps, tolerance=args.tolerance, force=args.force,
                       peak_tflops=args.peak_tflops, clip_grad_norm=args.clip_grad_norm, ema=args.ema,
-                      zero_grad=zero_grad_of(args),
+                      zero_grad=zero_grad_of(args), quantize=args.quantize,
                       mode=args.mode, **generation)
     write_text(json.dumps(result.to_dict(), indent=2) if args.format == "json" else result.render(), None)
     return 0 if result.ok else 1

@@ -94,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="largest relative error accepted, in percent (default: 5), e.g. --tolerance 1")
     val.add_argument("--peak-tflops", type=float, metavar="TFLOPS",
                      help="the device's peak for MFU when it is not in the hardware table, e.g. --peak-tflops 312")
+    val.add_argument("--quantize", choices=("int4", "int4-dq"),
+                     help="--mode inference or generate: run the Linear layers as bitsandbytes' 4-bit layers (NF4; "
+                          "int4-dq: double quantization), quantized for real, beside the estimate over them, e.g. "
+                          "--quantize int4")
     val.add_argument("--force", action="store_true", help="run even if the estimated peak exceeds free memory")
     val.add_argument("--format", default="table", choices=("table", "json"), help="output format, e.g. --format json")
     val.set_defaults(run=run_validate)

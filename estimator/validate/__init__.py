@@ -44,12 +44,12 @@ def validate(model: torch.nn.Module, inputs: Any, *, optimizer: Any = "adamw",
              steps: int = 5, tolerance: float = 5.0, force: bool = False, peak_tflops: float | None = None,
              keep_output: bool = False, grad_accum: int = 1, clip_grad_norm: float | None = None,
              ema: float | None = None, mode: str = "train", new_tokens: int | None = None, kv_cache: str = "dynamic",
-             prompt_len: int | None = None, zero_grad: str = "after_step") -> Validation:
+             prompt_len: int | None = None, zero_grad: str = "after_step", quantize: str | None = None) -> Validation:
     """Estimate, then run the same thing for real and compare (see the module docstring).  ``mode``: "train" (the
     training loop: ``optimizer``, ``loss_fn``, ``keep_output``, ``grad_accum``, ``clip_grad_norm``, ``ema``,
     ``zero_grad``),
-    "inference" or "generate" (``new_tokens``, ``kv_cache``, ``prompt_len``), as :func:`estimator.estimate` takes
-    them.  Exit status of the command: 0 when every row is within ``tolerance`` percent."""
+    "inference" or "generate" (``new_tokens``, ``kv_cache``, ``prompt_len``; ``quantize``: "int4" or "int4-dq", run
+    on bitsandbytes' 4-bit layers), as :func:`estimator.estimate` takes them.  Exit status of the command: 0 when every row is within ``tolerance`` percent."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda but no CUDA device is available; use --device cpu")
@@ -58,6 +58,9 @@ def validate(model: torch.nn.Module, inputs: Any, *, optimizer: Any = "adamw",
     if mode not in MODES:
         raise UserError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
     if mode == "train":
+        if quantize is not None:
+            raise UserError("validate runs quantized weights for inference and generation: add --mode inference or "
+                            "generate (QLoRA's training step is sized by 'estimator estimate')")
         if new_tokens is not None or prompt_len is not None:
             raise UserError("new_tokens and prompt_len size generation: use mode='generate'")
         return validate_training(model, inputs, optimizer=optimizer, loss_fn=loss_fn, device=device,
@@ -73,4 +76,4 @@ def validate(model: torch.nn.Module, inputs: Any, *, optimizer: Any = "adamw",
 
     return validate_serving(model, inputs, mode=mode, device=device, precision=precision, steps=steps,
                             tolerance=tolerance, force=force, peak_tflops=peak_tflops, new_tokens=new_tokens,
-                            kv_cache=kv_cache, prompt_len=prompt_len)
+                            kv_cache=kv_cache, prompt_len=prompt_len, quantize=quantize)

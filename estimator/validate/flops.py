@@ -4,6 +4,7 @@ ops it has no formula for.  The truth validate counts FLOPs with."""
 
 from __future__ import annotations
 
+import sys
 from math import prod
 from typing import Any, Callable
 
@@ -158,6 +159,20 @@ FLOP_FIXES: dict[Any, Callable[..., int]] = {
 }
 
 
+def bnb_4bit_flop(A, B, shapeB, *args, out_shape=None, **kwargs) -> int:
+    """bitsandbytes' fused 4-bit matmuls (``gemm_4bit``, ``gemv_4bit``: ``A @ W.T`` with ``W`` of ``shapeB`` =
+    [out, in], read in 4 bits): ``2 x rows x out x in``, as ``F.linear`` on the dequantized weight counts them."""
+    return 2 * prod(A[:-1]) * shapeB[0] * shapeB[1]
+
+
+def _bitsandbytes_fixes() -> dict[Any, Callable[..., int]]:
+    """The fused 4-bit matmuls of bitsandbytes when it is loaded (FlopCounterMode has no formula for them)."""
+    if "bitsandbytes" not in sys.modules:
+        return {}
+    ops = torch.ops.bitsandbytes
+    return {getattr(ops, name): bnb_4bit_flop for name in ("gemm_4bit", "gemv_4bit") if hasattr(ops, name)}
+
+
 def flop_counter() -> FlopCounterMode:
-    """``FlopCounterMode`` with the fixes of :data:`FLOP_FIXES`."""
-    return FlopCounterMode(display=False, custom_mapping=FLOP_FIXES)
+    """``FlopCounterMode`` with the fixes of :data:`FLOP_FIXES` (and bitsandbytes' 4-bit matmuls when loaded)."""
+    return FlopCounterMode(display=False, custom_mapping={**FLOP_FIXES, **_bitsandbytes_fixes()})

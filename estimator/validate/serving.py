@@ -44,17 +44,21 @@ from .tracker import LiveTracker
 
 def validate_serving(model: torch.nn.Module, inputs: Any, *, mode: str, device: str, precision: str, steps: int,
                      tolerance: float, force: bool, peak_tflops: float | None, new_tokens: int | None = None,
-                     kv_cache: str = "dynamic", prompt_len: int | None = None) -> Validation:
-    """Estimate ``mode`` ("inference" or "generate"), run it for real and compare (see the module doc)."""
+                     kv_cache: str = "dynamic", prompt_len: int | None = None, quantize: str | None = None) -> Validation:
+    """Estimate ``mode`` ("inference" or "generate"), run it for real and compare (see the module doc); ``quantize``
+    ("int4", "int4-dq"): the real model's Linear layers bitsandbytes' ``Linear4bit`` (:func:`_bnb_4bit`)."""
+    if quantize is not None and quantize not in ("int4", "int4-dq"):
+        raise UserError(f"validate runs 4-bit weights (--quantize int4 or int4-dq) with bitsandbytes; {quantize} is "
+                        f"sized by 'estimator estimate' only")
     policy = parse_precision(precision)
     here = match_device_name(torch.cuda.get_device_name()) if device == "cuda" else None
     generation = dict(new_tokens=new_tokens, kv_cache=kv_cache, prompt_len=prompt_len) if mode == "generate" else {}
     report = estimate(model, inputs, device=device, precision=precision, gpu=here, solve_batch=False, mode=mode,
-                      **generation)
+                      quantize=quantize, **generation)
     est = report.to_dict()
     check_room(device, est, force)
     base_allocated = torch.cuda.memory_allocated() if device == "cuda" else 0
-    live = _Live(model, device, policy)
+    live = _Live(model, device, policy, quantize)
     if mode == "inference":
         estimated = {"parameters": est["memory"]["parameters"], "buffers": est["memory"]["buffers"],
                      "peak": est["memory"]["peak"], "flops_forward": est["flops"]["matmul_forward"]}
@@ -93,20 +97,26 @@ class _Live:
     """The model as it serves: a private copy with real weights on ``device`` in the precision's dtype, in eval
     mode, under autocast when the precision is a mixed one; ``sync`` waits for the GPU."""
 
-    def __init__(self, model: torch.nn.Module, device: str, policy: Any):
+    def __init__(self, model: torch.nn.Module, device: str, policy: Any, quantize: str | None = None):
         self.device, self.dev = device, torch.device(device)
         self.cast = policy.cast
         self.m = materialize_model(model, self.dev, policy.cast).eval()
+        self.quant_state: list[torch.Tensor] = []
+        if quantize is not None:
+            self.m, self.quant_state = _bnb_4bit(self.m, self.dev, policy, quantize == "int4-dq")
         self.amp: Callable[[], Any] = ((lambda: torch.autocast(device, dtype=policy.autocast)) if policy.autocast
                                        else contextlib.nullcontext)
         self.sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
     def states(self) -> dict[str, int]:
+        """Parameters and buffers; bitsandbytes' quantization state (absmax, code: no parameters or buffers of its
+        modules) counted with the buffers, as the estimate's 4-bit layers hold it."""
         nbytes = lambda ts: sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in ts}.values())  # noqa: E731
-        return {"parameters": nbytes(list(self.m.parameters())), "buffers": nbytes(list(self.m.buffers()))}
+        return {"parameters": nbytes(list(self.m.parameters())),
+                "buffers": nbytes(list(self.m.buffers()) + self.quant_state)}
 
     def resident(self) -> list[torch.Tensor]:
-        return list(self.m.parameters()) + list(self.m.buffers())
+        return list(self.m.parameters()) + list(self.m.buffers()) + self.quant_state
 
     @contextlib.contextmanager
     def peak_window(self, base_allocated: int, held: list[torch.Tensor]):
@@ -151,6 +161,36 @@ class _Peak:
         else:
             self.sync()
             self.value = torch.cuda.max_memory_allocated() - self.base
+
+
+def _bnb_4bit(model: torch.nn.Module, device: torch.device, policy: Any, double: bool):
+    """``model`` with the Linear layers the estimate quantizes (:func:`estimator.qlora.quantize_linears`'s choice:
+    all but the output head and the layers kept in float32) replaced by bitsandbytes' ``Linear4bit`` (NF4, compute in
+    the precision's dtype), quantized for real on ``device``; and the quantization state's tensors."""
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        raise UserError("validate --quantize runs bitsandbytes' 4-bit layers: pip install bitsandbytes") from None
+    from ..qlora import quantize_linears
+
+    compute = policy.cast or policy.autocast or torch.float32
+    chosen = quantize_linears(model, compute, policy.cast or torch.float32, double)
+    state: list[torch.Tensor] = []
+    for path in chosen:
+        lin = model.get_submodule(path)
+        q = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=lin.bias is not None, compute_dtype=compute,
+                              quant_type="nf4", compress_statistics=double, device="cpu")
+        q.weight = bnb.nn.Params4bit(lin.weight.data.to("cpu"), requires_grad=False, quant_type="nf4",
+                                     compress_statistics=double)
+        if lin.bias is not None:
+            q.bias = torch.nn.Parameter(lin.bias.data.to("cpu"), requires_grad=False)
+        q = q.to(device)  # Params4bit quantizes on the move
+        parent, _, child = path.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, q)
+        qs = q.weight.quant_state
+        state += [qs.absmax, qs.code] + ([qs.offset, qs.state2.absmax, qs.state2.code] if qs.nested else [])
+    model.is_loaded_in_4bit = True  # what from_pretrained(quantization_config=BitsAndBytesConfig(...)) sets
+    return model, state
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
