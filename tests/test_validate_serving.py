@@ -184,16 +184,17 @@ def test_cli_validate_generate_and_its_errors(capsys):
         assert out == "" and len(lines) == 1 and message in lines[0], err
 
 
-@pytest.mark.parametrize("precision,quantize", [("fp32", "int4"), ("bf16", "int4-dq")])
+@pytest.mark.parametrize("model_type,precision,quantize", [("llama", "fp32", "int4"), ("llama", "bf16", "int4-dq"),
+                                                           ("gpt2", "fp32", "int4")])  # (GPT-2: Conv1D layers)
 @pytest.mark.parametrize("mode", ["inference", "generate"])
-def test_4bit_serving_against_bitsandbytes(mode, precision, quantize):
+def test_4bit_serving_against_bitsandbytes(mode, model_type, precision, quantize):
     """``--quantize int4`` in validate: the real model's Linear layers bitsandbytes' Linear4bit quantized for real (its
     CPU kernels; FlopCounterMode given a formula for its fused 4-bit matmuls), beside the estimate traced over the
     4-bit stand-ins: every row within 1 % (parameters and buffers, the quantization state, to the byte)."""
     pytest.importorskip("bitsandbytes")
     from estimator.validate import validate
 
-    loaded = _load("llama", LLAMA)
+    loaded = _load(model_type, LLAMA if model_type == "llama" else GPT2)
     extra = {"new_tokens": N} if mode == "generate" else {}
     result = validate(loaded.model, loaded.inputs, device="cpu", precision=precision, mode=mode, steps=1,
                       tolerance=1.0, quantize=quantize, **extra)

@@ -171,6 +171,7 @@ def _bnb_4bit(model: torch.nn.Module, device: torch.device, policy: Any, double:
         import bitsandbytes as bnb
     except ImportError:
         raise UserError("validate --quantize runs bitsandbytes' 4-bit layers: pip install bitsandbytes") from None
+    from ..layers import linear_dims
     from ..qlora import quantize_linears
 
     compute = policy.cast or policy.autocast or torch.float32
@@ -178,9 +179,12 @@ def _bnb_4bit(model: torch.nn.Module, device: torch.device, policy: Any, double:
     state: list[torch.Tensor] = []
     for path in chosen:
         lin = model.get_submodule(path)
-        q = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=lin.bias is not None, compute_dtype=compute,
+        fan_in, fan_out = linear_dims(lin)
+        # (transformers' Conv1D stores its weight in x out: quantized transposed, as its bitsandbytes integration does)
+        weight = lin.weight.data if isinstance(lin, torch.nn.Linear) else lin.weight.data.t().contiguous()
+        q = bnb.nn.Linear4bit(fan_in, fan_out, bias=lin.bias is not None, compute_dtype=compute,
                               quant_type="nf4", compress_statistics=double, device="cpu")
-        q.weight = bnb.nn.Params4bit(lin.weight.data.to("cpu"), requires_grad=False, quant_type="nf4",
+        q.weight = bnb.nn.Params4bit(weight.to("cpu"), requires_grad=False, quant_type="nf4",
                                      compress_statistics=double)
         if lin.bias is not None:
             q.bias = torch.nn.Parameter(lin.bias.data.to("cpu"), requires_grad=False)
