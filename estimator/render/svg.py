@@ -142,12 +142,14 @@ def on_scale(top: int, limit: int | None) -> bool:
     return limit is not None and limit <= 3 * top
 
 
-def _limit_svg(at: float | None, text: str, x0: float, x1: float, top: float) -> str:
+def _limit_svg(at: float | None, text: str, x0: float, x1: float, top: float, left_side: bool = False) -> str:
     """The GPU's room for the peak: a dashed red line across the chart at height ``at``, or (None: off the
-    scale) a note at the chart's top edge ``top``."""
+    scale) a note a line below the chart's top edge ``top`` (the peak's label takes the first), at its right end
+    (``left_side``: its left end, away from a peak label written leftwards from the right half)."""
     label = html.escape(text)
     if at is None:
-        return (f'<text x="{x1 - 6:.1f}" y="{top + 14:.1f}" text-anchor="end" class="limit">{label} '
+        x, anchor = (x0 + 6, "start") if left_side else (x1 - 6, "end")
+        return (f'<text x="{x:.1f}" y="{top + 30:.1f}" text-anchor="{anchor}" class="limit">{label} '
                 f'(above this scale)</text>')
     return (f'<line x1="{x0:.1f}" x2="{x1:.1f}" y1="{at:.1f}" y2="{at:.1f}" stroke="#c62828" '
             f'stroke-width="1.6" stroke-dasharray="7 4" class="limit"><title>{label}</title></line>'
@@ -219,6 +221,7 @@ def timeline_svg(profile: MemoryProfile, width: int = 1200, height: int = 380,
                      f'{fmt_bytes(max(ck["total"]))}</title></polyline>')
     # the peak
     k = data["peak"]
+    anchor = "start"
     if k is not None:
         px, py = x(data["x"][k]), y(profile.peak)
         label = html.escape(peak_label or f"peak {fmt_bytes(profile.peak)}")
@@ -230,7 +233,7 @@ def timeline_svg(profile: MemoryProfile, width: int = 1200, height: int = 380,
         parts.append(f'<text x="{px + dx:.1f}" y="{max(py - 8, top_pad + 12):.1f}" text-anchor="{anchor}" '
                      f'class="peak">{label}</text>')
     if limit is not None:
-        parts.append(_limit_svg(y(limit[0]) if drawn else None, limit[1], left, left + pw, top_pad))
+        parts.append(_limit_svg(y(limit[0]) if drawn else None, limit[1], left, left + pw, top_pad, anchor == "end"))
     # axes, cursor (moved by the page's script) and the x-axis title
     parts.append(f'<line x1="{left}" x2="{left}" y1="{top_pad}" y2="{top_pad + ph}" stroke="#333"/>')
     parts.append(f'<line x1="{left}" x2="{left + pw}" y1="{top_pad + ph}" y2="{top_pad + ph}" stroke="#333"/>')
