@@ -98,6 +98,7 @@ def _scheme_bytes(cap: Any, device: str, scheme: str) -> tuple[int, int, int, in
     rnd = round_cuda if device == "cuda" else (lambda n: n)
     spec = QUANT_SCHEMES[scheme]
     layers = _quantizable(cap)
+    copies = _autocast_copies(cap, {f"{path}.weight" for path, *_ in layers})
     exact_before = exact_after = rounded_saved = elements = largest = 0
     for _path, rows, cols, size in layers:
         n = rows * cols
@@ -110,7 +111,23 @@ def _scheme_bytes(cap: Any, device: str, scheme: str) -> tuple[int, int, int, in
         exact_before += n * size
         exact_after += sum(tensors)
         rounded_saved += rnd(n * size) - sum(rnd(t) for t in tensors)
+    # under autocast the traced forward caches a 16-bit copy of each of those weights (``_to_copy`` of the
+    # parameter, held to the end of the autocast region); a quantized layer has none (bitsandbytes casts its input)
+    rounded_saved += sum(rnd(cap.storage_bytes[sid]) for sid in copies)
     return len(layers), elements, exact_before, exact_after, rounded_saved - largest
+
+
+def _autocast_copies(cap: Any, weights: set[str]) -> set[int]:
+    """Storages of the casts autocast makes of ``weights`` (parameter names): ``_to_copy`` ops whose input is the
+    parameter itself, once each."""
+    held = {id(n): str(n.target)[len("param_"):] for n in cap.records
+            if n.op == "placeholder" and str(n.target).startswith("param_")}
+    out: set[int] = set()
+    for node in cap.nodes:
+        if node.args and id(node.args[0]) in held and held[id(node.args[0])] in weights \
+                and "_to_copy" in str(node.target) and node.meta.get("storage"):
+            out.add(node.meta["storage"][0])
+    return out
 
 
 def quantized_peak(cap: Any, device: str, peak: int, scheme: str) -> int:
