@@ -308,4 +308,10 @@ def test_zero_grad_before_backward_in_validate_and_its_refusals():
         plan(model, inputs, gpu="H100", gpus=4, strategy="fsdp", pp=2, zero_grad="before_backward", device="cpu")
     with pytest.raises(UserError, match="zero_grad must be one of"):
         estimate(model, inputs, device="cpu", zero_grad="never")
+    # DeepSpeed's engine zeroes its gradients inside its step(): a ZeRO layout is planned as the default loop, and
+    # says so
+    zero = {z: plan(model, inputs, gpu="H100", gpus=2, strategy="zero2", zero_grad=z, device="cpu", solve=())
+            for z in ("after_step", "before_backward")}
+    assert zero["before_backward"].per_gpu.peak == zero["after_step"].per_gpu.peak
+    assert any("does not apply to DeepSpeed" in n for n in zero["before_backward"].notes)
 

@@ -179,11 +179,13 @@ class Planner:
             precision = parse_precision({torch.bfloat16: "bf16", torch.float16: "fp16"}[self.precision.low])
         what, value = self._size_key(what, value)
         compiled = None if eager else self.options.compile
-        key = ("single", checkpoint, what, value, precision.name, compiled)
+        # DeepSpeed's engine zeroes its gradients inside its step(): a ZeRO layout frees them after the step
+        zero_grad = "after_step" if zero else self.options.zero_grad
+        key = ("single", checkpoint, what, value, precision.name, compiled, zero_grad)
         hit = self._steps.get(key)
         if hit is None:
             self.progress("tracing the step on one device", f"{what or 'as given'} {value or ''}".strip())
-            opts = replace(self.options, checkpoint=checkpoint, precision=precision, compile=compiled)
+            opts = replace(self.options, checkpoint=checkpoint, precision=precision, compile=compiled, zero_grad=zero_grad)
             with one_sequence_per_sample():
                 cap = capture(self.model, self.inputs_at(what, value), opts, mode=self.trace_mode,
                               progress=self.progress)
@@ -489,7 +491,11 @@ class Planner:
         return engine_text(layout, self.precision, self.zero_semantics)
 
     def _notes(self, layout: Layout, mem: _Memory) -> list[str]:
-        return layout_notes(self, layout)
+        notes = layout_notes(self, layout)
+        if not layout.traced and self.options.zero_grad != "after_step":
+            notes.append("--zero-grad before-backward does not apply to DeepSpeed, whose engine zeroes its gradients "
+                         "inside its step(): this ZeRO layout frees them after the step")
+        return notes
 
     def _time(self, layout: Layout, step: Step, gpu: GPU) -> StepTime:
         intra, host, inter = self.links(gpu)
