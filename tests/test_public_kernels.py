@@ -227,8 +227,9 @@ def test_unknown_gpu_file_is_a_one_line_error(tmp_path):
 def test_skinny_gemms_are_monotone_and_bounded_by_their_weights(gpu):
     """Below the fitted shapes (m < 64: a decode step's GEMMs, one row per sequence) a GEMM is timed no slower than
     the same GEMM padded to more rows (kernels.padded_size), and a one-row GEMM stays near its weight's bytes over the
-    model's bandwidth, plus the library's launch floor (the bytes bound it; before, the fitted factor extrapolated to m = 1 made an L4's 1 x 11008 @
-    11008 x 4096 5x slower than 16 rows).  Derived from the model's own constants: no time typed here."""
+    model's bandwidth, plus the library's launch floor (the bytes bound it; before, the fitted factor
+    extrapolated to m = 1 made an L4's 1 x 11008 @ 11008 x 4096 5x slower than 16 rows). Derived from the
+    model's own constants: no time typed here."""
     from estimator.timing.kernels import gemm_seconds
 
     model = T.load_model(gpu)

@@ -134,7 +134,8 @@ def test_inference_against_a_real_forward(precision):
     real = real.to(cast) if cast else real
     ids = loaded.inputs["input_ids"]
     ids = torch.zeros(ids.shape, dtype=ids.dtype)
-    amp = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-mixed" else torch.autocast("cpu", enabled=False)
+    amp = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-mixed" else \
+        torch.autocast("cpu", enabled=False)
     tracker, counter = LiveTracker(), flop_counter()
     with torch.no_grad(), amp, tracker:
         for t in [*real.parameters(), *real.buffers(), ids]:

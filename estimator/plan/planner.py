@@ -185,7 +185,8 @@ class Planner:
         hit = self._steps.get(key)
         if hit is None:
             self.progress("tracing the step on one device", f"{what or 'as given'} {value or ''}".strip())
-            opts = replace(self.options, checkpoint=checkpoint, precision=precision, compile=compiled, zero_grad=zero_grad)
+            opts = replace(self.options, checkpoint=checkpoint, precision=precision, compile=compiled,
+                           zero_grad=zero_grad)
             with one_sequence_per_sample():
                 cap = capture(self.model, self.inputs_at(what, value), opts, mode=self.trace_mode,
                               progress=self.progress)

@@ -49,7 +49,8 @@ def validate(model: torch.nn.Module, inputs: Any, *, optimizer: Any = "adamw",
     training loop: ``optimizer``, ``loss_fn``, ``keep_output``, ``grad_accum``, ``clip_grad_norm``, ``ema``,
     ``zero_grad``),
     "inference" or "generate" (``new_tokens``, ``kv_cache``, ``prompt_len``; ``quantize``: "int4" or "int4-dq", run
-    on bitsandbytes' 4-bit layers), as :func:`estimator.estimate` takes them.  Exit status of the command: 0 when every row is within ``tolerance`` percent."""
+    on bitsandbytes' 4-bit layers), as :func:`estimator.estimate` takes them.  Exit status of the command: 0
+    when every row is within ``tolerance`` percent."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda but no CUDA device is available; use --device cpu")

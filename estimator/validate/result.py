@@ -62,7 +62,8 @@ class Validation:
         mfu = "unknown (pass --peak-tflops)" if self.mfu is None else f"{100 * self.mfu:.1f}%"
         what = {"train": "step time", "inference": "forward", "generate": "generate()"}[self.mode]
         lines = [f"device: {self.device_name}",
-                 f"{what}: {_ms(self.step_time_s)} (median){self._predicted(self.predicted_step_time_s, self.step_time_s)}"]
+                 f"{what}: {_ms(self.step_time_s)} (median)"
+                 f"{self._predicted(self.predicted_step_time_s, self.step_time_s)}"]
         for stage, seconds in (self.stage_times_s or {}).items():
             ahead = (self.predicted_stage_times_s or {}).get(stage)
             lines.append(f"  {STAGE_TEXT[stage]}: {_ms(seconds)} (median){self._predicted(ahead, seconds)}")

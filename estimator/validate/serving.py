@@ -44,7 +44,8 @@ from .tracker import LiveTracker
 
 def validate_serving(model: torch.nn.Module, inputs: Any, *, mode: str, device: str, precision: str, steps: int,
                      tolerance: float, force: bool, peak_tflops: float | None, new_tokens: int | None = None,
-                     kv_cache: str = "dynamic", prompt_len: int | None = None, quantize: str | None = None) -> Validation:
+                     kv_cache: str = "dynamic", prompt_len: int | None = None,
+                     quantize: str | None = None) -> Validation:
     """Estimate ``mode`` ("inference" or "generate"), run it for real and compare (see the module doc); ``quantize``
     ("int4", "int4-dq"): the real model's Linear layers bitsandbytes' ``Linear4bit`` (:func:`_bnb_4bit`)."""
     if quantize is not None and quantize not in ("int4", "int4-dq"):
