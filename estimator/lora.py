@@ -195,16 +195,12 @@ def _frozen(model: nn.Module, ids: set[int]) -> nn.Module:
     return _replaced(model, swaps)
 
 
-# the weights an inference or generation estimate is traced over (estimator.qlora's Linear4bit); int8 is a what-if
-TRACED_4BIT = ("int4", "int4-dq")
-
-
 def finetuned(model: nn.Module, lora: Any, quantize: str | None, precision: Any,
               mode: str = "train", device: str = "cuda") -> tuple[nn.Module, list[str], str | None]:
     """(the model as a LoRA or QLoRA run trains it (:func:`prepare_finetune`), what that assumed, the
     ``quantize`` left for inference's what-ifs); ``precision``: the step's :class:`~.precision.Precision` (QLoRA
     computes in its low dtype; the statistics keep the dtype the weights had, the cast one or float32)."""
-    from .quantize import check_scheme
+    from .quantize import TRACED_4BIT, check_scheme
 
     spec = parse_lora(lora)
     if mode != "train" and quantize in TRACED_4BIT:  # served over bitsandbytes' 4-bit weights: traced with them

@@ -180,17 +180,21 @@ class _MatMul4Bit(torch.autograd.Function):
         return grad_x, grad_bias, None
 
 
-def quantize_linears(model: nn.Module, compute_dtype: torch.dtype, quant_dtype: torch.dtype,
-                     double_quant: bool, fused_rows: float = 0) -> dict[str, Linear4bit]:
-    """:class:`Linear4bit` stand-ins, by path, for every Linear layer of ``model`` but the output head and the
+def quantized_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(path, layer) of every Linear layer of ``model`` bitsandbytes quantizes: all but the output head and the
     modules a transformers model keeps in float32 (``_keep_in_fp32_modules``, e.g. T5's ``wo``: transformers'
-    bitsandbytes quantizer leaves them out too); the replacements (the model is not changed)."""
+    bitsandbytes quantizer leaves them out too)."""
     keep = set(getattr(model, "_keep_in_fp32_modules", None) or ()) | \
         set(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
+    return [(path, m) for path, m in linear_layers(model) if not keep & set(path.split("."))]
+
+
+def quantize_linears(model: nn.Module, compute_dtype: torch.dtype, quant_dtype: torch.dtype,
+                     double_quant: bool, fused_rows: float = 0) -> dict[str, Linear4bit]:
+    """:class:`Linear4bit` stand-ins, by path, for the layers of :func:`quantized_layers`; the replacements (the
+    model is not changed)."""
     out = {}
-    for path, m in linear_layers(model):
-        if keep & set(path.split(".")):
-            continue
+    for path, m in quantized_layers(model):
         bias = m.bias
         if bias is not None:  # frozen with the base, as peft's bias="none" leaves it
             bias = nn.Parameter(bias.detach(), requires_grad=False)

@@ -32,6 +32,9 @@ QUANT_SCHEMES = {
     "int4": dict(layout="bitsandbytes NF4/FP4: 4-bit weights, two per byte + one float32 absmax per 64 weights",
                  bits=4, group=64),
 }
+# the schemes an inference or generation estimate is traced over (estimator.qlora's Linear4bit, see
+# estimator.lora.finetuned); int8 is a what-if on the unquantized trace
+TRACED_4BIT = ("int4", "int4-dq")
 INT4_COMPUTE_BYTES = 2  # the 16-bit compute dtype one dequantized layer takes during its matmul
 
 

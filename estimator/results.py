@@ -17,8 +17,7 @@ import torch.fx as fx
 from .capture import INPUT_MODULE, LOSS_MODULE, Capture
 from .hardware import GPU
 from .memory import MemoryProfile
-from .lora import TRACED_4BIT
-from .quantize import QUANT_SCHEMES, QuantizedWhatIf, quantized_peak, quantized_what_ifs  # noqa: F401
+from .quantize import QUANT_SCHEMES, TRACED_4BIT, QuantizedWhatIf, quantized_peak, quantized_what_ifs  # noqa: F401
 from .tally import ModuleTally, Tally
 
 

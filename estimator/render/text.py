@@ -9,7 +9,7 @@ import re
 
 from tabulate import tabulate
 
-from ..lora import TRACED_4BIT
+from ..quantize import TRACED_4BIT
 from ..results import ReportData
 from .generation import generation_rows
 from .units import CATEGORY_LABEL, dtype_note, fmt_bytes, fmt_count, fmt_flops, step_time_words

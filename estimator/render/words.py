@@ -46,12 +46,10 @@ STAGE_WORDS = {"prefill": "prefill", "decode": "last decode step"}
 
 def stage_peak(report: ReportData, stage: Any) -> int:
     """A generation step's peak, with the quantized weights when the estimate is sized with them."""
-    from ..lora import TRACED_4BIT
+    from ..quantize import TRACED_4BIT, quantized_peak
 
     if not report.quantize or report.quantize in TRACED_4BIT:  # (4-bit weights: traced with them)
         return stage.peak
-    from ..quantize import quantized_peak
-
     return quantized_peak(stage.capture, report.device, stage.peak, report.quantize)
 
 

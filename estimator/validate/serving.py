@@ -101,9 +101,11 @@ class _Live:
     def __init__(self, model: torch.nn.Module, device: str, policy: Any, quantize: str | None = None):
         self.device, self.dev = device, torch.device(device)
         self.cast = policy.cast
-        self.m = materialize_model(model, self.dev, policy.cast).eval()
         self.quant_state: list[torch.Tensor] = []
-        if quantize is not None:
+        if quantize is None:
+            self.m = materialize_model(model, self.dev, policy.cast).eval()
+        else:  # 16-bit weights on the host only: the device holds the quantized model, as from_pretrained loads it
+            self.m = materialize_model(model, torch.device("cpu"), policy.cast).eval()
             self.m, self.quant_state = _bnb_4bit(self.m, self.dev, policy, quantize == "int4-dq")
         self.amp: Callable[[], Any] = ((lambda: torch.autocast(device, dtype=policy.autocast)) if policy.autocast
                                        else contextlib.nullcontext)
@@ -165,36 +167,35 @@ class _Peak:
 
 
 def _bnb_4bit(model: torch.nn.Module, device: torch.device, policy: Any, double: bool):
-    """``model`` with the Linear layers the estimate quantizes (:func:`estimator.qlora.quantize_linears`'s choice:
+    """``model`` (on the host) with the Linear layers the estimate quantizes (:func:`estimator.qlora.quantized_layers`:
     all but the output head and the layers kept in float32) replaced by bitsandbytes' ``Linear4bit`` (NF4, compute in
-    the precision's dtype), quantized for real on ``device``; and the quantization state's tensors."""
+    the precision's dtype), moved to ``device`` (which quantizes them); and the quantization state's tensors."""
     try:
         import bitsandbytes as bnb
     except ImportError:
         raise UserError("validate --quantize runs bitsandbytes' 4-bit layers: pip install bitsandbytes") from None
     from ..layers import linear_dims
-    from ..qlora import quantize_linears
+    from ..qlora import quantized_layers
 
     compute = policy.cast or policy.autocast or torch.float32
-    chosen = quantize_linears(model, compute, policy.cast or torch.float32, double)
-    state: list[torch.Tensor] = []
-    for path in chosen:
-        lin = model.get_submodule(path)
+    for path, lin in quantized_layers(model):  # (a list: the model's tree changes in the loop)
         fan_in, fan_out = linear_dims(lin)
         # (transformers' Conv1D stores its weight in x out: quantized transposed, as its bitsandbytes integration does)
         weight = lin.weight.data if isinstance(lin, torch.nn.Linear) else lin.weight.data.t().contiguous()
         q = bnb.nn.Linear4bit(fan_in, fan_out, bias=lin.bias is not None, compute_dtype=compute,
                               quant_type="nf4", compress_statistics=double, device="cpu")
-        q.weight = bnb.nn.Params4bit(weight.to("cpu"), requires_grad=False, quant_type="nf4",
-                                     compress_statistics=double)
+        q.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type="nf4", compress_statistics=double)
         if lin.bias is not None:
-            q.bias = torch.nn.Parameter(lin.bias.data.to("cpu"), requires_grad=False)
-        q = q.to(device)  # Params4bit quantizes on the move
+            q.bias = torch.nn.Parameter(lin.bias.data, requires_grad=False)
         parent, _, child = path.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, q)
-        qs = q.weight.quant_state
-        state += [qs.absmax, qs.code] + ([qs.offset, qs.state2.absmax, qs.state2.code] if qs.nested else [])
+    model = model.to(device)  # Params4bit quantizes on the move
     model.is_loaded_in_4bit = True  # what from_pretrained(quantization_config=BitsAndBytesConfig(...)) sets
+    state: list[torch.Tensor] = []
+    for m in model.modules():
+        if isinstance(m, bnb.nn.Linear4bit):
+            qs = m.weight.quant_state
+            state += [qs.absmax, qs.code] + ([qs.offset, qs.state2.absmax, qs.state2.code] if qs.nested else [])
     return model, state
 
 

@@ -14,7 +14,6 @@ import torch.utils._pytree as pytree
 
 from ..api import estimate
 from ..capture import select_loss, split_inputs
-from ..errors import UserError
 from ..hardware import match_device_name
 from ..optim import build_optimizer
 from ..precision import parse_precision
@@ -185,7 +184,7 @@ def validate_training(
     *,
     optimizer: Any = "adamw",
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
-    device: str | None = None,
+    device: str = "cpu",
     precision: str = "fp32",
     steps: int = 5,
     tolerance: float = 5.0,
@@ -197,12 +196,8 @@ def validate_training(
     ema: float | None = None,
     zero_grad: str = "after_step",
 ) -> Validation:
-    """Estimate, then run real training iterations and compare (see the module docstring)."""
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda but no CUDA device is available; use --device cpu")
-    if steps < 1:
-        raise UserError(f"--steps must be >= 1, not {steps}")
+    """Estimate, then run real training iterations and compare (see the module docstring); ``device`` and ``steps``
+    as :func:`estimator.validate.validate` checked them."""
     policy = parse_precision(precision)
     # on a GPU the estimate is for that GPU (its architecture decides kernels and workspaces)
     here = match_device_name(torch.cuda.get_device_name()) if device == "cuda" else None
