@@ -38,18 +38,30 @@ OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
 
 
 def parse_optimizer(text: str) -> tuple[str, dict[str, Any]]:
-    """Parse ``NAME[:key=value,...]`` (e.g. ``sgd:momentum=0.9``, ``adam:amsgrad=true``)."""
+    """Parse ``NAME[:key=value,...]`` (e.g. ``sgd:momentum=0.9``, ``adam:amsgrad=true``, ``adamw:betas=(0.9,0.95)``:
+    a value in parentheses is a tuple, its commas not separating options)."""
     name, _, rest = text.partition(":")
     name = name.strip().lower()
     if name not in OPTIMIZERS and name != "none":
         raise UserError(f"unknown optimizer {name!r}; choose one of {', '.join(sorted(OPTIMIZERS))} or none")
     kwargs: dict[str, Any] = {}
-    for item in filter(None, (s.strip() for s in rest.split(","))):
+    for item in filter(None, (s.strip() for s in _top_level(rest))):
         key, eq, value = item.partition("=")
         if not eq:
             raise UserError(f"optimizer option {item!r} is not key=value (e.g. sgd:momentum=0.9)")
         kwargs[key.strip()] = _parse_value(value.strip())
     return name, kwargs
+
+
+def _top_level(text: str) -> list[str]:
+    """``text`` split at the commas outside parentheses."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    return items + [text[start:]]
 
 
 def _parse_value(v: str) -> Any:
@@ -131,7 +143,7 @@ def build_optimizer(
     if not trainable:
         return None, None
     extra = dict(kwargs or {})
-    if foreach is not None:
+    if foreach is not None and not wants_fused(spec, kwargs):  # (torch refuses fused and foreach together)
         extra.setdefault("foreach", foreach)
     if isinstance(spec, str):
         name, parsed = parse_optimizer(spec)
@@ -171,17 +183,27 @@ def _rebuilt(spec: torch.optim.Optimizer, trainable: Mapping[str, torch.Tensor],
 
 def _construct(cls: type, params: Any, options: dict[str, Any]) -> torch.optim.Optimizer:
     try:
-        return cls(params, **options)
+        return _device_checked(cls(params, **options))
     except TypeError as exc:
         if "foreach" in options:  # optimizers that take no foreach argument
             options = {k: v for k, v in options.items() if k != "foreach"}
             try:
-                return cls(params, **options)
+                return _device_checked(cls(params, **options))
             except TypeError:
                 pass
         raise UserError(f"cannot build {cls.__name__} with {options}: {exc}") from exc
-    except ValueError as exc:
+    except (ValueError, RuntimeError) as exc:  # torch's own checks of the options (fused with foreach, lr < 0)
         raise UserError(f"cannot build {cls.__name__} with {options}: {exc}") from exc
+
+
+def _device_checked(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """``opt``, refused in one line where it asks for ``capturable=True`` over parameters off the GPU (the trace's
+    fake and meta tensors live on the CPU, where torch's capturable step does not run)."""
+    params = [p for g in opt.param_groups if g.get("capturable") for p in g["params"]]
+    if any(p.device.type in ("cpu", "meta") for p in params):
+        raise UserError(f"{type(opt).__name__}(capturable=True) runs on GPU tensors only and the step is traced on "
+                        "the CPU: drop capturable (it moves each parameter's step count, one scalar, to the GPU)")
+    return opt
 
 
 def check_clip(value: Any, mode: str = "train") -> float | None:
