@@ -36,5 +36,6 @@ from . import (  # noqa: F401,E402
     modules,
     distributed,
     detection,
+    fft,
 )
 from .modules import module_buffers, module_formula, module_param_formula, register_module  # noqa: F401,E402

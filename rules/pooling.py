@@ -275,6 +275,14 @@ def grid_sampler_backward(call):
     return call["grad_output"].numel * per
 
 
+@register(*aten_ops("affine_grid_generator"), kind=OTHER)
+def affine_grid_generator(call):
+    """2K FLOPs per output coordinate: ATen multiplies the base grid of homogeneous coordinates (N, H*W, K) by
+    theta transposed (N, K, dims), K = dims + 1, one multiply-add per inner element (the base grid's linspace
+    is not counted).  Its backward is that batched matmul's (a ``bmm``, counted by its rule)."""
+    return 2 * call["theta"].shape[-1] * call.out.numel
+
+
 # -- Inductor's low-memory max pooling (the ops of a torch.compile graph, estimator.capture.compiled) --------
 
 

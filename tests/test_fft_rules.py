@@ -1,0 +1,128 @@
+"""FFT rules (``rules/fft.py``) against FFTs run in the test.
+
+Truth: a radix-2 Cooley-Tukey FFT written here that counts every real multiply and add it does, checked
+against ``torch.fft.fft`` on the same values (so what it counts is an FFT); the ATen calls a real step makes
+(``_fft_r2c`` / ``_fft_c2r`` / ``_fft_c2c`` with their dims, sizes and normalization), logged by a dispatch mode
+around a real forward and backward and compared with the capture's.
+"""
+
+from __future__ import annotations
+
+import cmath
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from estimator import estimate
+from rules import lookup
+from rules.fft import fft_flops
+
+from test_rules import op_call
+
+aten = torch.ops.aten
+FFT_OPS = ("aten._fft_r2c.default", "aten._fft_c2r.default", "aten._fft_c2c.default")
+
+
+def _counted_fft(x: list[complex], counter: list[int]) -> list[complex]:
+    """Radix-2 decimation in time; ``counter[0]`` += 6 per complex multiply (4 multiplies, 2 adds) and 2 per
+    complex add or subtract.  Twiddles are constants (not counted, as in FFTW's plans)."""
+    n = len(x)
+    if n == 1:
+        return x
+    even, odd = _counted_fft(x[0::2], counter), _counted_fft(x[1::2], counter)
+    out = [0j] * n
+    for k in range(n // 2):
+        t = cmath.exp(-2j * math.pi * k / n) * odd[k]
+        counter[0] += 6 + 2 + 2  # one complex multiply, one add, one subtract
+        out[k], out[k + n // 2] = even[k] + t, even[k] - t
+    return out
+
+
+@pytest.mark.parametrize("n", [8, 64, 256])
+def test_a_complex_fft_costs_what_a_radix2_fft_does(n):
+    batch = 3
+    x = torch.randn(batch, n, dtype=torch.complex128, generator=torch.Generator().manual_seed(n))
+    counter = [0]
+    rows = [_counted_fft([complex(v) for v in row], counter) for row in x]
+    assert torch.allclose(torch.tensor(rows, dtype=torch.complex128), torch.fft.fft(x), atol=1e-9)  # what was counted is an FFT
+    op = aten._fft_c2c.default
+    ours = lookup(op).fn(op_call(op, x.to(torch.complex64), [1], 0, True, outputs=[torch.fft.fft(x)]))
+    assert ours == counter[0]  # 5 N log2 N per row: N/2 log2 N butterflies of 10 FLOPs
+    # a transform of N real points is counted as half a complex one (FFTW's convention for real data)
+    assert fft_flops(n, batch, real=True) == counter[0] / 2
+
+
+class _Log(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if str(func) in FFT_OPS:
+            self.calls.append((str(func), tuple(args[0].shape), tuple(args[1]), int(args[2]), tuple(out.shape)))
+        return out
+
+
+class SpectralConv(nn.Module):
+    """A Fourier neural operator's layer (Li et al. 2021): rfft2, the low modes mixed by a complex weight, irfft2
+    with the default (backward) normalization, and a 1-D ortho-normalized FFT branch."""
+
+    def __init__(self, c: int = 4, modes: int = 6):
+        super().__init__()
+        self.modes = modes
+        self.w = nn.Parameter(torch.randn(c, c, modes, modes, dtype=torch.cfloat) * 0.1)
+        self.lift = nn.Conv2d(1, c, 1)
+
+    def forward(self, x):
+        h = self.lift(x)
+        f = torch.fft.rfft2(h)
+        mixed = torch.einsum("bixy,ioxy->boxy", f[:, :, :self.modes, :self.modes], self.w)
+        z = torch.zeros_like(f)
+        z[:, :, :self.modes, :self.modes] = mixed
+        spatial = torch.fft.irfft2(z, s=h.shape[-2:])
+        rows = torch.fft.ifft(torch.fft.fft(h.to(torch.cfloat), norm="ortho"), norm="ortho").real
+        return F.gelu(spatial + rows)
+
+
+def test_a_spectral_step_has_the_real_steps_ffts_and_no_unsupported_op():
+    torch.manual_seed(0)
+    model, x = SpectralConv(), torch.randn(2, 1, 16, 12)
+    log = _Log()
+    with log:
+        model(x).square().mean().backward()
+    report = estimate(model, x, loss_fn=lambda out: out.square().mean(), device="cpu")
+    assert report.tally.unsupported == []
+    ours = [(str(n.target), tuple(n.meta["spec"][0].shape)) for n in report.capture.nodes if str(n.target) in FFT_OPS]
+    assert sorted(ours) == sorted((op, out) for op, _, _, _, out in log.calls), (ours, log.calls)
+
+    def expected(op, shape, dims, norm, out):  # the counted FFT's 5 N log2 N (real data: half), + the scale
+        real = shape if op.endswith("r2c.default") else out
+        points = math.prod(real[d % len(real)] for d in dims)
+        per = 5 * points * math.log2(points) * (0.5 if "c2c" not in op else 1)
+        return int(math.prod(real) // points * per) + (0 if norm == 0 else (1 if "c2r" in op else 2) * math.prod(out))
+
+    flops = sum(row["flops_forward"] + row["flops_backward"] for row in report.tally.by_operator
+                if row["op"] in {op.rsplit(".", 1)[0] for op in FFT_OPS})
+    assert flops == sum(expected(*call) for call in log.calls) > 0
+
+
+@pytest.mark.parametrize("size", [(4, 3, 16, 12), (2, 3, 5, 6, 7)])
+def test_affine_grid_costs_the_batched_matmul_aten_runs(size):
+    """``F.affine_grid``: ATen multiplies the base grid (N, H*W, K) by theta transposed (N, K, dims); the rule's
+    count is FlopCounterMode's for that bmm, the shapes taken from the real call."""
+    from instruments import flop_counter
+
+    dims = len(size) - 2
+    theta = torch.randn(size[0], dims, dims + 1)
+    grid = F.affine_grid(theta, list(size), align_corners=False)
+    base = torch.randn(size[0], math.prod(size[2:]), dims + 1)
+    counter = flop_counter()
+    with counter:
+        torch.bmm(base, theta.transpose(1, 2))
+    op = aten.affine_grid_generator.default
+    assert lookup(op).fn(op_call(op, theta, list(size), False, outputs=[grid])) == counter.get_total_flops()
