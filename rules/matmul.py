@@ -185,3 +185,18 @@ def linalg_solve_triangular(call):
 def triangular_solve(call):
     """n*n*k per batch: A [.., n, n] triangular, X [.., n, k]."""
     return triangular_solve_flops(call["A"].shape[-1], call.out.shape, True)
+
+
+# ATen's matrix exponential (aten/src/ATen/native/LinearAlgebra.cpp, ``mexp``): the Taylor polynomials of degree
+# 1, 2, 4, 8, 12 and 18 of Bader, Blanes and Casas ("Computing the matrix exponential with an optimized Taylor
+# polynomial approximation", Mathematics 7(12), 2019), which take 0, 1, 2, 3, 4 and 5 matrix products
+MATRIX_EXP_PRODUCTS = 5
+
+
+@register(*aten_ops("linalg_matrix_exp"), kind=OTHER)
+def linalg_matrix_exp(call):
+    """5 products of n x n matrices per matrix, 2 n^3 each: the degree-18 polynomial, the most ATen evaluates.  The
+    degree is picked from each matrix's 1-norm, and above the degree-18 threshold (3.01 in float) it adds
+    ceil(log2(norm / 3.01)) squarings: values the trace does not have, not counted (a small norm takes fewer)."""
+    n = call["self"].shape[-1]
+    return MATRIX_EXP_PRODUCTS * 2 * n ** 3 * (prod(call["self"].shape) // (n * n))

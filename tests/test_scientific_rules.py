@@ -1,4 +1,5 @@
-"""FFT rules (``rules/fft.py``) against FFTs run in the test.
+"""Rules of the ops scientific models run (FFTs, ``affine_grid``, the matrix exponential, special functions)
+against the ops run in the test.
 
 Truth: a radix-2 Cooley-Tukey FFT written here that counts every real multiply and add it does, checked
 against ``torch.fft.fft`` on the same values (so what it counts is an FFT); the ATen calls a real step makes
@@ -126,3 +127,54 @@ def test_affine_grid_costs_the_batched_matmul_aten_runs(size):
         torch.bmm(base, theta.transpose(1, 2))
     op = aten.affine_grid_generator.default
     assert lookup(op).fn(op_call(op, theta, list(size), False, outputs=[grid])) == counter.get_total_flops()
+
+
+class _Calls(TorchDispatchMode):
+    """Every aten op a real step runs, with its first argument's shape."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[str, tuple]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        self.calls.append((str(func), tuple(first.shape) if first is not None else ()))
+        return func(*args, **(kwargs or {}))
+
+
+def test_an_orthogonal_parametrization_costs_its_matrix_exponentials():
+    """``parametrizations.orthogonal`` (the matrix exponential of a skew-symmetric matrix, forward and backward):
+    5 products of n x n per exponential (the degree-18 polynomial; ``rules.matmul.linalg_matrix_exp``), for every
+    exponential the real step runs, at the sizes it runs them (the backward's is of a 2n x 2n block matrix)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(torch.nn.utils.parametrizations.orthogonal(nn.Linear(16, 16)), nn.Linear(16, 2))
+    x = torch.randn(8, 16)
+    with _Calls() as real:
+        model(x).square().mean().backward()
+    shapes = [shape for op, shape in real.calls if op == "aten.linalg_matrix_exp.default"]
+    assert len(shapes) == 2 and shapes[1][-1] == 2 * shapes[0][-1]  # forward n = 16, backward 2n
+    report = estimate(model, x, loss_fn=lambda out: out.square().mean(), device="cpu")
+    assert report.tally.unsupported == []
+    row = next(r for r in report.tally.by_operator if r["op"] == "aten.linalg_matrix_exp")
+    assert row["count"] == len(shapes)
+    assert row["flops_forward"] + row["flops_backward"] == sum(5 * 2 * s[-1] ** 3 for s in shapes)
+
+
+def test_special_functions_and_their_gradients_have_rules():
+    """Bessel and error-function family ops a model may call (and ``i0``'s gradient, ``special_i1``): the real
+    step's ops, none without a rule."""
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+
+    def loss(out):
+        return sum(f(out).sum() for f in (torch.special.i0, torch.special.i0e, torch.special.i1, torch.special.i1e,
+                                          torch.special.erfcx, torch.special.log_ndtr, torch.special.entr,
+                                          lambda t: torch.special.ndtri(torch.sigmoid(t))))
+
+    with _Calls() as real:
+        loss(lin(x)).backward()
+    report = estimate(lin, x, loss_fn=loss, device="cpu")
+    assert report.tally.unsupported == []
+    ran = {op.rsplit(".", 1)[0] for op, _ in real.calls}
+    assert {"aten.special_i1", "aten.special_i1e", "aten.special_ndtri"} <= ran
