@@ -37,5 +37,6 @@ from . import (  # noqa: F401,E402
     distributed,
     detection,
     fft,
+    quantization,
 )
 from .modules import module_buffers, module_formula, module_param_formula, register_module  # noqa: F401,E402

@@ -178,3 +178,55 @@ def test_special_functions_and_their_gradients_have_rules():
     assert report.tally.unsupported == []
     ran = {op.rsplit(".", 1)[0] for op, _ in real.calls}
     assert {"aten.special_i1", "aten.special_i1e", "aten.special_ndtri"} <= ran
+
+
+class _QatNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        import torch.ao.quantization as Q
+
+        self.quant, self.dequant = Q.QuantStub(), Q.DeQuantStub()
+        self.conv, self.fc = nn.Conv2d(3, 8, 3), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.dequant(self.fc(torch.relu(self.conv(self.quant(x))).mean((2, 3))))
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_quantization_aware_training_costs_each_fake_quantization():
+    """``prepare_qat`` with the default QAT qconfig (``FusedMovingAvgObsFakeQuantize`` on weights and activations:
+    ``_fused_moving_avg_obs_fq_helper``, 9 FLOPs per element) and the learnable LSQ fake quantizer (7 forward, 14
+    backward per element; ``rules/quantization.py``): every call the real step makes, at its size."""
+    import torch.ao.quantization as Q
+    from torch.ao.quantization._learnable_fake_quantize import _LearnableFakeQuantize
+
+    torch.manual_seed(0)
+    model = _QatNet().train()
+    model.qconfig = Q.get_default_qat_qconfig("x86")
+    Q.prepare_qat(model, inplace=True)
+    lsq = nn.Sequential(model, _LearnableFakeQuantize(observer=Q.MovingAverageMinMaxObserver, quant_min=0,
+                                                      quant_max=255))
+    x = torch.randn(2, 3, 12, 12)
+    per = {"aten._fused_moving_avg_obs_fq_helper": 9, "aten._fake_quantize_learnable_per_tensor_affine": 7,
+           "aten._fake_quantize_learnable_per_tensor_affine_backward": 14}
+    with _Calls() as real:
+        lsq(x).square().mean().backward()
+    counted = [(op.rsplit(".", 1)[0], shape) for op, shape in real.calls if op.rsplit(".", 1)[0] in per]
+    assert {op for op, _ in counted} == set(per)
+    report = estimate(lsq, x, loss_fn=lambda out: out.square().mean(), device="cpu")
+    assert report.tally.unsupported == []
+    rows = {r["op"]: r for r in report.tally.by_operator if r["op"] in per}
+    for op in per:
+        assert rows[op]["count"] == sum(1 for o, _ in counted if o == op), op
+        expected = sum(per[op] * math.prod(shape) for o, shape in counted if o == op)
+        assert rows[op]["flops_forward"] + rows[op]["flops_backward"] == expected, op
+
+
+def test_sparse_embedding_gradients_are_a_one_line_error():
+    from estimator.errors import UserError
+
+    model = nn.Sequential(nn.EmbeddingBag(50, 8, sparse=True), nn.Linear(8, 2))
+    ids = torch.randint(0, 50, (4, 6))
+    with pytest.raises(UserError, match="sparse=False"):
+        estimate(model, ids, device="cpu")
+    assert estimate(model, ids, device="cpu", mode="inference").to_dict()["memory"]["peak"] > 0

@@ -29,6 +29,18 @@ log = logging.getLogger(__name__)
 # -- the public entry point and its fallbacks -----------------------------------------------
 
 
+def _refuse_sparse_gradients(model: torch.nn.Module) -> None:
+    """A one-line error for embeddings with sparse gradients (``nn.Embedding(sparse=True)``, ``EmbeddingBag``): a
+    sparse COO gradient (indices and values aliasing the step's tensors) is not traced."""
+    sparse = [path or type(mod).__name__ for path, mod in model.named_modules()
+              if isinstance(mod, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and mod.sparse
+              and mod.weight.requires_grad]
+    if sparse:
+        raise UserError(f"{sparse[0]}{f' and {len(sparse) - 1} more' if len(sparse) > 1 else ''}: sparse embedding "
+                        "gradients (sparse=True) are not modelled; estimate with sparse=False, whose dense gradient "
+                        "(the table's size) bounds the sparse one from above")
+
+
 def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = None, *, mode: str = "auto",
             progress: Progress | None = None, **kwargs: Any) -> Capture:
     """Capture one training step of ``model`` on ``inputs``.
@@ -43,6 +55,8 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
     if not isinstance(model, torch.nn.Module):
         raise UserError(f"model must be a torch.nn.Module, not {type(model).__name__}")
     opts = options or StepOptions(**kwargs)
+    if opts.train:
+        _refuse_sparse_gradients(model)
     args, kw = split_inputs(inputs)
     if mode not in ("auto", "fake", "real"):
         raise ValueError(f"mode must be 'auto', 'fake' or 'real', not {mode!r}")
