@@ -38,5 +38,6 @@ from . import (  # noqa: F401,E402
     detection,
     fft,
     quantization,
+    linalg,
 )
 from .modules import module_buffers, module_formula, module_param_formula, register_module  # noqa: F401,E402
