@@ -105,7 +105,8 @@ def geqrf(call):
 
 @register(*aten_ops("linalg_qr"), kind=OTHER)
 def linalg_qr(call):
-    """geqrf, then Q formed: none for mode "r", m x k for "reduced", m x m for "complete"."""
+    """2 M k^2 - 2k^3/3 (geqrf), then Q formed (orgqr): none for mode "r", m x k for "reduced", m x m for
+    "complete"."""
     m, n = call["A"].shape[-2:]
     k = min(m, n)
     mode = call.get("mode", "reduced")
@@ -115,7 +116,7 @@ def linalg_qr(call):
 
 @register(*aten_ops("linalg_householder_product"), kind=OTHER)
 def householder_product(call):
-    """orgqr: Q of m x c from k = len(tau) reflectors."""
+    """4 m c k - 2 (m + c) k^2 + 4k^3/3: Q of m x c from k = len(tau) reflectors (orgqr)."""
     m, c = call["input"].shape[-2:]
     return _per_matrix(call, "input", orgqr_flops(m, c, call["tau"].shape[-1]))
 
@@ -169,7 +170,7 @@ def cholesky_inverse(call):
 
 @register(*aten_ops("linalg_lstsq"), kind=OTHER)
 def lstsq(call):
-    """QR of A (m x n), Q^T applied to B (m x r), a triangular solve of k x k per right-hand side."""
+    """2 M k^2 - 2k^3/3 (QR of A, m x n) + 4 m r k - 2 r k^2 (Q^T applied to B, m x r) + k^2 r (the solve)."""
     m, n = call["self"].shape[-2:]
     k = min(m, n)
     b = call["b"]
@@ -195,7 +196,8 @@ def eig(call):
 
 @register(*aten_ops("_linalg_svd"), kind=OTHER)
 def svd(call):
-    """Golub-Kahan-Reinsch: singular values only, thin or full U and V."""
+    """Golub-Kahan-Reinsch (m >= n): 4 m n^2 - 4n^3/3 for the singular values, 14 m n^2 + 8n^3 with thin U and
+    V, 4 m^2 n + 8 m n^2 + 9n^3 with full ones."""
     m, n = call["A"].shape[-2:]
     return _per_matrix(call, "A", svd_flops(m, n, bool(call.get("compute_uv", True)),
                                             bool(call.get("full_matrices", False))))
