@@ -170,6 +170,8 @@ BINARY = {
     "remainder": (1, "a mod b"),
     "fmod": (1, "a mod b"),
     "pow": (1, "a ** b, a transcendental counted once"),
+    "igamma": (1, "the regularized lower incomplete gamma function, a special function counted once"),
+    "igammac": (1, "the regularized upper incomplete gamma function, a special function counted once"),
     "float_power": (1, "a ** b in double"),
     "maximum": (1, "max(a, b)"),
     "minimum": (1, "min(a, b)"),

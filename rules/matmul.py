@@ -103,9 +103,10 @@ def scaled_mm(call):
     return mm_flops(call["self"].shape, call["mat2"].shape)
 
 
-@register(*aten_ops("_grouped_mm"), kind=MATMUL)
+@register(*aten_ops("_grouped_mm", "_scaled_grouped_mm"), kind=MATMUL)
 def grouped_mm(call):
-    """2*T*K*N for (T, K) tokens x (G, K, N) experts; 2*K*T*N for the grouped weight gradient."""
+    """2*T*K*N for (T, K) tokens x (G, K, N) experts; 2*K*T*N for the grouped weight gradient (float8's scaled
+    variant the same; its scaling is not counted, as for ``_scaled_mm``)."""
     return grouped_mm_flops(call["self"].shape, call["mat2"].shape, call.out.shape)
 
 

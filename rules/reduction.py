@@ -250,6 +250,25 @@ def cdist_backward(call):
     return 4 * pairs * x1.shape[-1]
 
 
+@register(*aten_ops("_pdist_forward"), kind=OTHER)
+def pdist(call):
+    """3*D per pair + 1 sqrt, N(N-1)/2 pairs (the output): cdist's count over the rows of one [N, D] matrix."""
+    pairs = call.out.numel
+    return 3 * pairs * call["self"].shape[-1] + pairs
+
+
+@register(*aten_ops("_pdist_backward"), kind=OTHER)
+def pdist_backward(call):
+    """4*D per pair (cdist's backward): (x_i - x_j) * grad / dist, added into both rows' gradients."""
+    return 4 * call["grad"].numel * call["self"].shape[-1]
+
+
+@register(*aten_ops("segment_reduce"), kind=OTHER)
+def segment_reduce(call):
+    """1 per element of ``data``: each added (compared for max/min) into its segment's result."""
+    return call["data"].numel
+
+
 @register(*aten_ops("renorm"), kind=OTHER)
 def renorm(call):
     """norm FLOPs of the S slices along dim (p=2: 2N + S), one clamp per slice (S), one scale per element (N)."""

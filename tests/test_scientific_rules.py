@@ -310,3 +310,27 @@ def test_a_step_of_factorizations_has_a_rule_for_every_op_the_real_step_runs():
                "aten._linalg_solve_ex", "aten.linalg_inv_ex", "aten.linalg_lstsq"):
         assert rows[op]["count"] == sum(1 for o, _ in real.calls if o.rsplit(".", 1)[0] == op), op
         assert rows[op]["flops_forward"] + rows[op]["flops_backward"] > 0, op
+
+
+def test_pairwise_distances_and_incomplete_gamma_have_rules():
+    """``torch.pdist`` (its forward and backward kernels: cdist's per-pair counts over one matrix's N(N-1)/2 pairs)
+    and the incomplete gamma functions: a real step's calls, each with a rule; pdist's count is cdist's over the
+    same pairs (the upper triangle of ``cdist(x, x)``'s)."""
+    from rules.reduction import cdist as cdist_rule
+
+    lin = nn.Linear(8, 8)
+    x = torch.randn(10, 8)
+
+    def loss(y):
+        return torch.pdist(y).sum() + torch.special.gammaincc(y.abs().detach() + 1, y.abs() + 0.5).sum()
+
+    with _Calls() as real:
+        loss(lin(x)).backward()
+    report = estimate(lin, x, loss_fn=loss, device="cpu")
+    assert report.tally.unsupported == []
+    rows = {r["op"]: r for r in report.tally.by_operator}
+    assert {op.rsplit(".", 1)[0] for op, _ in real.calls} >= {"aten._pdist_forward", "aten._pdist_backward"}
+    y = lin(x).detach()
+    full = torch.cdist(y, y)
+    per_pair = cdist_rule(op_call(aten._cdist_forward.default, y, y, 2.0, None, outputs=[full])) / full.numel()
+    assert rows["aten._pdist_forward"]["flops_forward"] == per_pair * 10 * 9 // 2
