@@ -334,3 +334,20 @@ def test_pairwise_distances_and_incomplete_gamma_have_rules():
     full = torch.cdist(y, y)
     per_pair = cdist_rule(op_call(aten._cdist_forward.default, y, y, 2.0, None, outputs=[full])) / full.numel()
     assert rows["aten._pdist_forward"]["flops_forward"] == per_pair * 10 * 9 // 2
+
+
+def test_an_op_without_a_gradient_fails_as_the_real_step_does():
+    """``gammainc``'s first argument has no derivative in PyTorch: the real backward raises, and the estimate's
+    one-line error says so (not "check the input shapes")."""
+    from estimator.errors import UserError
+
+    lin = nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+
+    def loss(y):
+        return torch.special.gammainc(y.abs() + 1, y.abs().detach() + 0.5).sum()
+
+    with pytest.raises(NotImplementedError):
+        loss(lin(x)).backward()
+    with pytest.raises(UserError, match="the real step fails the same way"):
+        estimate(lin, x, loss_fn=loss, device="cpu")

@@ -47,6 +47,8 @@ def _view_hint(first: str) -> str | None:
     """What an in-place op on a tensor-parallel layer's local output means (Llama 4's shared expert adds the routed
     experts' output into it): DTensor's ``to_local()`` returns a view made in a custom autograd Function, which
     autograd refuses to modify in place, so the real step under tensor parallelism fails at the same op."""
+    if "derivative for" in first and "is not implemented" in first:  # autograd's own refusal, as in a real step
+        return "PyTorch has no gradient for that op and input: the real step fails the same way (detach the input)"
     if "_ToTorchTensor" in first and "inplace" in first:
         return ("the model modifies a tensor-parallel layer's output in place, which autograd refuses on DTensor's "
                 "to_local() view in a real run too: plan it without --tp (or change that op to out-of-place)")
