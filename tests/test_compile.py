@@ -126,6 +126,23 @@ def test_saved_activations_of_a_compiled_cnn_are_inductors_but_its_weight_layout
     assert report.compiled["activations"] < report.compiled["eager_activations"]
 
 
+def test_a_compiled_model_keeps_its_batchnorm_statistics_in_place():
+    """AOTAutograd applies a graph's buffer updates (BatchNorm's running statistics) to the module's own tensors:
+    the buffers stay the model's through the step, as the real compiled step's ``named_buffers()`` are the same
+    storages after it (the capture once took the traced stand-ins the compilation swapped in for them, freed the
+    real ones at the step's end, and the CUDA allocator's replay then failed on a second free)."""
+    from estimator import estimate
+
+    compiled, model, x, loss_fn = cnn_case()
+    before = {n: b.untyped_storage().data_ptr() for n, b in model.named_buffers()}
+    loss_fn(compiled(x)).backward()
+    assert {n: b.untyped_storage().data_ptr() for n, b in model.named_buffers()} == before
+    report = estimate(model, x, loss_fn=loss_fn, device="cuda", compile="model", solve_batch=False)
+    assert report.to_dict()["memory"]["buffers"] == sum(b.untyped_storage().nbytes() for b in model.buffers())
+    buffers = report.capture.sids["buffer"]
+    assert not [e for e in report.capture.events if e[1] in buffers and e[2] < 0]  # never freed
+
+
 def test_fusion_frees_what_only_a_kernel_reads():
     """x -> mul -> add -> relu -> mm: the three pointwise ops are one kernel; the tensors between them take no
     memory, the kernel's output (read by the matmul, a library kernel) does; the kernel reads x once and writes

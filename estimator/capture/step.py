@@ -280,7 +280,7 @@ class Step:
             path = rec.module_stack.pop() if rec.module_stack else ""
             if path not in outputs and rec.phase in FORWARD_PHASES:
                 outputs[path] = [tuple(t.shape) for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor)]
-            if rec.phase in FORWARD_PHASES:
+            if rec.phase in FORWARD_PHASES and not rec.compiling:  # (a region compiling swaps in traced buffers)
                 self._reassigned_buffers(mod)
 
         handles = []
