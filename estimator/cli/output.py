@@ -13,10 +13,11 @@ from ..errors import UserError
 
 def write_atomic(path: str, write, suffix: str = ".tmp") -> None:
     """Call ``write(tmp)`` on a temp file beside ``path``, then rename it into place: never half-written."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise UserError(f"cannot write {path}: directory {directory} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".estimator-", suffix=suffix)
+    directory = check_writable(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".estimator-", suffix=suffix)
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}; choose another --output") from exc
     os.close(fd)
     umask = os.umask(0)
     os.umask(umask)
@@ -24,10 +25,26 @@ def write_atomic(path: str, write, suffix: str = ".tmp") -> None:
         os.chmod(tmp, 0o666 & ~umask)  # like any file the user writes, not mkstemp's 0600
         write(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise UserError(f"cannot write {path}: {exc.strerror or exc}; choose another --output") from exc
         raise
+
+
+def check_writable(path: str) -> str:
+    """The directory ``path`` is written into, after the checks a write would fail (a directory of that name,
+    a missing or unwritable directory), so that a command refuses its --output before it works; else a one-line
+    error."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise UserError(f"cannot write {path}: directory {directory} does not exist")
+    if os.path.isdir(path):
+        raise UserError(f"cannot write {path}: it is a directory; give a file name")
+    if not os.access(directory, os.W_OK):
+        raise UserError(f"cannot write {path}: directory {directory} is not writable; choose another --output")
+    return directory
 
 
 def write_text(text: str, output: str | None) -> None:
@@ -53,6 +70,8 @@ def pick_format(fmt: str | None, output: str | None, formats: tuple[str, ...] = 
     """--format, else the --output suffix (an unknown suffix is refused), else table; a --format that another
     format's suffix contradicts (``--format csv --output r.json``) is refused rather than written into a file
     whose name says otherwise.  ``formats``: the command's own (a suffix of another is refused)."""
+    if output:
+        check_writable(output)
     suffix = os.path.splitext(output)[1].lower() if output else ""
     named = _SUFFIX_FORMATS.get(suffix)
     if fmt:
@@ -75,6 +94,7 @@ def plot_format(path: str) -> str:
     """The image type ``--plot`` writes, from the suffix; refused (one line) unless matplotlib can write it."""
     from ..render import PLOT_SUFFIXES, plot_formats
 
+    check_writable(path)
     suffix = os.path.splitext(path)[1].lower()
     available = plot_formats()
     if not available:

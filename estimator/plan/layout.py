@@ -22,6 +22,7 @@ hand (:mod:`estimator.plan.zero`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -301,3 +302,24 @@ def check_finetune(layout: Layout, lora: bool, quantized: bool) -> None:
     if max(layout.tp, layout.pp, layout.cp, layout.ep) > 1:
         raise UserError("--lora is planned with data parallelism only (DDP, FSDP2, HSDP): drop --tp, --pp, --cp "
                         "and --ep")
+
+
+def check_tied_units(model: torch.nn.Module, unit_paths: list[str], wrap: Any) -> None:
+    """A one-line error when ``--wrap``'s units split a tied parameter between two FSDP groups (GPT's output head
+    wrapped alone, its weight the embedding's): FSDP2's ``fully_shard`` refuses a parameter managed by two."""
+    units = sorted(unit_paths, key=len, reverse=True)
+    groups: dict[int, dict[str, str]] = {}  # id(parameter) -> {its group (a unit path, "" the root): its name}
+    for path, module in model.named_modules(remove_duplicate=False):
+        unit = next((u for u in units if path == u or path.startswith(u + ".")), "")
+        for local, param in module.named_parameters(recurse=False, remove_duplicate=False):
+            groups.setdefault(id(param), {}).setdefault(unit, f"{path}.{local}" if path else local)
+    split = next((names for names in groups.values() if len(names) > 1), None)
+    if split is not None:
+        names = sorted(split.values())
+        raise UserError(f"--wrap {' '.join(getattr(w, '__name__', str(w)) for w in _listed(wrap))} puts the tied "
+                        f"parameters {' and '.join(names)} in two FSDP groups, which fully_shard refuses: wrap a "
+                        "class that holds both, or leave --wrap to its default")
+
+
+def _listed(wrap: Any) -> list:
+    return list(wrap) if isinstance(wrap, (list, tuple)) else [wrap]

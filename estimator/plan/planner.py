@@ -31,7 +31,7 @@ from .context import in_chunks, shard_sequence
 from .describe import engine_text, layout_notes
 from .engine import one_sequence_per_sample, trace_engine
 from .interpolate import searched_allocator
-from .layout import Layout, check_finetune, check_layout, parse_plan_precision
+from .layout import Layout, check_finetune, check_layout, check_tied_units, parse_plan_precision
 from .model_flops import attention_term, matmul_params
 from .report import Comparison, Plan
 from .results import Config, Flops, PerGpu, Solve, StepTime, Suggestion, Training, Verdict
@@ -113,6 +113,9 @@ class Planner:
         # LoRA / QLoRA (estimator.lora): the model as the fine-tuning run trains it
         model, notes, _ = finetuned(model, lora, quantize, self.precision.step)
         self.float8_notes[:0], self.finetune = notes, (lora is not None, quantize is not None)
+        if not any(p.requires_grad for p in model.parameters()):
+            raise UserError("no parameter of the model requires grad: a training plan has nothing to train; set "
+                            "requires_grad on the parameters to train")
         self.model, self.inputs, self.device = model, inputs, device
         self.gpu = gpu if isinstance(gpu, GPU) else lookup(gpu)
         self.gpus_per_node = gpus_per_node
@@ -134,6 +137,7 @@ class Planner:
         if wrap:
             self.wrap = resolve_classes(model, wrap, "--wrap")
             self.unit_paths = [p for p, m in model.named_modules() if p and isinstance(m, self.wrap)]
+            check_tied_units(model, self.unit_paths, wrap)
         else:
             self.wrap, self.unit_paths = default_wrap(model)
         self.batch, self.seq = input_dims(inputs)
