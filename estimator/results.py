@@ -144,8 +144,12 @@ class ReportData:
     @property
     def kernels(self) -> dict[str, int]:
         """The kernels the target's choice decided (attention backend, batch norm, dropout, recurrent
-        layers) and how many times each runs in the step, forward and backward: what the estimate assumed."""
-        by_target = Counter(node.target for node in self.capture.nodes)  # a few hundred kinds of 10^4-10^5 nodes
+        layers) and how many times each runs in the step, forward and backward (every micro-step of gradient
+        accumulation): what the estimate assumed."""
+        nodes = self.capture.nodes
+        # a few hundred kinds of 10^4-10^5 nodes
+        by_target = Counter(nodes[i].target for i in self.capture.node_order()) if self.capture.grad_accum > 2 \
+            else Counter(node.target for node in nodes)
         counts: dict[str, int] = {}
         for target, n in by_target.items():
             name = str(getattr(target, "overloadpacket", target)).removeprefix("aten.")

@@ -122,7 +122,8 @@ def _bytes_by_dtype(cap: Capture) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for category in ("parameter", "buffer", "gradient", "optimizer_state", "saved", "input"):
         per: Counter[str] = Counter()
-        for sid in cap.sids.get(category, ()):
+        # the activations of one micro-batch (cap.saved: the first micro-step's; "saved" holds every traced one's)
+        for sid in (cap.saved if category == "saved" else cap.sids.get(category, ())):
             per[str(cap.storage_dtype[sid]).removeprefix("torch.")] += cap.storage_bytes[sid]
         out[category] = dict(per)
     return out

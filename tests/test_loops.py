@@ -190,6 +190,8 @@ def test_accumulation_counts_one_micro_batch_and_times_all_of_them():
     d1, d4 = one.to_dict(), four.to_dict()
     assert d4["flops"]["matmul_forward"] == d1["flops"]["matmul_forward"]
     assert d4["memory"]["activations"] == d1["memory"]["activations"]
+    # the activations by dtype are one micro-batch's too (they once summed every traced micro-step's)
+    assert sum(d4["memory"]["by_dtype"]["activations"].values()) == d4["memory"]["activations"]
     assert d4["memory"]["gradients"] == d1["memory"]["gradients"]
     assert d4["loop"] == {"keep_output": False, "grad_accum": 4, "zero_grad": "after_step"}
     t1 = step_time(one, "H100")
