@@ -239,18 +239,27 @@ def estimate(
     if compiled is not None:
         report.compiled = _eager_beside(model, inputs, options, trace, device, target_gpu, report, progress)
     if target_gpu is not None and solve_batch:
-        if mode != "train":
-            report.max_batch_note = "not searched: the largest batch is planned for training steps only"
-        elif (states := _model_states_over(report, target_gpu)) is not None:
-            report.max_batch, report.max_batch_note = 0, states  # said at once: no batch size can fit
-        else:
-            progress("finding the largest micro-batch")
-            report.max_batch, report.max_batch_note, report.max_batch_margin = _largest_batch(
-                model, inputs, target_gpu, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs, loss_fn=loss_fn,
-                precision=options.precision.name, trace=trace, keep_output=options.keep_output, grad_accum=grad_accum,
-                clip_grad_norm=options.clip_grad_norm, ema=options.ema, zero_grad=options.zero_grad,
-                replicate=replicate, compile=compiled)
+        _search_batch(report, model, inputs, options, target_gpu, progress, optimizer=optimizer,
+                      optimizer_kwargs=optimizer_kwargs, loss_fn=loss_fn, trace=trace, grad_accum=grad_accum,
+                      replicate=replicate, compile=compiled)
     return report
+
+
+def _search_batch(report: Report, model, inputs, options: StepOptions, gpu: GPU, progress: Progress,
+                  **kwargs: Any) -> None:
+    """The report's largest micro-batch on ``gpu`` (:func:`_largest_batch`), or why it was not searched."""
+    if report.mode != "train":
+        report.max_batch_note = "not searched: the largest batch is planned for training steps only"
+    elif options.precision.fp8_linear:
+        report.max_batch_note = ("not searched: --precision fp8 is a what-if over the bf16-mixed step; --float8 "
+                                 "tensorwise traces torchao's float8 training, and searches")
+    elif (states := _model_states_over(report, gpu)) is not None:
+        report.max_batch, report.max_batch_note = 0, states  # said at once: no batch size can fit
+    else:
+        progress("finding the largest micro-batch")
+        report.max_batch, report.max_batch_note, report.max_batch_margin = _largest_batch(
+            model, inputs, gpu, precision=options.precision.name, keep_output=options.keep_output,
+            clip_grad_norm=options.clip_grad_norm, ema=options.ema, zero_grad=options.zero_grad, **kwargs)
 
 
 def _eager_beside(model, inputs, options: StepOptions, trace: str, device: str, gpu: GPU | None, report: Report,

@@ -37,3 +37,10 @@ def test_a_plan_with_nothing_to_train_is_refused(tmp_path):
     spec.write_text("import torch\n\ndef build():\n    m = torch.nn.Linear(4, 2)\n    m.requires_grad_(False)\n"
                     "    return m, torch.randn(3, 4)\n")
     _one_line_error(run("plan", f"{spec}:build", "--gpu", "H100", "--gpus", "2"), "requires grad")
+
+
+def test_the_fp8_what_if_says_why_the_batch_is_not_searched():
+    proc = run("estimate", "examples/gpt.py:build", "--gpu", "H100", "--precision", "fp8")
+    assert proc.returncode == 0, proc.stderr
+    headline = " ".join(proc.stdout.split("\n\n")[1].split())
+    assert "not searched: --precision fp8 is a what-if" in headline and "unknown precision" not in headline
