@@ -186,9 +186,10 @@ def estimate(
     compiled = check_mode(compile)
     if compiled is not None and mode == "generate":
         raise UserError("compile sizes training and inference steps; drop it for mode='generate'")
-    from .float8 import check_recipe, converted
+    from .float8 import check_float8_gpu, check_recipe, converted
 
     recipe, float8_notes = check_recipe(float8), []
+    check_float8_gpu(recipe, target_gpu)
     if recipe is not None:
         if mode != "train":
             raise UserError(f"float8 is float8 training (torchao's Float8Linear); drop it for mode={mode!r}")
@@ -236,6 +237,11 @@ def estimate(
 
         progress("timing the step")
         report.step_time = step_time(report, target_gpu)
+        by_dtype = report.tally.flops_by_dtype
+        lacking = target_gpu.lacks("fp8" if options.precision.fp8_linear else max(by_dtype, key=by_dtype.get)) \
+            if by_dtype else None
+        if lacking:
+            report.capture.assumptions.append(lacking)
     if compiled is not None:
         report.compiled = _eager_beside(model, inputs, options, trace, device, target_gpu, report, progress)
     if target_gpu is not None and solve_batch:

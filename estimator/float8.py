@@ -37,6 +37,14 @@ def check_recipe(float8: Any) -> str | None:
     return switch_choice(float8, "float8", RECIPES, "tensorwise")
 
 
+def check_float8_gpu(recipe: str | None, gpu: Any) -> None:
+    """A one-line error for float8 training on a GPU without float8 tensor cores (``torch._scaled_mm`` runs on
+    compute capability 8.9 and later: an A100, V100 or T4 has none, and the real step fails there)."""
+    if recipe is not None and gpu is not None and not gpu.peak.get("fp8"):
+        raise UserError(f"--float8 needs float8 tensor cores (compute capability 8.9+: L4, L40S, H100, H200, B200) "
+                        f"and {gpu.name} has none, so torch._scaled_mm fails there: drop --float8 or pick such a GPU")
+
+
 def _meta_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A deep copy of ``model`` whose floating-point parameters and buffers are on the meta device (no memory);
     integer and boolean buffers (position ids, masks) are copied with their values."""

@@ -116,6 +116,25 @@ class GPU:
     def peak_flops(self, dtype: str) -> float | None:
         return self.peak.get(_DTYPE_KEYS.get(dtype, dtype))
 
+    def matmul_peak(self, dtype: str) -> float:
+        """The FLOP/s a matmul in ``dtype`` is timed against: its datasheet peak, or for a mode the GPU lacks the
+        next it has (tf32 -> fp32; bf16 -> fp16 -> fp32; fp16 -> bf16 -> fp32; fp8 -> bf16 -> fp16 -> fp32): the
+        time model's peaks and the MFU's denominator."""
+        key = _DTYPE_KEYS.get(dtype, dtype)
+        chain = _PEAK_FALLBACK.get(key, (key, "fp32"))
+        return next((self.peak[k] for k in chain if self.peak.get(k)), 0.0)
+
+    def lacks(self, dtype: str) -> str | None:
+        """A note when the GPU has no tensor-core mode for the 16-bit or 8-bit ``dtype`` a step computes in
+        (bf16 on a V100 or a T4, fp8 on an A100), None when it has one or the dtype needs none."""
+        key = _DTYPE_KEYS.get(dtype, dtype)
+        if key not in ("bf16", "fp16", "fp8") or self.peak.get(key):
+            return None
+        rate = next(k for k in _PEAK_FALLBACK[key] if self.peak.get(k) or k == "fp32")
+        return (f"{self.name} has no {key} tensor cores (none on its datasheet): the step's {key} matmuls are "
+                f"timed at its {rate} rate, which a real run's emulated {key} need not reach"
+                + ("; fp16-mixed runs on its fp16 tensor cores" if key == "bf16" and self.peak.get("fp16") else ""))
+
     def to_json(self) -> dict:
         """The fields of ``estimator hardware --format json`` (and of a ``--gpu file.json``)."""
         tf = lambda v: None if v is None else round(v / TERA, 4)  # noqa: E731
@@ -129,6 +148,8 @@ class GPU:
                 "total_memory_source": self.total_memory_source or "not measured: the datasheet's figure"}
 
 
+_PEAK_FALLBACK = {"tf32": ("tf32", "fp32"), "bf16": ("bf16", "fp16", "fp32"), "fp16": ("fp16", "bf16", "fp32"),
+                  "fp8": ("fp8", "bf16", "fp16", "fp32")}
 _DTYPE_KEYS = {"float32": "fp32", "float": "fp32", "tf32": "tf32", "bfloat16": "bf16", "float16": "fp16",
                "half": "fp16", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8"}
 

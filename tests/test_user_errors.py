@@ -44,3 +44,44 @@ def test_the_fp8_what_if_says_why_the_batch_is_not_searched():
     assert proc.returncode == 0, proc.stderr
     headline = " ".join(proc.stdout.split("\n\n")[1].split())
     assert "not searched: --precision fp8 is a what-if" in headline and "unknown precision" not in headline
+
+
+def _tiny_gpt():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_gpt_example", os.path.join(os.path.dirname(__file__), "..",
+                                                                                "examples", "gpt.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build(batch=2, seq=64)
+
+
+def test_a_gpu_without_the_steps_tensor_cores_is_said_and_its_mfu_stays_a_fraction():
+    """bf16-mixed on a T4 (fp16 tensor cores only): the plan's MFU once divided the time model's fp16-rate step
+    by the fp32 peak (138 % in a --compare row); now both use the rate the matmuls are timed at, and the
+    estimate and the plan say the card has no bf16 tensor cores."""
+    from estimator import estimate
+    from estimator.hardware import lookup
+    from estimator.plan import plan
+
+    model, inputs = _tiny_gpt()
+    t4 = lookup("T4")
+    report = estimate(model, inputs, gpu="T4", precision="bf16-mixed", solve_batch=False)
+    assert any("T4 has no bf16 tensor cores" in n for n in report.capture.assumptions)
+    planned = plan(model, inputs, gpu="T4", gpus=2, strategy="ddp", precision="bf16-mixed", solve=())
+    assert any("T4 has no bf16 tensor cores" in n for n in planned.notes)
+    assert planned.flops.peak_flops_per_s == t4.matmul_peak("bf16") == t4.peak_flops("fp16")
+    assert 0 < planned.flops.mfu < 1
+    assert t4.lacks("fp16") is None and lookup("H100").lacks("bf16") is None
+
+
+def test_float8_on_a_gpu_without_float8_tensor_cores_is_refused():
+    import pytest
+
+    from estimator import estimate
+    from estimator.errors import UserError
+
+    pytest.importorskip("torchao")
+    model, inputs = _tiny_gpt()
+    with pytest.raises(UserError, match="float8 tensor cores"):
+        estimate(model, inputs, gpu="A100", float8="tensorwise")

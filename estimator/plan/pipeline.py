@@ -481,7 +481,7 @@ def plan_pipeline(planner: Any, layout: Any, checkpoint: tuple[type, ...], gpu: 
     fits = needed <= gpu.capacity
     model_flops, dtype = matmul_flops(planner.reference())
     model_flops /= pp  # each rank's GPUs run 1/pp of the model's matmuls (even stages)
-    peak_flops = gpu.peak_flops(dtype) or gpu.peak_flops("fp32")
+    peak_flops = gpu.matmul_peak(dtype)  # (a mode the GPU lacks: the time model's rate)
     mfu = model_flops / (step_s * peak_flops) if step_s > 0 else None
     training = planner._training(layout, time, model_flops, peak_flops, **budget)
     flops = planner._flops(model_flops, dtype, peak_flops, mfu)

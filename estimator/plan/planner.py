@@ -100,12 +100,13 @@ class Planner:
             raise UserError(f"--zero-semantics must be deepspeed or paper, not {zero_semantics!r}")
         if gpus_per_node < 1:
             raise UserError(f"--gpus-per-node must be >= 1, not {gpus_per_node}")
-        from ..float8 import check_recipe, converted
+        from ..float8 import check_float8_gpu, check_recipe, converted
 
         recipe, self.float8_notes = check_recipe(float8), []
         if float8_all_gather and recipe is None:
             raise UserError("--float8-all-gather gathers float8 weights: add --float8 tensorwise")
         self.float8_all_gather = bool(float8_all_gather)
+        check_float8_gpu(recipe, gpu if isinstance(gpu, GPU) else lookup(gpu))
         if recipe is not None:  # torchao's Float8Linear on a meta copy (see estimator.float8)
             model, self.float8_notes = converted(model, recipe, self.float8_all_gather)
         self.model_name = model_name or type(model).__name__
@@ -459,7 +460,7 @@ class Planner:
         time = self._time(layout, step, target)
         base_step = self.traced(layout, ()) if ckpt else step
         model_flops, dtype = matmul_flops(base_step)
-        peak_flops = target.peak_flops(dtype) or target.peak_flops("fp32")
+        peak_flops = target.matmul_peak(dtype)  # (a mode the GPU lacks: the time model's rate)
         mfu_est = model_flops / (time.step_time_s * peak_flops) if time.step_time_s > 0 else None
         training = self._training(layout, time, model_flops, peak_flops, tokens, samples, steps, mfu)
         flops = self._flops(model_flops, dtype, peak_flops, mfu_est)
@@ -486,7 +487,7 @@ class Planner:
             offload=offload, wrap=[c.__name__ for c in self.wrap], micro_batch=self.batch,
             global_batch=self.batch * layout.dp * self.options.grad_accum if self.batch else None, seq=self.seq,
             engine=self._engine_text(layout), device=self.device, cp=layout.cp, ep=layout.ep, etp=layout.etp)
-        notes += self._notes(layout, mem) + self.float8_notes
+        notes += self._notes(layout, mem) + self.float8_notes + [n for n in [target.lacks(dtype)] if n]
         return Plan(config, per_gpu, Verdict(fits, target.capacity, reserve, needed, target.capacity - needed,
                                              suggestions), time, flops, training, batch_solve, seq_solve,
                     self._checkpoint_size(layout, step, mem), notes)

@@ -79,7 +79,5 @@ def datasheet_peaks(gpu: GPU) -> dict[str, float]:
     tensor cores), twice the fp32 rate with packed two-element instructions (HFMA2 / BF16x2: the
     H100 whitepaper's 133.8 non-tensor fp16 and bf16 TFLOP/s for 66.9 fp32), what depthwise
     convolutions run in bf16 / fp16."""
-    fp32 = gpu.peak.get("fp32") or 0.0
-    half = gpu.peak.get("bf16") or gpu.peak.get("fp16") or fp32
-    return {"fp32": fp32, "tf32": gpu.peak.get("tf32") or fp32, "bf16": half,
-            "fp16": gpu.peak.get("fp16") or half, "half_cuda": 2 * fp32, "fp8": gpu.peak.get("fp8") or half}
+    peaks = {key: gpu.matmul_peak(key) for key in ("fp32", "tf32", "bf16", "fp16", "fp8")}
+    return {**peaks, "half_cuda": 2 * peaks["fp32"]}
