@@ -66,8 +66,10 @@ def _top_level(text: str) -> list[str]:
 
 def _parse_value(v: str) -> Any:
     low = v.lower()
-    if low in ("true", "false"):
-        return low == "true"
+    if low in ("true", "false", "yes", "no", "on", "off"):
+        return low in ("true", "yes", "on")
+    if v.count("(") != v.count(")"):
+        raise UserError(f"optimizer option value {v!r} has unbalanced parentheses (e.g. betas=(0.9,0.95))")
     if low == "none":
         return None
     for cast in (int, float):

@@ -85,3 +85,19 @@ def test_float8_on_a_gpu_without_float8_tensor_cores_is_refused():
     model, inputs = _tiny_gpt()
     with pytest.raises(UserError, match="float8 tensor cores"):
         estimate(model, inputs, gpu="A100", float8="tensorwise")
+
+
+def test_options_a_user_mistypes_are_refused_in_one_line():
+    _one_line_error(run("estimate", "examples/mlp.py:build", "--device", "cpu", "--optimizer", "adamw:betas=(0.9,0.95"),
+                    "unbalanced parentheses")
+    _one_line_error(run("plan", "examples/mlp.py:build", "--gpu", "H100", "--steps", "1.5"), "whole number")
+    _one_line_error(run("validate", "examples/mlp.py:build", "--device", "cpu", "--tolerance", "-5"), "--tolerance")
+    _one_line_error(run("validate", "examples/mlp.py:build", "--device", "cpu", "--peak-tflops", "0"),
+                    "--peak-tflops")
+
+
+def test_yes_and_no_are_booleans_in_optimizer_options():
+    """``amsgrad=no`` once reached Adam as the string "no", which Python takes as true (AMSGrad on)."""
+    from estimator.optim import parse_optimizer
+
+    assert parse_optimizer("adam:amsgrad=no,foreach=yes") == ("adam", {"amsgrad": False, "foreach": True})

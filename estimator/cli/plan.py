@@ -245,6 +245,8 @@ def run_plan(args: argparse.Namespace) -> int:
     gpus_names = [g.strip() for g in args.gpu.split(",") if g.strip()]
     if not gpus_names:
         raise UserError("--gpu names no GPU, e.g. --gpu H100")
+    if args.steps is not None and args.steps != int(args.steps):
+        raise UserError(f"--steps must be a whole number of optimizer steps, not {args.steps:g}")
     steps = int(args.steps) if args.steps is not None else None
     with Progress() as progress:
         progress.set("building the model")

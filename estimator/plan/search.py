@@ -308,5 +308,7 @@ def check_budget(tokens: float | None, samples: float | None, steps: int | None,
     for name, v in (("--tokens", tokens), ("--samples", samples), ("--steps", steps)):
         if v is not None and v <= 0:
             raise UserError(f"{name} must be > 0, not {v}")
+    if steps is not None and steps != int(steps):
+        raise UserError(f"--steps must be a whole number of optimizer steps, not {steps}")
     if mfu is not None and not 0.0 < mfu <= 1.0:
         raise UserError(f"--mfu must be in (0, 1], e.g. 0.4, not {mfu}")

@@ -56,6 +56,10 @@ def validate(model: torch.nn.Module, inputs: Any, *, optimizer: Any = "adamw",
         raise UserError("--device cuda but no CUDA device is available; use --device cpu")
     if steps < 1:
         raise UserError(f"--steps must be >= 1, not {steps}")
+    if not tolerance > 0 or tolerance == float("inf"):  # (nan fails the first test)
+        raise UserError(f"--tolerance is a percentage > 0, e.g. 5, not {tolerance}")
+    if peak_tflops is not None and (not peak_tflops > 0 or peak_tflops == float("inf")):
+        raise UserError(f"--peak-tflops must be > 0, e.g. 312, not {peak_tflops}")
     if mode not in MODES:
         raise UserError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
     if mode == "train":
