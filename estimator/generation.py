@@ -140,6 +140,9 @@ def trace_generation(model, inputs: Any, options: StepOptions, *, prompt_len: in
     if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or new_tokens < 1:
         raise UserError(f"mode='generate' needs new_tokens, the tokens generated after the prompt (an integer "
                         f">= 1), not {new_tokens!r}")
+    if new_tokens == 1:
+        raise UserError("new_tokens=1 is generate()'s prefill alone (no decode step): size it with mode='inference' "
+                        "(the prompt's forward), or generate 2 or more tokens")
     if kv_cache not in KV_CACHES:
         raise UserError(f"kv_cache must be one of {', '.join(KV_CACHES)}, not {kv_cache!r}")
     prompt, p = prompt_inputs(inputs, prompt_len)

@@ -101,3 +101,12 @@ def test_yes_and_no_are_booleans_in_optimizer_options():
     from estimator.optim import parse_optimizer
 
     assert parse_optimizer("adam:amsgrad=no,foreach=yes") == ("adam", {"amsgrad": False, "foreach": True})
+
+
+def test_generation_requests_outside_what_generate_runs_say_so():
+    _one_line_error(run("estimate", "hf:gpt2", "--set", "n_layer=1", "--mode", "generate", "--prompt-len", "4",
+                        "--new-tokens", "1"), "prefill alone")
+    _one_line_error(run("estimate", "hf:gpt2", "--set", "n_layer=1", "--mode", "generate", "--prompt-len", "0",
+                        "--new-tokens", "4"), "--prompt-len must be >= 1")
+    _one_line_error(run("estimate", "examples/gpt.py:build", "--mode", "generate", "--prompt-len", "16",
+                        "--new-tokens", "4"), "--prompt-len sizes hf: prompts")

@@ -204,6 +204,12 @@ def load_model(args: argparse.Namespace, empty: bool = True):
     if mode == "generate":
         if args.prompt_len is not None and args.seq is not None:
             raise UserError("--mode generate takes the prompt's length from --prompt-len: drop --seq")
+        if args.prompt_len is not None:
+            if args.prompt_len < 1:
+                raise UserError(f"--prompt-len must be >= 1, not {args.prompt_len}")
+            if not args.spec.startswith("hf:"):  # (load_spec sizes hf: prompts; a callable returns its own)
+                raise UserError(f"--prompt-len sizes hf: prompts; {args.spec} returns its own: drop --prompt-len "
+                                "and size the prompt in the callable (--set)")
         seq = args.prompt_len if args.prompt_len is not None else seq
     else:
         given = [flag for flag, value in (("--prompt-len", getattr(args, "prompt_len", None)),
