@@ -110,3 +110,23 @@ def test_generation_requests_outside_what_generate_runs_say_so():
                         "--new-tokens", "4"), "--prompt-len must be >= 1")
     _one_line_error(run("estimate", "examples/gpt.py:build", "--mode", "generate", "--prompt-len", "16",
                         "--new-tokens", "4"), "--prompt-len sizes hf: prompts")
+
+
+def test_llavas_default_configuration_builds_a_model_that_runs():
+    """``hf:llava`` from its defaults: the image token (id 32,000) sits past the 32,000-token text vocabulary, as
+    llava-1.5's configuration has it before its checkpoint grows the embedding; the loader grows it as the
+    checkpoints do, and the real model's forward runs on the inputs it builds (it failed indexing the embedding)."""
+    import torch
+
+    from estimator.specs import load
+
+    model, inputs = load("hf:llava", overrides={"text_config.num_hidden_layers": 1, "vision_config.num_hidden_layers": 1,
+                                                "text_config.hidden_size": 64, "text_config.intermediate_size": 128,
+                                                "text_config.num_attention_heads": 4,
+                                                "text_config.num_key_value_heads": 2}, seq=600)
+    assert model.config.text_config.vocab_size == model.config.image_token_id + 1
+    from sweep import materialize
+
+    real = materialize(model)
+    with torch.no_grad():
+        assert torch.isfinite(real(**inputs).loss)

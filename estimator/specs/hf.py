@@ -456,7 +456,7 @@ def load_hf(target: str, opts: SpecOptions) -> Loaded:
     kwargs["dtype" if major >= 5 else "torch_dtype"] = torch.float32  # --precision decides casts
     if "attn_implementation" in special:
         kwargs["attn_implementation"] = special["attn_implementation"]
-    head = special.pop("note", "") + cache_off_without_attention(cfg)
+    head = special.pop("note", "") + cache_off_without_attention(cfg) + _media_tokens_in_vocabulary(cfg)
     try:
         model = _build(cls, how, cfg, kwargs)
     except UserError:
@@ -514,6 +514,21 @@ def _default_language(model: torch.nn.Module, cfg: Any) -> str:
         return ""
     setter(languages[0])
     return f" (language {languages[0]}: the first of its adapters)"
+
+
+def _media_tokens_in_vocabulary(cfg: Any) -> str:
+    """LLaVA's default configuration (as llava-1.5's) puts its image token at id 32,000 of a 32,000-token text
+    vocabulary: the checkpoints grow the embedding to hold it (32,064 rows), a model built from the defaults
+    looks the id up past its table and fails.  The text vocabulary is grown to the largest media token id + 1 as
+    the checkpoints do (what the ids are does not change the step's cost).  Returns the note, or ''."""
+    text = getattr(cfg, "text_config", None) or cfg
+    vocab = getattr(text, "vocab_size", None)
+    ids = [v for k in ("image_token_index", "image_token_id", "video_token_index", "video_token_id")
+           if isinstance(v := getattr(cfg, k, None), int) and not isinstance(v, bool)]
+    if not isinstance(vocab, int) or not ids or max(ids) < vocab:
+        return ""
+    text.vocab_size = max(ids) + 1
+    return f" (text vocabulary {vocab:,} -> {max(ids) + 1:,} to hold the media token id {max(ids):,}, as checkpoints do)"
 
 
 def _query_token_placeholder(cfg: Any) -> str:
