@@ -130,3 +130,19 @@ def test_llavas_default_configuration_builds_a_model_that_runs():
     real = materialize(model)
     with torch.no_grad():
         assert torch.isfinite(real(**inputs).loss)
+
+
+def test_compare_and_a_single_fsdp_plan_name_the_precision_each_uses():
+    """--compare runs each engine in its own mixed precision (FSDP2's MixedPrecisionPolicy, DDP's autocast): its
+    header said "(bf16-mixed)" over fsdp-bf16 rows, and a single --strategy fsdp plan under autocast needs more than
+    the compare's fsdp row without saying why."""
+    from estimator.plan import Planner
+
+    model, inputs = _tiny_gpt()
+    planner = Planner(model, inputs, gpu="H100", precision="bf16-mixed")
+    cmp = planner.compare([2], strategies=["ddp", "fsdp"], with_checkpointing=False)
+    names = {p.config.strategy: p.config.precision for p in cmp.plans}
+    assert names == {"ddp": "bf16-mixed", "fsdp": "fsdp-bf16"}
+    assert "bf16-mixed / fsdp-bf16: each engine's own" in cmp.render().split("\n\n")[1]
+    single = planner.plan("fsdp", 2, solve=())
+    assert any("--precision fsdp-bf16 is FSDP2's MixedPrecisionPolicy" in n for n in single.notes)

@@ -66,6 +66,11 @@ def layout_notes(planner: Any, layout: Layout) -> list[str]:
                          "torch's loss_parallel() (all-reduces of the row maxima, sums and target logits)"
                          if plan.head else "--loss-parallel: the head is replicated (its weight is tied to the "
                          "embedding), so the loss is computed on full logits as without it")
+    if layout.strategy in ("fsdp", "hsdp") and precision.step.autocast is not None and not precision.fsdp_policy:
+        low = str(precision.step.autocast).removeprefix("torch.").replace("bfloat16", "bf16").replace("float16", "fp16")
+        notes.append(f"{layout.strategy} under torch.autocast ({precision.name}): fp32 parameters gathered and cast "
+                     f"to {low} per op; --precision fsdp-{low} is FSDP2's MixedPrecisionPolicy (torchtitan's, and "
+                     f"--compare's fsdp rows), which gathers {low} parameters and needs less")
     if not layout.traced:
         notes.append(f"{layout.strategy}: PyTorch has no ZeRO engine; {zero_semantics} semantics "
                      f"(--zero-semantics deepspeed|paper; see estimator/plan/zero.py)")

@@ -133,6 +133,14 @@ def render_plan(p: PlanData, tablefmt: str = "simple") -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def compare_label(cmp: ComparisonData) -> str:
+    """The model and the rows' precision: one name, or each engine's own where they differ (FSDP2's
+    MixedPrecisionPolicy beside DDP's autocast; the Precision note under the table says which)."""
+    names = list(dict.fromkeys(p.config.precision for p in cmp.plans))
+    what = names[0] if len(names) == 1 else f"{' / '.join(names)}: each engine's own, see Precision below"
+    return f"{cmp.plans[0].config.model} ({what})"
+
+
 def render_comparison(cmp: ComparisonData, tablefmt: str = "simple") -> str:
     best = cmp.recommended
     body = []
@@ -146,8 +154,7 @@ def render_comparison(cmp: ComparisonData, tablefmt: str = "simple") -> str:
                      f"{p.step_time_s * 1e3:.1f} ms", "-" if rate is None else f"{rate:,.0f}",
                      "-" if not p.flops.mfu else f"{p.flops.mfu * 100:.1f}%",
                      fmt_duration(p.time_to_train_s), "-" if hours is None or not p.fits else f"{hours:,.1f}"])
-    first = cmp.plans[0].config
-    head = f"Plans for {first.model} ({first.precision})"
+    head = f"Plans for {compare_label(cmp)}"
     table = tabulate(body, headers=["GPU", "GPUs", "Strategy", "Checkpoint", "Micro-batch", "Global batch",
                                     "Needs / GPU", "Fits", "Max batch", "Step time", "Tokens/s/GPU", "MFU",
                                     "Time to train", "GPU-hours"],
@@ -231,8 +238,7 @@ class Comparison(ComparisonData):
         """A self-contained page: each layout's memory of one GPU and step time, side by side (:mod:`.html`)."""
         from .html import to_html
 
-        first = self.plans[0].config
-        return to_html(self, f"Plans for {first.model} ({first.precision})", _recommendation(self), self.render(),
+        return to_html(self, f"Plans for {compare_label(self)}", _recommendation(self), self.render(),
                        fmt_duration)
 
     def plot(self, path: str, fmt: str | None = None) -> None:
