@@ -406,3 +406,28 @@ def test_a_sequence_search_under_pp_is_said_not_to_run():
     p = _planner().plan("ddp", WORLD, pp=WORLD, microbatches=MICRO, solve=("seq",))
     assert p.batch is None and p.seq is None
     assert any(n.startswith("--solve seq: the longest sequence is not searched under --pp") for n in p.notes)
+
+
+def test_a_later_stages_stand_ins_have_the_real_modules_shapes_at_any_micro_batch():
+    """The modules before the blocks run on the first stage only; a later stage runs stand-ins of their output
+    shapes.  GPT's position embedding returns (T, C), no batch dimension: its stand-in once took the micro-batch
+    as its first dimension, (2, C) at micro-batch 2, and the stage's forward failed broadcasting it (``--pp 2
+    --microbatches 4`` on examples/gpt.py).  Truth: the real modules' outputs on a micro-batch of the model."""
+    import importlib.util
+
+    from estimator.plan.pipeline import find_split, stage_model
+
+    spec = importlib.util.spec_from_file_location("_gpt_pp", os.path.join(ROOT, "examples", "gpt.py"))
+    gpt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpt)
+    torch.manual_seed(0)
+    model = gpt.GPT(gpt.GPTConfig(vocab_size=64, block_size=16, n_layer=4, n_head=2, n_embd=32))
+    idx = torch.zeros(8, 16, dtype=torch.long)
+    planner = Planner(model, (idx, idx), gpu="H100", device="cpu", precision="fp32")
+    split = find_split(model, planner.reference().cap)
+    stage = stage_model(model, split, 1, 2, batch=2).model
+    micro = idx[:2]
+    for path in split.before:
+        real = model.get_submodule(path)
+        real_out = real(micro) if path == "wte" else real(torch.arange(micro.shape[1]))
+        assert stage.get_submodule(path)(micro).shape == real_out.shape, path

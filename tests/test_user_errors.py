@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from test_cli import _one_line_error, run
 
 
@@ -76,8 +78,6 @@ def test_a_gpu_without_the_steps_tensor_cores_is_said_and_its_mfu_stays_a_fracti
 
 
 def test_float8_on_a_gpu_without_float8_tensor_cores_is_refused():
-    import pytest
-
     from estimator import estimate
     from estimator.errors import UserError
 
@@ -146,3 +146,17 @@ def test_compare_and_a_single_fsdp_plan_name_the_precision_each_uses():
     assert "bf16-mixed / fsdp-bf16: each engine's own" in cmp.render().split("\n\n")[1]
     single = planner.plan("fsdp", 2, solve=())
     assert any("--precision fsdp-bf16 is FSDP2's MixedPrecisionPolicy" in n for n in single.notes)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--microbatches", "4"), "add --pp 2"),
+    (("--pp-schedule", "gpipe"), "add --pp 2"),
+    (("--cp-rotate", "alltoall"), "add --cp 2"),
+    (("--strategy", "fsdp", "--zero-semantics", "paper"), "zero1, zero2 or zero3"),
+    (("--wrap", "Block"), "DDP has none"),
+    (("--strategy", "fsdp", "--reshard-after-forward", "false", "--compare"), "without --compare"),
+])
+def test_plan_options_without_the_option_they_shape_are_refused(args, needle):
+    """Each changed nothing (the plan byte for byte the same without it), as --sequence-parallel without --tp would
+    have, which was refused already."""
+    _one_line_error(run("plan", "examples/gpt.py:build", "--gpu", "H100", "--gpus", "4", *args), needle)

@@ -107,7 +107,7 @@ def _add_model_parallel_options(p: argparse.ArgumentParser) -> None:
                    help="context-parallel degree: each sequence split over N ranks, attention as torch's ring "
                         "attention (context_parallel, load-balanced causal); FSDP2 shards over dp x cp "
                         "(default: 1); several compare layouts, e.g. --cp 4 or --cp 1,2,4")
-    p.add_argument("--cp-rotate", default="allgather", choices=PLAN_CP_ROTATE,
+    p.add_argument("--cp-rotate", default=None, choices=PLAN_CP_ROTATE,
                    help="with --cp: the ring's key/value exchange, torchtitan's context_parallel_rotate_method "
                         "(default: allgather), e.g. --cp-rotate alltoall")
     p.add_argument("--ep", type=_ints, default=[1], metavar="N[,N|LOW-HIGH]",
@@ -124,7 +124,7 @@ def _add_model_parallel_options(p: argparse.ArgumentParser) -> None:
                    help="pipeline-parallel stages (torch.distributed.pipelining; the stack of blocks split by layer "
                         "as torchtitan splits it; ddp, fsdp or hsdp inside each stage) (default: 1); several "
                         "compare layouts, e.g. --pp 4 or --pp 1,2,4")
-    p.add_argument("--pp-schedule", default="1f1b", choices=PLAN_PP_SCHEDULES,
+    p.add_argument("--pp-schedule", default=None, choices=PLAN_PP_SCHEDULES,
                    help="with --pp: the schedule; interleaved-1f1b and zbv hold two stages per rank, as torchtitan's "
                         "default (default: 1f1b), e.g. --pp-schedule interleaved-1f1b")
     p.add_argument("--microbatches", type=int, default=0, metavar="M",
@@ -171,7 +171,7 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--offload", choices=("optimizer", "params"),
                    help="host memory: zero*: DeepSpeed's ZeRO-Offload (optimizer) or also the parameters "
                         "(params, zero3); fsdp/hsdp: FSDP2's CPUOffloadPolicy, e.g. --offload optimizer")
-    p.add_argument("--zero-semantics", default="deepspeed", choices=("deepspeed", "paper"),
+    p.add_argument("--zero-semantics", default=None, choices=("deepspeed", "paper"),
                    help="ZeRO accounting: deepspeed (its estimators: fp32 gradient partition, reduce bucket, "
                         "largest-layer buffer) or paper (Rajbhandari et al. 2020) (default: deepspeed), "
                         "e.g. --zero-semantics paper")
@@ -230,6 +230,30 @@ def _add_outputs(p: argparse.ArgumentParser) -> None:
                         "the step time with its exposed communication; .png, .svg or .pdf, e.g. --plot plan.png")
 
 
+def _refuse_unused(args: argparse.Namespace) -> None:
+    """Options that act only beside another are refused without it (one line, as --sequence-parallel without
+    --tp), then given their defaults: --pp-schedule and --microbatches without --pp, --cp-rotate without --cp,
+    --zero-semantics without a ZeRO layout, --wrap under DDP alone, --reshard-after-forward but for one FSDP plan."""
+    strategies = None if args.compare else {args.strategy}  # --compare: every strategy
+    given = [flag for flag, value in (("--pp-schedule", args.pp_schedule), ("--microbatches", args.microbatches or None))
+             if value is not None]
+    if given and max(args.pp) == 1:
+        raise UserError(f"{' and '.join(given)} shape pipeline parallelism: add --pp 2 (or more)")
+    if args.cp_rotate is not None and max(args.cp) == 1:
+        raise UserError("--cp-rotate is context parallelism's key/value exchange: add --cp 2 (or more)")
+    if args.zero_semantics is not None and strategies is not None and not strategies & {"zero1", "zero2", "zero3"}:
+        raise UserError("--zero-semantics accounts for ZeRO's layouts: use --strategy zero1, zero2 or zero3 (or "
+                        "--compare)")
+    if args.wrap and strategies == {"ddp"}:
+        raise UserError("--wrap picks FSDP2's (and ZeRO-3's) units, which DDP has none of: use --strategy fsdp, hsdp "
+                        "or zero3, or drop --wrap")
+    if args.reshard_after_forward is not None and (strategies is None or not strategies & {"fsdp", "hsdp"}):
+        raise UserError("--reshard-after-forward is FSDP2's choice for one plan: use --strategy fsdp or hsdp without "
+                        "--compare")
+    args.pp_schedule, args.cp_rotate = args.pp_schedule or "1f1b", args.cp_rotate or "allgather"
+    args.zero_semantics = args.zero_semantics or "deepspeed"
+
+
 def run_plan(args: argparse.Namespace) -> int:
     """The ``plan`` subcommand: a plan (or a table of plans) whatever the verdict, exit 0; user errors
     raise :class:`UserError` (one line, exit 2)."""
@@ -248,6 +272,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps != int(args.steps):
         raise UserError(f"--steps must be a whole number of optimizer steps, not {args.steps:g}")
     steps = int(args.steps) if args.steps is not None else None
+    _refuse_unused(args)
     with Progress() as progress:
         progress.set("building the model")
         loaded = load_model(args)

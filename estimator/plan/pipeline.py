@@ -254,8 +254,13 @@ def stage_model(model: torch.nn.Module, split: Split, stage: int, pp: int, batch
     parent = m.get_submodule(parent_path) if parent_path else m
     stack = parent._modules[attr] = shortened(parent._modules[attr], lo, hi)
 
+    traced_batch, traced_seq = (split.block_input[0] + (None, None))[:2]
+
     def resized(shape: tuple[int, ...]) -> tuple[int, ...]:
-        shape = (batch, *shape[1:]) if batch is not None and shape else shape
+        if not shape or shape[0] != traced_batch:  # an output without the batch dimension (position embeddings
+            #                                         of the sequence, (T, C)): its sequence split, nothing else
+            return (shape[0] // cp, *shape[1:]) if cp > 1 and shape and shape[0] == traced_seq else shape
+        shape = (batch, *shape[1:]) if batch is not None else shape
         return (shape[0], shape[1] // cp, *shape[2:]) if cp > 1 and len(shape) > 1 else shape
 
     def put(path: str, new: torch.nn.Module) -> None:
