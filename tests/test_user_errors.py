@@ -160,3 +160,11 @@ def test_plan_options_without_the_option_they_shape_are_refused(args, needle):
     """Each changed nothing (the plan byte for byte the same without it), as --sequence-parallel without --tp would
     have, which was refused already."""
     _one_line_error(run("plan", "examples/gpt.py:build", "--gpu", "H100", "--gpus", "4", *args), needle)
+
+
+def test_a_run_that_fails_prints_one_line_with_the_warning_that_explains_it():
+    """``--seq 1024`` on BERT (512 positions): the warning about the positions came on its own line before the
+    error; the warnings of a command are held to its end, and a failing command's error carries them."""
+    proc = run("estimate", "hf:bert", "--set", "num_hidden_layers=1", "--seq", "1024")
+    _one_line_error(proc, "longer than the model's 512 positions")
+    assert len(proc.stderr.strip().splitlines()) == 1

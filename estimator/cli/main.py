@@ -117,6 +117,22 @@ def build_parser() -> argparse.ArgumentParser:
 QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
 
 
+class _HeldWarnings(logging.Handler):
+    """Warnings held back during a command (the root logger's stream handler does not see them) and printed once
+    it answered, so that a command that fails prints its one error line alone."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def flush_to_stderr(self) -> None:
+        for record in self.records:
+            print(f"estimator: {record.levelname}: {record.getMessage()}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -124,20 +140,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"estimator: error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
-                        format="estimator: %(levelname)s: %(message)s", stream=sys.stderr)
+    held = _HeldWarnings()
+    if args.debug:
+        logging.basicConfig(level=logging.DEBUG, format="estimator: %(levelname)s: %(message)s", stream=sys.stderr)
+    else:  # warnings held to the end of the command (see _HeldWarnings)
+        logging.getLogger().setLevel(logging.WARNING)
+        logging.getLogger().addHandler(held)
     if not args.debug:
         # torchao, imported by transformers when it is installed, warns about its optional CUDA kernels and
         # triton, and torch about the enums it registers: not the user's business
         for name in QUIET_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
     try:
-        return args.run(args)
+        code = args.run(args)
     except UserError as exc:
         if args.debug:
             raise
-        print(f"estimator: error: {exc}", file=sys.stderr)
+        # one line: the warnings of the inputs a failed run was built from join the error they explain
+        said = "; ".join(r.getMessage() for r in held.records if r.name.startswith("estimator.specs"))
+        print(f"estimator: error: {exc}{f' ({said})' if said else ''}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("estimator: interrupted", file=sys.stderr)
         return 130
+    finally:
+        logging.getLogger().removeHandler(held)
+    held.flush_to_stderr()
+    return code
