@@ -93,8 +93,8 @@ def check_fields(data: dict[str, Any], where: str) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, types):
             raise UserError(f"{where}: {key} must be {what}, not {json.dumps(value)}")
-        if positive and value <= 0:
-            raise UserError(f"{where}: {key} must be > 0, not {json.dumps(value)}")
+        if positive and not value > 0 or isinstance(value, float) and value == float("inf"):  # (NaN fails > 0)
+            raise UserError(f"{where}: {key} must be a finite number > 0, not {json.dumps(value)}")
     _check_peaks(data["peak_tflops"], where)
     _check_arch(data.get("arch"), where)
     _check_links(data.get("links"), where)
@@ -110,7 +110,7 @@ def _check_peaks(peaks: dict, where: str) -> None:
     for key, value in peaks.items():
         if key not in PEAK_DTYPES:
             raise UserError(f"{where}: peak_tflops has unknown dtype {key!r}; use {', '.join(PEAK_DTYPES)}")
-        if value is not None and (isinstance(value, bool) or not isinstance(value, _NUMBER) or value <= 0):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, _NUMBER) or not 0 < value < 1e9):
             raise UserError(f"{where}: peak_tflops.{key} must be a positive number of TFLOP/s or null, "
                             f"not {json.dumps(value)}")
     if not peaks.get("fp32"):

@@ -68,7 +68,8 @@ def check_scheme(scheme: str | None, mode: str, lora: bool = False) -> None:
                             f"(double quantization) with --lora, not {scheme!r}")
         if not lora:
             raise UserError(f"--quantize {scheme} freezes the model's Linear layers in 4 bits: add --lora (QLoRA: "
-                            f"adapters trained over them), or --mode inference or generate")
+                            f"adapters trained over them), or size serving with estimate --mode inference or "
+                            f"generate")
         return
     if scheme not in QUANT_SCHEMES and scheme != "int4-dq":
         raise UserError(f"quantize must be one of {', '.join(QUANT_SCHEMES)} or int4-dq, not {scheme!r}")

@@ -73,6 +73,11 @@ def parse_release(text: Any) -> tuple[int, int] | None:
         from .errors import UserError
 
         raise UserError(f"cuda_torch={text!r}: give a torch release as MAJOR.MINOR, e.g. '2.11'")
+    if int(match[1]) < 2:
+        from .errors import UserError
+
+        raise UserError(f"cuda_torch={text!r}: the kernel choices of torch 2.0 and later are modelled (1.x has no "
+                        f"scaled_dot_product_attention); give 2.0 or later")
     return int(match[1]), int(match[2])
 
 

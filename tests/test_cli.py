@@ -159,7 +159,7 @@ def _main(capsys, *args: str) -> tuple[int, str, str]:
     (("plan", "examples/mlp.py:build", "--gpu", "H100", "--ema", "0"), "a number between 0 and 1"),
     (("estimate", "examples/mlp.py:build", "--mode", "inference", "--clip-grad-norm", "1"),
      "--clip-grad-norm applies to training steps"),
-    (("estimate", "examples/mlp.py:build", "--quantize", "int4"), "add --lora (QLoRA: adapters trained over them), or --mode inference or generate"),
+    (("estimate", "examples/mlp.py:build", "--quantize", "int4"), "add --lora (QLoRA: adapters trained over them), or size serving with estimate --mode inference or generate"),
     (("estimate", "examples/mlp.py:build", "--prompt-len", "8"), "--prompt-len size generation: add --mode generate"),
     (("estimate", "hf:gpt2", "--mode", "generate", "--prompt-len", "8"), "--mode generate needs --new-tokens"),
     (("estimate", "examples/mlp.py:build", "--cuda-torch", "2.x"), "give a torch release as MAJOR.MINOR"),

@@ -168,3 +168,27 @@ def test_a_run_that_fails_prints_one_line_with_the_warning_that_explains_it():
     proc = run("estimate", "hf:bert", "--set", "num_hidden_layers=1", "--seq", "1024")
     _one_line_error(proc, "longer than the model's 512 positions")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("estimate", "examples/mlp.py:build", "--device", "cpu", "--checkpoint-policy", "op"), "add --checkpoint CLASS"),
+    (("validate", "examples/mlp.py:build", "--device", "cpu", "--checkpoint-policy", "op"),
+     "drop --checkpoint-policy"),
+    (("plan", "examples/gpt.py:build", "--gpu", "H100", "--quantize", "int4"), "estimate --mode inference"),
+    (("estimate", "examples/gpt.py:build", "--gpu", "H100", "--cuda-torch", "1.13"), "2.0 or later"),
+    (("estimate", "hf:llama", "--set", "num_hidden_layers=1", "--batch", "4", "--input", "2x128:int64"),
+     "drop --batch"),
+])
+def test_errors_name_the_option_given_and_what_to_do(args, needle):
+    _one_line_error(run(*args), needle)
+
+
+def test_a_gpu_file_with_a_nan_is_refused_at_its_field(tmp_path):
+    import json
+
+    entry = json.loads(run("hardware", "--format", "json").stdout)
+    entry = next(e for e in entry if e["name"] == "RTX-A6000") if isinstance(entry, list) else entry
+    entry.update(name="Mine", aliases=[], memory_gb=float("nan"))
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(entry))
+    _one_line_error(run("estimate", "examples/mlp.py:build", "--gpu", str(path)), "memory_gb must be a finite number")

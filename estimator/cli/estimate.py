@@ -40,6 +40,9 @@ def run_estimate(args: argparse.Namespace) -> int:
         raise UserError("--format html writes a page: add --output report.html (or redirect stdout to a file)")
     plot_fmt = plot_format(args.plot) if args.plot else None
     optimizer, grad_accum = training_options(args)
+    if args.checkpoint_policy != "full" and not args.checkpoint:
+        raise UserError("--checkpoint-policy picks which instances of --checkpoint CLASS are recomputed: add "
+                        "--checkpoint CLASS")
     if args.mode != "train" and (args.checkpoint or args.checkpoint_policy != "full"):
         raise UserError(f"--checkpoint is a what-if of training steps (recomputation in backward); --mode "
                         f"{args.mode} has no backward: drop it")
@@ -78,8 +81,9 @@ def run_validate(args: argparse.Namespace) -> int:
     from ..validate import validate
 
     if args.checkpoint or args.checkpoint_policy != "full":
-        raise UserError("--checkpoint is a what-if of 'estimator estimate'; validate runs the model's step as its "
-                        "code is written: drop --checkpoint (or checkpoint inside the model's code)")
+        flag = "--checkpoint" if args.checkpoint else "--checkpoint-policy"
+        raise UserError(f"{flag} is a what-if of 'estimator estimate'; validate runs the model's step as its "
+                        f"code is written: drop {flag} (or checkpoint inside the model's code)")
     optimizer, grad_accum = training_options(args)
     generation = generation_options(args)
     loaded = load_model(args, empty=False)  # it runs real steps: a factory's own weights, as before

@@ -200,6 +200,12 @@ def load_model(args: argparse.Namespace, empty: bool = True):
     from ..specs import load_spec
 
     mode = getattr(args, "mode", "train")
+    if args.input:
+        sized = [flag for flag, value in (("--batch", args.batch), ("--seq", args.seq),
+                                          ("--image-size", args.image_size)) if value is not None]
+        if sized:
+            raise UserError(f"--input gives the input shapes whole: drop {' and '.join(sized)} (or size them in "
+                            f"--input, e.g. --input 8x1024:int64)")
     seq = args.seq
     if mode == "generate":
         if args.prompt_len is not None and args.seq is not None:

@@ -250,6 +250,9 @@ def _refuse_unused(args: argparse.Namespace) -> None:
     if args.reshard_after_forward is not None and (strategies is None or not strategies & {"fsdp", "hsdp"}):
         raise UserError("--reshard-after-forward is FSDP2's choice for one plan: use --strategy fsdp or hsdp without "
                         "--compare")
+    if args.checkpoint_policy != "full" and not args.checkpoint and not args.compare:  # (--compare: its rows')
+        raise UserError("--checkpoint-policy picks which instances of --checkpoint CLASS are recomputed: add "
+                        "--checkpoint CLASS")
     args.pp_schedule, args.cp_rotate = args.pp_schedule or "1f1b", args.cp_rotate or "allgather"
     args.zero_semantics = args.zero_semantics or "deepspeed"
 
