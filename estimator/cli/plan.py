@@ -90,7 +90,7 @@ def _add_model_parallel_options(p: argparse.ArgumentParser) -> None:
     is split."""
     p.add_argument("--tp", type=_ints, default=[1], metavar="N[,N|LOW-HIGH]",
                    help="tensor-parallel degree inside a node (parallelize_module, Megatron's colwise/rowwise "
-                        "pairs) (default: 1); several (a list or a range of powers of two) compare layouts, "
+                        "pairs) (default: 1); several (a list, or a range: its ends and the powers of two between) compare layouts, "
                         "e.g. --tp 2, --tp 1,2,4 or --tp 1-8")
     p.add_argument("--sequence-parallel", action="store_true",
                    help="with --tp: sequence parallelism (norms and the residual stream on sequence shards), "
@@ -151,7 +151,8 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
                         "--format json' for another card); several, comma-separated, plan each in one table, "
                         "e.g. --gpu H100 or --gpu A100-80GB,H100")
     p.add_argument("--gpus", type=_ints, default=[1], metavar="N[,N|LOW-HIGH]",
-                   help="number of GPUs (default: 1); several, comma-separated, or a range of powers of two, plan "
+                   help="number of GPUs (default: 1); several, comma-separated, or a range LOW-HIGH (its ends and the "
+                        "powers of two between), plan "
                         "each in one table with the fewest that fit, the fastest and the cheapest in GPU-hours, "
                         "e.g. --gpus 64, --gpus 8,16,32 or --gpus 1-64")
     p.add_argument("--strategy", default="ddp", choices=PLAN_STRATEGIES,
