@@ -152,8 +152,7 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
                         "e.g. --gpu H100 or --gpu A100-80GB,H100")
     p.add_argument("--gpus", type=_ints, default=[1], metavar="N[,N|LOW-HIGH]",
                    help="number of GPUs (default: 1); several, comma-separated, or a range LOW-HIGH (its ends and the "
-                        "powers of two between), plan "
-                        "each in one table with the fewest that fit, the fastest and the cheapest in GPU-hours, "
+                        "powers of two between), plan each in one table with the fewest that fit, the fastest and the cheapest in GPU-hours, "
                         "e.g. --gpus 64, --gpus 8,16,32 or --gpus 1-64")
     p.add_argument("--strategy", default="ddp", choices=PLAN_STRATEGIES,
                    help="data parallelism: ddp, fsdp (FSDP2 fully_shard), hsdp (sharded in a node, replicated "
