@@ -91,7 +91,7 @@ class GenerationData:
     @property
     def tokens_per_s(self) -> float | None:
         """Decode throughput on the GPU: batch / the last decode step's time (the slowest step of the decode)."""
-        t = self.stages["decode"].time_s
+        t = self.stages["decode"].time_s if "decode" in self.stages else None
         return self.batch / t if t else None
 
     def to_dict(self) -> dict[str, Any]:
@@ -140,15 +140,12 @@ def trace_generation(model, inputs: Any, options: StepOptions, *, prompt_len: in
     if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or new_tokens < 1:
         raise UserError(f"mode='generate' needs new_tokens, the tokens generated after the prompt (an integer "
                         f">= 1), not {new_tokens!r}")
-    if new_tokens == 1:
-        raise UserError("new_tokens=1 is generate()'s prefill alone (no decode step): size it with mode='inference' "
-                        "(the prompt's forward), or generate 2 or more tokens")
     if kv_cache not in KV_CACHES:
         raise UserError(f"kv_cache must be one of {', '.join(KV_CACHES)}, not {kv_cache!r}")
     prompt, p = prompt_inputs(inputs, prompt_len)
     stages: dict[str, GenerationStage] = {}
     last = None
-    for stage in STAGES:
+    for stage in STAGES if new_tokens > 1 else STAGES[:1]:  # one new token: generate() runs the prefill alone
         gen = Generation(p, new_tokens, kv_cache, stage)
 
         def said(what: str, detail: str = "", stage=stage) -> None:
@@ -170,7 +167,7 @@ def trace_generation(model, inputs: Any, options: StepOptions, *, prompt_len: in
             kv_cache=prof.peak_at.by_category.get(Category.KV_CACHE, 0), memory=prof, capture=cap, tally=t,
             time_s=time_s)
         last = cap
-    binding = max(STAGES, key=lambda s: (stages[s].peak, s == "decode"))
+    binding = max(stages, key=lambda s: (stages[s].peak, s == "decode"))
     data = GenerationData(prompt_len=p, new_tokens=new_tokens, batch=last.generation["batch"],
                           cache=last.generation["cache"],
                           cache_class=last.generation["cache_class"], layers=last.generation["layers"],

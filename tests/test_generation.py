@@ -152,7 +152,7 @@ def test_generate_from_the_command_line(capsys):
 def test_generation_past_the_positions_is_one_line():
     """GPT-2's 1,024 learned positions: a prompt of 1,000 and 100 new tokens read position 1,098, where a real
     generate() fails (the position embedding's index out of range): a warning first, then one line, exit 2, as
-    the command runs."""
+    the command runs; the warning joins the error line (a failing command prints one line)."""
     import subprocess
     import sys
 
@@ -161,11 +161,10 @@ def test_generation_past_the_positions_is_one_line():
     proc = subprocess.run([*spec, "--prompt-len", "1000"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.splitlines() == [
-        "estimator: WARNING: --prompt-len 1000 and --new-tokens 100 need 1099 positions, more than the model's 1024: "
-        "a real run may fail",
         "estimator: error: generate() runs past the model's positions: a prompt of 1000 tokens and 100 new ones take "
         "positions 0 to 1098, and a real run fails there too (index 1097 is out of bounds for dimension 0 with size "
-        "1024); use a shorter --prompt-len or fewer --new-tokens"]
+        "1024); use a shorter --prompt-len or fewer --new-tokens (--prompt-len 1000 and --new-tokens 100 need 1099 "
+        "positions, more than the model's 1024: a real run may fail)"]
 
 
 def test_generate_refuses_a_prompt_with_images_in_one_line(capsys):

@@ -104,8 +104,13 @@ def test_yes_and_no_are_booleans_in_optimizer_options():
 
 
 def test_generation_requests_outside_what_generate_runs_say_so():
-    _one_line_error(run("estimate", "hf:gpt2", "--set", "n_layer=1", "--mode", "generate", "--prompt-len", "4",
-                        "--new-tokens", "1"), "prefill alone")
+    """One new token after a one-token prompt failed reshaping an empty decode step: generate() runs the prefill
+    alone, and so does the estimate (any prompt length)."""
+    for prompt in ("1", "4"):
+        proc = run("estimate", "hf:gpt2", "--set", "n_layer=1", "--mode", "generate", "--prompt-len", prompt,
+                   "--new-tokens", "1", "--gpu", "H100")
+        assert proc.returncode == 0, proc.stderr
+        assert "the prefill alone (no decode step)" in proc.stdout and "decode step " not in proc.stdout
     _one_line_error(run("estimate", "hf:gpt2", "--set", "n_layer=1", "--mode", "generate", "--prompt-len", "0",
                         "--new-tokens", "4"), "--prompt-len must be >= 1")
     _one_line_error(run("estimate", "examples/gpt.py:build", "--mode", "generate", "--prompt-len", "16",

@@ -63,7 +63,7 @@ def generation_rows(report: ReportData) -> list[tuple[str, str]]:
     rows = [("Generation", f"prompt {g.prompt_len:,} tokens + {g.new_tokens:,} new, batch {g.batch}, greedy "
                            f"(transformers generate()); {how}"),
             ("KV cache", cache_words(report))]
-    for name in ("prefill", "decode"):
+    for name in (n for n in ("prefill", "decode") if n in g.stages):  # (one new token: the prefill alone)
         s = g.stages[name]
         quant = f" with {report.quantize} weights" if report.quantize else ""
         what = (f"{s.tokens:,} tokens in, no cache" if g.cache == "none"
@@ -73,6 +73,13 @@ def generation_rows(report: ReportData) -> list[tuple[str, str]]:
             what += f"; KV cache {fmt_bytes(s.kv_cache)} then"
         rows.append((f"Memory: peak during the {STAGE_WORDS[name]}",
                      f"{fmt_bytes(stage_peak(report, s))}{quant}, in the {place(report, s.peak_at)} ({what})"))
+    if "decode" not in g.stages:
+        pre = g.stages["prefill"].time_s
+        rows.append(("FLOPs: prefill", f"{fmt_flops(g.stages['prefill'].flops)} (one new token: generate() runs the "
+                                       f"prefill alone, no decode step)"))
+        if pre is not None and report.gpu is not None:
+            rows.append((f"Time on {report.gpu.name}", f"prefill {pre * 1e3:.1f} ms"))
+        return rows
     rows.append(("FLOPs: prefill / one decode step", f"{fmt_flops(g.stages['prefill'].flops)} / "
                                                     f"{fmt_flops(g.stages['decode'].flops)}"))
     pre, dec = g.stages["prefill"].time_s, g.stages["decode"].time_s

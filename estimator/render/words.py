@@ -207,8 +207,10 @@ def _generation_tail(report: ReportData) -> str:
     g = report.generation
     if g is None:
         return ""
-    pre, dec = (stage_peak(report, g.stages[s]) for s in ("prefill", "decode"))
     what = "recurrent-state cache" if g.states_only else "KV cache"
     cache = "no cache (use_cache=False)" if g.cache == "none" else \
         f"{what} {fmt_bytes(g.kv_cache_bytes)} at {g.cache_len:,} tokens"
+    if "decode" not in g.stages:
+        return f"; one new token: the prefill alone (no decode step); {cache}"
+    pre, dec = (stage_peak(report, g.stages[s]) for s in ("prefill", "decode"))
     return f"; the peak is in the {STAGE_WORDS[g.binding]} (prefill {fmt_bytes(pre)}, decode {fmt_bytes(dec)}); {cache}"

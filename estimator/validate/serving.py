@@ -75,9 +75,11 @@ def validate_serving(model: torch.nn.Module, inputs: Any, *, mode: str, device: 
         seconds = measured.pop("seconds")
         estimated = {"parameters": est["memory"]["parameters"], "buffers": est["memory"]["buffers"],
                      "kv_cache": data.kv_cache_bytes,
-                     "peak_prefill": data.stages["prefill"].peak, "peak_decode": data.stages["decode"].peak,
-                     "flops_prefill": data.stages["prefill"].tally.flops["matmul_forward"],
-                     "flops_decode": data.stages["decode"].tally.flops["matmul_forward"]}
+                     "peak_prefill": data.stages["prefill"].peak,
+                     "flops_prefill": data.stages["prefill"].tally.flops["matmul_forward"]}
+        if "decode" in data.stages:  # (one new token: the prefill alone)
+            estimated.update(peak_decode=data.stages["decode"].peak,
+                             flops_decode=data.stages["decode"].tally.flops["matmul_forward"])
         achieved = measured["flops_prefill"] / stages["prefill"]
         predicted = None
         rows = tuple(r for r in GENERATE_ROWS if r in measured)
