@@ -178,7 +178,8 @@ def estimate(
         if device != "cuda":
             raise UserError(f"gpu={gpu!r} sizes the step for a CUDA GPU: use device='cuda' (the default)")
         target_gpu = gpu if isinstance(gpu, GPU) else lookup(gpu)
-    _check_mode(mode, grad_accum, quantize, prompt_len, new_tokens, lora)
+    _check_mode(mode, grad_accum, quantize, prompt_len, new_tokens, lora, depth=depth, trace=trace,
+                optimizer_kwargs=optimizer_kwargs, kv_cache=kv_cache)
     model, finetune_notes, quantize = finetuned(model, lora, quantize, parse_precision(precision), mode, device)
     policy = parse_policy(checkpoint_policy)
     from .capture.compiled import check_mode
@@ -306,10 +307,20 @@ def _model_states_over(report: Report, gpu: GPU) -> str | None:
 
 
 def _check_mode(mode: str, grad_accum: Any, quantize: str | None, prompt_len: Any, new_tokens: Any,
-                lora: Any = None) -> None:
+                lora: Any = None, *, depth: Any = 2, trace: Any = "auto", optimizer_kwargs: Any = None,
+                kv_cache: Any = "dynamic") -> None:
     """The mode and the options that go with it, or a one-line error."""
     from .quantize import check_scheme
 
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+        raise UserError(f"depth must be a whole number >= 0 (the module levels the report shows), not {depth!r}")
+    if trace not in ("auto", "fake", "real"):
+        raise UserError(f"trace must be 'auto', 'fake' or 'real', not {trace!r}")
+    if optimizer_kwargs is not None and not isinstance(optimizer_kwargs, Mapping):
+        raise UserError(f"optimizer_kwargs must be a dict of the optimizer's options, not "
+                        f"{type(optimizer_kwargs).__name__}")
+    if mode != "generate" and kv_cache != "dynamic":
+        raise UserError(f"kv_cache sizes generation's cache: use mode='generate', or drop it for mode={mode!r}")
     if mode not in ("train", "inference", "generate"):
         raise UserError(f"mode must be 'train', 'inference' or 'generate', not {mode!r}")
     if not isinstance(grad_accum, int) or isinstance(grad_accum, bool) or grad_accum < 1:

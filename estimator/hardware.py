@@ -284,7 +284,12 @@ def _from_file(name: str) -> GPU:
         key = None
     gpu = _FILES.get(key) if key is not None else None
     if gpu is None:
-        gpu = gpu_from_json(read_gpu_file(name), source=name)
+        data = read_gpu_file(name)
+        known = _INDEX.get(_norm(str(data["name"])))
+        # a card of the table written back unchanged (``estimator hardware --format json``): the table's entry, with
+        # its measurements (a copy built from the fields alone would be extrapolated)
+        gpu = known if known is not None and known.to_json() == {**known.to_json(), **data} else \
+            gpu_from_json(data, source=name)
         if key is not None:
             _FILES[key] = gpu
     return gpu
@@ -294,6 +299,9 @@ def lookup(name: str) -> GPU:
     """The GPU called ``name`` (case-insensitive, aliases accepted), or described by the JSON file
     ``name`` (``*.json``: the fields of ``estimator hardware --format json``, see :func:`gpu_from_json`);
     a UserError lists close names."""
+    if not isinstance(name, str):
+        raise UserError(f"gpu must be a GPU name (e.g. 'H100'), a path to a GPU .json file or a GPU, not "
+                        f"{type(name).__name__} {name!r}")
     if name.strip().lower().endswith(".json"):
         return _from_file(name)
     gpu = _INDEX.get(_norm(name))

@@ -197,3 +197,65 @@ def test_a_gpu_file_with_a_nan_is_refused_at_its_field(tmp_path):
     path = tmp_path / "gpu.json"
     path.write_text(json.dumps(entry))
     _one_line_error(run("estimate", "examples/mlp.py:build", "--gpu", str(path)), "memory_gb must be a finite number")
+
+
+def _api_calls():
+    import torch
+    from torch import nn
+
+    from estimator import estimate
+    from estimator.plan import compare, plan
+
+    m, x = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2)), torch.randn(4, 8)
+    nan = float("nan")
+    return {
+        "gpus as text": (lambda: plan(m, x, gpu="L4", gpus="2"), "whole number"),
+        "gpus as a bool": (lambda: plan(m, x, gpu="L4", gpus=True), "whole number"),
+        "tp as a float": (lambda: plan(m, x, gpu="L4", gpus=2, tp=2.0), "whole number"),
+        "gpu as a list": (lambda: estimate(m, x, gpu=["L4"]), "GPU name"),
+        "gpu as a number": (lambda: compare(m, x, gpu=5, gpus=2), "GPU name"),
+        "no gpus": (lambda: compare(m, x, gpu="L4", gpus=[]), "at least one"),
+        "optimizer_kwargs as a list": (lambda: estimate(m, x, optimizer_kwargs=[1], device="cpu"), "dict"),
+        "trace unknown": (lambda: estimate(m, x, trace="xyz", device="cpu"), "trace must be"),
+        "depth as text": (lambda: estimate(m, x, depth="2", device="cpu"), "depth must be"),
+        "solve unknown": (lambda: plan(m, x, gpu="L4", gpus=2, solve="foo"), "solve takes"),
+        "tokens nan": (lambda: plan(m, x, gpu="L4", gpus=2, tokens=nan), "finite number"),
+        "samples inf": (lambda: plan(m, x, gpu="L4", gpus=2, samples=float("inf")), "finite number"),
+        "kv_cache in training": (lambda: estimate(m, x, kv_cache="static", device="cpu"), "mode='generate'"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_api_calls()))
+def test_python_api_arguments_of_the_wrong_kind_are_one_line_user_errors(case):
+    """Each raised a raw TypeError, AttributeError, ValueError or OverflowError (or was accepted and failed later:
+    ``depth="2"`` in every view of the report, ``tokens=nan`` after the traces)."""
+    from estimator.errors import UserError
+
+    call, needle = _api_calls()[case]
+    with pytest.raises(UserError, match=needle) as info:
+        call()
+    assert "\n" not in str(info.value)
+
+
+def test_compare_takes_one_strategy_by_name():
+    import torch
+    from torch import nn
+
+    from estimator.plan import compare
+
+    cmp = compare(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2)), torch.randn(4, 8), gpu="L4", gpus=2,
+                  strategies="fsdp")
+    assert {p.config.strategy for p in cmp.plans} == {"fsdp"}
+
+
+def test_a_plans_time_rows_add_up_to_its_step():
+    """Compute, exposed communication, host transfers and the GPU's wait for kernel launches (shown in the HTML
+    alone before) add up to the step time, in the text and the JSON."""
+    from estimator.plan import plan
+
+    model, inputs = _tiny_gpt()
+    p = plan(model, inputs, gpu="L4", gpus=2, strategy="fsdp", solve=())
+    t = p.to_dict()["time"]
+    assert t["compute_s"] + t["exposed_comm_s"] + t["offload_s"] + t["launch_wait_s"] == pytest.approx(t["step_time_s"])
+    if t["launch_wait_s"] >= 5e-6:
+        assert "GPU waiting for kernel launches" in p.render()

@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ..capture import Progress
+from ..errors import UserError
 from ..hardware import GPU
 from .planner import Planner
 from .report import Comparison, Plan
@@ -98,7 +99,9 @@ def compare(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU | Sequence[st
     """Plans side by side: strategies x parallel degrees x (no checkpointing, checkpointing) for each GPU type and
     count, with the recommended row (the fastest that fits).  ``tp``, ``pp``, ``cp``, ``ep``: a degree, or a list of
     degrees to compare (:func:`.comparison.compare_layouts`)."""
-    gpu_list = [gpu] if isinstance(gpu, (str, GPU)) else list(gpu)
+    gpu_list = [gpu] if isinstance(gpu, (str, GPU)) or not isinstance(gpu, (list, tuple)) else list(gpu)
+    if not gpu_list:
+        raise UserError("gpu names no GPU: give one, e.g. gpu='H100'")
     planner = Planner(model, inputs, gpu=gpu_list[0], optimizer=optimizer, loss_fn=loss_fn, precision=precision,
                       wrap=wrap, device=device, gpus_per_node=gpus_per_node, interconnect=interconnect,
                       inter_node=inter_node, zero_semantics=zero_semantics, model_name=model_name, progress=progress,

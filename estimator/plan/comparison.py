@@ -14,7 +14,7 @@ import copy
 import itertools
 import time
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from ..capture.checkpoint import resolve_classes
 from ..collect import settle
@@ -69,6 +69,13 @@ def _degrees(value: int | Sequence[int], flag: str) -> list[int]:
     return list(dict.fromkeys(values))
 
 
+def _listed(value: Any, name: str) -> list:
+    """``value`` as a list (a sequence of them), or a one-line error naming ``name``."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise UserError(f"{name} must be one value or a list of them, not {type(value).__name__} {value!r}")
+    return list(value)
+
+
 def compare_layouts(planner: Any, gpus: int | Sequence[int], *, strategies: Sequence[str] | None = None,
                     tp: int | Sequence[int] = 1, sequence_parallel: bool = False, loss_parallel: bool = False,
                     async_tp: bool = False, cp: int | Sequence[int] = 1, cp_rotate: str = "allgather",
@@ -86,8 +93,11 @@ def compare_layouts(planner: Any, gpus: int | Sequence[int], *, strategies: Sequ
     parallelism, loss parallelism and asynchronous TP apply to the rows with tensor parallelism, ``etp`` to the rows
     with expert parallelism whose tp it equals (the others take etp 1).  The progress
     line says which row of how many, and about how long the rest takes at the pace of the rows done."""
-    gpu_list = [planner.gpu] if gpu is None else ([gpu] if isinstance(gpu, (str, GPU)) else list(gpu))
-    counts = [gpus] if isinstance(gpus, int) else list(gpus)
+    gpu_list = [planner.gpu] if gpu is None else ([gpu] if isinstance(gpu, (str, GPU)) else _listed(gpu, "gpu"))
+    counts = [gpus] if isinstance(gpus, int) else _listed(gpus, "gpus")
+    if not counts or not gpu_list:
+        raise UserError(f"{'gpus' if not counts else 'gpu'} names none: give at least one")
+    strategies = [strategies] if isinstance(strategies, str) else strategies  # one name, not its letters
     degrees = list(itertools.product(_degrees(tp, "--tp"), _degrees(pp, "--pp"), _degrees(cp, "--cp"),
                                      _degrees(ep, "--ep")))
     ck = resolve_classes(planner.model, checkpoint, "--checkpoint") if checkpoint else tuple(planner.wrap)

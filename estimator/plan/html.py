@@ -53,8 +53,8 @@ def time_parts(p: PlanData) -> list[tuple[str, float]]:
     kernels (a small model's step is launch-bound), host transfers (these four add up to the step time), and
     the hidden communication (drawn after the step's end: it overlaps the compute)."""
     t = p.time
-    launch = max(t.step_time_s - t.compute_s - t.exposed_comm_s - t.offload_s, 0.0)
-    return [("compute", t.compute_s), ("exposed", t.exposed_comm_s), ("launch", launch), ("offload", t.offload_s),
+    return [("compute", t.compute_s), ("exposed", t.exposed_comm_s), ("launch", t.launch_wait_s),
+            ("offload", t.offload_s),
             ("hidden", max(t.comm_s - t.exposed_comm_s, 0.0))]
 
 

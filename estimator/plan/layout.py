@@ -191,6 +191,11 @@ def _dtype(value: str | torch.dtype, option: str) -> torch.dtype:
 def check_layout(layout: Layout, precision: PlanPrecision) -> None:
     """Impossible combinations: one line saying what to change (UserError)."""
     s, gpus, tp = layout.strategy, layout.gpus, layout.tp
+    for flag, value in (("--gpus", gpus), ("--tp", tp), ("--pp", layout.pp), ("--cp", layout.cp), ("--ep", layout.ep),
+                        ("--etp", layout.etp), ("--microbatches", layout.microbatches),
+                        ("--gpus-per-node", layout.gpus_per_node), ("rank", layout.rank)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UserError(f"{flag} takes a whole number, not {value!r} ({type(value).__name__})")
     if s not in STRATEGIES:
         raise UserError(f"unknown strategy {s!r}; choose one of {', '.join(STRATEGIES)}")
     if gpus < 1:

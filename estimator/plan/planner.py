@@ -38,6 +38,7 @@ from .results import Config, Flops, PerGpu, Solve, StepTime, Suggestion, Trainin
 from .schedule import matmul_flops, traced_time, zero_time
 from .search import (
     check_budget,
+    check_solve,
     fewest_gpus,
     input_dims,
     lagrange,
@@ -437,7 +438,7 @@ class Planner:
         if layout.pp > 1:  # every stage traced and composed with its schedule (estimator.plan.pipeline)
             from .pipeline import plan_pipeline
 
-            asked = (solve,) if isinstance(solve, str) else tuple(solve or ())
+            asked = check_solve(solve)
             piped = plan_pipeline(self, layout, ckpt, target, dict(tokens=tokens, samples=samples, steps=steps, mfu=mfu),
                                   search="batch" in asked)
             if "seq" in asked:
@@ -452,7 +453,7 @@ class Planner:
         fits = needed <= target.capacity
         notes = list(step.notes)
         batch_solve = seq_solve = None
-        solve = (solve,) if isinstance(solve, str) else tuple(solve or ())
+        solve = check_solve(solve)
         if "batch" in solve:  # also when the given micro-batch does not fit: the largest that does
             batch_solve = self.solve("batch", layout, ckpt, target, confirm)
         if (fits or solve_unfit) and "seq" in solve:

@@ -111,6 +111,8 @@ def render_plan(p: PlanData, tablefmt: str = "simple") -> str:
            (f" (MFU {p.flops.mfu * 100:.1f}%)" if p.flops.mfu else ""))]
     if t.offload_s:
         tm.append(("Host transfers (offload)", f"{t.offload_s * 1e3:.2f} ms"))
+    if t.launch_wait_s >= 5e-6:  # (with compute, exposed communication and transfers: the step time)
+        tm.insert(3, ("GPU waiting for kernel launches", f"{t.launch_wait_s * 1e3:.2f} ms"))
     tr = p.training
     if p.fits and tr is not None and tr.steps:
         tm.append(("Steps", f"{tr.steps:,}"))

@@ -33,6 +33,12 @@ class StepTime:
     band_note: str = ""  # what the range rests on
 
     @property
+    def launch_wait_s(self) -> float:
+        """The GPU idle while the host launches kernels (a launch-bound step): what the step takes beyond its
+        compute, exposed communication and host transfers, which with it add up to ``step_time_s``."""
+        return max(self.step_time_s - self.compute_s - self.exposed_comm_s - self.offload_s, 0.0)
+
+    @property
     def likely_s(self) -> tuple[float, float]:
         """The likely range of ``step_time_s`` (the compute's held-out errors; links not included)."""
         return self.step_time_s * math.exp(-self.band_log), self.step_time_s * math.exp(self.band_log)
@@ -230,7 +236,7 @@ class PlanData:
             "time_to_train_likely_s": (list(self.training.time_to_train_likely_s)
                                        if self.fits and self.training and self.training.time_to_train_likely_s
                                        else None),
-            "time": asdict(self.time), "training": asdict(self.training) if self.training else None,
+            "time": {**asdict(self.time), "launch_wait_s": self.time.launch_wait_s}, "training": asdict(self.training) if self.training else None,
             "flops": asdict(self.flops), "checkpoint_size": dict(self.checkpoint_size), "notes": list(self.notes),
             "pipeline": self.pipeline,
         }

@@ -302,13 +302,22 @@ def fewest_gpus(candidates: list[int], fits: Callable[[int], bool]) -> int | Non
     return candidates[hi]
 
 
+def check_solve(solve: Any) -> tuple[str, ...]:
+    """``solve`` (a name, a sequence of names or None) as a tuple of "batch" and "seq", or a one-line error."""
+    asked = (solve,) if isinstance(solve, str) else tuple(solve or ())
+    bad = [s for s in asked if s not in ("batch", "seq")]
+    if bad:
+        raise UserError(f"solve takes 'batch' (the largest micro-batch) and 'seq' (the longest sequence), not {bad[0]!r}")
+    return asked
+
+
 def check_budget(tokens: float | None, samples: float | None, steps: int | None, mfu: float | None) -> None:
     if sum(x is not None for x in (tokens, samples, steps)) > 1:
         raise UserError("give one budget: --tokens, --samples or --steps")
     for name, v in (("--tokens", tokens), ("--samples", samples), ("--steps", steps)):
-        if v is not None and v <= 0:
-            raise UserError(f"{name} must be > 0, not {v}")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf")):
+            raise UserError(f"{name} must be a finite number > 0, not {v!r}")  # (NaN fails 0 < v)
     if steps is not None and steps != int(steps):
         raise UserError(f"--steps must be a whole number of optimizer steps, not {steps}")
-    if mfu is not None and not 0.0 < mfu <= 1.0:
+    if mfu is not None and (isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0.0 < mfu <= 1.0):
         raise UserError(f"--mfu must be in (0, 1], e.g. 0.4, not {mfu}")
