@@ -133,7 +133,7 @@ class MemoryProfile:
             "peak_phase": at.phase,
             "peak_module": at.module,
             "peak_op": at.op,
-            "peak_breakdown": dict(at.by_category),
+            "peak_breakdown": {str(getattr(k, "value", k)): v for k, v in at.by_category.items()},  # plain keys
             "allocator": "cuda caching allocator (simulated)" if self.device == "cuda" else "exact bytes",
             "reserve": dict(self.reserve),
             "workspaces": dict(self.workspaces),

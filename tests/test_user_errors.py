@@ -259,3 +259,24 @@ def test_a_plans_time_rows_add_up_to_its_step():
     assert t["compute_s"] + t["exposed_comm_s"] + t["offload_s"] + t["launch_wait_s"] == pytest.approx(t["step_time_s"])
     if t["launch_wait_s"] >= 5e-6:
         assert "GPU waiting for kernel launches" in p.render()
+
+
+def test_api_messages_say_where_the_user_went_wrong():
+    """A loss_fn that fails is named (the error named the model's last module and op); a module instance passed
+    as a checkpoint class is told apart from a class the model lacks; a validation's repr is its answer."""
+    import torch
+    from torch import nn
+
+    from estimator import estimate
+    from estimator.errors import UserError
+    from estimator.validate import validate
+
+    m, x = nn.Sequential(nn.Linear(4, 4)), torch.randn(2, 4)
+    with pytest.raises(UserError, match=r"the loss pass failed: AttributeError.*check loss_fn"):
+        estimate(m, x, loss_fn=lambda out: out.nonexistent, device="cpu")
+    with pytest.raises(UserError, match="not a module instance"):
+        estimate(m, x, checkpoint=nn.Linear(2, 2), device="cpu")
+    result = validate(m, x, device="cpu", steps=1)
+    assert repr(result).startswith("<Validation (train): within 5% on cpu") and "\n" not in repr(result)
+    breakdown = estimate(m, x, device="cpu").to_dict()["memory"]["peak_breakdown"]
+    assert all(type(k) is str for k in breakdown)  # plain strings, not Category members

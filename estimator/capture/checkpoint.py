@@ -203,6 +203,9 @@ def resolve_classes(model: torch.nn.Module, names: Any, option: str = "--checkpo
             classes.append(item)
         elif isinstance(item, str) and item in by_name:
             classes.append(by_name[item])
+        elif isinstance(item, torch.nn.Module):
+            raise UserError(f"{option} takes module classes or their names (e.g. {type(item).__name__} or "
+                            f"'{type(item).__name__}'), not a module instance")
         else:
             raise UserError(f"{option} {item!r}: no module of that class in the model; "
                             f"classes present: {', '.join(sorted(by_name)[:15])}")

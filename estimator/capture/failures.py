@@ -36,10 +36,14 @@ def guard(rec: Any, fn: Callable[[], Any], hint: Callable[[], str]) -> Any:
                 f"the {rec.phase} pass{f' in module {where!r}' if where else ''} uses the higher-order "
                 f"operator {hop} (torch.{hop}), which the capture cannot run; use plain Python control "
                 f"flow there") from exc
+        in_loss = rec.phase == "loss" and not rec.module_stack  # the loss_fn's own code, outside the model
+        if in_loss:  # (the module and op last recorded are the model's, not where it failed)
+            where, rec.current_op = "", None
         op = f" in {rec.current_op}" if rec.current_op is not None else ""
+        advice = "check loss_fn (it gets the model's output)" if in_loss else (_view_hint(first) or hint())
         raise StepFailed(
             f"the {rec.phase} pass failed{f' in module {where!r}' if where else ''}{op}: "
-            f"{type(exc).__name__}: {first}; {_view_hint(first) or hint()}"
+            f"{type(exc).__name__}: {first}; {advice}"
         ) from exc
 
 

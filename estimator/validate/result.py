@@ -35,6 +35,21 @@ class Validation:
     def ok(self) -> bool:
         return all(abs(r["error"]) * 100 <= self.tolerance for r in self.rows.values())
 
+    def headline(self) -> str:
+        """One line: within the tolerance or not, and the row furthest off."""
+        worst = max(self.rows, key=lambda k: abs(self.rows[k]["error"]), default=None)
+        off = f"; largest error {worst.replace('_', ' ')} {100 * self.rows[worst]['error']:+.2f}%" \
+            if worst and self.rows[worst]["error"] else "; every row exact"
+        return f"{'within' if self.ok else 'NOT within'} {self.tolerance:g}% on {self.device_name}{off}"
+
+    def __repr__(self) -> str:  # a notebook cell's last line: the answer, not the dataclass's fields
+        return f"<Validation ({self.mode}): {self.headline()}>"
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<pre>{html.escape(self.headline())}\n\n{html.escape(self.render())}</pre>"
+
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "device_name": self.device_name, "rows": self.rows,
                 "step_time_s": self.step_time_s, "achieved_flops_per_s": self.achieved_flops_per_s,
