@@ -121,6 +121,9 @@ class LoraLinear(nn.Module):
 def _targets(model: nn.Module, spec: LoraSpec) -> list[tuple[str, nn.Linear]]:
     linears = linear_layers(model, head=spec.targets != ("all-linear",))
     if spec.targets == ("all-linear",):
+        if not linears:
+            raise UserError("--lora adapts the Linear layers but the output head (peft's all-linear), and this model "
+                            "has none besides its head: name the layers with targets=NAME+NAME")
         return linears
     chosen = [(p, m) for p, m in linears if p.rsplit(".", 1)[-1] in spec.targets]
     missing = sorted(set(spec.targets) - {p.rsplit(".", 1)[-1] for p, _ in chosen})

@@ -280,3 +280,15 @@ def test_api_messages_say_where_the_user_went_wrong():
     assert repr(result).startswith("<Validation (train): within 5% on cpu") and "\n" not in repr(result)
     breakdown = estimate(m, x, device="cpu").to_dict()["memory"]["peak_breakdown"]
     assert all(type(k) is str for k in breakdown)  # plain strings, not Category members
+
+
+def test_lora_on_a_model_whose_only_linear_is_its_head_says_so():
+    import torch
+    from torch import nn
+
+    from estimator import estimate
+    from estimator.errors import UserError
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
+    with pytest.raises(UserError, match="none besides its head"):
+        estimate(model, torch.randn(2, 3, 8, 8), lora="r=2", device="cpu")
