@@ -1,5 +1,6 @@
 """Inputs a new user gives that once ended in a traceback or a wrong hint (found by trying about 200 commands as
-ML engineers write them), each now a one-line error with exit code 2 that says what to fix."""
+ML engineers write them), each now a one-line error with exit code 2 that says what to fix.  The commands run in
+this process (``main``, as the console script calls it; tests/test_cli.py runs the real console entry)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,25 @@ import os
 
 import pytest
 
-from test_cli import _one_line_error, run
+from test_cli import ROOT, _one_line_error
+
+
+def run(*args: str):
+    """``estimator ARGS`` in this process (as the console script calls ``main``), from the repository root: its exit
+    code, stdout and stderr (a raise other than the one-line errors fails the test with its traceback)."""
+    import contextlib
+    import io
+    import types
+
+    from estimator.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(ROOT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # (argparse's --help and version exits)
+            code = exc.code
+    return types.SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def test_an_output_that_cannot_be_written_is_refused_before_the_work(tmp_path):
@@ -170,7 +189,9 @@ def test_plan_options_without_the_option_they_shape_are_refused(args, needle):
 def test_a_run_that_fails_prints_one_line_with_the_warning_that_explains_it():
     """``--seq 1024`` on BERT (512 positions): the warning about the positions came on its own line before the
     error; the warnings of a command are held to its end, and a failing command's error carries them."""
-    proc = run("estimate", "hf:bert", "--set", "num_hidden_layers=1", "--seq", "1024")
+    from test_cli import run as run_console  # (the console entry: logging as a fresh process configures it)
+
+    proc = run_console("estimate", "hf:bert", "--set", "num_hidden_layers=1", "--seq", "1024")
     _one_line_error(proc, "longer than the model's 512 positions")
     assert len(proc.stderr.strip().splitlines()) == 1
 
