@@ -118,8 +118,8 @@ QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
 
 
 class _HeldWarnings(logging.Handler):
-    """Warnings held back during a command (the root logger's stream handler does not see them) and printed once
-    it answered, so that a command that fails prints its one error line alone."""
+    """The root logger's one handler during a command (no stream handler: ``--debug`` alone configures one): its
+    warnings held back and printed once it answered, so that a command that fails prints its one error line."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
