@@ -130,6 +130,21 @@ def prompt_inputs(inputs: Any, prompt_len: int | None) -> tuple[dict[str, Any], 
     return {"input_ids": ids}, int(ids.shape[1])
 
 
+def _past_positions(model, gen: Generation, exc: UserError) -> UserError:
+    """``exc``, or where the prompt and the new tokens run past the model's positions (a position table indexed
+    past its rows, as the real generate() fails): what to shorten."""
+    from .plan.search import position_limit
+
+    limit = position_limit(model)
+    last = gen.prompt_len + gen.new_tokens - 1  # the last token generate() feeds back sits at position P + N - 2
+    if limit is None or last <= limit[0] or "generate() runs past" in str(exc):
+        return exc
+    failed = str(exc).split("; ")[0]
+    return UserError(f"generate() runs past the model's positions: a prompt of {gen.prompt_len} tokens and "
+                     f"{gen.new_tokens} new ones take positions 0 to {last - 1}, more than its {limit[0]:,} "
+                     f"({limit[1]}), and a real run fails there too ({failed}); use a shorter prompt or fewer new tokens")
+
+
 def trace_generation(model, inputs: Any, options: StepOptions, *, prompt_len: int | None, new_tokens: int | None,
                      kv_cache: str, device: str, trace: str, progress: Progress, gpu: Any = None):
     """The prefill and the last decode step of ``model.generate()`` (see the module doc).  Returns the binding
@@ -151,7 +166,10 @@ def trace_generation(model, inputs: Any, options: StepOptions, *, prompt_len: in
         def said(what: str, detail: str = "", stage=stage) -> None:
             progress(f"{what} ({stage})", detail)
 
-        cap = capture(model, prompt, replace(options, generation=gen), mode=trace, progress=said)
+        try:
+            cap = capture(model, prompt, replace(options, generation=gen), mode=trace, progress=said)
+        except UserError as exc:
+            raise _past_positions(model, gen, exc) from exc
         said("counting FLOPs and bytes")
         t = tally(cap, train=False)
         said("simulating memory")

@@ -144,10 +144,10 @@ def test_llavas_default_configuration_builds_a_model_that_runs():
 
     from estimator.specs import load
 
-    model, inputs = load("hf:llava", overrides={"text_config.num_hidden_layers": 1, "vision_config.num_hidden_layers": 1,
-                                                "text_config.hidden_size": 64, "text_config.intermediate_size": 128,
-                                                "text_config.num_attention_heads": 4,
-                                                "text_config.num_key_value_heads": 2}, seq=600)
+    shrunk = {"text_config.num_hidden_layers": 1, "vision_config.num_hidden_layers": 1, "text_config.hidden_size": 64,
+              "text_config.intermediate_size": 128, "text_config.num_attention_heads": 4,
+              "text_config.num_key_value_heads": 2}
+    model, inputs = load("hf:llava", overrides=shrunk, seq=600)
     assert model.config.text_config.vocab_size == model.config.image_token_id + 1
     from sweep import materialize
 
@@ -313,3 +313,23 @@ def test_lora_on_a_model_whose_only_linear_is_its_head_says_so():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
     with pytest.raises(UserError, match="none besides its head"):
         estimate(model, torch.randn(2, 3, 8, 8), lora="r=2", device="cpu")
+
+
+def test_a_prompt_past_the_positions_says_so_in_the_api():
+    """GPT-2's 1,024 positions and a prompt of 2,000 tokens: the API's error named an IndexError in the embedding
+    (the command line's joined a warning); it says the prompt runs past the positions, as for too many new tokens."""
+    import torch
+
+    from estimator import estimate
+    from estimator.errors import UserError
+
+    pytest.importorskip("transformers")
+    from estimator.compat import import_torchvision
+
+    import_torchvision()
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=64, n_head=4))
+    with pytest.raises(UserError, match=r"runs past the model's positions.*more than its 1,024"):
+        estimate(model, {"input_ids": torch.zeros(1, 2000, dtype=torch.long)}, mode="generate", new_tokens=4)
