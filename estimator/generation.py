@@ -142,7 +142,8 @@ def _past_positions(model, gen: Generation, exc: UserError) -> UserError:
     failed = str(exc).split("; ")[0]
     return UserError(f"generate() runs past the model's positions: a prompt of {gen.prompt_len} tokens and "
                      f"{gen.new_tokens} new ones take positions 0 to {last - 1}, more than its {limit[0]:,} "
-                     f"({limit[1]}), and a real run fails there too ({failed}); use a shorter prompt or fewer new tokens")
+                     f"({limit[1]}), and a real run fails there too ({failed}); use a shorter prompt or fewer new "
+                     f"tokens")
 
 
 def trace_generation(model, inputs: Any, options: StepOptions, *, prompt_len: int | None, new_tokens: int | None,
