@@ -312,6 +312,8 @@ def test_plan_writes_its_html_page_and_plot(tmp_path, capsys):
     text = page.read_text()
     assert text.startswith("<!DOCTYPE html>") and "Memory of one GPU" in text and "Step time" in text
     assert text.count('class="capacity"') == 1 and image.read_bytes().startswith(b"\x89PNG")
+    # each axis's last label ends at its gridline, inside the chart (centred on it, it was cut at the right edge)
+    assert text.count('text-anchor="end">') >= 2
 
 
 def test_the_step_time_bar_ends_at_the_step_time():

@@ -74,7 +74,8 @@ def _bars_svg(rows: list[tuple[str, list[tuple[str, float, str, str]], float | N
     for k in range(5):
         v = top * k / 4
         out.append(f'<line x1="{x(v):.1f}" x2="{x(v):.1f}" y1="8" y2="{height - 18}" stroke="#e4e4e4"/>'
-                   f'<text x="{x(v):.1f}" y="{height - 4}" text-anchor="middle">{v / scale:.3g} {unit}</text>')
+                   f'<text x="{x(v):.1f}" y="{height - 4}" text-anchor="{"end" if k == 4 else "middle"}">'
+                   f'{v / scale:.3g} {unit}</text>')  # (the last label ends at its line: inside the chart)
     for i, (name, parts, marker) in enumerate(rows):
         y = 12 + i * (bar + gap)
         out.append(f'<text x="{left - 8}" y="{y + bar * 0.7:.1f}" text-anchor="end">{html.escape(name)}</text>')
