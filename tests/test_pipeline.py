@@ -431,3 +431,27 @@ def test_a_later_stages_stand_ins_have_the_real_modules_shapes_at_any_micro_batc
         real = model.get_submodule(path)
         real_out = real(micro) if path == "wte" else real(torch.arange(micro.shape[1]))
         assert stage.get_submodule(path)(micro).shape == real_out.shape, path
+
+
+def test_a_pipeline_with_tensor_parallelism_counts_each_ranks_share_of_the_model_flops():
+    """MFU under --tp 2 --pp 2 was twice the --pp 2 row's per token: the model's FLOPs were divided by the stages
+    but not by the tensor-parallel ranks.  Each rank's share is the single-device step's matmul FLOPs / (pp x tp),
+    the single-device figure read from the planner's own eager reference in the same run."""
+    from estimator.plan.schedule import matmul_flops
+
+    planner = _planner(CONFIG, SEQ)
+    whole = matmul_flops(planner.reference())[0]
+    for tp in (1, 2):
+        p = planner.plan("fsdp", 2 * 2 * tp, tp=tp, pp=2, microbatches=MICRO, solve=())
+        assert p.flops.model_flops_per_step_per_gpu == pytest.approx(whole / (2 * tp))
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(strategy="ddp", gpus=4, cp=2), "use --strategy fsdp or hsdp with --cp"),
+    (dict(strategy="fsdp", gpus=4, pp=2, rank=2, microbatches=MICRO), "use 0 to 1"),
+])
+def test_layouts_that_crashed_the_engines_are_one_line_errors(kwargs, needle):
+    """DDP with context parallelism failed flattening the mesh under fake tensors, and a rank past one stage's
+    group failed making a fake process group of that group's size: each refused before tracing."""
+    with pytest.raises(UserError, match=needle):
+        _planner().plan(solve=(), **kwargs)

@@ -267,6 +267,8 @@ def test_compare_takes_one_strategy_by_name():
     cmp = compare(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2)), torch.randn(4, 8), gpu="L4", gpus=2,
                   strategies="fsdp")
     assert {p.config.strategy for p in cmp.plans} == {"fsdp"}
+    # each JSON row names its pipeline degree too (a ddp and a ddp x pp 2 row read the same without it)
+    assert [row["pp"] for row in cmp.to_dict()["rows"]] == [p.config.pp for p in cmp.plans]
 
 
 def test_a_plans_time_rows_add_up_to_its_step():

@@ -263,6 +263,12 @@ def check_layout(layout: Layout, precision: PlanPrecision) -> None:
     if precision.fsdp_policy and s not in ("fsdp", "hsdp"):
         raise UserError(f"--precision {precision.name} is FSDP2's MixedPrecisionPolicy: use --strategy fsdp or "
                         f"hsdp, or --precision {precision.name.removeprefix('fsdp-')}-mixed (autocast)")
+    if layout.pp > 1 and layout.rank >= gpus // layout.pp:  # (the plan composes every stage: the busiest)
+        raise UserError(f"--rank under --pp {layout.pp} picks a rank of one stage's {gpus // layout.pp} GPUs (the "
+                        f"plan reports every stage, the busiest first): use 0 to {gpus // layout.pp - 1}")
+    if layout.cp > 1 and s == "ddp":
+        raise UserError("--cp shards the sequence over ranks that FSDP2 shards the model over (torchtitan's "
+                        "dp_shard x cp mesh): use --strategy fsdp or hsdp with --cp")
     if layout.rank < 0 or layout.rank >= gpus:
         raise UserError(f"rank must be in [0, {gpus}), not {layout.rank}")
 

@@ -485,7 +485,8 @@ def plan_pipeline(planner: Any, layout: Any, checkpoint: tuple[type, ...], gpu: 
     needed = worst["peak"] + sum(reserve.values())
     fits = needed <= gpu.capacity
     model_flops, dtype = matmul_flops(planner.reference())
-    model_flops /= pp  # each rank's GPUs run 1/pp of the model's matmuls (even stages)
+    # each rank runs 1/pp of the model's matmuls (even stages), 1/tp of each, on 1/cp of each sequence
+    model_flops /= pp * layout.tp * layout.cp
     peak_flops = gpu.matmul_peak(dtype)  # (a mode the GPU lacks: the time model's rate)
     mfu = model_flops / (step_s * peak_flops) if step_s > 0 else None
     training = planner._training(layout, time, model_flops, peak_flops, **budget)

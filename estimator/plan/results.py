@@ -305,8 +305,8 @@ class ComparisonData:
         rows = []
         for p in self.plans:
             c = p.config
-            rows.append({"gpu": c.gpu, "gpus": c.gpus, "strategy": c.strategy, "tp": c.tp, "cp": c.cp, "ep": c.ep,
-                         "etp": c.etp,
+            rows.append({"gpu": c.gpu, "gpus": c.gpus, "strategy": c.strategy, "tp": c.tp, "pp": c.pp, "cp": c.cp,
+                         "ep": c.ep, "etp": c.etp,
                          "checkpoint": list(c.checkpoint), "micro_batch": c.micro_batch,
                          "global_batch": c.global_batch, "peak": p.per_gpu.peak, "needed": p.verdict.needed,
                          "fits": p.fits, "max_batch": p.max_batch, "step_time_s": p.step_time_s, "mfu": p.flops.mfu,
