@@ -263,12 +263,16 @@ def check_layout(layout: Layout, precision: PlanPrecision) -> None:
     if precision.fsdp_policy and s not in ("fsdp", "hsdp"):
         raise UserError(f"--precision {precision.name} is FSDP2's MixedPrecisionPolicy: use --strategy fsdp or "
                         f"hsdp, or --precision {precision.name.removeprefix('fsdp-')}-mixed (autocast)")
-    if layout.pp > 1 and layout.rank >= gpus // layout.pp:  # (the plan composes every stage: the busiest)
+    _check_rank(layout)
+
+
+def _check_rank(layout: Layout) -> None:
+    """The rank planned: one of the layout's GPUs; under --pp one of a stage's group (the plan composes every
+    stage, its fake process group that group's size)."""
+    gpus = layout.gpus
+    if layout.pp > 1 and layout.rank >= gpus // layout.pp:
         raise UserError(f"--rank under --pp {layout.pp} picks a rank of one stage's {gpus // layout.pp} GPUs (the "
                         f"plan reports every stage, the busiest first): use 0 to {gpus // layout.pp - 1}")
-    if layout.cp > 1 and s == "ddp":
-        raise UserError("--cp shards the sequence over ranks that FSDP2 shards the model over (torchtitan's "
-                        "dp_shard x cp mesh): use --strategy fsdp or hsdp with --cp")
     if layout.rank < 0 or layout.rank >= gpus:
         raise UserError(f"rank must be in [0, {gpus}), not {layout.rank}")
 
