@@ -362,6 +362,9 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
         def prepare(_model: torch.nn.Module, fake) -> tuple[torch.nn.Module, torch.nn.Module]:
             m = build(model, layout, precision, unit_paths, tp_plan, mesh, notes)
             call = m
+            ddp = layout.strategy == "ddp" and layout.grad_group > 1
+            # (the mesh flattened outside the fake mode: its coordinates are computed on real tensors)
+            ddp_mesh = data_parallel_mesh(mesh, layout) if ddp and (layout.tp > 1 or layout.cp > 1) else None
             with fake:
                 to_fake(m)
                 if layout.strategy in ("fsdp", "hsdp"):
@@ -370,11 +373,10 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
                     if lazy_init is not None:  # pads the shards now rather than in the traced forward
                         lazy_init()
                     stream_names.update(fsdp_streams(state))
-                elif layout.strategy == "ddp" and layout.grad_group > 1:
+                elif ddp:
                     from torch.nn.parallel import DistributedDataParallel
 
-                    kwargs = {"device_mesh": data_parallel_mesh(mesh, layout)} if layout.tp > 1 or layout.cp > 1 \
-                        else {}
+                    kwargs = {"device_mesh": ddp_mesh} if ddp_mesh is not None else {}
                     call = DistributedDataParallel(m, init_sync=False, **kwargs)
                     call.register_comm_hook(None, _ddp_allreduce_hook(layout.grad_group))
             return m, call
