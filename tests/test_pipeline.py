@@ -451,3 +451,17 @@ def test_a_rank_past_one_stages_group_is_a_one_line_error():
     tracing."""
     with pytest.raises(UserError, match="use 0 to 1"):
         _planner().plan("fsdp", 4, pp=2, rank=2, microbatches=MICRO, solve=())
+
+
+def test_a_pipeline_under_fsdp_bf16_is_timed_against_the_bf16_peak():
+    """Under fsdp-bf16 the single-device reference runs in fp32 (FSDP2's MixedPrecisionPolicy is the engine's), and
+    the pipeline's MFU took its dtype from it: divided by the fp32 peak, 7.0 % for a row at 0.49 % (every plan
+    under ``--compare``, whose FSDP rows are fsdp-bf16).  The stages' matmuls run in bf16: the same FLOPs per token
+    give the same MFU per token/s/GPU as the plan without --pp, whose dtype is its engine step's."""
+    planner = _planner(CONFIG, SEQ, mixed=True)
+    piped, flat = planner.plan("fsdp", 4, pp=2, microbatches=MICRO, solve=()), planner.plan("fsdp", 4, solve=())
+    assert piped.flops.matmul_dtype == flat.flops.matmul_dtype == "bfloat16"
+
+    def per_token(p):  # model FLOPs per token / peak: MFU x step time x GPUs / tokens per step
+        return p.flops.mfu * p.time.step_time_s * p.config.gpus / (p.config.global_batch * SEQ)
+    assert per_token(piped) == pytest.approx(per_token(flat), rel=0.02)

@@ -484,7 +484,10 @@ def plan_pipeline(planner: Any, layout: Any, checkpoint: tuple[type, ...], gpu: 
     reserve = planner.reserve(worst["peak"])  # composed, not simulated: the allocator's first guess
     needed = worst["peak"] + sum(reserve.values())
     fits = needed <= gpu.capacity
-    model_flops, dtype = matmul_flops(planner.reference())
+    model_flops = matmul_flops(planner.reference())[0]
+    # the dtype of the stage's own matmuls: the single-device reference runs without the engine's policy (under
+    # fsdp-bf16 it is fp32 there; FSDP2's param_dtype makes the stages' matmuls bf16)
+    dtype = matmul_flops(step)[1]
     # each rank runs 1/pp of the model's matmuls (even stages), 1/tp of each, on 1/cp of each sequence
     model_flops /= pp * layout.tp * layout.cp
     peak_flops = gpu.matmul_peak(dtype)  # (a mode the GPU lacks: the time model's rate)
