@@ -74,6 +74,12 @@ def test_hf_what_if_is_transformers_own_checkpointing(hf_llama):
     # The model is put back as it was: no checkpointing flags left on its layers.
     assert not any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
     assert not any("_gradient_checkpointing_func" in m.__dict__ for m in model.modules())
+    # nor the input-embedding hook transformers' enable adds (enable_input_require_grads) and its disable leaves:
+    # counted on the modules themselves; a copy of the model left a dead handle a later copy.deepcopy failed on
+    assert not any(m._forward_hooks or "_require_grads_hooks" in m.__dict__ for m in model.modules())
+    import copy
+
+    copy.deepcopy(model)
 
 
 def test_plan_of_hf_checkpointing_matches_a_real_step(hf_llama):

@@ -155,7 +155,7 @@ def wrap_checkpointed(model: torch.nn.Module, classes: tuple[type, ...], policy:
     return undo
 
 
-_HF_ATTRS = ("gradient_checkpointing", "_gradient_checkpointing_func")
+_HF_ATTRS = ("gradient_checkpointing", "_gradient_checkpointing_func", "_require_grads_hook", "_require_grads_hooks")
 
 
 def _hf_checkpointing(model: torch.nn.Module, classes: tuple[type, ...]) -> Callable[[], None] | None:
@@ -181,6 +181,14 @@ def _hf_checkpointing(model: torch.nn.Module, classes: tuple[type, ...]) -> Call
         enable()
     def undo() -> None:
         disable()
+        # transformers' enable also hooks the input embeddings (enable_input_require_grads, for token models), which
+        # its disable leaves registered: the hooks it added are removed (a copy of the model kept their handles,
+        # dead once the step's modules went, and copy.deepcopy failed on them)
+        kept = {id(h) for _, attrs in saved for h in attrs.get("_require_grads_hooks", ())}
+        for mod in model.modules():
+            for h in mod.__dict__.get("_require_grads_hooks", ()):
+                if id(h) not in kept:
+                    h.remove()
         for mod, attrs in saved:
             for a in _HF_ATTRS:
                 if a in attrs:
