@@ -339,8 +339,13 @@ def test_the_simulated_step_matches_the_schedules_closed_forms(pp, m):
     (dict(strategy="zero2", gpus=4, pp=2), "use --strategy ddp, fsdp or hsdp"),
     (dict(strategy="ddp", gpus=2, pp=2, microbatches=3), "does not divide the local batch of 8"),
     (dict(strategy="ddp", gpus=2, pp=2, pp_schedule="zb"), "--pp-schedule must be one of"),
-    (dict(strategy="ddp", gpus=8, pp=8), "more stages than the 6 blocks fill"),
+    # 6 blocks + the embedding + the head = 8 over 8 stages: 1 each, the first and the last hold only those
+    (dict(strategy="ddp", gpus=8, pp=8), "the 6 blocks with the embedding and the head (a block each, as torchtitan "
+                                         "deals them) make 8 over 8 stages: blocks per stage 0, 1, 1, 1, 1, 1, 1, 0"),
     (dict(strategy="ddp", gpus=4, pp=4, pp_schedule="interleaved-1f1b"), "use --pp 2 or fewer"),
+    # 2 blocks under zbv at pp 2: 4 over 4 stages (0, 1, 1, 0), at one stage per rank 2 + 2 over 2 (1, 1) fills
+    (dict(strategy="ddp", gpus=2, pp=2, pp_schedule="zbv", n_layers=2),
+     "use --pp-schedule 1f1b (one stage per rank) with --pp 2 or fewer"),
 ])
 def test_impossible_pipelines_are_one_line_errors(kwargs, needle):
     from estimator.cli.plan import PLAN_PP_SCHEDULES
@@ -348,8 +353,9 @@ def test_impossible_pipelines_are_one_line_errors(kwargs, needle):
 
     assert PLAN_PP_SCHEDULES == PP_SCHEDULES  # the command line offers the schedules the planner plans
     strategy, gpus = kwargs.pop("strategy"), kwargs.pop("gpus")
-    with pytest.raises(UserError, match=needle.replace("(", r"\(")) as info:
-        _planner().plan(strategy, gpus, solve=(), **kwargs)
+    config = {**CONFIG, "n_layers": kwargs.pop("n_layers", CONFIG["n_layers"])}
+    with pytest.raises(UserError, match=needle.replace("(", r"\(").replace(")", r"\)")) as info:
+        _planner(config).plan(strategy, gpus, solve=(), **kwargs)
     assert "\n" not in str(info.value)
 
 

@@ -33,7 +33,7 @@ import copy
 import inspect
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -63,6 +63,27 @@ def stage_ranges(blocks: int, stages: int, input_weight: int = 1, output_weight:
         out.append((lo, lo + size))
         lo += size
     return out
+
+
+def _unfilled(pp: int, schedule: str, n_stages: int, v: int, blocks: int, fills: Callable[[int], bool]) -> str:
+    """Why ``n_stages`` stages leave one without a block, the layers each would get, and the deepest pipeline that
+    fills (this schedule's, else one stage per rank)."""
+    try:
+        counts = ", ".join(str(hi - lo) for lo, hi in stage_ranges(blocks, n_stages))
+        detail = f": blocks per stage {counts}"
+    except UserError:
+        detail = ""
+    most = max((p for p in range(2, blocks + 1) if fills(p * v)), default=0)
+    flat = max((p for p in range(2, blocks + 1) if fills(p)), default=0)
+    if most:
+        fix = f"use --pp {most} or fewer"
+    elif flat:
+        fix = f"use --pp-schedule 1f1b (one stage per rank) with --pp {flat} or fewer"
+    else:
+        fix = "the model is too shallow to pipeline: drop --pp"
+    return (f"--pp {pp} ({schedule}: {n_stages} stages) leaves a stage without a block: the {blocks} blocks with "
+            f"the embedding and the head (a block each, as torchtitan deals them) make {blocks + 2} over "
+            f"{n_stages} stages{detail}; {fix}")
 
 
 class _StageOutput(Exception):
@@ -463,11 +484,7 @@ def plan_pipeline(planner: Any, layout: Any, checkpoint: tuple[type, ...], gpu: 
             return False
 
     if not fills(n_stages):
-        most = max((p for p in range(1, split.repeats.count + 1) if fills(p * v)), default=1)
-        fix = f"use --pp {most} or fewer" if most > 1 else "use --pp-schedule 1f1b (one stage per rank)"
-        raise UserError(f"--pp {pp} ({schedule}: {n_stages} stages) makes more stages than the {split.repeats.count} "
-                        f"blocks fill (the embedding and the head count as a block each, as torchtitan deals them); "
-                        f"{fix}")
+        raise UserError(_unfilled(pp, schedule, n_stages, v, split.repeats.count, fills))
     inputs = resize_inputs(planner.inputs, 0, batch, micro) if micro != batch else planner.inputs
     if layout.cp > 1:  # each rank of a context-parallel group feeds its stages 1/cp of every sequence
         from .context import shard_sequence
