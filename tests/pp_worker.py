@@ -3,7 +3,8 @@
 Run as ``python tests/pp_worker.py RANK WORLD_SIZE INIT_FILE OUT_JSON CONFIG_JSON``; the test starts one process
 per rank (one pipeline stage each).  ``CONFIG_JSON``: ``{"config": {...} (examples/llama.py's LlamaConfig),
 "batch", "seq", "microbatches", "schedules": ["gpipe", "1f1b"], "tp": int, "sp": bool, "dp": int, "cp": int,
-"mixed": bool, "model": "llama" | "mixtral", "ep": int}`` (``mixed``: FSDP2 with bf16 parameters and fp32
+"mixed": bool, "model": "llama" | "mixtral", "ep": int, "wide": [layer indices]}`` (``wide``: those layers' MLP
+twice as wide, a stack of unlike layers; ``mixed``: FSDP2 with bf16 parameters and fp32
 reduction; ``mixtral``: transformers' Mixtral, tests/moe_worker.py's, with ``ep`` > 1 its experts sharded over
 each stage's data-parallel ranks as torchtitan's ``ExpertParallel`` shards them):
 with ``tp`` > 1 the ranks form a (pp, tp) mesh, each stage split by tests/dist_worker.py's Megatron plan for the example
@@ -156,6 +157,9 @@ def run(rank: int, world: int, cfg: dict, schedule_name: str) -> dict:
         schedule_loss = loss
     else:
         model = llama.Llama(llama.LlamaConfig(**cfg["config"]))
+        for i in cfg.get("wide", ()):  # layers unlike the others (DeepSeek-V3's dense first layers): a wider MLP
+            model.layers[i].feed_forward = llama.FeedForward(
+                llama.LlamaConfig(**{**cfg["config"], "hidden_dim": 2 * cfg["config"]["hidden_dim"]}))
         ranges = layer_ranges(cfg["config"]["n_layers"], n_stages)
         modules = [Stage(model, *ranges[s], s == 0, s == n_stages - 1, cfg["seq"], cp) for s in mine]
         schedule_loss = loss_fn

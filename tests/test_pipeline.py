@@ -53,9 +53,13 @@ def _loss(logits: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), torch.zeros(logits.shape[:2], dtype=torch.long).flatten())
 
 
-def _planner(config: dict | None = None, seq: int = SEQ, mixed: bool = False, **kw) -> Planner:
+def _planner(config: dict | None = None, seq: int = SEQ, mixed: bool = False, wide: tuple[int, ...] = (),
+             **kw) -> Planner:
     with torch.device("meta"):
         model = llama.Llama(llama.LlamaConfig(**(config or CONFIG)))
+        for i in wide:  # as tests/pp_worker.py widens them: layers unlike the others
+            model.layers[i].feed_forward = llama.FeedForward(
+                llama.LlamaConfig(**{**(config or CONFIG), "hidden_dim": 2 * (config or CONFIG)["hidden_dim"]}))
     idx = torch.zeros(BATCH, seq, dtype=torch.long)
     precision = dict(precision="fsdp-bf16", reduce_dtype="fp32") if mixed else dict(precision="fp32")
     return Planner(model, (idx,), gpu="H100", device="cpu", loss_fn=_loss, **precision, **kw)
@@ -93,7 +97,7 @@ def _plans(run: dict) -> dict:
     if run["model"] == "mixtral":
         planner = _mixtral_planner()
     else:
-        planner = _planner(run["config"], run["seq"], run["mixed"])
+        planner = _planner(run["config"], run["seq"], run["mixed"], tuple(run.get("wide", ())))
     if cp > 1:
         return {(s, r): planner.plan("fsdp", world, pp=pp, cp=cp, rank=r, pp_schedule=s, microbatches=MICRO, solve=())
                 for s in run["schedules"] for r in range(cp)}
@@ -168,16 +172,50 @@ FOUR = {
 }
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return _real_and_planned(tmp_path_factory.mktemp("pp"), {"pp": _run(WORLD)})["pp"]
+# layers 0 and 3 with an MLP twice as wide (a stack of unlike layers, as DeepSeek-V3's dense first layers before its
+# MoE layers): the 3 stages hold layers 0-1, 2-4 and 5, each traced with its own layers
+HETERO = {**_run(WORLD, schedules=("1f1b",)), "wide": [0, 3]}
 
 
 @pytest.fixture(scope="module")
-def multi_runs(tmp_path_factory):
+def three_runs(tmp_path_factory):
+    return _real_and_planned(tmp_path_factory.mktemp("pp"), {"pp": _run(WORLD), "hetero": HETERO})
+
+
+@pytest.fixture(scope="module")
+def runs(three_runs):
+    return three_runs["pp"]
+
+
+@pytest.mark.parametrize("stage", range(WORLD))
+def test_a_stack_of_unlike_layers_is_split_as_the_real_pipeline(three_runs, stage):
+    """--pp on a stack of one class whose layers differ was refused ("this model has none": DeepSeek-V3 with its
+    dense first layers); every stage is traced with its own layers (stages alike only when their layers are)."""
+    real, plans = three_runs["hetero"]
+    _check(real[stage]["1f1b"], plans["1f1b"].pipeline["per_rank"][stage], "1f1b")
+
+
+@pytest.fixture(scope="module")
+def two_stage_runs(tmp_path_factory):
     """2 ranks of two stages each (4 stages: 1, 2, 2 and 1 layers), interleaved (stages 0/2 and 1/3) and V-shaped
     (stages 0/3 and 1/2)."""
-    return _real_and_planned(tmp_path_factory.mktemp("pp_multi"), {"multi": _run(2, schedules=MULTI)})["multi"]
+    return _real_and_planned(tmp_path_factory.mktemp("pp_multi"), {"multi": _run(2, schedules=MULTI),
+                                                                   "hetero": {**_run(2, schedules=MULTI[:1]),
+                                                                              "wide": [0, 3]}})
+
+
+@pytest.fixture(scope="module")
+def multi_runs(two_stage_runs):
+    return two_stage_runs["multi"]
+
+
+@pytest.mark.parametrize("rank", range(2))
+def test_middle_stages_of_unlike_layers_are_traced_apart(two_stage_runs, rank):
+    """Interleaved on 4 stages of 1, 2, 2 and 1 layers, layers 0 and 3 wide: the middle stages hold as many layers
+    (1-2 and 3-4) but not alike, so each is traced (one trace for both had given rank 0 stage 1's bytes for stage
+    2)."""
+    real, plans = two_stage_runs["hetero"]
+    _check(real[rank]["interleaved-1f1b"], plans["interleaved-1f1b"].pipeline["per_rank"][rank], "interleaved-1f1b")
 
 
 @pytest.fixture(scope="module")

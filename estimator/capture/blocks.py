@@ -87,20 +87,23 @@ def _settings_alike(kids: list[nn.Module]) -> bool:
     stochastic-depth rate growing linearly): blocks that alternate settings (Swin's shifted windows, every
     k-th layer sliding) run differently, which the traced check would find only after tracing them."""
     rows = [_settings(k) for k in kids]
-    for key in set().union(*rows):
-        values = [row.get(key) for row in rows]
-        if all(v == values[0] for v in values):
-            continue
-        if all(type(v) in (int, float) for v in values):
-            step = values[1] - values[0]
-            if all(abs(v - values[0] - i * step) <= 1e-9 * max(1.0, abs(v)) for i, v in enumerate(values)):
-                continue  # affine in the index
-        return False
-    return True
+    return all(_settings_alike_key([row.get(key) for row in rows]) for key in set().union(*rows))
 
 
-def find_repeats(model: nn.Module, minimum: int = MIN_BLOCKS) -> Repeats | None:
-    """The stack of identical blocks holding the most parameters, or None."""
+def _settings_alike_key(values: list) -> bool:
+    """Whether one setting's values over the blocks are equal or affine in the block's index."""
+    if all(v == values[0] for v in values):
+        return True
+    if all(type(v) in (int, float) for v in values):
+        step = values[1] - values[0]
+        return all(abs(v - values[0] - i * step) <= 1e-9 * max(1.0, abs(v)) for i, v in enumerate(values))
+    return False
+
+
+def find_repeats(model: nn.Module, minimum: int = MIN_BLOCKS, alike: bool = True) -> Repeats | None:
+    """The stack of identical blocks holding the most parameters, or None.  ``alike=False``: blocks of one class
+    whatever their structure (DeepSeek-V3's dense first layers before its MoE layers, alternating sliding-window
+    layers), as a pipeline splits a model's layers by name; :func:`block_kinds` tells them apart."""
     best: tuple[int, Repeats] | None = None
     for path, mod in model.named_modules():
         if not path or not isinstance(mod, (nn.ModuleList, nn.Sequential)) or len(mod) < minimum:
@@ -110,13 +113,27 @@ def find_repeats(model: nn.Module, minimum: int = MIN_BLOCKS) -> Repeats | None:
         kids = list(mod._modules.values())
         if len({id(k) for k in kids}) != len(kids) or any(k is None for k in kids):
             continue  # one module called several times (shared weights): nothing to replicate
-        first = _signature(kids[0])
-        if any(_signature(k) != first for k in kids[1:]) or not _settings_alike(kids[1:]):
+        if not alike:
+            if any(type(k) is not type(kids[0]) for k in kids[1:]):
+                continue
+        elif any(_signature(k) != _signature(kids[0]) for k in kids[1:]) or not _settings_alike(kids[1:]):
             continue
         size = sum(p.numel() for p in mod.parameters())
         if best is None or size > best[0]:
             best = (size, Repeats(path, len(kids)))
     return best[1] if best is not None else None
+
+
+def block_kinds(stack: nn.Module) -> list[int]:
+    """One number per block of ``stack``, equal for blocks alike (the same structure and the same settings, but
+    for settings that follow the index, such as a layer index), in order of first appearance."""
+    kids = list(stack._modules.values())
+    rows = [_settings(k) for k in kids]
+    varying = {key for key in set().union(*rows) if not _settings_alike_key([row.get(key) for row in rows])}
+    keys = [(_signature(k), tuple(sorted((key, repr(row.get(key))) for key in varying)))
+            for k, row in zip(kids, rows)]
+    first: dict[tuple, int] = {}
+    return [first.setdefault(key, len(first)) for key in keys]
 
 
 def shortened(stack: nn.Module, start: int, stop: int) -> nn.Module:

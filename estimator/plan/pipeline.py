@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..capture.blocks import Repeats, find_repeats, shortened
+from ..capture.blocks import Repeats, block_kinds, find_repeats, shortened
 from ..errors import UserError
 
 
@@ -204,14 +204,27 @@ class Split:
     before: dict[str, tuple[tuple[int, ...], torch.dtype]]
     after: list[str]
     block_input: tuple[tuple[int, ...], torch.dtype]
+    kinds: tuple[int, ...] = ()  # per block, equal for blocks alike (capture.blocks.block_kinds); () all alike
+
+    def kinds_of(self, lo: int, hi: int) -> tuple[int, ...]:
+        """The kinds of blocks ``lo``..``hi`` (a stage's): stages of the same kinds run alike."""
+        return self.kinds[lo:hi] if self.kinds else (0,) * (hi - lo)
 
 
 def find_split(model: torch.nn.Module, cap: Any) -> Split:
     """The stack of blocks of ``model`` and the modules before and after it, read from its traced step."""
-    repeats = find_repeats(model, minimum=2)
+    repeats, kinds = find_repeats(model, minimum=2), ()
+    if repeats is None:  # layers of one class that differ (DeepSeek-V3's dense first layers, sliding windows)
+        repeats = find_repeats(model, minimum=2, alike=False)
+        if repeats is not None:
+            kinds = tuple(block_kinds(model.get_submodule(repeats.path)))
+            outputs = {tuple(tuple(o) for o in cap.module_outputs.get(f"{repeats.path}.{i}") or ())
+                       for i in range(repeats.count)}
+            if len(outputs) != 1:  # a stage receives what the block before it gave: one shape for every block
+                repeats = None
     if repeats is None:
-        raise UserError("--pp splits a stack of identical blocks (a transformer's layers) into stages; this "
-                        "model has none: drop --pp")
+        raise UserError("--pp splits a stack of blocks of one class with one output shape (a transformer's layers) "
+                        "into stages; this model has none: drop --pp")
     order: dict[str, int] = {}
     for i, node in enumerate(cap.nodes):
         if node.meta.get("phase") != "forward":
@@ -243,7 +256,7 @@ def find_split(model: torch.nn.Module, cap: Any) -> Split:
     block = cap.module_outputs.get(f"{repeats.path}.0")
     if not block:
         raise UserError("--pp: the first block's output was not recorded")
-    return Split(repeats, before, after, (tuple(block[0]), _dtype_of(cap, f"{repeats.path}.0")))
+    return Split(repeats, before, after, (tuple(block[0]), _dtype_of(cap, f"{repeats.path}.0")), kinds)
 
 
 def _dtype_of(cap: Any, path: str) -> torch.dtype:
@@ -383,10 +396,10 @@ def _trace_stages(planner: Any, layout: Any, group: Any, split: Split, inputs: A
     kept = layout.strategy in ("fsdp", "hsdp") and not layout.reshards_after_forward  # gathered in the 1st forward
     ranges = stage_ranges(split.repeats.count, n_stages)
     rank_of = {s: r for r in range(pp) for s in rank_stages(layout.pp_schedule, pp, r)}
-    traced: dict[tuple, tuple] = {}  # stages alike (as many blocks, neither first nor last) traced once
+    traced: dict[tuple, tuple] = {}  # stages alike (blocks of the same kinds, neither first nor last) traced once
     stages = []
     for s in range(n_stages):
-        key = (ranges[s][1] - ranges[s][0], s == 0, s == n_stages - 1)
+        key = (split.kinds_of(*ranges[s]), s == 0, s == n_stages - 1)
         if key not in traced:
             model = stage_model(planner.model, split, s, n_stages, batch=micro, shards=shards, dtype=policy,
                                 cp=layout.cp)
