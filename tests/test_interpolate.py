@@ -47,10 +47,12 @@ def test_need_between_and_beyond_two_traces_is_the_traced_need():
     assert compared >= 3
 
 
-def test_libraries_allocating_other_kinds_are_not_interpolated():
-    """Traces whose kernels' temporaries differ in kind give no interpolation rather than a wrong one: at 1000
-    samples the bias gradients' sums over 64,000 rows and the embedding's backward take kernels with a
-    temporary (estimator.workspace's rules), which the trace at 4 does not have."""
+def test_temporaries_at_one_size_only_are_interpolated_by_their_rules():
+    """At 1000 samples the bias gradients' sums over 64,000 rows and the embedding's backward take kernels with a
+    temporary (estimator.workspace's rules) that the trace at 4 does not have.  Such traces gave no interpolation
+    (a compare row then fell back to a fixed fragmentation guess: GPT on 2 L4s searched 538 where 457 is the
+    largest that fits); each temporary is now its rule evaluated at the size, 0 below its kernel's threshold: the
+    bytes needed equal a trace's at both points and at a size between them, traced on its own."""
     model, inputs = _gpt(CFG, 4, 64)
     planner = Planner(model, inputs, gpu="H100", device="cuda", precision="bf16-mixed")
     layout = _fsdp(planner)
@@ -58,7 +60,10 @@ def test_libraries_allocating_other_kinds_are_not_interpolated():
     target = steps[0].cuda_target
     kinds = [_library_key(library_memory(s.cap, target)) for s in steps]
     assert kinds[0] != kinds[1], "the two sizes were chosen for their different kernels"
-    assert need_at(steps, [4, 1000], target) is None
+    need = need_at(steps, [4, 1000], target)
+    for v in (4, 1000, 37, 500):
+        st = planner.traced(layout, (), "batch", v)
+        assert need(v) == planner.needed(planner.memory(layout, st).peak.total, layout, st), v
 
 
 def test_a_large_answer_is_confirmed_by_traces_at_it_and_the_next():
@@ -236,3 +241,20 @@ def test_a_micro_batch_of_one_whose_larger_sizes_differ_is_searched_by_traces():
     solve = Planner(model, inputs, gpu=gpu, loss_fn=None).largest_batch()
     assert solve.value is not None and solve.method.startswith("traced"), solve
     assert need(solve.value) <= gpu.capacity < need(solve.value + 1)
+
+
+def test_a_comparison_row_searches_what_its_plan_confirms():
+    """``--compare`` rows are not confirmed by traces: their largest micro-batch is the interpolation's.  The
+    example GPT on 2 L4s under DDP (traces at 8 and 16 on either side of the embedding backward's sort threshold)
+    had its row at 538 where the plan's search, tracing the answer's next, confirms 457."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+    import gpt
+
+    model, inputs = gpt.build()
+    planner = Planner(model, inputs, gpu="L4")
+    row = planner.compare(2, strategies=["ddp"], with_checkpointing=False).plans[0]
+    single = Planner(model, inputs, gpu="L4").plan("ddp", 2)
+    assert single.batch.confirmed and row.max_batch == single.max_batch

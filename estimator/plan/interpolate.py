@@ -132,6 +132,9 @@ class NeedAt:
         if step.structure() != self.first.structure():
             return False
         lib = library_memory(step.cap, self.target)
+        if not set(lib.transients) <= set(self.lib.transients):
+            return False
+        lib = _aligned([self.lib, lib])[1]
         if _library_key(lib) != _library_key(self.lib):
             return False
         return (list(step.cap.storage_bytes), _library_vector(lib)) == self.sizes(v)
@@ -144,10 +147,19 @@ def need_at(steps: Sequence[Any], points: Sequence[int], target: Any = None) -> 
     from ..target import CudaTarget
 
     target = target or CudaTarget()
-    libs = [library_memory(s.cap, target) for s in steps]
+    libs = _aligned([library_memory(s.cap, target) for s in steps])
     if any(_library_key(lib) != _library_key(libs[0]) for lib in libs[1:]):
         return None
     return NeedAt(steps, points, target, libs)
+
+
+def _aligned(libs: list[LibraryMemory]) -> list[LibraryMemory]:
+    """``libs`` with one set of kernel temporaries: an op whose temporary is none at one traced size and some at
+    another (embedding_dense_backward sorts its indices above 3,072 of them, a batch of 8 x 256 tokens does not,
+    16 x 256 does) has it at every size, 0 where it is none; :meth:`NeedAt.sizes` evaluates its rule at each
+    size, the threshold included (the traces are one op sequence: the op is at the same index in each)."""
+    ops = sorted(set().union(*(lib.transients for lib in libs)))
+    return [LibraryMemory({i: lib.transients.get(i, 0) for i in ops}, lib.persistent, lib.resize) for lib in libs]
 
 
 def searched_allocator(planner: Any, layout: Any, checkpoint: tuple, what: str, unit: int, steps: Sequence[Any],
