@@ -362,6 +362,12 @@ def _is_mask(index: Any) -> bool:
     return isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8)
 
 
+def _writes_real(args: tuple, kwargs: dict) -> bool:
+    """A mutating op with a real tensor among its arguments (a buffer whose values are kept, see
+    :func:`~.inputs.keeps_values`): the mode would write a fake copy of it."""
+    return any(type(t) is torch.Tensor and not t.is_meta for t in pytree.tree_leaves((args, kwargs)))
+
+
 def _known_masks(args: tuple) -> bool:
     """A fake tensor indexed by masks that are all real (their values known)."""
     if len(args) < 2 or type(args[0]) is not FakeTensor or not isinstance(args[1], (list, tuple)):
@@ -456,7 +462,9 @@ class RecordingFakeMode(FakeTensorMode):
                 return self.rec.record(func, args, kwargs, lambda *a, **k: self.dispatch(
                     func, types, (a[0], _masks_as_positions(a[1]), *a[2:]), k))
             check_known_indices(func, args, kwargs)  # (the real kernel's check, where the indices are known)
-            if self.adopt_real:
+            if self.adopt_real or (func._schema.is_mutable and _writes_real(args, kwargs)):
+                # (a computed value written into a buffer whose values are kept, MoCo's queue `bank[p:p+B] = z`:
+                # the write is to the buffer's storage, not to a fake copy of it the size of the buffer)
                 args, kwargs = pytree.tree_map_only(torch.Tensor, self._stand_in, (args, kwargs))
             # ``dispatch`` is FakeTensorMode.__torch_dispatch__ without its wrappers (a dynamo
             # guard that this method already has, and a call counter)
