@@ -180,11 +180,11 @@ def estimate(
         target_gpu = gpu if isinstance(gpu, GPU) else lookup(gpu)
     _check_mode(mode, grad_accum, quantize, prompt_len, new_tokens, lora, depth=depth, trace=trace,
                 optimizer_kwargs=optimizer_kwargs, kv_cache=kv_cache)
+    from .capture.compiled import compiled_model
+
+    model, compiled, compiled_notes = compiled_model(model, compile, mode)
     model, finetune_notes, quantize = finetuned(model, lora, quantize, parse_precision(precision), mode, device)
     policy = parse_policy(checkpoint_policy)
-    from .capture.compiled import check_mode
-
-    compiled = check_mode(compile)
     if compiled is not None and mode == "generate":
         raise UserError("compile sizes training and inference steps; drop it for mode='generate'")
     from .float8 import check_float8_gpu, check_recipe, converted
@@ -224,7 +224,7 @@ def estimate(
             trace=trace, progress=progress, gpu=target_gpu)
     else:
         cap = capture(model, inputs, options, mode=trace, progress=progress)
-        cap.assumptions[:0] = finetune_notes + float8_notes
+        cap.assumptions[:0] = compiled_notes + finetune_notes + float8_notes
         t, profile = _analyse(cap, options, device, progress)
     report = Report(cap, t, model_name=model_name or type(model).__name__, depth=depth, memory=profile,
                     device=device, precision=options.precision.name, mode=mode, gpu=target_gpu,

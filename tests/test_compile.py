@@ -143,6 +143,26 @@ def test_a_compiled_model_keeps_its_batchnorm_statistics_in_place():
     assert not [e for e in report.capture.events if e[1] in buffers and e[2] < 0]  # never freed
 
 
+def test_a_model_wrapped_by_torch_compile_is_estimated_compiled():
+    """``model = torch.compile(model)`` before the loop: the OptimizedModule crashed the process (a segfault under
+    bf16-mixed, "cpu and meta" under fp32).  It is the original module compiled whole, as the wrapper runs it:
+    the figures of ``compile="model"`` on the module itself, said in the report; ``compile=`` still chooses."""
+    from estimator import estimate
+    from estimator.plan import Planner
+
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    x = torch.randn(32, 64)
+    for precision in ("fp32", "bf16-mixed"):
+        wrapped = estimate(torch.compile(model), x, device="cpu", precision=precision)
+        direct = estimate(model, x, device="cpu", precision=precision, compile="model")
+        assert wrapped.to_dict()["memory"] == direct.to_dict()["memory"]
+        assert any("wrapped by torch.compile" in a for a in wrapped.capture.assumptions)
+    eager = estimate(torch.compile(model), x, device="cpu", compile="eager")
+    assert eager.to_dict()["memory"] == estimate(model, x, device="cpu").to_dict()["memory"]
+    plan = Planner(torch.compile(model), x, gpu="H100").plan("ddp", 1, solve=())
+    assert plan.config.model == "Sequential" and any("wrapped by torch.compile" in n for n in plan.notes)
+
+
 def test_fusion_frees_what_only_a_kernel_reads():
     """x -> mul -> add -> relu -> mm: the three pointwise ops are one kernel; the tensors between them take no
     memory, the kernel's output (read by the matmul, a library kernel) does; the kernel reads x once and writes

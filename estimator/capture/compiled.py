@@ -75,6 +75,25 @@ def check_mode(compile: Any) -> str | None:
     return None if compile == "eager" else switch_choice(compile, "compile", COMPILE_MODES, "block")
 
 
+def compiled_model(model: Any, compile: Any, mode: str = "train") -> tuple[Any, str | None, list[str]]:
+    """(the module, its compile mode checked (:func:`check_mode`), what was assumed): a model wrapped by
+    ``torch.compile`` (an ``OptimizedModule``, ``model = torch.compile(model)`` before the loop) is its original
+    module compiled whole, as the wrapper runs it, unless ``compile`` names a mode (generation: eager, as the
+    estimate sizes it)."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    notes: list[str] = []
+    if isinstance(model, OptimizedModule) and isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+        model = model._orig_mod
+        if mode == "generate":
+            notes.append("the model is wrapped by torch.compile: its generation is sized eager")
+        elif compile is None or compile is False:
+            compile = "model"
+            notes.append("the model is wrapped by torch.compile (an OptimizedModule): its step is estimated as "
+                         "the wrapper runs it, the forward compiled whole (compile='model')")
+    return model, check_mode(compile), notes
+
+
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device)
 
 

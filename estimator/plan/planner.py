@@ -17,7 +17,7 @@ import torch
 
 from ..capture import StepOptions, capture, check_zero_grad
 from ..capture.checkpoint import parse_policy, resolve_classes
-from ..capture.compiled import check_mode
+from ..capture.compiled import compiled_model
 from ..collect import young_only_during
 from ..errors import UserError
 from ..lora import finetuned
@@ -103,6 +103,8 @@ class Planner:
             raise UserError(f"--gpus-per-node must be >= 1, not {gpus_per_node}")
         from ..float8 import check_float8_gpu, check_recipe, converted
 
+        model, compile, compiled_notes = compiled_model(model, compile)
+
         recipe, self.float8_notes = check_recipe(float8), []
         if float8_all_gather and recipe is None:
             raise UserError("--float8-all-gather gathers float8 weights: add --float8 tensorwise")
@@ -114,7 +116,7 @@ class Planner:
         self.precision = parse_plan_precision(precision, reduce_dtype)
         # LoRA / QLoRA (estimator.lora): the model as the fine-tuning run trains it
         model, notes, _ = finetuned(model, lora, quantize, self.precision.step)
-        self.float8_notes[:0], self.finetune = notes, (lora is not None, quantize is not None)
+        self.float8_notes[:0], self.finetune = compiled_notes + notes, (lora is not None, quantize is not None)
         if not any(p.requires_grad for p in model.parameters()):
             raise UserError("no parameter of the model requires grad: a training plan has nothing to train; set "
                             "requires_grad on the parameters to train")
@@ -133,7 +135,7 @@ class Planner:
                                    clip_grad_norm=check_clip(clip_grad_norm), ema=check_ema(ema),
                                    zero_grad=check_zero_grad(zero_grad),
                                    checkpoint_policy=parse_policy(checkpoint_policy), replicate=replicate,
-                                   compile=check_mode(compile),
+                                   compile=compile,
                                    cuda=CudaTarget.for_gpu(self.gpu, parse_release(cuda_torch))
                                    if device == "cuda" else None)
         if wrap:
