@@ -458,6 +458,51 @@ def test_model_unchanged(name, training):
     assert all(torch.equal(a, b) and a.grad is None for a, b in zip(flat_a, flat_b) if isinstance(a, torch.Tensor))
 
 
+class _Stateful(torch.nn.Module):
+    """State a forward keeps on its modules: an attribute (``self.prev = h.detach()``), a list a forward hook
+    fills in place (feature extraction), a cache built at the first call, a buffer registered in forward, and old
+    ``weight_norm``'s ``weight`` recomputed by its pre-hook."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.utils.weight_norm(torch.nn.Linear(16, 32)), torch.nn.GELU(),
+                                        torch.nn.Linear(32, 4))
+        self.feats = []
+        self.body[0].register_forward_hook(lambda mod, args, out: self.feats.append(out))
+
+    def forward(self, x):
+        h = self.body(x)
+        self.prev = h.detach()
+        if getattr(self, "cache", None) is None:
+            self.cache = torch.ones(x.shape[0], 4)
+        if "mask" not in self._buffers:
+            self.register_buffer("mask", torch.ones(4), persistent=False)
+        return (h * self.cache * self.mask).square().mean()
+
+
+def test_state_a_forward_keeps_on_the_model_is_put_back():
+    """The capture's fake tensors were left in the model's attributes: its own forward returned fake tensors,
+    ``copy.deepcopy`` failed, and ``validate`` (which copies the model after estimating) crashed; a cache the
+    first estimate built (real) changed the second estimate.  Each attribute, list and buffer is as before, the
+    model runs, and two estimates agree."""
+    import warnings
+
+    from estimator import estimate
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # (torch.nn.utils.weight_norm's deprecation)
+        model = _Stateful()
+    x = torch.randn(8, 16)
+    weight = model.body[0].weight
+    first = estimate(model, x, device="cpu", optimizer="adamw").to_dict()
+    assert model.feats == [] and "prev" not in vars(model) and "cache" not in vars(model)
+    assert "mask" not in model._buffers and model.body[0].weight is weight  # (not a fake tensor: copies again)
+    assert type(model(x)) is torch.Tensor
+    model.feats.clear()
+    del model.prev, model.cache, model._buffers["mask"]
+    assert estimate(model, x, device="cpu", optimizer="adamw").to_dict()["memory"] == first["memory"]
+
+
 # ---------------------------------------------------------------------------
 # the capture's fast front for FakeTensorMode's dispatch cache
 # ---------------------------------------------------------------------------

@@ -62,7 +62,7 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
         raise ValueError(f"mode must be 'auto', 'fake' or 'real', not {mode!r}")
     if opts.prepare is not None:
         mode = "fake"  # a model traced as it is has no real weights to fall back on
-    with without_layer_drop(model) as assumed, same_random_draws(), eager_paths():
+    with without_layer_drop(model) as assumed, same_random_draws(), eager_paths(), attributes_kept(model):
         cap = _capture(model, args, kw, opts, mode, progress)
     cap.assumptions.extend(assumed)
     held_cache = sum(cap.storage_bytes[s] for s in cap.sids.get("output_cache", ()))
@@ -168,6 +168,63 @@ def without_layer_drop(model: torch.nn.Module):
     finally:
         for holder, value in restore:
             setattr(holder, "layerdrop", value)
+
+
+_MODULE_STORES = frozenset({"_parameters", "_buffers", "_modules"})  # (put back by the capture itself)
+
+
+def _holds_tensor(value: Any, depth: int = 2) -> bool:
+    """A tensor, or a list, tuple or dict holding one (``depth`` levels down)."""
+    if isinstance(value, torch.Tensor):
+        return True
+    if depth and isinstance(value, (list, tuple)):
+        return any(_holds_tensor(v, depth - 1) for v in value)
+    if depth and isinstance(value, dict):
+        return any(_holds_tensor(v, depth - 1) for v in value.values())
+    return False
+
+
+def _same_items(now: Any, before: Any) -> bool:
+    """Whether a list or dict holds the same objects as its copy (by identity: tensors are not compared)."""
+    if isinstance(now, dict):
+        return now.keys() == before.keys() and all(now[k] is before[k] for k in now)
+    return len(now) == len(before) and all(a is b for a, b in zip(now, before))
+
+
+@contextlib.contextmanager
+def attributes_kept(model: torch.nn.Module):
+    """The tensors the step assigns to the model's modules put back as they were after the capture: a forward
+    that keeps state (``self.prev = h.detach()``, a cache built at the first call, a forward hook storing
+    features, old ``weight_norm``'s recomputed ``weight``, a buffer registered in forward) left the capture's
+    fake tensors on the user's module (its own forward then returned fake tensors, ``copy.deepcopy`` failed, and
+    ``validate``, which copies the model, crashed) or real state that changed the next estimate."""
+    saved = []
+    for mod in model.modules():
+        if not isinstance(mod.__dict__.get("_buffers"), dict):  # (a TorchScript module keeps its own state)
+            continue
+        attrs = {k: v for k, v in mod.__dict__.items() if k not in _MODULE_STORES}
+        # (a list or dict the forward fills in place, a hook's ``self.feats.append(out)``: its items too)
+        items = {k: list(v) if type(v) is list else dict(v) for k, v in attrs.items() if type(v) in (list, dict)}
+        saved.append((mod, attrs, items, set(mod._buffers)))
+    try:
+        yield
+    finally:
+        for mod, attrs, items, buffers in saved:
+            state = mod.__dict__
+            for key in [k for k in state if k not in _MODULE_STORES and k not in attrs and _holds_tensor(state[k])]:
+                del state[key]
+            for key, value in attrs.items():
+                now = state.get(key, value)
+                if now is not value and (_holds_tensor(value) or _holds_tensor(now)):
+                    state[key] = value
+                elif key in items and _holds_tensor(value) and not _same_items(value, items[key]):
+                    if type(value) is list:
+                        value[:] = items[key]
+                    else:
+                        value.clear()
+                        value.update(items[key])
+            for name in [n for n in mod._buffers if n not in buffers]:
+                del mod._buffers[name]
 
 
 @contextlib.contextmanager
