@@ -144,15 +144,17 @@ def build_optimizer(
     trainable = {n: p for n, p in traced_params.items() if p.requires_grad}
     if not trainable:
         return None, None
-    extra = dict(kwargs or {})
-    if foreach is not None and not wants_fused(spec, kwargs):  # (torch refuses fused and foreach together)
-        extra.setdefault("foreach", foreach)
+    user = dict(kwargs or {})
+    # the target's foreach as torch's default picks it for tensors there (CUDA: foreach), under what the user says
+    # (a spec's foreach=false, optimizer_kwargs; torch refuses fused and foreach together)
+    target = {"foreach": foreach} if foreach is not None and not wants_fused(spec, kwargs) else {}
+    extra = {**target, **user}
     if isinstance(spec, str):
         name, parsed = parse_optimizer(spec)
         if name == "none":
             return None, None
         cls, defaults = OPTIMIZERS[name]
-        options = {**defaults, **parsed, **extra}
+        options = {**defaults, **target, **parsed, **user}
         if name == "muon":
             return muon_and_adamw(model, trainable, options, extra), spec
         return _construct(cls, list(trainable.values()), options), spec
@@ -160,17 +162,21 @@ def build_optimizer(
         options = {"lr": 1e-3, **extra}
         return _construct(spec, list(trainable.values()), options), spec.__name__
     if isinstance(spec, torch.optim.Optimizer):
-        return _rebuilt(spec, trainable, model_params, extra), type(spec).__name__
+        return _rebuilt(spec, trainable, model_params, target, user), type(spec).__name__
     if isinstance(spec, (list, tuple)) and spec and all(isinstance(o, torch.optim.Optimizer) for o in spec):
-        chain = Chain([_rebuilt(o, trainable, model_params, extra) for o in spec])
+        chain = Chain([_rebuilt(o, trainable, model_params, target, user) for o in spec])
         return chain, " + ".join(type(o).__name__ for o in spec)
     raise UserError(f"optimizer must be a name, a torch.optim.Optimizer class or instance, or a list of instances, "
                     f"not {type(spec).__name__}")
 
 
 def _rebuilt(spec: torch.optim.Optimizer, trainable: Mapping[str, torch.Tensor],
-             model_params: Mapping[str, torch.nn.Parameter], extra: dict[str, Any]) -> torch.optim.Optimizer:
-    """``spec``'s class over the traced parameters, with its param groups and their options."""
+             model_params: Mapping[str, torch.nn.Parameter], target: dict[str, Any],
+             user: dict[str, Any]) -> torch.optim.Optimizer:
+    """``spec``'s class over the traced parameters, with its param groups and their options: ``user``'s
+    (optimizer_kwargs) over them; a group's ``foreach``/``fused`` left to torch's default (None) takes the
+    ``target``'s, as torch's default picks it for parameters on that device (an instance built the usual way,
+    ``AdamW(model.parameters())``, runs foreach on CUDA)."""
     by_id = {id(p): n for n, p in model_params.items()}
     groups = []
     for group in spec.param_groups:
@@ -178,9 +184,9 @@ def _rebuilt(spec: torch.optim.Optimizer, trainable: Mapping[str, torch.Tensor],
         if any(n is None for n in names):
             raise UserError("the optimizer holds tensors that are not parameters of the model; "
                             "build it over model.parameters()")
-        opts = {k: v for k, v in group.items() if k != "params"}
-        groups.append({"params": [trainable[n] for n in names if n in trainable], **opts})
-    return _construct(type(spec), groups, {**extra})
+        opts = {k: v for k, v in group.items() if k != "params" and not (k in ("foreach", "fused") and v is None)}
+        groups.append({"params": [trainable[n] for n in names if n in trainable], **opts, **user})
+    return _construct(type(spec), groups, dict(target))
 
 
 def _construct(cls: type, params: Any, options: dict[str, Any]) -> torch.optim.Optimizer:

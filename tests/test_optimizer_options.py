@@ -83,3 +83,46 @@ def test_the_cli_takes_nanogpts_optimizer():
     assert "Traceback" not in proc.stderr
     bad = run("estimate", "examples/gpt.py:build", "--gpu", "H100", "--optimizer", "adamw:capturable=true")
     _one_line_error(bad, "capturable")
+
+
+def _kernels(report) -> set[str]:
+    return {str(n.target) for n in report.capture.nodes if n.meta.get("phase") == "optimizer"}
+
+
+def test_the_users_foreach_wins_over_the_targets_and_an_instance_takes_torchs_default():
+    """On the CUDA target the estimate runs torch's default there (foreach).  ``adamw:foreach=false`` was
+    overridden by it (the spec's option under the target's), and an instance built the usual way,
+    ``AdamW(model.parameters())`` (foreach None: torch's default picks foreach for CUDA parameters), was traced
+    for-loop.  Torch's default on CUDA parameters is foreach (``_default_to_fused_or_foreach``); each choice's
+    traced kernels are checked against a real CPU step's with foreach forced that way."""
+    model, x = _model()
+    by_spec = {s: estimate(model, x, optimizer=s, device="cuda") for s in ("adamw", "adamw:foreach=false")}
+    assert any("_foreach_" in k for k in _kernels(by_spec["adamw"]))
+    assert not any("_foreach_" in k for k in _kernels(by_spec["adamw:foreach=false"]))
+    plain = estimate(model, x, optimizer=torch.optim.AdamW(model.parameters()), device="cuda")
+    assert _kernels(plain) == _kernels(by_spec["adamw"])
+    off = estimate(model, x, optimizer=torch.optim.AdamW(model.parameters(), foreach=False), device="cuda")
+    assert _kernels(off) == _kernels(by_spec["adamw:foreach=false"])
+    for foreach in (True, False):  # the real CPU step's kernels, foreach forced: what the estimate traced
+        real = _Ops()
+        opt = torch.optim.AdamW(model.parameters(), foreach=foreach)
+        model(x).sum().backward()
+        with real:
+            opt.step()
+        model.zero_grad(set_to_none=True)
+        traced = {k for k in _kernels(by_spec["adamw" if foreach else "adamw:foreach=false"]) if "aten." in k}
+        assert traced <= set(real.seen), traced - set(real.seen)
+
+
+def test_optimizer_kwargs_apply_to_an_instance_as_to_a_name():
+    """``optimizer_kwargs`` beside an instance were dropped (its groups' options took precedence): Adam with
+    amsgrad=True held two moments, not three.  The state against a real Adam(amsgrad=True) step."""
+    model, x = _model()
+    est = estimate(model, x, optimizer=torch.optim.Adam(model.parameters()), optimizer_kwargs={"amsgrad": True},
+                   device="cpu")
+    real = torch.optim.Adam(model.parameters(), amsgrad=True)
+    model(x).sum().backward()
+    real.step()
+    state = sum(t.untyped_storage().nbytes() for s in real.state.values() for t in s.values()
+                if isinstance(t, torch.Tensor))
+    assert est.tally.optimizer_state_bytes == state
