@@ -196,3 +196,46 @@ def test_cli_formats_from_the_output_suffix(tmp_path, capsys):
     assert code == 2 and "names a json file" in err and not (tmp_path / "x.json").exists()
     code, stdout, err = _cli(capsys, "estimate", *small, "--format", "csv", "--output", str(tmp_path / "x.out"))
     assert code == 0 and (tmp_path / "x.out").read_text().splitlines()[0] == ",".join(Report.CSV_COLUMNS)
+
+
+def _markdown_tables(text: str) -> list[list[str]]:
+    """The tables of a markdown text: runs of lines starting with '|'."""
+    tables, run = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            run.append(line)
+        elif run:
+            tables.append(run)
+            run = []
+    return tables
+
+
+def _cells(line: str) -> int:
+    """Cells of a markdown table row: '|' not escaped, less the outer two."""
+    return len(re.findall(r"(?<!\\)\|", line)) - 1
+
+
+def test_markdown_tables_have_headers_and_escaped_cells():
+    """Each markdown table is a header row, a separator and rows of as many cells (GitHub renders nothing
+    else): a plan's tables had no header row (markdown-it rendered none of them), and a module named "a|b" (a
+    ModuleDict key) split its row into one cell more than the header."""
+    from estimator.plan import Planner
+
+    class Named(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleDict({"a|b": nn.Linear(8, 8), "<b>x</b>": nn.Linear(8, 8)})
+
+        def forward(self, x):
+            return self.layers["<b>x</b>"](self.layers["a|b"](x))
+
+    model, x = Named(), torch.randn(4, 8)
+    texts = [estimate(model, x, device="cpu").render("github"),
+             Planner(model, x, gpu="H100").plan("ddp", 2, solve=()).render("github")]
+    for text in texts:
+        tables = _markdown_tables(text)
+        assert tables
+        for table in tables:
+            assert re.fullmatch(r"\|[-:|]+\|", table[1]) and not re.fullmatch(r"\|[-:|]+\|", table[0]), table[:2]
+            assert {_cells(line) for line in table} == {_cells(table[0])}, table
+    assert "a\\|b" in texts[0] and "&lt;b&gt;" in texts[0] and "<b>" not in texts[0]

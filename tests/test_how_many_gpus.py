@@ -124,3 +124,18 @@ def test_a_comparison_computes_every_row_in_its_engines_own_mixed_precision(comp
     assert autocast.per_gpu.peak > row.per_gpu.peak  # the autocast cache of bf16 weight copies
     assert any("MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)" in n for n in cmp.notes)
     assert "Precision: every row computes in bf16" in cmp.render()
+
+
+def test_compare_keeps_to_the_strategy_given(capsys):
+    """``--gpus 1-8 --compare --strategy fsdp`` ("how many GPUs under FSDP") compared every strategy, the
+    --strategy ignored; without --strategy every strategy still is."""
+    from estimator.cli.main import main
+
+    spec = os.path.join(ROOT, "examples", "gpt.py") + ":build"
+    for given, expected in ((["--strategy", "fsdp"], {"fsdp"}),
+                            ([], {"ddp", "zero1", "zero2", "zero3", "fsdp"})):
+        assert main(["plan", spec, "--gpu", "H100", "--gpus", "2", "--compare", "--format", "json", *given]) == 0
+        import json
+
+        rows = json.loads(capsys.readouterr().out)["plans"]
+        assert {r["strategy"] for r in rows} == expected, given

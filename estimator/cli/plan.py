@@ -154,10 +154,10 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
                    help="number of GPUs (default: 1); several, comma-separated, or a range LOW-HIGH (its ends and the "
                         "powers of two between), plan each in one table with the fewest that fit, the fastest and the cheapest in GPU-hours, "
                         "e.g. --gpus 64, --gpus 8,16,32 or --gpus 1-64")
-    p.add_argument("--strategy", default="ddp", choices=PLAN_STRATEGIES,
+    p.add_argument("--strategy", default=None, choices=PLAN_STRATEGIES,
                    help="data parallelism: ddp, fsdp (FSDP2 fully_shard), hsdp (sharded in a node, replicated "
                         "across nodes): traced on PyTorch's engines; zero1, zero2, zero3: laid out by hand "
-                        "(default: ddp), e.g. --strategy fsdp")
+                        "(default: ddp; under --compare every strategy unless one is given), e.g. --strategy fsdp")
     _add_model_parallel_options(p)
     p.add_argument("--float8-all-gather", action="store_true",
                    help="with --float8 tensorwise and fsdp/hsdp: FSDP2 gathers the float8 Linears' weights in float8 "
@@ -193,7 +193,8 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
                    help="with --lora: QLoRA's frozen 4-bit base (bitsandbytes NF4; int4-dq: double quantization), "
                         "planned under --strategy ddp, e.g. --lora r=16 --quantize int4-dq")
     p.add_argument("--compare", action="store_true",
-                   help="one row per strategy, without and with activation checkpointing (of --checkpoint or "
+                   help="one row per strategy (or per --gpus count of --strategy), without and with activation "
+                        "checkpointing (of --checkpoint or "
                         "the wrap class), with the recommended row (the fastest that fits), e.g. --compare")
     p.add_argument("--gpus-per-node", type=int, default=8, metavar="N",
                    help="GPUs per node: groups larger than this use the inter-node link (default: 8), "
@@ -234,7 +235,8 @@ def _refuse_unused(args: argparse.Namespace) -> None:
     """Options that act only beside another are refused without it (one line, as --sequence-parallel without
     --tp), then given their defaults: --pp-schedule and --microbatches without --pp, --cp-rotate without --cp,
     --zero-semantics without a ZeRO layout, --wrap under DDP alone, --reshard-after-forward but for one FSDP plan."""
-    strategies = None if args.compare else {args.strategy}  # --compare: every strategy
+    # --compare: every strategy, or the one given (--gpus 1-8 --compare --strategy fsdp: how many GPUs under FSDP)
+    strategies = ({args.strategy} if args.strategy else None) if args.compare else {args.strategy or "ddp"}
     given = [flag for flag, value in (("--pp-schedule", args.pp_schedule), ("--microbatches", args.microbatches or None))
              if value is not None]
     if given and max(args.pp) == 1:
@@ -247,7 +249,7 @@ def _refuse_unused(args: argparse.Namespace) -> None:
     if args.wrap and strategies == {"ddp"}:
         raise UserError("--wrap picks FSDP2's (and ZeRO-3's) units, which DDP has none of: use --strategy fsdp, hsdp "
                         "or zero3, or drop --wrap")
-    if args.reshard_after_forward is not None and (strategies is None or not strategies & {"fsdp", "hsdp"}):
+    if args.reshard_after_forward is not None and (args.compare or not strategies & {"fsdp", "hsdp"}):
         raise UserError("--reshard-after-forward is FSDP2's choice for one plan: use --strategy fsdp or hsdp without "
                         "--compare")
     if args.checkpoint_policy != "full" and not args.checkpoint and not args.compare:  # (--compare: its rows')
@@ -255,6 +257,8 @@ def _refuse_unused(args: argparse.Namespace) -> None:
                         "--checkpoint CLASS")
     args.pp_schedule, args.cp_rotate = args.pp_schedule or "1f1b", args.cp_rotate or "allgather"
     args.zero_semantics = args.zero_semantics or "deepspeed"
+    args.strategies = sorted(strategies) if strategies is not None else None
+    args.strategy = args.strategy or "ddp"
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -293,7 +297,7 @@ def run_plan(args: argparse.Namespace) -> int:
         budget = dict(tokens=args.tokens, samples=args.samples, steps=steps, mfu=args.mfu)
         degrees = dict(tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep)
         if args.compare or len(gpus_names) > 1 or len(args.gpus) > 1 or any(len(v) > 1 for v in degrees.values()):
-            result = planner.compare(args.gpus, strategies=None if args.compare else [args.strategy],
+            result = planner.compare(args.gpus, strategies=args.strategies,
                                      sequence_parallel=args.sequence_parallel, loss_parallel=args.loss_parallel,
                                      async_tp=args.async_tp, pp_schedule=args.pp_schedule,
                                      microbatches=args.microbatches, cp_rotate=args.cp_rotate,

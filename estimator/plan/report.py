@@ -58,11 +58,17 @@ def headline(p: PlanData) -> str:
 
 
 def _hours(h: float) -> str:
-    return f"{h:,.0f}" if h >= 10 else f"{h:.2g}"
+    """GPU-hours to three significant figures (1.29, 0.0902, 1,288): a comparison's cheapest reads apart."""
+    return f"{h:,.0f}" if h >= 100 else f"{h:.3g}"
 
 
 def render_plan(p: PlanData, tablefmt: str = "simple") -> str:
     c, g, t = p.config, p.per_gpu, p.time
+
+    def table(rows: list, what: str) -> str:  # (markdown tables need a header row to render)
+        headers = [what, ""] if tablefmt in ("github", "pipe") else ()
+        return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+
     extras = [w for w, on in (("sequence parallel", c.sequence_parallel), ("loss parallel", c.loss_parallel),
                               ("async", c.async_tp)) if on]
     tp_text = f" x tp {c.tp}" + (f" ({', '.join(extras)})" if extras else "") if c.tp > 1 else ""
@@ -84,19 +90,19 @@ def render_plan(p: PlanData, tablefmt: str = "simple") -> str:
                f"{fmt_bytes(g.parameters)} / {fmt_bytes(g.gradients)} / {fmt_bytes(g.optimizer_state)}"),
               ("Activations saved at the end of forward", fmt_bytes(g.saved_activations))]
     parts = [headline(p), title,
-             "Memory at the peak (rows add up to the peak)\n" + tabulate(mem, tablefmt=tablefmt, disable_numparse=True),
-             tabulate(states, tablefmt=tablefmt, disable_numparse=True)]
+             "Memory at the peak (rows add up to the peak)\n" + table(mem, "Memory at the peak"),
+             table(states, "Held")]
     if p.pipeline is not None:  # the local batch searched at the same micro-batch size (plan.pipeline_search)
         found = "not searched" if p.batch is None else _fmt_solve(p.batch)
         if p.batch is not None and p.batch.value:
             micro = p.pipeline["micro_batch"]
             found += f" ({p.batch.value // micro} micro-batches of {micro}; the schedule composed, each stage traced once)"
-        parts.append(tabulate([("Largest local batch that fits", found)], tablefmt=tablefmt, disable_numparse=True))
+        parts.append(table([("Largest local batch that fits", found)], "Search"))
     elif p.fits or p.batch is not None:
         sizes = [("Largest micro-batch that fits", _fmt_solve(p.batch))]
         if p.seq is not None:
             sizes.append(("Longest sequence that fits", _fmt_solve(p.seq)))
-        parts.append(tabulate(sizes, tablefmt=tablefmt, disable_numparse=True))
+        parts.append(table(sizes, "Search"))
     if not p.fits and p.verdict.suggestions:
         parts.append("Smallest layouts that fit:\n" + "\n".join(
             f"  - {s.describe()}: needs {fmt_bytes(s.needed)}" + (f", step {s.step_time_s * 1e3:,.0f} ms"
@@ -120,7 +126,7 @@ def render_plan(p: PlanData, tablefmt: str = "simple") -> str:
         likely = tr.time_to_train_likely_s
         span = f", likely {fmt_duration(likely[0])} to {fmt_duration(likely[1])}" if likely else ""
         tm.append(("Time to train", fmt_duration(tr.time_to_train_s) + at_mfu + span +
-                   f" ({tr.time_to_train_s * c.gpus / 3600:,.0f} GPU-hours)"))
+                   f" ({_hours(tr.time_to_train_s * c.gpus / 3600)} GPU-hours)"))
     f = p.flops
     if f.six_n_per_token:
         tm.append(("FLOPs per token: traced / 6N+12LHQT",
@@ -129,7 +135,7 @@ def render_plan(p: PlanData, tablefmt: str = "simple") -> str:
     if ckpt:
         tm.append(("Checkpoint on disk: full / per rank",
                    f"{fmt_bytes(ckpt['full'])} / {fmt_bytes(ckpt['per_rank'])}"))
-    parts.append(tabulate(tm, tablefmt=tablefmt, disable_numparse=True))
+    parts.append(table(tm, "Time"))
     if p.notes:
         parts.append("Notes:\n" + "\n".join(f"  - {n}" for n in p.notes))
     return "\n\n".join(parts) + "\n"
@@ -152,10 +158,10 @@ def render_comparison(cmp: ComparisonData, tablefmt: str = "simple") -> str:
         body.append([("* " if p is best else "  ") + c.gpu, str(c.gpus), c.strategy + c.model_parallel(),
                      ", ".join(c.checkpoint) or "-", str(c.micro_batch), str(c.global_batch),
                      fmt_bytes(p.verdict.needed), "yes" if p.fits else "no",
-                     "-" if p.max_batch is None else str(p.max_batch),
+                     "-" if p.max_batch is None else f"{p.max_batch:,}",
                      f"{p.step_time_s * 1e3:.1f} ms", "-" if rate is None else f"{rate:,.0f}",
                      "-" if not p.flops.mfu else f"{p.flops.mfu * 100:.1f}%",
-                     fmt_duration(p.time_to_train_s), "-" if hours is None or not p.fits else f"{hours:,.1f}"])
+                     fmt_duration(p.time_to_train_s), "-" if hours is None or not p.fits else _hours(hours)])
     head = f"Plans for {compare_label(cmp)}"
     table = tabulate(body, headers=["GPU", "GPUs", "Strategy", "Checkpoint", "Micro-batch", "Global batch",
                                     "Needs / GPU", "Fits", "Max batch", "Step time", "Tokens/s/GPU", "MFU",
@@ -178,7 +184,7 @@ def answers_text(cmp: ComparisonData) -> str:
     def cost(p: PlanData) -> str:
         hours = gpu_hours(p)
         if hours is not None:
-            return f"{fmt_duration(p.time_to_train_s)}, {hours:,.1f} GPU-hours"
+            return f"{fmt_duration(p.time_to_train_s)}, {_hours(hours)} GPU-hours"
         return f"{samples_per_s(p):,.1f} samples/s, {gpu_seconds_per_sample(p) * 1e3:,.2f} GPU-ms per sample"
 
     lines = [f"Fewest GPUs that fit:  {label(answers['fewest_gpus'])} ({cost(answers['fewest_gpus'])})",

@@ -179,11 +179,18 @@ def _wrap(text: str, width: int) -> str:
     return "\n".join(lines)
 
 
+def md_cell(value: object) -> str:
+    """A markdown table cell: ``|`` escaped, ``<`` and ``>`` as entities (GitHub renders raw HTML)."""
+    return str(value).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def _table(body: list[list[str]], headers: list[str] | None, tablefmt: str, width: int | None,
            flexible: tuple[int, ...] = (), minimum: tuple[int, ...] = (), optional: tuple[int, ...] = ()) -> str:
     """tabulate, at most ``width`` columns wide (text formats): headers wrapped at spaces to their column's
     cells, then the ``flexible`` columns wrapped, the first one shaved first down to its ``minimum``;
     the ``optional`` columns dropped (last resort) when that is not enough."""
+    if tablefmt == "github":  # a cell's "|" would end it (a module named "a|b" in a ModuleDict), "<" open HTML
+        body = [[md_cell(c) for c in row] for row in body]
     if not (width and tablefmt in ("simple", "plain") and body):
         if headers:
             return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
@@ -294,7 +301,8 @@ def render(report: ReportData, tablefmt: str = "simple", depth: int | None = Non
 
     summary = summary_rows(report)
     if md:
-        summary_text = tabulate([[k, v] for k, v in summary], headers=["Quantity", "Estimate"], tablefmt="github",
+        summary_text = tabulate([[k, md_cell(v)] for k, v in summary], headers=["Quantity", "Estimate"],
+                                tablefmt="github",
                                 disable_numparse=True)
     else:
         key_width = max(len(k) for k, _ in summary)
