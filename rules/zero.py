@@ -72,6 +72,7 @@ RANDOM = (
 COPIES = (
     "clone", "copy", "copy_", "_to_copy", "to", "_copy_from", "_copy_from_and_resize", "_lazy_clone",
     "to_dense", "_to_dense", "to_mkldnn", "_to_cpu", "pin_memory", "_pin_memory",
+    "complex",  # torch.complex(real, imag): the two interleaved
     "cat", "concat", "concatenate", "_cat", "stack", "_stack", "hstack", "vstack", "dstack",
     "column_stack", "row_stack", "_chunk_cat", "block_diag",
     "index", "_unsafe_index", "_unsafe_masked_index", "index_select", "gather", "take", "take_along_dim",

@@ -351,3 +351,20 @@ def test_an_op_without_a_gradient_fails_as_the_real_step_does():
         loss(lin(x)).backward()
     with pytest.raises(UserError, match="the real step fails the same way"):
         estimate(lin, x, loss_fn=loss, device="cpu")
+
+
+def test_torch_complex_moves_data_and_computes_nothing():
+    """``torch.complex(real, imag)`` (a complex-valued network's input) was listed as without a rule; it
+    interleaves its two inputs: no FLOP, as FlopCounterMode (no formula for it) and the copies count it."""
+    class ComplexNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(8, 8, dtype=torch.cfloat))
+
+        def forward(self, x):
+            return (torch.complex(x, torch.zeros_like(x)) @ self.w).abs().square().mean()
+
+    model, x = ComplexNet(), torch.randn(4, 8)
+    report = estimate(model, x, loss_fn=lambda out: out, device="cpu")
+    assert report.tally.unsupported == []
+    assert any(str(n.target) == "aten.complex.default" for n in report.capture.nodes)

@@ -79,7 +79,7 @@ def render_plan(p: PlanData, tablefmt: str = "simple") -> str:
     title = (f"Plan: {c.model} on {c.gpus} x {c.gpu}, {c.strategy}{tp_text}, {c.precision}{ck}{off}, "
              f"micro-batch {c.micro_batch if c.micro_batch is not None else '-'}"
              f"{f' x {c.seq}' if c.seq else ''} (rank {c.rank}; {c.engine})")
-    at = f"{g.peak_phase}" + (f", {g.peak_module}" if g.peak_module else "")
+    at = f"{g.peak_phase}" + (f", {g.peak_module}" if g.peak_module and g.peak_module != f"({g.peak_phase})" else "")
     mem = [(f"{ROW_TITLES[r]}", fmt_bytes(g.rows.get(r, 0))) for r in ROWS if g.rows.get(r, 0)]
     mem.append((f"Peak ({at})", fmt_bytes(g.peak)))
     mem.append(("Reserve (CUDA context, cuBLAS workspace, fragmentation)", fmt_bytes(sum(p.verdict.reserve.values()))))

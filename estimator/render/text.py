@@ -45,9 +45,11 @@ def _memory_rows(report: ReportData, train: bool) -> list[tuple[str, str]]:
         st = report.step_time
         if st is not None:
             weights = " (16-bit weights)" if report.quantize and not traced else ""
+            phases = ", ".join(f"{name} {sec * 1e3:.3g} ms" for name, sec in (
+                ("forward", st.forward), ("backward", st.backward), ("optimizer", st.optimizer))
+                if sec > 0 or name == "forward")  # (inference and generation: no backward, no optimizer)
             rows.append((f"Step time on {st.gpu}{weights}", f"{step_time_words(st.total, st.likely, st.band_note)} "
-                         f"(forward {st.forward * 1e3:.1f}, backward {st.backward * 1e3:.1f}, optimizer "
-                         f"{st.optimizer * 1e3:.1f}; {'launch' if st.bound == 'host' else 'GPU'}-bound)"))
+                         f"({phases}; {'launch' if st.bound == 'host' else 'GPU'}-bound)"))
             rows.append(("Achieved FLOP/s, MFU", f"{fmt_flops(st.achieved_flops)}/s, MFU {st.mfu:.1%} "
                          f"(PaLM appendix B: model FLOPs over the step and the peak)"))
             top = st.by_op()
