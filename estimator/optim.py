@@ -202,6 +202,11 @@ def _construct(cls: type, params: Any, options: dict[str, Any]) -> torch.optim.O
         raise UserError(f"cannot build {cls.__name__} with {options}: {exc}") from exc
     except (ValueError, RuntimeError) as exc:  # torch's own checks of the options (fused with foreach, lr < 0)
         raise UserError(f"cannot build {cls.__name__} with {options}: {exc}") from exc
+    except Exception as exc:  # a wrapper (Lookahead(inner), accelerate's AcceleratedOptimizer) built otherwise
+        raise UserError(f"cannot rebuild {cls.__name__} over the traced parameters as torch.optim optimizers are "
+                        f"built, {cls.__name__}(params, **options) ({type(exc).__name__}: {exc}); pass the optimizer "
+                        f"it runs by name or class (e.g. optimizer='adamw' or torch.optim.AdamW, with "
+                        f"optimizer_kwargs)") from exc
 
 
 def _device_checked(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:

@@ -126,3 +126,20 @@ def test_optimizer_kwargs_apply_to_an_instance_as_to_a_name():
     state = sum(t.untyped_storage().nbytes() for s in real.state.values() for t in s.values()
                 if isinstance(t, torch.Tensor))
     assert est.tally.optimizer_state_bytes == state
+
+
+def test_a_wrapping_optimizer_is_a_one_line_error():
+    """A Lookahead-style wrapper (an Optimizer built over another optimizer, as accelerate's and timm's are)
+    raised AttributeError from inside the rebuild; now a UserError that says what to pass."""
+    class Lookahead(torch.optim.Optimizer):
+        def __init__(self, inner, k=5):
+            self.inner, self.k = inner, k
+            self.param_groups, self.state, self.defaults = inner.param_groups, inner.state, inner.defaults
+
+        def step(self, closure=None):
+            return self.inner.step(closure)
+
+    model, x = _model()
+    with pytest.raises(UserError, match="pass the optimizer it runs by name or class") as info:
+        estimate(model, x, optimizer=Lookahead(torch.optim.AdamW(model.parameters())), device="cpu")
+    assert "\n" not in str(info.value)

@@ -117,3 +117,51 @@ def test_a_forward_of_fast_ops_keeps_its_backward_on_real_tensors(monkeypatch):
     assert d["capture"] == "real" and seen == [False]
     truth = groundtruth.measure(copy.deepcopy(model), images, "adamw", loss_fn=lambda out: out)
     assert d["memory"]["activations"] == truth["activation_bytes"]
+
+
+class _Jagged(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        nt = torch.nested.nested_tensor([x[:3], x[3:]], layout=torch.jagged)
+        return self.lin(nt).relu().values().sum()
+
+
+class _SparseGraph(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        n = x.shape[0]
+        idx = torch.stack([torch.arange(n), torch.arange(n).roll(1)])
+        adjacency = torch.sparse_coo_tensor(idx, torch.ones(n), (n, n))
+        return torch.sparse.mm(adjacency, self.lin(x)).sum()
+
+
+class _FuncGrad(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        du = torch.func.vmap(torch.func.grad(lambda xi: self.lin(xi).sum()))(x)
+        return du.square().mean()
+
+
+@pytest.mark.parametrize("model,needle", [(_Jagged, "nested (jagged) tensor"), (_SparseGraph, "sparse tensor"),
+                                          (_FuncGrad, "torch.autograd.grad")])
+def test_constructs_the_capture_does_not_model_say_what_to_do(model, needle):
+    """The real steps run; the estimate crashed inside a rule (a jagged nested tensor) or advised checking the
+    inputs' shapes and dtypes (a sparse adjacency, torch.func.grad in forward): one line that names the construct
+    and what to estimate instead."""
+    from estimator import estimate
+    from estimator.errors import UnsupportedModelError
+
+    m, x = model(), torch.randn(6, 8)
+    m(x).backward()  # the real step runs
+    with pytest.raises(UnsupportedModelError, match=needle.replace("(", r"\(").replace(")", r"\)")) as info:
+        estimate(m, x, device="cpu")
+    assert "\n" not in str(info.value) and "input shapes" not in str(info.value)

@@ -36,6 +36,10 @@ def guard(rec: Any, fn: Callable[[], Any], hint: Callable[[], str]) -> Any:
                 f"the {rec.phase} pass{f' in module {where!r}' if where else ''} uses the higher-order "
                 f"operator {hop} (torch.{hop}), which the capture cannot run; use plain Python control "
                 f"flow there") from exc
+        unsupported = _unsupported_layout(first, rec.current_op)
+        if unsupported:
+            raise UnsupportedModelError(f"the {rec.phase} pass{f' in module {where!r}' if where else ''} "
+                                        f"{unsupported}") from exc
         in_loss = rec.phase == "loss" and not rec.module_stack  # the loss_fn's own code, outside the model
         if in_loss:  # (the module and op last recorded are the model's, not where it failed)
             where, rec.current_op = "", None
@@ -45,6 +49,19 @@ def guard(rec: Any, fn: Callable[[], Any], hint: Callable[[], str]) -> Any:
             f"the {rec.phase} pass failed{f' in module {where!r}' if where else ''}{op}: "
             f"{type(exc).__name__}: {first}; {advice}"
         ) from exc
+
+
+def _unsupported_layout(first: str, op: Any) -> str | None:
+    """What a construct the capture does not model needs, from the failure it caused: sparse tensors (their
+    storage cannot be read), torch.func transforms (they refuse the capture's saved-tensor hooks)."""
+    if "SparseTensorImpl" in first or "sparse" in str(op or ""):
+        return ("makes a sparse tensor, which the capture does not model: estimate it with the dense tensor "
+                "(.to_dense()), whose bytes and FLOPs bound the sparse step's from above")
+    if "torch.func" in first and "saved tensor hooks" in first:
+        return ("runs a torch.func transform (grad, vjp, jacrev, hessian), which cannot run under the capture's "
+                "saved-tensor hooks: compute the derivative with torch.autograd.grad(..., create_graph=True), "
+                "which the capture traces")
+    return None
 
 
 def _view_hint(first: str) -> str | None:

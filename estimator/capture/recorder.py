@@ -199,6 +199,13 @@ class Recorder(TorchDispatchMode):
     def _node_of(self, t: torch.Tensor) -> OpNode:
         node = self.node_of(t)
         if node is None:  # a tensor created outside the trace (a constant attribute, torch.tensor(...))
+            if t.is_nested:  # (its ops reach the capture as its own, not as ops on its values)
+                from ..errors import UnsupportedModelError
+
+                raise UnsupportedModelError(
+                    f"module {self.current_module or '(root)'!r} makes a nested (jagged) tensor, which the capture "
+                    f"does not model: pad the sequences (torch.nn.utils.rnn.pad_sequence, or "
+                    f"torch.nested.to_padded_tensor) and estimate the padded step, whose bytes and FLOPs bound it")
             self.n_constants += 1
             node = self.placeholder(f"constant_{self.n_constants}", t, "constant", self.where()[0])
         return node
