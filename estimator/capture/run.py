@@ -65,6 +65,7 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
     with without_layer_drop(model) as assumed, same_random_draws(), eager_paths(), attributes_kept(model):
         cap = _capture(model, args, kw, opts, mode, progress)
     cap.assumptions.extend(assumed)
+    cap.assumptions.extend(_loop_notes(model, opts))
     held_cache = sum(cap.storage_bytes[s] for s in cap.sids.get("output_cache", ()))
     if held_cache and not opts.train and opts.generation is None:
         cap.assumptions.append(f"inference: the output holds the model's cache (past_key_values, config.use_cache: "
@@ -83,6 +84,32 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
 # Float8TrainingTensor, autograd.Functions and scaling code in Python around every op; FSDP2 renames the class
 # FSDPFloat8Linear): in eager each of their ops costs more host time (estimator.timing.host).
 SUBCLASS_LAYERS = ("Float8Linear",)
+
+
+def _loop_notes(model: torch.nn.Module, opts: StepOptions) -> list[str]:
+    """What the user's loop does that the estimate does not run: hooks registered on parameters (the capture
+    runs the step on stand-ins for them), and an optimizer given as an instance over part of the trainable
+    parameters (the loop's ``optimizer.zero_grad()`` never frees the other gradients)."""
+    notes = []
+    params = [p for p in model.parameters() if p.requires_grad]
+    hooked = [p for p in params
+              if getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None)]
+    if hooked:
+        notes.append(f"hooks registered on {len(hooked)} parameters (register_hook, "
+                     f"register_post_accumulate_grad_hook) are not run by the estimate: a hook that changes a "
+                     f"gradient or steps an optimizer in backward (freeing each gradient as it is made) changes "
+                     f"the real step's memory")
+    spec = opts.optimizer
+    given = spec if isinstance(spec, (list, tuple)) else [spec]
+    if opts.train and given and all(isinstance(o, torch.optim.Optimizer) for o in given):
+        held = {id(p) for o in given for g in o.param_groups for p in g["params"]}
+        outside = [p for p in params if id(p) not in held]
+        if outside:
+            nbytes = sum(p.numel() * p.element_size() for p in outside)
+            notes.append(f"{len(outside)} trainable parameters ({nbytes / 2**20:,.2f} MiB) are in no optimizer given: "
+                         f"they get gradients, which optimizer.zero_grad() never frees (they stay allocated between "
+                         f"steps in a real loop); freeze them (requires_grad_(False)) if they are not trained")
+    return notes
 
 
 def _reference_paths(cap: Capture) -> list[str]:
