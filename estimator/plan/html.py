@@ -18,7 +18,7 @@ from .traced import ROW_TITLES, ROWS
 ROW_COLORS = {
     "parameters": CATEGORY_COLORS["parameter"], "gradients": CATEGORY_COLORS["gradient"],
     "optimizer_state": CATEGORY_COLORS["optimizer_state"], "gathered_parameters": "#ff9da7",
-    "weight_copies": "#a0cbe8", "comm_buffers": "#9c755f", "activations": CATEGORY_COLORS["saved"],
+    "weight_copies": "#a0cbe8", "comm_buffers": "#17becf", "activations": CATEGORY_COLORS["saved"],
     "temporaries": CATEGORY_COLORS["temporary"], "inputs_and_buffers": CATEGORY_COLORS["input"],
     "workspaces": CATEGORY_COLORS["workspace"], "reserve": "#bab0ac",
 }
@@ -27,7 +27,7 @@ TIME_PARTS = (("compute", "compute", "#4e79a7"),
               ("exposed", "communication the compute waits for (exposed)", "#e15759"),
               ("launch", "the GPU waiting for the host to launch kernels", "#bab0ac"),
               ("offload", "host transfers (offload)", "#edc948"),
-              ("hidden", "communication hidden behind compute", "#f4b6b7"))
+              ("hidden", "communication hidden behind compute (the thin bar beneath)", "#f28e2b"))
 
 
 def plans_of(result: Any) -> list[PlanData]:
@@ -51,7 +51,7 @@ def memory_parts(p: PlanData) -> list[tuple[str, int]]:
 def time_parts(p: PlanData) -> list[tuple[str, float]]:
     """(part, seconds) of one step: compute, the exposed communication, the GPU idle while the host launches
     kernels (a small model's step is launch-bound), host transfers (these four add up to the step time), and
-    the hidden communication (drawn after the step's end: it overlaps the compute)."""
+    the hidden communication (drawn under the compute it overlaps, not after the step)."""
     t = p.time
     return [("compute", t.compute_s), ("exposed", t.exposed_comm_s), ("launch", t.launch_wait_s),
             ("offload", t.offload_s),
@@ -59,10 +59,14 @@ def time_parts(p: PlanData) -> list[tuple[str, float]]:
 
 
 def _bars_svg(rows: list[tuple[str, list[tuple[str, float, str, str]], float | None]], unit: str, scale: float,
-              top: float, aria: str) -> str:
+              top: float, aria: str, under: dict[int, tuple[float, str, str]] | None = None) -> str:
     """Horizontal stacked bars, one per row: (label, [(part, value, colour, tooltip)], marker or None); values
-    divided by ``scale`` on an axis to ``top``; the marker (the GPU's capacity) a dashed line across the row."""
-    width, left, right, bar, gap = 900, 250, 20, 22, 12
+    divided by ``scale`` on an axis to ``top``; the marker (the GPU's capacity) a dashed line across the row;
+    ``under[i]``: (value, colour, tooltip) drawn as a thin bar from 0 under row ``i`` (what overlaps its parts).
+    The labels' column is as wide as the longest label (about 7 px a character at 12 px)."""
+    longest = max((len(name) for name, _, _ in rows), default=0)
+    width, right, bar, gap = 900, 20, 22, 12
+    left = min(max(250, 7 * longest + 16), 450)
     height = 30 + len(rows) * (bar + gap)
     pw = width - left - right
 
@@ -86,6 +90,10 @@ def _bars_svg(rows: list[tuple[str, list[tuple[str, float, str, str]], float | N
             out.append(f'<rect x="{x(acc):.1f}" y="{y}" width="{max(x(acc + value) - x(acc), 0.5):.1f}" height="{bar}" '
                        f'fill="{color}"><title>{html.escape(tip)}</title></rect>')
             acc += value
+        if under and i in under and under[i][0] > 0:
+            value, color, tip = under[i]
+            out.append(f'<rect x="{x(0):.1f}" y="{y + bar + 1}" width="{max(x(value) - x(0), 0.5):.1f}" height="4" '
+                       f'fill="{color}"><title>{html.escape(tip)}</title></rect>')
         if marker is not None:
             out.append(f'<line x1="{x(marker):.1f}" x2="{x(marker):.1f}" y1="{y - 4}" y2="{y + bar + 4}" stroke="#111" '
                        f'stroke-width="2" stroke-dasharray="4 2" class="capacity"><title>capacity '
@@ -104,12 +112,15 @@ def memory_svg(plans: list[PlanData]) -> str:
 
 def time_svg(plans: list[PlanData]) -> str:
     """One step's time under each layout: compute, exposed communication, hidden communication, host transfers."""
-    top = max(sum(v for _, v in time_parts(p)) for p in plans) * 1.02 or 1.0
     colors = {k: c for k, _, c in TIME_PARTS}
     words = {k: w for k, w, _ in TIME_PARTS}
-    rows = [(label(p), [(k, v, colors[k], f"{words[k]}: {v * 1e3:.2f} ms") for k, v in time_parts(p)], None)
-            for p in plans]
-    return _bars_svg(rows, "ms", 1e-3, top, "step time by layout")
+    parts = [dict(time_parts(p)) for p in plans]
+    top = max(max(sum(v for k, v in ps.items() if k != "hidden"), ps["hidden"]) for ps in parts) * 1.02 or 1.0
+    rows = [(label(p), [(k, v, colors[k], f"{words[k]}: {v * 1e3:.2f} ms") for k, v in ps.items() if k != "hidden"],
+             None) for p, ps in zip(plans, parts)]
+    under = {i: (ps["hidden"], colors["hidden"], f"{words['hidden']}: {ps['hidden'] * 1e3:.2f} ms")
+             for i, ps in enumerate(parts)}
+    return _bars_svg(rows, "ms", 1e-3, top, "step time by layout", under)
 
 
 def _legend(items: list[tuple[str, str]]) -> str:
@@ -152,7 +163,7 @@ th, td { padding: 0.22em 0.7em; border-bottom: 1px solid #eee; text-align: left;
 .scroll { overflow-x: auto; }
 .legend { display: flex; flex-wrap: wrap; gap: 0.3em 1.2em; margin: 0.4em 0; font-size: 0.95em; }
 .legend i { display: inline-block; width: 0.9em; height: 0.9em; margin-right: 0.35em; vertical-align: -0.1em; }
-svg.bars { display: block; max-width: 1100px; }
+svg.bars { display: block; max-width: 1100px; min-width: 640px; }
 svg text { font: 12px system-ui, sans-serif; fill: #333; }
 pre { background: #fafafa; border: 1px solid #eee; padding: 0.6em; overflow-x: auto; }
 @media (max-width: 640px) { body { padding: 0.8em; } }
@@ -185,7 +196,7 @@ what the GPU needs beyond it), against the GPU's capacity.</p>
 {mem_legend}
 <div class="scroll">{memory_svg(plans)}</div>
 <h2>Step time</h2>
-<p>The compute stream's busy time, the communication it waits for (exposed) and the time it waits for the host to launch kernels (these end at the step time), then the communication it hides.</p>
+<p>The compute stream's busy time, the communication it waits for (exposed) and the time it waits for the host to launch kernels (these end at the step time); beneath, the communication the compute hides (it runs meanwhile).</p>
 {time_legend}
 <div class="scroll">{time_svg(plans)}</div>
 <h2>Plans</h2>

@@ -144,12 +144,12 @@ def on_scale(top: int, limit: int | None) -> bool:
 
 def _limit_svg(at: float | None, text: str, x0: float, x1: float, top: float, left_side: bool = False) -> str:
     """The GPU's room for the peak: a dashed red line across the chart at height ``at``, or (None: off the
-    scale) a note a line below the chart's top edge ``top`` (the peak's label takes the first), at its right end
-    (``left_side``: its left end, away from a peak label written leftwards from the right half)."""
+    scale) a note just above the chart's top edge ``top`` (a line kept for it), at its right end (``left_side``:
+    its left end, away from a peak label written leftwards from the right half)."""
     label = html.escape(text)
     if at is None:
         x, anchor = (x0 + 6, "start") if left_side else (x1 - 6, "end")
-        return (f'<text x="{x:.1f}" y="{top + 30:.1f}" text-anchor="{anchor}" class="limit">{label} '
+        return (f'<text x="{x:.1f}" y="{top - 6:.1f}" text-anchor="{anchor}" class="limit">{label} '
                 f'(above this scale)</text>')
     return (f'<line x1="{x0:.1f}" x2="{x1:.1f}" y1="{at:.1f}" y2="{at:.1f}" stroke="#c62828" '
             f'stroke-width="1.6" stroke-dasharray="7 4" class="limit"><title>{label}</title></line>'
@@ -174,6 +174,8 @@ def timeline_svg(profile: MemoryProfile, width: int = 1200, height: int = 380,
     step = _nice_step(top / unit)
     y_max = math.ceil(top / unit / step) * step * unit
     left, right, top_pad, bottom = 64, 14, 14, 46
+    if limit is not None and not drawn:  # the limit in words gets a line of its own above the plot (the peak's
+        top_pad += 18  # label, near the top when the peak is, took the same place)
     pw, ph = width - left - right, height - top_pad - bottom
 
     def x(v: float) -> float:
