@@ -261,3 +261,23 @@ def test_plan_charts_draw_each_step_to_its_time_and_each_row_in_a_colour_of_its_
     lengths = [spans[y][1] - spans[y][0] for y in sorted(spans)]
     for p, length in zip(plans, lengths):
         assert length / lengths[0] == pytest.approx(p.step_time_s / plans[0].step_time_s, abs=0.01)
+
+
+def test_docs_document_every_plan_json_key():
+    """docs/plan.md listed keys the plan's JSON does not have (per_gpu's activations, peak_breakdown, min_gpus,
+    units) and not those it has: every key of a plan, of its per_gpu and rows, and of a comparison and its rows
+    is named there, and every key named at the top of the plan's list exists."""
+    from estimator.plan import Planner
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = open(os.path.join(root, "docs", "plan.md"), encoding="utf-8").read()
+    schema = text[text.index("JSON (`--format json`)"):text.index('"plans": [...]}`.') + 10]
+    model = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 8))
+    planner = Planner(model, torch.randn(8, 64), gpu="H100")
+    plan = planner.plan("fsdp", 2, solve=()).to_dict()
+    comparison = planner.compare([2], strategies=["ddp", "fsdp"], with_checkpointing=False).to_dict()
+    for keys in (plan, plan["per_gpu"], plan["per_gpu"]["rows"], comparison, comparison["rows"][0]):
+        missing = [k for k in keys if f'"{k}"' not in schema]
+        assert missing == [], f"keys missing from docs/plan.md's JSON: {missing}"
+    named = re.findall(r'"(\w+)"', schema[:schema.index('"per_gpu"')])
+    assert set(named) <= set(plan), set(named) - set(plan)
