@@ -53,6 +53,12 @@ def _checkpoint_what_if(model, inputs, options: StepOptions, classes: tuple[type
 
     cap_ckpt = capture(model, inputs, replace(options, checkpoint=classes, checkpoint_policy=policy), mode=trace,
                        progress=what_if)
+    names = {c.__name__ for c in classes}
+    paths = [p for p, cls in cap_ckpt.module_types.items() if cls in names and p]
+    if paths and not any(p in cap_ckpt.module_outputs for p in paths):  # (outputs: of the modules called)
+        raise UserError(f"checkpoint {', '.join(sorted(names))}: no instance of it runs a forward of its own (its "
+                        f"parent calls what is inside it), so checkpointing it changes nothing; name a class whose "
+                        f"forward runs (checkpointing wraps a module's forward call)")
     t_ckpt, prof_ckpt = _analyse(cap_ckpt, options, device, what_if)
     return CheckpointWhatIf(
         classes=[c.__name__ for c in classes],

@@ -94,3 +94,43 @@ def test_plan_of_hf_checkpointing_matches_a_real_step(hf_llama):
     model.gradient_checkpointing_enable()
     peaks = measure_peaks(model, inputs, lambda ps: torch.optim.AdamW(ps, lr=1e-3), lambda out: out.loss)
     assert p.per_gpu.peak == pytest.approx(peaks[1], rel=0.01), (p.per_gpu.peak, peaks)
+
+
+def test_a_what_if_on_a_class_whose_forward_never_runs_is_a_one_line_error():
+    """A container whose parent calls its children directly (``for b in stage.blocks: h = b(h)``) was
+    "checkpointed" to a saving of 0 B without a word: checkpointing wraps a module's forward call."""
+    from estimator import UserError
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 16)
+
+        def forward(self, h):
+            return h + self.b(torch.relu(self.a(h)))
+
+    class Stage(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([Block(), Block()])
+
+        def forward(self, h):
+            for b in self.blocks:
+                h = b(h)
+            return h
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stages = nn.ModuleList([Stage(), Stage()])
+
+        def forward(self, h):
+            for stage in self.stages:
+                for b in stage.blocks:  # Stage.forward never runs
+                    h = b(h)
+            return h.sum()
+
+    with pytest.raises(UserError, match="no instance of it runs a forward of its own") as info:
+        estimate(Net(), torch.randn(4, 16), device="cpu", checkpoint="Stage")
+    assert "\n" not in str(info.value)
+    assert estimate(Net(), torch.randn(4, 16), device="cpu", checkpoint="Block").checkpoint.peak_saved >= 0
