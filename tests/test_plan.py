@@ -822,3 +822,16 @@ def test_gradient_accumulation_flops_are_every_micro_batch_once(strategy):
     assert four.flops.attention_per_token == one.flops.attention_per_token == 12 * 2 * 4 * 8 * 16  # 12 L H Q T
     # the step is ~4 micro-steps' compute: the MFU stays within the optimizer step's share of the single one's
     assert four.flops.mfu == pytest.approx(one.flops.mfu, rel=0.25)
+
+
+def test_a_plan_leaves_the_interpreters_exception_hook_as_it_was():
+    """torch's init_process_group wraps sys.excepthook to prefix "[rank0]: " to every traceback line, once per
+    call: after a few plans a script's traceback read "[rank0]: [rank0]: [rank0]: ...".  Put back after each
+    fake process group."""
+    import sys
+
+    before = sys.excepthook
+    planner = Planner(torch.nn.Sequential(torch.nn.Linear(8, 8)), torch.randn(4, 8), gpu="H100")
+    for gpus in (2, 4):
+        planner.plan("fsdp", gpus, solve=())
+    assert sys.excepthook is before

@@ -70,6 +70,9 @@ def fake_world(world: int, rank: int) -> Iterator[None]:
     if dist.is_initialized():
         raise UserError("a torch.distributed process group is already initialised in this process; plan in a "
                         "process of its own (the planner sets up a fake one per trace)")
+    import sys
+
+    hook = sys.excepthook  # (init_process_group wraps it to prefix "[rank0]: " to every traceback line, each call)
     dist.init_process_group("fake", store=_fake_store(), rank=rank, world_size=world)
     try:
         # (DTensor's sharding of foreach ops without its quadratic scan; FSDP2's chunks of each parameter
@@ -78,6 +81,7 @@ def fake_world(world: int, rank: int) -> Iterator[None]:
             yield
     finally:
         dist.destroy_process_group()
+        sys.excepthook = hook
         _clear_dtensor_caches()
 
 
