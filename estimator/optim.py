@@ -190,6 +190,13 @@ def _rebuilt(spec: torch.optim.Optimizer, trainable: Mapping[str, torch.Tensor],
 
 
 def _construct(cls: type, params: Any, options: dict[str, Any]) -> torch.optim.Optimizer:
+    import inspect
+
+    closure = inspect.signature(cls.step).parameters.get("closure")
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        raise UserError(f"{cls.__name__}.step(closure) re-evaluates the model inside the step (line searches), "
+                        f"which the estimate does not model; estimate with a step that takes no closure "
+                        f"(e.g. optimizer='adamw')")
     try:
         return _device_checked(cls(params, **options))
     except TypeError as exc:

@@ -428,3 +428,17 @@ def test_quantized_what_if_only_for_inference_and_peak_moves_by_the_weights_save
     assert q["int8"].peak == r.memory.peak - (q["int8"].weights_before - q["int8"].weights_after)
     assert q["int4"].parameters < q["int8"].parameters < r.tally.parameters_bytes
     assert "What-if: int4 weights" in r.render()
+
+
+def test_a_model_in_bf16_without_autocast_says_its_weights_dtype():
+    """A bf16 model at the default precision (no autocast, no cast) read "Target: cpu, fp32": the step runs in
+    the weights' dtype, and the summary says so."""
+    import torch
+    from torch import nn
+
+    from estimator import estimate
+
+    model = nn.Sequential(nn.Linear(8, 8)).to(torch.bfloat16)
+    report = estimate(model, torch.randn(4, 8, dtype=torch.bfloat16), device="cpu")
+    assert "cpu, bf16 weights as given (no autocast), training" in str(report)
+    assert "cpu, fp32, training" in str(estimate(nn.Linear(8, 8), torch.randn(4, 8), device="cpu"))

@@ -335,3 +335,41 @@ def test_a_prompt_past_the_positions_says_so_in_the_api():
         model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=64, n_head=4))
     with pytest.raises(UserError, match=r"runs past the model's positions.*more than its 1,024"):
         estimate(model, {"input_ids": torch.zeros(1, 2000, dtype=torch.long)}, mode="generate", new_tokens=4)
+
+
+def test_loops_and_models_the_estimate_cannot_run_as_given_say_what_to_do():
+    """Lazy modules not yet initialised (a raw RuntimeError traceback from the CLI) and an optimizer whose step
+    needs a closure (LBFGS: "missing 1 required positional argument", with advice about its options) are one-line
+    errors that say what to do; a plain dataclass output with loss None is trained on its floating-point fields
+    (it said the output held nothing to train)."""
+    from dataclasses import dataclass
+
+    import torch
+    from torch import nn
+
+    from estimator import UserError, estimate
+
+    lazy = nn.Sequential(nn.LazyLinear(16), nn.ReLU(), nn.LazyLinear(4))
+    with pytest.raises(UserError, match=r"lazy modules are not initialised .*run one forward") as info:
+        estimate(lazy, torch.randn(2, 8), device="cpu")
+    lazy(torch.randn(2, 8))  # initialised as the message says: estimated
+    assert estimate(lazy, torch.randn(2, 8), device="cpu").tally.params_total == 8 * 16 + 16 + 16 * 4 + 4
+    with pytest.raises(UserError, match="re-evaluates the model inside the step") as info:
+        estimate(nn.Linear(8, 4), torch.randn(2, 8), device="cpu", optimizer=torch.optim.LBFGS)
+    assert "\n" not in str(info.value)
+
+    @dataclass
+    class Out:
+        logits: torch.Tensor
+        loss: torch.Tensor | None = None
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 4)
+
+        def forward(self, x):
+            return Out(self.lin(x))
+
+    report = estimate(Model(), torch.randn(2, 8), device="cpu")
+    assert report.tally.gradients_bytes == (8 * 4 + 4) * 4  # every parameter got its gradient

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Mapping
 
 import torch
@@ -10,11 +11,22 @@ import torch.utils._pytree as pytree
 from ..errors import UserError
 
 
+def _leaves(output: Any) -> list[Any]:
+    """pytree's leaves of ``output``, a plain dataclass (which pytree keeps whole) opened into its fields."""
+    out = []
+    for leaf in pytree.tree_leaves(output):
+        if dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
+            out.extend(_leaves([getattr(leaf, f.name) for f in dataclasses.fields(leaf)]))
+        else:
+            out.append(leaf)
+    return out
+
+
 def default_loss(output: Any) -> torch.Tensor:
     """The default loss: the sum of the means of every floating-point output tensor."""
     terms = [
         t.mean()
-        for t in pytree.tree_leaves(output)
+        for t in _leaves(output)
         if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad
     ]
     if not terms:

@@ -8,6 +8,7 @@ never a silent trace on real tensors, which would allocate the model for real.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 from typing import Any
@@ -55,6 +56,13 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
     if not isinstance(model, torch.nn.Module):
         raise UserError(f"model must be a torch.nn.Module, not {type(model).__name__}")
     opts = options or StepOptions(**kwargs)
+    from torch.nn.parameter import is_lazy
+
+    lazy = [n for n, p in itertools.chain(model.named_parameters(), model.named_buffers()) if is_lazy(p)]
+    if lazy:
+        raise UserError(f"the model's lazy modules are not initialised ({lazy[0]}"
+                        f"{f' and {len(lazy) - 1} more' if len(lazy) > 1 else ''}): run one forward on a batch "
+                        f"(model(x)) first, as torch needs before an optimizer is built over them")
     if opts.train:
         _refuse_sparse_gradients(model)
     args, kw = split_inputs(inputs)

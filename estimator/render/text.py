@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+import torch
 from tabulate import tabulate
 
 from ..quantize import TRACED_4BIT
@@ -105,7 +106,7 @@ def summary_rows(report: ReportData) -> list[tuple[str, str]]:
         rows += [("Loss", report.capture.loss_source), ("Optimizer", optimizer_words(report) or "none"),
                  ("Training loop", loop_words(report.capture))]
     mode_words = {"train": "training", "inference": "inference", "generate": "generation"}.get(report.mode, report.mode)
-    rows.append(("Target", f"{report.device}, {report.precision}, {mode_words}"))
+    rows.append(("Target", f"{report.device}, {_precision_words(report)}, {mode_words}"))
     rows += generation_rows(report)
     rows += _memory_rows(report, train)
     rows += [("Memory: parameters", fmt_bytes(t.parameters_bytes) + dtype_note(t.memory_by_dtype.get("parameter", {})))]
@@ -289,6 +290,19 @@ def operators_table(report: ReportData, tablefmt: str = "simple", width: int | N
         row.append(f"{100.0 * (r['flops_forward'] + r['flops_backward']) / total:.1f}")
         body.append(row)
     return _table(body, headers, tablefmt, width, flexible=(0,), minimum=(16,))
+
+
+def _precision_words(report: ReportData) -> str:
+    """The precision asked for; fp32 (no autocast, no cast) on a model whose weights are mostly another dtype
+    says so: the step runs in the weights' dtype ("bf16 weights as given")."""
+    if report.precision != "fp32":
+        return report.precision
+    by_dtype: dict[torch.dtype, int] = {}
+    for p in getattr(report.capture, "params", {}).values():
+        by_dtype[p.dtype] = by_dtype.get(p.dtype, 0) + p.numel()
+    main = max(by_dtype, key=by_dtype.get) if by_dtype else torch.float32
+    short = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}.get(main)
+    return f"{short} weights as given (no autocast)" if short else report.precision
 
 
 def render(report: ReportData, tablefmt: str = "simple", depth: int | None = None, *, width: int | None = None,
