@@ -281,3 +281,14 @@ def test_docs_document_every_plan_json_key():
         assert missing == [], f"keys missing from docs/plan.md's JSON: {missing}"
     named = re.findall(r'"(\w+)"', schema[:schema.index('"per_gpu"')])
     assert set(named) <= set(plan), set(named) - set(plan)
+
+
+def test_the_jsons_ops_by_time_are_the_reports():
+    """The report's "Top ops by GPU time" sums every call of an op; the JSON had only the longest single calls
+    (top_ops), from which that line cannot be rebuilt: ``step_time.by_op`` is the same list."""
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+    report = estimate(model, torch.randn(32, 64), gpu="H100")
+    line = next(l for l in str(report).splitlines() if l.startswith("Top ops by GPU time"))
+    rows = report.to_dict()["step_time"]["by_op"]
+    shown = ", ".join(f"{r['op'].removeprefix('aten.')} {r['gpu_s'] * 1e3:.2f} ms" for r in rows[:5])
+    assert line.split(None, 5)[-1].strip().startswith(shown[:60]), (line, shown)

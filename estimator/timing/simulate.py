@@ -108,7 +108,9 @@ class StepTime:
                 "mfu": self.mfu, "calibrated": self.calibrated, "source": self.source,
                 "likely_s": list(self.likely), "band_note": self.band_note,
                 "band_shares": {k: round(v, 4) for k, v in self.shares.items()},
-                "top_ops": [{"op": o.op, "phase": o.phase, "gpu_s": o.gpu_s} for o in self.top(10)]}
+                "top_ops": [{"op": o.op, "phase": o.phase, "gpu_s": o.gpu_s} for o in self.top(10)],
+                # (the report's "Top ops by GPU time": every call of an op summed)
+                "by_op": [{"op": op, "gpu_s": sec} for op, sec in list(self.by_op().items())[:10]]}
 
 
 def timeline(gpu_s: Sequence[float], cpu_s: Sequence[float], sync: Sequence[bool]) -> tuple[float, list[float]]:
