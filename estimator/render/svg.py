@@ -173,9 +173,8 @@ def timeline_svg(profile: MemoryProfile, width: int = 1200, height: int = 380,
     unit_name, unit = unit_for(top)
     step = _nice_step(top / unit)
     y_max = math.ceil(top / unit / step) * step * unit
-    left, right, top_pad, bottom = 64, 14, 14, 46
-    if limit is not None and not drawn:  # the limit in words gets a line of its own above the plot (the peak's
-        top_pad += 18  # label, near the top when the peak is, took the same place)
+    # (a limit off the scale gets a line of its own above the plot: the peak's label, near the top, took it)
+    left, right, top_pad, bottom = 64, 14, 14 + (18 if limit is not None and not drawn else 0), 46
     pw, ph = width - left - right, height - top_pad - bottom
 
     def x(v: float) -> float:
