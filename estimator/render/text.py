@@ -38,8 +38,9 @@ def _memory_rows(report: ReportData, train: bool) -> list[tuple[str, str]]:
         rows.append((f"Memory: peak{which}{' as traced' if report.quantize and not traced else ''}"
                      f"{f' with {report.quantize} weights' if traced else ''}",
                      f"{fmt_bytes(m.peak)}, in the {place(report, at)}"))
-        rows.append(("Memory at the peak", ", ".join(f"{CATEGORY_LABEL.get(k, k)} {fmt_bytes(v)}"
-                                                     for k, v in at.by_category.items() if v)))
+        blocks = " (512-B blocks)" if report.device == "cuda" else ""  # (the CUDA allocator's rounding)
+        rows.append((f"Memory at the peak{blocks}", ", ".join(f"{CATEGORY_LABEL.get(k, k)} {fmt_bytes(v)}"
+                                                              for k, v in at.by_category.items() if v)))
         if train and m.peak_first_step != m.peak:
             rows.append(("Memory: peak (first step)", f"{fmt_bytes(m.peak_first_step)} (the optimizer state "
                                                        f"is created inside the first step)"))
