@@ -148,7 +148,8 @@ def estimate(
         zero_grad: where the loop calls ``optimizer.zero_grad(set_to_none=True)``: ``"after_step"`` (the default:
             after ``opt.step()``, or at the top of the loop before the forward) or ``"before_backward"`` (after the
             loss, before ``loss.backward()``: Lightning's automatic optimization), whose previous step's
-            gradients live through the forward (see :data:`estimator.capture.ZERO_GRAD`).
+            gradients live through the forward, or ``"in_place"`` (``set_to_none=False``: the gradients kept
+            allocated, zeroed; see :data:`estimator.capture.ZERO_GRAD`).
         ema: the loop keeps a moving average of the weights with this decay (``AveragedModel`` with
             ``get_ema_multi_avg_fn``, updated after each step; :mod:`estimator.ema`); None (the default): none.
         depth: module depth of the per-module table.
@@ -266,6 +267,8 @@ def _search_batch(report: Report, model, inputs, options: StepOptions, gpu: GPU,
     elif options.precision.fp8_linear:
         report.max_batch_note = ("not searched: --precision fp8 is a what-if over the bf16-mixed step; --float8 "
                                  "tensorwise traces torchao's float8 training, and searches")
+    elif options.zero_grad == "in_place":
+        report.max_batch_note = "not searched under --zero-grad in-place (the search plans the loop's other placements)"
     elif (states := _model_states_over(report, gpu)) is not None:
         report.max_batch, report.max_batch_note = 0, states  # said at once: no batch size can fit
     else:

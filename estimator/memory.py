@@ -190,6 +190,35 @@ def carried_gradients(cap: Capture) -> tuple[int, list[int]] | None:
     return first - 1, grads
 
 
+def _added_in_place(events: list[tuple[int, Any, int]], sizes: list[int], cats: list[str], previous: set[int],
+                    cap: Capture) -> list[tuple[int, Any, int]]:
+    """The steady-state events of a loop that zeroes its gradients in place (``zero_grad(set_to_none=False)``):
+    one storage per gradient, live from the start and never freed (added to ``sizes``, ``cats`` and
+    ``previous``), and each gradient this step makes a temporary of its size, freed after the op that makes it
+    (AccumulateGrad adds it into the kept gradient: ``grad += new``)."""
+    grads = set(cap.sids.get("gradient", ()))
+    temp: dict[int, int] = {}
+    for sid in sorted(grads):
+        sizes.append(sizes[sid])
+        cats.append(Category.GRADIENT)
+        previous.add(len(sizes) - 1)
+        sizes.append(sizes[sid])
+        cats.append(Category.TEMPORARY)
+        temp[sid] = len(sizes) - 1
+    out: list[tuple[int, Any, int]] = []
+    pending: list[tuple[int, Any, int]] = []  # the op's new gradients, freed after all of its events
+    for index, sid, delta in events:
+        if pending and pending[0][0] != index:
+            out += pending
+            pending = []
+        if sid not in grads:
+            out.append((index, sid, delta))
+        elif delta > 0:
+            out.append((index, temp[sid], delta))
+            pending.append((index, temp[sid], -delta))
+    return out + pending
+
+
 def with_carried(events: list[tuple[int, Any, int]], index: int, frees: list[tuple[int, Any, int]]) -> list:
     """``events`` with ``frees`` (each at ``index``) after every event of an op up to ``index``."""
     at = next((k for k, e in enumerate(events) if e[0] > index), len(events))
@@ -295,12 +324,18 @@ def _allocator_streams(cap: Capture, events: list[tuple[int, int, int]], raw: li
     remade = {sid for index, sid, delta in events if index >= 0 and delta < 0} & set(at_start) - set(loaded)
     loaded += [sid for sid in at_start if sid not in set(loaded) and sid not in remade]  # inputs, constants
     stays = set(loaded) | set(cap.sids.get("optimizer_state", ())) | persistent
+    # zero_grad(set_to_none=False): the first step's gradients stay; the second's are added into them
+    in_place = set(cap.sids.get("gradient", ())) if cap.zero_grad == "in_place" else set()
     streams: list[list[tuple[int, object, int]]] = [[(-2, sid, raw[sid]) for sid in loaded]]
     for step in (1, 2):
         stream, live = [], set()
         for index, sid, delta in events:
             if (index < 0 and delta > 0 and sid not in remade) or not raw[sid]:
                 continue  # loaded above; or takes no memory on the device
+            if step == 2 and sid in in_place:  # a temporary (AccumulateGrad's new gradient), freed after its op
+                if delta > 0:
+                    stream += [(index, (2, sid), raw[sid]), (index, (2, sid), -raw[sid])]
+                continue
             key = sid if sid in stays else (step, sid)
             if delta > 0:
                 if step == 2 and sid in stays:
@@ -311,7 +346,7 @@ def _allocator_streams(cap: Capture, events: list[tuple[int, int, int]], raw: li
                 live.discard(key)
                 stream.append((index, key, -raw[sid]))
         end = len(cap.nodes)
-        kept = set(held) | (set(carry[1]) if carry is not None and step == 1 else set())
+        kept = set(held) | (set(carry[1]) if carry is not None and step == 1 else set()) | in_place
         if carry is not None and step == 2:  # the first step's gradients, freed by zero_grad before this backward
             stream = with_carried(stream, carry[0], [(carry[0], (1, sid), -raw[sid]) for sid in carry[1] if raw[sid]])
         drop = [(end, key, -raw[key[1]]) for key in sorted(k for k in live if isinstance(k, tuple)
@@ -486,6 +521,8 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
         previous.add(len(sizes) - 1)
     steady_events = events
     carry = carried_gradients(cap)
+    if cap.zero_grad == "in_place":  # zeroed in place: the previous step's gradients live through this one, and
+        steady_events = _added_in_place(events, sizes, cats, previous, cap)  # its new gradients are added into them
     if carry is not None:  # the previous step's gradients, live until zero_grad before this step's backward
         frees = []
         for sid in carry[1]:

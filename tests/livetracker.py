@@ -32,7 +32,8 @@ def measure_peaks(model, inputs, optimizer_factory, loss_of, *, autocast_dtype=N
     iteration ends.  ``zero_grad="before_backward"``: ``optimizer.zero_grad(set_to_none=True)`` after the
     first micro-step's loss and before its backward (Lightning's automatic optimization; ``loss = ...;
     opt.zero_grad(); loss.backward(); opt.step()``), not after the step: the previous iteration's gradients
-    live through the forward.  ``train=False``: ``out = model(...)`` under ``no_grad`` in eval mode, the previous
+    live through the forward; ``"in_place"``: ``optimizer.zero_grad(set_to_none=False)`` after the step (the
+    gradients kept, zeroed).  ``train=False``: ``out = model(...)`` under ``no_grad`` in eval mode, the previous
     output held until the new one replaces it.
     """
     import contextlib
@@ -69,8 +70,8 @@ def measure_peaks(model, inputs, optimizer_factory, loss_of, *, autocast_dtype=N
                 if clip is not None:  # torch's own clip_grad_norm_ (foreach on CPU tensors, its default)
                     torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], clip)
                 opt.step()
-                if zero_grad == "after_step":
-                    opt.zero_grad(set_to_none=True)
+                if zero_grad in ("after_step", "in_place"):
+                    opt.zero_grad(set_to_none=zero_grad == "after_step")
                 keep = loss
                 del out, loss
             else:

@@ -29,8 +29,11 @@ Progress = Callable[..., None]  # progress(stage: str, detail: str = "")
 #   of the loop before the forward: no gradient lives through the forward;
 # * "before_backward": after the loss and before ``loss.backward()`` (Lightning's automatic optimization:
 #   training_step, then zero_grad, then backward; ``loss = ...; opt.zero_grad(); loss.backward(); opt.step()``):
-#   the previous step's gradients live through this step's forward.
-ZERO_GRAD = ("after_step", "before_backward")
+#   the previous step's gradients live through this step's forward;
+# * "in_place": ``zero_grad(set_to_none=False)`` (torch's default before 2.0): the gradients stay allocated from the
+#   first backward on, zeroed in place; each later backward adds its gradients into them (AccumulateGrad's
+#   ``grad += new``: the new gradient a temporary).
+ZERO_GRAD = ("after_step", "before_backward", "in_place")
 
 
 def check_zero_grad(value: Any, mode: str = "train") -> str:

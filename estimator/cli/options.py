@@ -123,11 +123,12 @@ def add_loop_options(p: argparse.ArgumentParser) -> None:
                    help="the loop keeps a moving average of the weights (torch.optim.swa_utils.AveragedModel; "
                         "timm's and diffusers' EMA), updated after each step, counted with the optimizer state "
                         "(default: none; training only), e.g. --ema 0.9999")
-    p.add_argument("--zero-grad", choices=("after-step", "before-backward"), default=None,
+    p.add_argument("--zero-grad", choices=("after-step", "before-backward", "in-place"), default=None,
                    help="where the loop calls optimizer.zero_grad(): after-step (after optimizer.step(), or at the "
-                        "top of the loop before the forward: HF Trainer, torchtitan, nanoGPT) or before-backward "
+                        "top of the loop before the forward: HF Trainer, torchtitan, nanoGPT), before-backward "
                         "(after the loss, before loss.backward(): Lightning's automatic optimization), which keeps "
-                        "the previous step's gradients through the forward (default: after-step; training only), "
+                        "the previous step's gradients through the forward, or in-place (set_to_none=False: the "
+                        "gradients kept allocated, zeroed) (default: after-step; training only), "
                         "e.g. --zero-grad before-backward")
 
 
@@ -176,7 +177,7 @@ def training_options(args: argparse.Namespace) -> tuple[str, int]:
 
 
 def zero_grad_of(args: argparse.Namespace) -> str:
-    """--zero-grad as the API spells it (after_step, before_backward)."""
+    """--zero-grad as the API spells it (after_step, before_backward, in_place)."""
     return (getattr(args, "zero_grad", None) or "after-step").replace("-", "_")
 
 

@@ -135,7 +135,10 @@ def loop_words(cap: Any) -> str:
         text += f"; {cap.grad_accum} micro-batches per optimizer step, gradients accumulated (--grad-accum)"
     if getattr(cap, "clip_grad_norm", None):
         text += f"; gradients' norm clipped to {cap.clip_grad_norm:g} before the step (--clip-grad-norm)"
-    if getattr(cap, "zero_grad", "after_step") == "before_backward":
+    if getattr(cap, "zero_grad", "after_step") == "in_place":
+        text += ("; optimizer.zero_grad(set_to_none=False) after the step: the gradients kept allocated, zeroed in "
+                 "place, each backward adding into them (--zero-grad in-place)")
+    elif getattr(cap, "zero_grad", "after_step") == "before_backward":
         text += ("; optimizer.zero_grad() after the loss, before backward (Lightning's automatic optimization): the "
                  "previous step's gradients held through the forward (--zero-grad before-backward)")
     else:

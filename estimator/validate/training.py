@@ -29,13 +29,15 @@ class LiveRun:
     loss is computed or (``keep_output``) held until the next micro-step or the end of the step, one
     optimizer step; the loss returned (the caller keeps it into the next iteration, as a loop that logs it).
     ``zero_grad``: the gradients freed after the step (:meth:`end_step`) or, "before_backward", before the first
-    micro-step's backward (the previous step's live through the forward)."""
+    micro-step's backward (the previous step's live through the forward), or "in_place": zeroed after the step and
+    kept (``zero_grad(set_to_none=False)``)."""
 
     def __init__(self, model: torch.nn.Module, inputs: Any, optimizer: Any, loss_fn: Callable | None,
                  device: str, policy: Any, keep_output: bool = False, grad_accum: int = 1,
                  clip_grad_norm: float | None = None, ema: float | None = None, zero_grad: str = "after_step"):
         self.keep_output, self.grad_accum, self.clip = keep_output, grad_accum, clip_grad_norm
         self.zero_before = zero_grad == "before_backward"
+        self.set_to_none = zero_grad != "in_place"  # (zero_grad(set_to_none=False): zeroed, kept)
         self.device, self.dev = device, torch.device(device)
         self.m = materialize_model(model, self.dev, policy.cast)
         self.args, self.kwargs = split_inputs(materialize_inputs(inputs, self.dev, policy.cast))
@@ -93,7 +95,7 @@ class LiveRun:
 
     def zero_grad(self) -> None:
         if self.opt is not None:
-            self.opt.zero_grad(set_to_none=True)
+            self.opt.zero_grad(set_to_none=self.set_to_none)
 
     def end_step(self) -> None:
         """What the loop does after the step: zero_grad, unless it does that before the next backward."""
