@@ -267,8 +267,6 @@ def _search_batch(report: Report, model, inputs, options: StepOptions, gpu: GPU,
     elif options.precision.fp8_linear:
         report.max_batch_note = ("not searched: --precision fp8 is a what-if over the bf16-mixed step; --float8 "
                                  "tensorwise traces torchao's float8 training, and searches")
-    elif options.zero_grad == "in_place":
-        report.max_batch_note = "not searched under --zero-grad in-place (the search plans the loop's other placements)"
     elif (states := _model_states_over(report, gpu)) is not None:
         report.max_batch, report.max_batch_note = 0, states  # said at once: no batch size can fit
     else:

@@ -196,22 +196,27 @@ def _added_in_place(events: list[tuple[int, Any, int]], sizes: list[int], cats: 
     one storage per gradient, live from the start and never freed (added to ``sizes``, ``cats`` and
     ``previous``), and each gradient this step makes a temporary of its size, freed after the op that makes it
     (AccumulateGrad adds it into the kept gradient: ``grad += new``)."""
-    grads = set(cap.sids.get("gradient", ()))
     temp: dict[int, int] = {}
-    for sid in sorted(grads):
+    for sid in sorted(cap.sids.get("gradient", ())):
         sizes.append(sizes[sid])
         cats.append(Category.GRADIENT)
         previous.add(len(sizes) - 1)
         sizes.append(sizes[sid])
         cats.append(Category.TEMPORARY)
         temp[sid] = len(sizes) - 1
+    return in_place_events(events, temp)
+
+
+def in_place_events(events: list[tuple[int, Any, int]], temp: dict[int, Any]) -> list[tuple[int, Any, int]]:
+    """``events`` with each storage of ``temp`` (a gradient -> its temporary's id) allocated as its temporary and
+    freed after all of the op's events, its other events dropped."""
     out: list[tuple[int, Any, int]] = []
     pending: list[tuple[int, Any, int]] = []  # the op's new gradients, freed after all of its events
     for index, sid, delta in events:
         if pending and pending[0][0] != index:
             out += pending
             pending = []
-        if sid not in grads:
+        if sid not in temp:
             out.append((index, sid, delta))
         elif delta > 0:
             out.append((index, temp[sid], delta))

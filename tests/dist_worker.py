@@ -507,8 +507,8 @@ def run_one(case: dict, run: dict, world: int) -> dict:
                 out["local_shapes"] = {n: list(_local(p).shape) for n, p in model.named_parameters()}
                 if tracker.trace is not None:
                     out["trace"], tracker.trace = tracker.trace, None
-            if run.get("zero") != "before_backward":
-                opt.zero_grad(set_to_none=True)
+            if run.get("zero") != "before_backward":  # ("in_place": set_to_none=False, the gradients kept)
+                opt.zero_grad(set_to_none=run.get("zero") != "in_place")
             del loss
     return out
 

@@ -75,7 +75,8 @@ def _runs(*specs):
                         + ("-keep" if extra.get("reshard") is False else "")
                         + (f"-accum{extra['accum']}" if extra.get("accum") else "")
                         + (f"-{extra['opt']}" if extra.get("opt") else "") + ("-lora" if extra.get("lora") else "")
-                        + ("-clip" if extra.get("clip") else "") + ("-zerobb" if extra.get("zero") else ""),
+                        + ("-clip" if extra.get("clip") else "")
+                        + {"before_backward": "-zerobb", "in_place": "-zerokeep"}.get(extra.get("zero"), ""),
                         precision,
                         "ckpt" if ck else "nockpt"])
         out.append({"id": tag, "strategy": strategy, "precision": precision, "checkpoint": ck, **extra})
@@ -103,7 +104,11 @@ GPT_CASE = {"name": "gpt", "model": "gpt", "world": 2, "ranks": [0, 1], "checkpo
                 # zero_grad() after the loss, before backward (Lightning's automatic optimization): the previous
                 # step's gradients (DDP's plain ones, FSDP2's sharded DTensors) held through the forward
                 ("ddp", "fp32", False, {"zero": "before_backward"}),
-                ("fsdp", "fsdp-bf16", False, {"zero": "before_backward", "accum": 3}))}
+                ("fsdp", "fsdp-bf16", False, {"zero": "before_backward", "accum": 3}),
+                # zero_grad(set_to_none=False): the gradients kept (DDP's, FSDP2's sharded ones), each backward's
+                # added into them
+                ("ddp", "fp32", False, {"zero": "in_place"}),
+                ("fsdp", "fsdp-bf16", False, {"zero": "in_place", "accum": 3}))}
 LLAMA_CASE = {"name": "llama", "model": "llama", "world": 4, "ranks": [0, 3], "checkpoint": "Block",
               "config": {"vocab_size": 250, "dim": 64, "hidden_dim": 96, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
                          "max_seq_len": 64},

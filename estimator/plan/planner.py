@@ -133,7 +133,7 @@ class Planner:
                                    foreach=True if device == "cuda" else None, precision=self.precision.step,
                                    train=True, target=device, keep_output=bool(keep_output), grad_accum=grad_accum,
                                    clip_grad_norm=check_clip(clip_grad_norm), ema=check_ema(ema),
-                                   zero_grad=_plan_zero_grad(zero_grad),
+                                   zero_grad=check_zero_grad(zero_grad),
                                    checkpoint_policy=parse_policy(checkpoint_policy), replicate=replicate,
                                    compile=compile,
                                    cuda=CudaTarget.for_gpu(self.gpu, parse_release(cuda_torch))
@@ -577,11 +577,3 @@ class Planner:
         from .comparison import compare_layouts
 
         return compare_layouts(self, gpus, **kwargs)
-
-
-def _plan_zero_grad(zero_grad: str) -> str:
-    """``zero_grad`` for a plan: "in_place" (set_to_none=False) is modelled by the single-device estimate only."""
-    if check_zero_grad(zero_grad) == "in_place":
-        raise UserError("--zero-grad in-place (set_to_none=False) is modelled by `estimator estimate` on one device; "
-                        "a plan takes after-step or before-backward")
-    return zero_grad

@@ -28,8 +28,8 @@ import torch.utils._pytree as pytree
 
 from ..capture import Capture
 from ..graph import OpNode
-from ..memory import (CUDA_BLOCK, Category, MemoryProfile, carried_gradients, categories, round_cuda, simulate,
-                      with_carried)
+from ..memory import (CUDA_BLOCK, Category, MemoryProfile, carried_gradients, categories, in_place_events,
+                      round_cuda, simulate, with_carried)
 from ..memory import fragmentation as memory_fragmentation
 from ..tally import Tally
 
@@ -202,6 +202,15 @@ class Timeline:
             pre |= set(extra)
             rows = list(rows) + [rows[sid] for sid in carry[1]]
             self.n += len(extra)
+        elif cap.zero_grad == "in_place":  # set_to_none=False: this step's gradients kept from the start, never
+            # freed (storages n, ...), each gradient the step makes a temporary (n + G, ...) freed after its op
+            grads = sorted(cap.sids.get("gradient", ()))
+            self.carried = torch.tensor(grads + grads, dtype=torch.long)
+            kept, temp = range(self.n, self.n + len(grads)), range(self.n + len(grads), self.n + 2 * len(grads))
+            events = in_place_events(list(events), dict(zip(grads, temp)))
+            pre |= set(kept)
+            rows = list(rows) + [rows[sid] for sid in grads] + ["temporaries"] * len(grads)
+            self.n += 2 * len(grads)
         self.sid = torch.tensor([s for _, s, _ in events], dtype=torch.long)
         self.sign = torch.tensor([1 if d > 0 else -1 for _, _, d in events], dtype=torch.long)
         self.index = [i for i, _, _ in events]
