@@ -840,3 +840,14 @@ def test_a_plan_leaves_the_interpreters_exception_hook_as_it_was():
     for gpus in (2, 4):
         planner.plan("fsdp", gpus, solve=())
     assert sys.excepthook is before
+
+
+def test_a_layout_that_fits_on_no_number_of_gpus_says_so_and_what_to_change():
+    """One micro-batch's activations larger than the card (a 4096-wide layer on 2M rows: 32 GiB of fp32 input on a
+    16 GB T4): no GPU count fits, and the plan printed DOES NOT FIT with nothing after it."""
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(4096, 4096))
+    x = torch.empty(1, 2_000_000, 4096, device="meta")
+    p = Planner(model, x, gpu="T4", precision="fp32").plan("fsdp", 2, solve=())
+    assert not p.fits and not p.verdict.suggestions
+    assert "No number of GPUs fits" in p.render() and "--checkpoint" in p.render()

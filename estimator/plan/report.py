@@ -103,6 +103,10 @@ def render_plan(p: PlanData, tablefmt: str = "simple") -> str:
         if p.seq is not None:
             sizes.append(("Longest sequence that fits", _fmt_solve(p.seq)))
         parts.append(table(sizes, "Search"))
+    if not p.fits and not p.verdict.suggestions and p.pipeline is None:  # (searched: none fits on any count)
+        parts.append("No number of GPUs fits this strategy at this micro-batch (its activations alone are more than "
+                     "the card holds once the model states are sharded): add --checkpoint, --tp or --cp, a shorter "
+                     "sequence, or a GPU with more memory")
     if not p.fits and p.verdict.suggestions:
         parts.append("Smallest layouts that fit:\n" + "\n".join(
             f"  - {s.describe()}: needs {fmt_bytes(s.needed)}" + (f", step {s.step_time_s * 1e3:,.0f} ms"
