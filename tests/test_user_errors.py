@@ -373,3 +373,13 @@ def test_loops_and_models_the_estimate_cannot_run_as_given_say_what_to_do():
 
     report = estimate(Model(), torch.randn(2, 8), device="cpu")
     assert report.tally.gradients_bytes == (8 * 4 + 4) * 4  # every parameter got its gradient
+
+
+def test_an_unknown_option_points_to_its_subcommands_help(capsys):
+    """argparse's "unrecognized arguments" came from the top-level parser and pointed to 'estimator --help',
+    which does not list a subcommand's options."""
+    from estimator.cli.main import main
+
+    assert main(["estimate", os.path.join(ROOT, "examples", "mlp.py") + ":build", "--bogus"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "estimator: error: unrecognized arguments: --bogus (see 'estimator estimate --help')"

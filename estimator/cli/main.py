@@ -136,7 +136,10 @@ class _HeldWarnings(logging.Handler):
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # (argparse's own message names the top-level parser: the subcommand's help lists the options)
+            where = f"estimator {args.command}" if getattr(args, "command", None) else "estimator"
+            raise UsageError(f"unrecognized arguments: {' '.join(extra)} (see '{where} --help')")
     except UsageError as exc:
         print(f"estimator: error: {exc}", file=sys.stderr)
         return 2
