@@ -560,10 +560,10 @@ def _loss(out):
 
 
 def compare(model, inputs) -> tuple[dict, list[str]]:
-    """The figures that differ (estimate, measured, error) and the ops without a rule."""
-    truth = measure(model, inputs, optimizer="adamw", loss_fn=_loss)
-    d = estimate(model, inputs, loss_fn=_loss, device="cpu", optimizer="adamw").to_dict()
+    """The figures that differ (estimate, measured, error) and the ops without a rule (truth measured first)."""
     first, steady = measure_peaks(copy.deepcopy(model), inputs, lambda p: torch.optim.AdamW(p, lr=1e-3), _loss)
+    truth = measure(copy.deepcopy(model), inputs, optimizer="adamw", loss_fn=_loss)
+    d = estimate(model, inputs, loss_fn=_loss, device="cpu", optimizer="adamw").to_dict()
     pairs = {
         "parameters": (d["memory"]["parameters"], truth["param_bytes"]),
         "gradients": (d["memory"]["gradients"], truth["grad_bytes"]),
