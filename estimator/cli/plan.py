@@ -194,7 +194,7 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
                         "planned under --strategy ddp, e.g. --lora r=16 --quantize int4-dq")
     p.add_argument("--compare", action="store_true",
                    help="one row per strategy (or per --gpus count of --strategy), without and with activation "
-                        "checkpointing (of --checkpoint or the wrap class), the fastest that fits marked")
+                        "checkpointing (of --checkpoint or the wrap class), the fastest marked, e.g. --compare")
     p.add_argument("--gpus-per-node", type=int, default=8, metavar="N",
                    help="GPUs per node: groups larger than this use the inter-node link (default: 8), "
                         "e.g. --gpus-per-node 4")
