@@ -851,3 +851,17 @@ def test_a_layout_that_fits_on_no_number_of_gpus_says_so_and_what_to_change():
     p = Planner(model, x, gpu="T4", precision="fp32").plan("fsdp", 2, solve=())
     assert not p.fits and not p.verdict.suggestions
     assert "No number of GPUs fits" in p.render() and "--checkpoint" in p.render()
+
+
+def test_the_plans_sequence_is_a_sequence():
+    """A plan read dim 1 of any input as its sequence: an image batch planned as "micro-batch 8 x 3" (channels), a
+    feature batch as "8 x 16384" (features).  Token ids and (batch, time, features) frames have one; images and
+    feature vectors none."""
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(), torch.nn.LazyLinear(4))
+    conv(torch.randn(1, 3, 16, 16))
+    cases = [(conv, torch.randn(8, 3, 16, 16), None),
+             (torch.nn.Sequential(torch.nn.Linear(64, 4)), torch.randn(8, 64), None),
+             (torch.nn.Sequential(torch.nn.Linear(64, 4)), torch.randn(8, 10, 64), 10)]
+    for model, x, seq in cases:
+        p = Planner(model, x, gpu="H100").plan("ddp", 1, solve=())
+        assert p.config.seq == seq and ("micro-batch 8 x" in p.render()) is (seq is not None), x.shape

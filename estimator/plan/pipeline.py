@@ -475,7 +475,7 @@ def plan_pipeline(planner: Any, layout: Any, checkpoint: tuple[type, ...], gpu: 
     from .report import Plan
     from .results import Config, PerGpu, Verdict
     from .schedule import matmul_flops
-    from .search import resize_inputs
+    from .search import resize_inputs, sequence_shown
 
     pp, schedule = layout.pp, layout.pp_schedule
     v = stages_per_rank(schedule)
@@ -537,7 +537,7 @@ def plan_pipeline(planner: Any, layout: Any, checkpoint: tuple[type, ...], gpu: 
         shard_group=group.shard * (layout.cp if layout.strategy != "ddp" else 1), rank=0,
         precision=planner.precision.name, optimizer=step.cap.optimizer_name, checkpoint=[c.__name__ for c in checkpoint],
         offload=layout.offload, wrap=[c.__name__ for c in planner.wrap], micro_batch=batch,
-        global_batch=batch * layout.dp * planner.options.grad_accum, seq=planner.seq,
+        global_batch=batch * layout.dp * planner.options.grad_accum, seq=sequence_shown(planner.inputs),
         engine=(planner._engine_text(group) if group.gpus > 1 else "traced: one GPU per stage")
         + f", {shape} ({schedule}, torch.distributed.pipelining's schedule composed)",
         device=planner.device, pp=pp, async_tp=layout.async_tp, pp_schedule=schedule, microbatches=microbatches,

@@ -45,6 +45,7 @@ from .search import (
     largest_fitting,
     position_limit,
     resize_inputs,
+    sequence_shown,
     tokens_per_sample,
 )
 from .tp_dataflow import TPPlan, derive_tp_plan, model_heads
@@ -488,7 +489,8 @@ class Planner:
             shard_group=layout.shard * (layout.cp if layout.strategy != "ddp" else 1), rank=rank,
             precision=self.precision.name, optimizer=step.cap.optimizer_name, checkpoint=[c.__name__ for c in ckpt],
             offload=offload, wrap=[c.__name__ for c in self.wrap], micro_batch=self.batch,
-            global_batch=self.batch * layout.dp * self.options.grad_accum if self.batch else None, seq=self.seq,
+            global_batch=self.batch * layout.dp * self.options.grad_accum if self.batch else None,
+            seq=sequence_shown(self.inputs),
             engine=self._engine_text(layout), device=self.device, cp=layout.cp, ep=layout.ep, etp=layout.etp)
         notes += self._notes(layout, mem) + self.float8_notes + [n for n in [target.lacks(dtype)] if n]
         return Plan(config, per_gpu, Verdict(fits, target.capacity, reserve, needed, target.capacity - needed,

@@ -40,6 +40,16 @@ def input_dims(inputs: Any) -> tuple[int | None, int | None]:
     return batch, seq
 
 
+def sequence_shown(inputs: Any) -> int | None:
+    """The sequence length a plan's title and JSON give: dim 1 of the first integer input with 2 dims (token ids),
+    else of the first floating input with 3 dims (batch, time, features); None for images (dim 1 is channels) and
+    feature vectors (dim 1 is features), which :func:`input_dims` reads as a length for ``--solve seq`` alone."""
+    leaves = [t for t in pytree.tree_leaves(_plain(inputs)) if isinstance(t, torch.Tensor)]
+    ids = [t for t in leaves if t.ndim == 2 and not t.is_floating_point()]
+    frames = [t for t in leaves if t.ndim == 3 and t.is_floating_point()]
+    return int((ids or frames)[0].shape[1]) if ids or frames else None
+
+
 def tokens_per_sample(inputs: Any) -> int | None:
     """Tokens in one sample: dim 1 of the first integer input with 2 dims (B, T), else None."""
     for t in pytree.tree_leaves(_plain(inputs)):
