@@ -329,18 +329,15 @@ def _allocator_streams(cap: Capture, events: list[tuple[int, int, int]], raw: li
     remade = {sid for index, sid, delta in events if index >= 0 and delta < 0} & set(at_start) - set(loaded)
     loaded += [sid for sid in at_start if sid not in set(loaded) and sid not in remade]  # inputs, constants
     stays = set(loaded) | set(cap.sids.get("optimizer_state", ())) | persistent
-    # zero_grad(set_to_none=False): the first step's gradients stay; the second's are added into them
+    # zero_grad(set_to_none=False): the first step's gradients stay; the second's are temporaries added into them,
+    # each freed after its op (in_place_events, as the live-byte replay has them)
     in_place = set(cap.sids.get("gradient", ())) if cap.zero_grad == "in_place" else set()
     streams: list[list[tuple[int, object, int]]] = [[(-2, sid, raw[sid]) for sid in loaded]]
     for step in (1, 2):
         stream, live = [], set()
-        for index, sid, delta in events:
+        for index, sid, delta in (in_place_events(events, {g: g for g in in_place}) if step == 2 else events):
             if (index < 0 and delta > 0 and sid not in remade) or not raw[sid]:
                 continue  # loaded above; or takes no memory on the device
-            if step == 2 and sid in in_place:  # a temporary (AccumulateGrad's new gradient), freed after its op
-                if delta > 0:
-                    stream += [(index, (2, sid), raw[sid]), (index, (2, sid), -raw[sid])]
-                continue
             key = sid if sid in stays else (step, sid)
             if delta > 0:
                 if step == 2 and sid in stays:
