@@ -165,3 +165,34 @@ def test_constructs_the_capture_does_not_model_say_what_to_do(model, needle):
     with pytest.raises(UnsupportedModelError, match=needle.replace("(", r"\(").replace(")", r"\)")) as info:
         estimate(m, x, device="cpu")
     assert "\n" not in str(info.value) and "input shapes" not in str(info.value)
+
+
+class SelectsRowsByMask(torch.nn.Module):
+    """Reads a weight's value (so the step is traced on real tensors), then runs its Linear on the rows an
+    integer mask selects: the step's size depends on the mask's values."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 64)
+
+    def forward(self, x, mask):
+        scale = 2.0 if (self.lin.weight.abs().max() > 0).item() else 1.0
+        return (self.lin(x[mask.bool()]) * scale).float().pow(2).sum()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_cast_real_step_keeps_the_users_input_values(precision):
+    """Under a cast precision (model.to(bf16)) the real fallback took zeros for integer inputs and random floats
+    for the rest: the mask selected no row (matmul FLOPs 0, gradients unused)."""
+    torch.manual_seed(0)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    model, x = SelectsRowsByMask(), torch.randn(32, 64)
+    mask = (torch.arange(32) % 4 != 0).long()  # 24 of 32 rows
+    d = estimate(model, (x, mask), loss_fn=lambda out: out, device="cpu", precision=precision).to_dict()
+    assert d["capture"] == "real"
+    # the same step as the user runs it: weights and floating inputs in the low dtype, the mask as given
+    truth = groundtruth.measure(copy.deepcopy(model).to(dtype), (x.to(dtype), mask), "adamw", loss_fn=lambda out: out)
+    assert d["flops"]["matmul_forward"] == truth["matmul_forward"] > 0  # 2 * 24 * 64 * 64
+    assert d["flops"]["matmul_backward"] == truth["matmul_backward"]
+    assert d["memory"]["activations"] == truth["activation_bytes"]
+    assert d["memory"]["gradients"] == truth["grad_bytes"]

@@ -221,7 +221,9 @@ class Step:
                 self.t_args, self.t_kwargs = pytree.tree_map_only(
                     torch.Tensor, lambda t: t.detach().requires_grad_(t.requires_grad), (args, kwargs))
             else:
-                self.t_args, self.t_kwargs = convert_inputs((args, kwargs), real_base, dtype_of)
+                # (the user's values kept, cast as the precision casts them: a mask, token ids and labels
+                # drive the real step's control flow; only meta or fake inputs are drawn)
+                self.t_args, self.t_kwargs = convert_inputs((args, kwargs), real_base, dtype_of, keep=is_real)
         self.flat_inputs = [t for t in pytree.tree_leaves((self.t_args, self.t_kwargs)) if isinstance(t, torch.Tensor)]
 
     def _enter(self, stack: contextlib.ExitStack) -> None:
