@@ -327,3 +327,26 @@ def test_zero_grad_before_backward_in_validate_and_its_refusals():
     assert zero["before_backward"].per_gpu.peak == zero["after_step"].per_gpu.peak
     assert any("does not apply to DeepSpeed" in n for n in zero["before_backward"].notes)
 
+
+
+def test_a_checkpoint_what_if_turns_off_every_kv_cache_of_the_model():
+    """T5's encoder and decoder stacks hold their own copies of the config: with only the top one's use_cache
+    off, the decoder updated its cache in forward and again in the recomputation (CheckpointError)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.t5.modeling_t5 import T5Block
+
+    cfg = transformers.T5Config(vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2,
+                                num_heads=4, decoder_start_token_id=0, pad_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(cfg)
+    assert model.decoder.config is not model.config and model.decoder.config.use_cache
+    g = torch.Generator().manual_seed(0)
+    inputs = {"input_ids": torch.randint(1, 128, (2, 12), generator=g), "labels": torch.randint(1, 128, (2, 8), generator=g)}
+    report = estimate(model, inputs, device="cpu", checkpoint=T5Block, checkpoint_policy="layer:2")
+    assert model.decoder.config.use_cache  # (put back)
+    real = _checkpointed_copy(model, T5Block, "layer:2")
+    for m in real.modules():  # the real step as transformers runs checkpointing: no cache anywhere
+        if getattr(getattr(m, "config", None), "use_cache", False):
+            m.config.use_cache = False
+    assert report.checkpoint.peak == pytest.approx(_truth(real, inputs, None, "fp32")[1], rel=0.01)
+    assert report.checkpoint.matmul_backward == _real_backward_flops(real, inputs, None, "fp32")

@@ -247,12 +247,15 @@ class Step:
 
             stack.enter_context(compiled_regions(model, opts.compile, self.rec, self._paused, self.notes))
         stack.callback(wrap_checkpointed(model, opts.checkpoint, opts.checkpoint_policy))
-        config = getattr(model, "config", None)
-        if opts.checkpoint and opts.train and getattr(config, "use_cache", None) is True:
+        # every config in the model (T5's stacks and an encoder-decoder's decoder hold their own copies)
+        configs = {id(c): c for m in model.modules() for c in [getattr(m, "config", None)]
+                   if getattr(c, "use_cache", None) is True}
+        if opts.checkpoint and opts.train and configs:
             # transformers turns its KV cache off under gradient checkpointing ("use_cache=True is incompatible
             # with gradient checkpointing"): a cache updated in forward would be updated again by the recomputation
-            config.use_cache = False
-            stack.callback(setattr, config, "use_cache", True)
+            for config in configs.values():
+                config.use_cache = False
+                stack.callback(setattr, config, "use_cache", True)
             self.notes.append("checkpointing: the model's KV cache off (config.use_cache=False), as transformers "
                               "sets it under gradient checkpointing")
         # The traced tensors stand in for the model's own for the whole step (backward recomputation of
