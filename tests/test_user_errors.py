@@ -383,3 +383,36 @@ def test_an_unknown_option_points_to_its_subcommands_help(capsys):
     assert main(["estimate", os.path.join(ROOT, "examples", "mlp.py") + ":build", "--bogus"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "estimator: error: unrecognized arguments: --bogus (see 'estimator estimate --help')"
+
+
+def test_a_forward_error_names_the_module_that_raised_it():
+    """A module's own code that raises before its first op was reported in the previous module's last op ("in
+    module 'encoder.1' in aten.mul.Tensor" for a decoder that needs an input not given)."""
+    import torch
+
+    from estimator import estimate
+    from estimator.errors import UserError
+
+    class Decoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x, ids=None):
+            y = self.lin(x)
+            if ids is None:
+                raise ValueError("decoder needs ids")
+            return y
+
+    class EncDec(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.1))
+            self.decoder = Decoder()
+
+        def forward(self, x, ids=None):
+            return self.decoder(self.encoder(x), ids).sum()
+
+    with pytest.raises(UserError) as err:
+        estimate(EncDec(), torch.randn(2, 8), device="cpu")
+    assert "in module 'decoder': ValueError: decoder needs ids" in str(err.value)

@@ -25,6 +25,10 @@ def guard(rec: Any, fn: Callable[[], Any], hint: Callable[[], str]) -> Any:
         if from_outside(exc):  # an alarm's or a signal's exception: not the model's error
             raise
         where = rec.current_module
+        raised_in = getattr(rec, "raised_in", None)  # the innermost module whose forward raised (step's hooks)
+        if raised_in is not None and raised_in != where and not caused_by(exc, DATA_DEPENDENT):
+            # raised by that module's own code after its last op (or before any): not in the last op recorded
+            where, rec.current_op = raised_in, None
         if caused_by(exc, DATA_DEPENDENT):
             raise ReadsValues(f"module {where or '(root)'!r} reads tensor values in "
                               f"{rec.current_op} ({rec.phase})") from exc

@@ -127,6 +127,7 @@ class Recorder(TorchDispatchMode):
         self.accumulate_owner: Callable[[Any], str] = lambda fn: ""
         self.current_op: Any = None
         self.current_module = ""
+        self.raised_in: str | None = None  # the innermost module whose forward raised (see failures.guard)
         self.n_constants = 0
         # storage bookkeeping
         self.sid_of: dict[int, tuple[int, Any]] = {}  # live storage _cdata -> (sid, weakref to the storage)
@@ -270,6 +271,7 @@ class Recorder(TorchDispatchMode):
             return 0.5
         self.current_op = func
         self.current_module = self.module_stack[-1] if self.module_stack else ""
+        self.raised_in = None  # (an op after a raise: the exception was handled)
         node_args = tuple(self._map(a) for a in args)
         node_kwargs = {k: self._map(v) for k, v in kwargs.items()} if kwargs else {}
         out = (self.substitute.get(id(func)) or run)(*args, **kwargs)

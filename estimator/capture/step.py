@@ -18,6 +18,7 @@ import contextlib
 import functools
 import gc
 import logging
+import sys
 import weakref
 from typing import Any, Callable, Iterator
 
@@ -277,12 +278,15 @@ class Step:
         def pre_hook(mod, _args):
             path = paths.get(id(mod), type(mod).__name__)
             rec.module_stack.append(path)
+            rec.raised_in = None
             if rec.phase == Phase.FORWARD:
                 calls[0] += 1
                 progress("tracing forward", f"{min(99, 100 * calls[0] // total)}% ({path or 'root'})")
 
         def post_hook(mod, _args, output):
             path = rec.module_stack.pop() if rec.module_stack else ""
+            if output is None and rec.raised_in is None and sys.exc_info()[1] is not None:
+                rec.raised_in = path  # its forward raised (torch calls an always_call hook with no output)
             if path not in outputs and rec.phase in FORWARD_PHASES:
                 outputs[path] = [tuple(t.shape) for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor)]
             if rec.phase in FORWARD_PHASES and not rec.compiling:  # (a region compiling swaps in traced buffers)
