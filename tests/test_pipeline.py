@@ -509,3 +509,67 @@ def test_a_pipeline_under_fsdp_bf16_is_timed_against_the_bf16_peak():
     def per_token(p):  # model FLOPs per token / peak: MFU x step time x GPUs / tokens per step
         return p.flops.mfu * p.time.step_time_s * p.config.gpus / (p.config.global_batch * SEQ)
     assert per_token(piped) == pytest.approx(per_token(flat), rel=0.02)
+
+
+class _ScaledBlock(torch.nn.Module):
+    """A ConvNeXt-like block: a parameter of its own (layer scale) beside a child with parameters."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.gamma = torch.nn.Parameter(torch.ones(c, 1, 1))
+        self.conv = torch.nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x):
+        return x + self.gamma * self.conv(x)
+
+
+class _StagedNet(torch.nn.Module):
+    """Stages of blocks (as ConvNeXt's), the pipelined stack the last stage's blocks: the first stage's blocks,
+    each with parameters of its own and a child's, run before it."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.stage0 = torch.nn.Sequential(_ScaledBlock(8), _ScaledBlock(8))
+        self.down = torch.nn.Conv2d(8, 16, 2, stride=2)
+        self.stage1 = torch.nn.Sequential(*[_ScaledBlock(16) for _ in range(4)])
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.head(self.stage1(self.down(self.stage0(self.stem(x)))).mean((2, 3)))
+
+
+def test_modules_before_the_stack_are_replaced_whole():
+    """Every module with parameters before the stack was a stand-in of its own, nested ones too: the stand-in of
+    stage0.0 replaced it, then stage0.0.conv was looked up in the stand-in (ConvNeXt's raw AttributeError).
+    Truth: the real modules' outputs and the model's own parameter count."""
+    from estimator.plan.pipeline import find_split, stage_model
+
+    torch.manual_seed(0)
+    model, x = _StagedNet(), torch.randn(4, 3, 8, 8)
+    planner = Planner(model, (x,), gpu="H100", device="cpu", precision="fp32",
+                      loss_fn=lambda out: out.float().pow(2).mean())
+    split = find_split(model, planner.reference().cap)
+    assert split.repeats.path == "stage1" and list(split.before) == ["stem", "stage0", "down"]
+    assert split.after == ["head"]
+    stage = stage_model(model, split, 1, 2, batch=2).model
+    assert stage.stage0(x[:2]).shape == model.stage0(model.stem(x[:2])).shape
+    plan = planner.plan("ddp", 2, pp=2, solve=())
+    held = [s["parameters"] for s in plan.to_dict()["pipeline"]["per_stage"]]
+    assert sum(held) == 4 * sum(p.numel() for p in model.parameters())  # fp32: every parameter on one stage
+
+
+def test_an_encoder_decoder_is_refused_in_one_line():
+    """The decoder layers read the encoder's output in cross-attention: a stage receives only the block before
+    it, so a later stage's decoder layers met a stand-in of the encoder (a shape error deep in the model)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BartConfig(d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_layers=2,
+                                  decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+                                  vocab_size=100, max_position_embeddings=32)
+    torch.manual_seed(0)
+    model = transformers.BartForConditionalGeneration(cfg)
+    ids = torch.randint(0, 100, (4, 16), generator=torch.Generator().manual_seed(0))
+    planner = Planner(model, {"input_ids": ids, "labels": ids}, gpu="H100", device="cpu", precision="fp32")
+    with pytest.raises(UserError, match="reads the output of model.encoder.*drop --pp") as info:
+        planner.plan("ddp", 2, pp=2, solve=())
+    assert "\n" not in str(info.value)

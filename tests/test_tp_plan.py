@@ -394,3 +394,18 @@ def test_an_in_place_op_on_a_tensor_parallel_output_is_refused_as_a_real_run_ref
     with pytest.raises(UserError, match="modifies a tensor-parallel layer's output in place.*without --tp") as err:
         Planner(model, inputs, gpu="H100").plan("fsdp", 4, tp=2, solve=())
     assert "check the input shapes" not in str(err.value)
+
+
+def test_tp_on_a_model_with_only_a_head_to_split_is_refused():
+    """A stack of Linears ending in a 1-wide head: no column/row pair in the blocks, only the head 'split': the
+    plan was made (each rank holding the whole trunk at half the data-parallel degree: 75,268 B of parameters
+    per rank at tp 1, 149,508 at tp 2)."""
+    from estimator.errors import UserError
+    from estimator.plan import plan
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 1))
+    with pytest.raises(UserError, match="no Linear layer pairs.*only the output head or the embedding.*--tp 1"):
+        plan(model, torch.randn(8, 16), gpu="H100", gpus=4, strategy="fsdp", tp=2, device="cpu", precision="fp32",
+             loss_fn=lambda out: out.pow(2).mean(), solve=())

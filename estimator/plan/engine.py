@@ -228,8 +228,13 @@ def build(model: torch.nn.Module, layout: Layout, precision: PlanPrecision, unit
     if precision.step.cast is not None:
         m.to(precision.step.cast)
     if layout.tp > 1:
-        if tp_plan is None or tp_plan.empty:
-            raise UserError(f"--tp {layout.tp}: no Linear layer pairs to split were found in the blocks; use --tp 1")
+        if tp_plan is None or not (tp_plan.colwise or tp_plan.rowwise):
+            # (a head or an embedding alone: every block's weights replicated on each of the tp ranks, so the
+            # data-parallel degree falls and each rank holds more than without --tp)
+            alone = " (only the output head or the embedding would be split)" if tp_plan is not None and \
+                not tp_plan.empty else ""
+            raise UserError(f"--tp {layout.tp}: no Linear layer pairs to split were found in the blocks{alone}; "
+                            f"use --tp 1")
         apply_tp(m, tp_plan, _submesh(mesh, ("tp",)), layout.sequence_parallel,
                  layout.loss_parallel and tp_plan.head is not None)
     experts: list[str] = []

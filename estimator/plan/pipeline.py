@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
+import torch.utils._pytree as pytree
 
 from ..capture.blocks import Repeats, block_kinds, find_repeats, shortened
 from ..errors import UserError
@@ -237,26 +238,57 @@ def find_split(model: torch.nn.Module, cap: Any) -> Split:
     start, end = min(inside), max(inside)
     before: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
     after: list[str] = []
-    for path, module in model.named_modules():
-        if not path or path == repeats.path or path.startswith(repeats.path + ".") \
-                or repeats.path.startswith(path + "."):
-            continue
-        if not any(True for _ in module.parameters(recurse=False)):
-            continue
-        first = min((i for p, i in order.items() if p == path or p.startswith(path + ".")), default=None)
-        if first is None:
-            continue
-        if first < start:
-            shapes = cap.module_outputs.get(path)
-            if not shapes:
-                raise UserError(f"--pp: the output of {path} (before the stack of blocks) was not recorded")
-            before[path] = (tuple(shapes[0]), _dtype_of(cap, path))
-        elif first > end:
-            after.append(path)
+    # the outermost modules beside the stack (the children of its ancestors): an embedding, an encoder, a
+    # head; each a stand-in on the stages it does not run on (a module inside one of them is its own)
+    parts = repeats.path.split(".")
+    ancestors = [".".join(parts[:i]) for i in range(len(parts))]
+    for anc in ancestors:
+        for name, module in model.get_submodule(anc).named_children():
+            path = f"{anc}.{name}" if anc else name
+            if path == repeats.path or path in ancestors or not any(True for _ in module.parameters()):
+                continue  # (a module without parameters runs on every stage: rotary tables, dropout)
+            first = min((i for p, i in order.items() if p == path or p.startswith(path + ".")), default=None)
+            if first is None:
+                continue
+            if first < start:
+                shapes = cap.module_outputs.get(path)
+                if not shapes:
+                    raise UserError(f"--pp: the output of {path} (before the stack of blocks) was not recorded")
+                before[path] = (tuple(shapes[0]), _dtype_of(cap, path))
+            elif first > end:
+                after.append(path)
+    _check_one_input(cap, repeats, before, after)
     block = cap.module_outputs.get(f"{repeats.path}.0")
     if not block:
         raise UserError("--pp: the first block's output was not recorded")
     return Split(repeats, before, after, (tuple(block[0]), _dtype_of(cap, f"{repeats.path}.0")), kinds)
+
+
+def _check_one_input(cap: Any, repeats: Any, before: dict, after: list[str]) -> None:
+    """Refuse a split whose later blocks or modules after the stack read what a module before it made (an
+    encoder-decoder's decoder layers read the encoder's output in cross-attention; a decoder after an encoder
+    stack reads its own embeddings): a pipeline stage receives only the previous block's output."""
+    from ..graph import OpNode
+
+    made_by = {id(n): n.meta.get("module", "") for n in cap.records if n.meta.get("phase") == "forward"}
+    heads = tuple(before)
+
+    def later(path: str) -> bool:  # run on a stage that does not run the modules before the stack
+        if path.startswith(repeats.path + "."):
+            return path[len(repeats.path) + 1:].split(".")[0] != "0"
+        return any(path == a or path.startswith(a + ".") for a in after)
+
+    for node in cap.nodes:
+        path = node.meta.get("module", "")
+        if node.meta.get("phase") != "forward" or not later(path):
+            continue
+        for arg in pytree.tree_leaves((node.args, node.kwargs)):
+            src = made_by.get(id(arg)) if isinstance(arg, OpNode) else None
+            hit = next((h for h in heads if src is not None and (src == h or src.startswith(h + "."))), None)
+            if hit is not None:
+                raise UserError(f"--pp: {path} reads the output of {hit}, which runs before the stack of blocks "
+                                f"({repeats.path}; an encoder-decoder's decoder reads its encoder's and its own "
+                                f"embeddings): a pipeline stage receives only the block before it; drop --pp")
 
 
 def _dtype_of(cap: Any, path: str) -> torch.dtype:
