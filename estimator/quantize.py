@@ -77,18 +77,18 @@ def check_scheme(scheme: str | None, mode: str, lora: bool = False) -> None:
 
 def _quantizable(cap: Any) -> list[tuple[str, int, int, int]]:
     """(module path, output features, input features, bytes per weight) of every layer the what-if quantizes:
-    ``nn.Linear`` and transformers' ``Conv1D`` (GPT-2; weight stored in x out), as transformers'
+    ``nn.Linear`` and its subclasses and transformers' ``Conv1D`` (GPT-2; weight stored in x out), as transformers'
     ``replace_with_bnb_linear`` picks them, less what ``get_keys_to_not_convert`` keeps: the output
     head (``lm_head``), the module holding the last parameter, and tied weights (owned by another module)."""
     last_owner = cap.param_owner[next(reversed(cap.params))] if cap.params else None
     layers = []
     for path, kind in cap.module_types.items():
-        if kind not in ("Linear", "Conv1D") or path == last_owner or path.rpartition(".")[2] == "lm_head":
+        if kind not in ("Linear", "Conv1D", *cap.linear_classes) or path == last_owner or path.rpartition(".")[2] == "lm_head":
             continue
         weight = cap.params.get(f"{path}.weight")
         if weight is None or weight.ndim != 2:  # tied: the weight is owned by another module
             continue
-        rows, cols = weight.shape if kind == "Linear" else tuple(reversed(weight.shape))
+        rows, cols = tuple(reversed(weight.shape)) if kind == "Conv1D" else weight.shape
         layers.append((path, rows, cols, weight.element_size()))
     return layers
 

@@ -131,6 +131,9 @@ class Capture:
     # a step of generate() (see .generate): stage, prompt_len, new_tokens, cache, cache_class, batch, cached
     # (tokens in the cache after the step) and one row per layer of the cache
     generation: dict[str, Any] | None = None
+    # class names of the model's nn.Linear subclasses (Falcon's FalconLinear): Linear layers by isinstance, as
+    # transformers' bitsandbytes integration picks them (module_types holds class names only)
+    linear_classes: frozenset[str] = frozenset()
     _fx: fx.Graph | None = None
 
     def node_order(self, middle: str = "accumulate") -> list[int]:

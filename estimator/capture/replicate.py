@@ -398,7 +398,7 @@ class _Expansion:
             storage_bytes=sizes, storage_dtype=dtypes, events=[(i, renumber[s], d) for i, s, d in events],
             sids=sids, fallback_reason=cap.fallback_reason, assumptions=list(cap.assumptions),
             keep_output=cap.keep_output, grad_accum=cap.grad_accum, clip_grad_norm=cap.clip_grad_norm,
-            zero_grad=cap.zero_grad)
+            zero_grad=cap.zero_grad, linear_classes=cap.linear_classes)
 
     def _owners_renamed(self, table: dict[str, str]) -> dict[str, str]:
         """Parameter name -> owning module path, for every block."""

@@ -577,6 +577,8 @@ class Step:
             mode="fake" if self.fake else "real",
             loss_source=self.loss_source,
             module_types=self.module_types,
+            linear_classes=frozenset(type(m).__name__ for m in self.model.modules()
+                                     if isinstance(m, torch.nn.Linear) and type(m) is not torch.nn.Linear),
             module_outputs=self.module_outputs,
             params=self.params,
             param_owner=self.param_owner,
