@@ -147,7 +147,8 @@ class Linear4bit(nn.Module):
         if x.numel() <= self.fused_rows * self.in_features and not torch.is_grad_enabled():
             absmax = self.absmax if not self.double_quant else self.absmax2
             out = GEMM_4BIT(x, self.weight, absmax, self.out_features, self.in_features)
-            return out if bias is None else out + bias
+            # (the bias added into the output: in place on the CPU, ``result += bias``; fused on CUDA)
+            return out if bias is None else out.add_(bias)
         absmax = self.absmax
         if self.double_quant:
             absmax = DEQUANTIZE_BLOCKWISE(self.absmax, self.absmax2, self.code2) + self.offset
