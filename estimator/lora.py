@@ -11,9 +11,10 @@ peft's adapters (peft 0.21, ``tuners/lora/layer.py`` ``Linear`` and, over a 4-bi
     result = result + lora_B(lora_A(dropout(x))) * scaling
     result = result.to(result's dtype before)    # (4-bit base: the LoRA output cast first, then added)
 
-``targets``: module names (the last part of a path, as peft's ``target_modules`` list matches them) joined by
-``+``, or ``all-linear`` (the default: every Linear but the output head, peft's ``"all-linear"`` and the QLoRA
-paper's choice).  The model given is not changed: :func:`prepare_finetune` returns a copy of its module tree with
+``targets``: module names (a path's last part or a dotted suffix of it, as peft's ``target_modules`` list matches
+them) joined by ``+``, or ``all-linear`` (the default, peft's ``"all-linear"`` and the QLoRA paper's choice: every
+Linear but a transformers model's output embeddings; a model of any other kind has every Linear adapted, as peft
+does).  The model given is not changed: :func:`prepare_finetune` returns a copy of its module tree with
 the replaced layers (parameters shared, not copied).
 """
 
@@ -41,7 +42,7 @@ class LoraSpec:
 
     def describe(self) -> str:
         return (f"LoRA r={self.r}, alpha={self.alpha:g}, dropout={self.dropout:g} on "
-                f"{'every Linear but the output head' if self.targets == ('all-linear',) else '+'.join(self.targets)}")
+                f"{'all-linear' if self.targets == ('all-linear',) else '+'.join(self.targets)}")
 
 
 def parse_lora(spec: Any) -> LoraSpec | None:
@@ -118,15 +119,34 @@ class LoraLinear(nn.Module):
         return result.to(before)
 
 
+def peft_head(model: nn.Module) -> nn.Module | None:
+    """The layer peft's ``"all-linear"`` leaves out (``_maybe_include_all_linear_layers``): a transformers model's
+    ``get_output_embeddings()``; None for any other model (a user's module, a sequence classifier: peft adapts every
+    Linear then, the head too)."""
+    if not any(c.__name__ == "PreTrainedModel" for c in type(model).__mro__):
+        return None
+    try:
+        return model.get_output_embeddings()
+    except Exception:  # noqa: BLE001 (a model whose getter raises: no head left out)
+        return None
+
+
+def _named(path: str, target: str) -> bool:
+    """peft's ``target_modules`` match: the module's name or a dotted suffix of its path (``self_attn.qkv_proj``)."""
+    return path == target or path.endswith("." + target)
+
+
 def _targets(model: nn.Module, spec: LoraSpec) -> list[tuple[str, nn.Linear]]:
-    linears = linear_layers(model, head=spec.targets != ("all-linear",))
+    linears = [(n, m) for n, m in linear_layers(model, head=True)]
     if spec.targets == ("all-linear",):
+        head = peft_head(model)
+        linears = [(n, m) for n, m in linears if m is not head]
         if not linears:
             raise UserError("--lora adapts the Linear layers but the output head (peft's all-linear), and this model "
                             "has none besides its head: name the layers with targets=NAME+NAME")
         return linears
-    chosen = [(p, m) for p, m in linears if p.rsplit(".", 1)[-1] in spec.targets]
-    missing = sorted(set(spec.targets) - {p.rsplit(".", 1)[-1] for p, _ in chosen})
+    chosen = [(p, m) for p, m in linears if any(_named(p, t) for t in spec.targets)]
+    missing = sorted(t for t in spec.targets if not any(_named(p, t) for p, _ in chosen))
     if missing:
         names = sorted({p.rsplit(".", 1)[-1] for p, _ in linears})
         raise UserError(f"--lora targets {', '.join(missing)} name no Linear layer of the model; its Linear layers "
@@ -170,6 +190,9 @@ def prepare_finetune(model: nn.Module, lora: LoraSpec | None, quantize: dict | N
                      f"{len(swaps)} Linear layers (two weights per stored byte); "
                      f"the output head and the other parameters as they are, frozen")
     targets = _targets(model, lora)
+    if lora.targets == ("all-linear",) and peft_head(model) is None:
+        notes.append("peft's all-linear leaves out only a transformers model's output embeddings: every Linear of "
+                     "this model adapted, its last (a classifier head) too")
     for path, m in targets:
         swaps[path] = LoraLinear(swaps.get(path, m), *linear_dims(m), lora, path in swaps)
     trained = {id(p) for path, _ in targets for p in (swaps[path].lora_A.weight, swaps[path].lora_B.weight)}

@@ -305,18 +305,6 @@ def test_api_messages_say_where_the_user_went_wrong():
     assert all(type(k) is str for k in breakdown)  # plain strings, not Category members
 
 
-def test_lora_on_a_model_whose_only_linear_is_its_head_says_so():
-    import torch
-    from torch import nn
-
-    from estimator import estimate
-    from estimator.errors import UserError
-
-    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
-    with pytest.raises(UserError, match="none besides its head"):
-        estimate(model, torch.randn(2, 3, 8, 8), lora="r=2", device="cpu")
-
-
 def test_a_prompt_past_the_positions_says_so_in_the_api():
     """GPT-2's 1,024 positions and a prompt of 2,000 tokens: the API's error named an IndexError in the embedding
     (the command line's joined a warning); it says the prompt runs past the positions, as for too many new tokens."""
