@@ -163,6 +163,11 @@ def test_docs_document_every_json_key(report):
     documented(d["memory"], schema)
     documented(d["flops"], schema)
     documented(d["modules"][0], schema)
+    # a timed estimate's step time and fit (the fixture's has neither: no --gpu)
+    timed = estimate(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)),
+                     torch.randn(4, 16), gpu="H100", loss_fn=lambda out: out.pow(2).mean()).to_dict()
+    documented(timed["step_time"], schema)
+    documented(timed["fit"], schema)
     top_level = re.findall(r'^[{ ]"(\w+)":', schema, flags=re.M)
     assert set(top_level) <= set(d), f"docs/json.md documents keys the JSON does not have: {set(top_level) - set(d)}"
 
