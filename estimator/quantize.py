@@ -95,16 +95,24 @@ def _quantizable(cap: Any) -> list[tuple[str, int, int, int]]:
 
 def _scheme_bytes(cap: Any, device: str, scheme: str) -> tuple[int, int, int, int, int]:
     """(layers, elements, exact bytes before, exact bytes after, bytes the peak moves by) of ``scheme`` on the
-    traced weights: each tensor rounded as the target's allocator does, less, for int4, one layer's weight
-    dequantized to 16 bits (an upper bound: that temporary is counted at the peak)."""
-    from .memory import round_cuda
+    traced weights.  The peak's move is the step's timeline simulated again with each quantized weight's storage
+    at its quantized bytes and the 16-bit copies autocast caches of those weights gone (a quantized layer makes
+    none: bitsandbytes casts its input), the peak wherever it then lands (BLOOM's int8 peak moves from the head
+    to an MLP: -25 % when taken at the same moment), plus, for int4, one layer's weight dequantized to 16 bits
+    (an upper bound: that temporary is counted at the peak)."""
+    from .memory import round_cuda, simulate
 
+    memo = cap.__dict__.setdefault("_quantized", {})  # (a report asks again for its headline and its table)
+    if (device, scheme) in memo:
+        return memo[device, scheme]
     rnd = round_cuda if device == "cuda" else (lambda n: n)
     spec = QUANT_SCHEMES[scheme]
     layers = _quantizable(cap)
-    copies = _autocast_copies(cap, {f"{path}.weight" for path, *_ in layers})
-    exact_before = exact_after = rounded_saved = elements = largest = 0
-    for _path, rows, cols, size in layers:
+    weight_sid = {str(n.target)[len("param_"):]: n.meta["storage"][0] for n in cap.records
+                  if n.op == "placeholder" and str(n.target).startswith("param_") and n.meta.get("storage")}
+    resize = {sid: 0 for sid in _autocast_copies(cap, {f"{path}.weight" for path, *_ in layers})}
+    exact_before = exact_after = elements = largest = 0
+    for path, rows, cols, size in layers:
         n = rows * cols
         elements += n
         if spec["bits"] == 8:
@@ -114,11 +122,14 @@ def _scheme_bytes(cap: Any, device: str, scheme: str) -> tuple[int, int, int, in
             largest = max(largest, rnd(INT4_COMPUTE_BYTES * n))
         exact_before += n * size
         exact_after += sum(tensors)
-        rounded_saved += rnd(n * size) - sum(rnd(t) for t in tensors)
-    # under autocast the traced forward caches a 16-bit copy of each of those weights (``_to_copy`` of the
-    # parameter, held to the end of the autocast region); a quantized layer has none (bitsandbytes casts its input)
-    rounded_saved += sum(rnd(cap.storage_bytes[sid]) for sid in copies)
-    return len(layers), elements, exact_before, exact_after, rounded_saved - largest
+        sid = weight_sid.get(f"{path}.weight")
+        if sid is not None:  # (the statistics as the weight's storage grown: the allocator rounds them apart)
+            resize[sid] = sum(rnd(t) for t in tensors) if device == "cuda" else sum(tensors)
+    before = simulate(cap, device, allocator=False, need=False)
+    after = simulate(cap, device, resize=resize, allocator=False, need=False)
+    moved = max(before.peak, before.peak_first_step) - max(after.peak, after.peak_first_step)
+    memo[device, scheme] = len(layers), elements, exact_before, exact_after, moved - largest
+    return memo[device, scheme]
 
 
 def _autocast_copies(cap: Any, weights: set[str]) -> set[int]:
