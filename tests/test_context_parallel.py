@@ -219,3 +219,38 @@ def test_a_layout_that_does_not_fit_suggests_more_gpus_with_the_same_cp():
     assert not p.fits and p.verdict.suggestions, p.verdict
     assert all(s.cp == 2 and "x cp 2" in s.describe() for s in p.verdict.suggestions), p.verdict.suggestions
     assert any(s.gpus > 2 for s in p.verdict.suggestions)
+
+
+class _WholeSequenceTable(torch.nn.Module):
+    """Causal SDPA attention after adding a position table built for the whole sequence (as a sliding-window mask
+    or a relative bias of the full length is): on a rank's half of the sequence the shapes disagree."""
+
+    def __init__(self, seq: int = 16):
+        super().__init__()
+        self.embed, self.head = torch.nn.Embedding(64, 32), torch.nn.Linear(32, 64)
+        self.table = torch.nn.Parameter(torch.zeros(seq, 32))
+
+    def forward(self, ids):
+        x = self.embed(ids) + self.table  # (B, T_local, 32) + (T_full, 32)
+        q = x.view(x.shape[0], x.shape[1], 2, 16).transpose(1, 2)
+        y = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        return self.head(y.transpose(1, 2).flatten(2)).logsumexp(-1).mean()
+
+
+@pytest.mark.parametrize("model,inputs,message", [
+    # images and feature vectors have no sequence: dim 1 (channels, features) was split as one
+    (lambda: torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(), torch.nn.LazyLinear(4)),
+     lambda: (torch.randn(2, 3, 8, 8),), "shards a sequence: the inputs have none"),
+    (lambda: torch.nn.Linear(20, 4), lambda: (torch.randn(2, 20),), "shards a sequence: the inputs have none"),
+    # a forward that fails on the shard (T5's relative bias, Gemma's sliding-window masks): named as --cp's
+    (_WholeSequenceTable, lambda: (torch.zeros(2, 16, dtype=torch.long),),
+     r"--cp 2: the forward failed on a rank's 1/2 of the sequence.*before its first call.*plan it without --cp"),
+])
+def test_models_the_ring_cannot_split_are_refused_in_one_line(model, inputs, message):
+    m = model()
+    if isinstance(m, torch.nn.Sequential):  # (the lazy layer initialised: a model the planner takes)
+        m(*inputs())
+    planner = Planner(m, inputs(), gpu="H100", precision="fp32", loss_fn=lambda out: out.float().mean())
+    with pytest.raises(UserError, match=message) as info:
+        planner.plan("fsdp", 2, cp=2, solve=())
+    assert "\n" not in str(info.value) and "check the input shapes" not in str(info.value)

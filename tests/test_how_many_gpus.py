@@ -138,3 +138,21 @@ def test_compare_keeps_to_the_strategy_given(capsys):
                  "--strategy", "fsdp"]) == 0
     rows = json.loads(capsys.readouterr().out)["plans"]
     assert {r["strategy"] for r in rows} == {"fsdp"} and len(rows) == 2  # without and with checkpointing
+
+
+def test_a_comparison_at_a_given_mfu_says_its_times_are_at_that_mfu():
+    """--mfu 0.4 with --compare: the Time to train column took the given MFU while Tokens/s/GPU and MFU were the
+    plan's (a row read 6,453 tokens/s/GPU, MFU 0.0 %, beside 11.5 s for 1e9 tokens), unsaid."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Linear(32, 64))
+    ids = torch.randint(0, 64, (4, 16))
+    planner = Planner(model, ids, gpu="H100", loss_fn=lambda out: out.float().pow(2).mean())
+    cmp = planner.compare([2, 4], strategies=["ddp"], tokens=1e9, mfu=0.4, with_checkpointing=False)
+    text = str(cmp)
+    assert "Time to train (MFU 40%)" in text and "at the MFU given (--mfu 0.4" in text
+    assert "Time to train (at the MFU given, 40%)" in cmp._repr_html_()
+    for p in cmp.plans:  # the column's figure: the budget's steps at the given MFU (not the planned step time)
+        assert p.time_to_train_s == pytest.approx(p.training.steps * p.flops.model_flops_per_step_per_gpu
+                                                  / (0.4 * p.flops.peak_flops_per_s))

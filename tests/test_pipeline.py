@@ -573,3 +573,23 @@ def test_an_encoder_decoder_is_refused_in_one_line():
     with pytest.raises(UserError, match="reads the output of model.encoder.*drop --pp") as info:
         planner.plan("ddp", 2, pp=2, solve=())
     assert "\n" not in str(info.value)
+
+
+def test_a_pipeline_ranks_time_rows_are_its_own_stages_and_add_up():
+    """The step-time rows under --pp were one traced stage's (its compute), the rest of the step shown as 'GPU
+    waiting for kernel launches': compute 12.1 / 4.3 / 8.1 ms for the same rank's work under three schedules.
+    Now: the reported rank's stages summed, its idle time the bubble row, the rows adding up to the step."""
+    planner = _planner()
+    got = {}
+    for schedule in ("gpipe", "1f1b", "interleaved-1f1b"):
+        p = planner.plan("ddp", 2, pp=2, pp_schedule=schedule, microbatches=4, solve=())
+        t = p.time
+        assert t.compute_s + t.exposed_comm_s + t.launch_wait_s + t.offload_s + t.bubble_s == \
+            pytest.approx(t.step_time_s)
+        assert 0 < t.bubble_s < t.step_time_s
+        # the rank's stages' traced steps (all of their micro-batches each) and its bubble make the step
+        mine = [st for st in p.pipeline["per_stage"] if st["rank"] == p.pipeline["worst_rank"]]
+        assert sum(st["step_s"] for st in mine) + t.bubble_s == pytest.approx(t.step_time_s)
+        assert t.compute_s <= sum(st["step_s"] for st in mine)
+        got[schedule] = {st["stage"]: st["step_s"] for st in p.pipeline["per_stage"]}
+    assert got["gpipe"] == pytest.approx(got["1f1b"])  # (the same stages traced: the same work)

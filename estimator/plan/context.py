@@ -108,8 +108,9 @@ def check_ring(calls: Calls) -> None:
                         "attn_implementation='sdpa') or plan without --cp")
 
 
-def cp_error(exc: UserError) -> None:
-    """The one-line errors of attention torch's ring cannot take (raised from ``exc``), else nothing."""
+def cp_error(exc: UserError, cp: int = 2, calls: Calls | None = None) -> None:
+    """The one-line errors of attention torch's ring cannot take (raised from ``exc``): the known refusals, then any
+    forward that failed on the rank's shard of the sequence (``calls``: the attention calls it made before)."""
     text = str(exc)
     if "Load balancing requires" in text:
         raise UserError("--cp: torch's context parallelism splits causal attention only (its load-balanced ring); "
@@ -121,6 +122,13 @@ def cp_error(exc: UserError) -> None:
     if "attn_bias is not supported" in text or "passes an attention mask" in text:
         raise UserError("--cp: the model passes an attention mask, which torch's ring attention does not take "
                         "(causal or unmasked attention only): plan it without --cp") from exc
+    if text.startswith("the forward pass failed"):  # (on 1/cp of the sequence: a model that is not cp-ready)
+        before = "" if calls is None or calls.count else (" before its first call of "
+                                                           "torch.nn.functional.scaled_dot_product_attention")
+        raise UserError(f"--cp {cp}: the forward failed on a rank's 1/{cp} of the sequence{before}: torch's context "
+                        f"parallelism takes causal attention through scaled_dot_product_attention, without masks, "
+                        f"sliding windows or position tables of the whole sequence; plan it without --cp "
+                        f"({text.removeprefix('the forward pass failed ').split('; check ')[0]})") from exc
 
 
 @contextlib.contextmanager

@@ -403,13 +403,14 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
                     else contextlib.nullcontext()
                 masks = full_length_masks(model) if layout.sequence_parallel else contextlib.nullcontext()
                 with ring as calls, engine_warnings_as_notes(notes), masks:
+                    ring_calls = calls
                     cap = capture(model, inputs, replace(options, prepare=prepare, accumulate=accumulate,
                                                          replicate=replicate), progress=progress)
                 if layout.cp > 1:
                     check_ring(calls)
         except UserError as exc:
             if layout.cp > 1:
-                cp_error(exc)
+                cp_error(exc, layout.cp, locals().get("ring_calls"))
             if layout.tp > 1 and not str(exc).startswith("--"):  # (a layout's own error says what to fix)
                 lp = ("; under --loss-parallel the loss must be cross-entropy on the logits, the only loss torch's "
                       "loss_parallel supports") if layout.loss_parallel else ""

@@ -27,6 +27,7 @@ TIME_PARTS = (("compute", "compute", "#4e79a7"),
               ("exposed", "communication the compute waits for (exposed)", "#e15759"),
               ("launch", "the GPU waiting for the host to launch kernels", "#bab0ac"),
               ("offload", "host transfers (offload)", "#edc948"),
+              ("bubble", "pipeline bubble: the rank waiting on other stages", "#d4a6c8"),
               ("hidden", "communication hidden behind compute (the thin bar beneath)", "#f28e2b"))
 
 
@@ -50,11 +51,12 @@ def memory_parts(p: PlanData) -> list[tuple[str, int]]:
 
 def time_parts(p: PlanData) -> list[tuple[str, float]]:
     """(part, seconds) of one step: compute, the exposed communication, the GPU idle while the host launches
-    kernels (a small model's step is launch-bound), host transfers (these four add up to the step time), and
+    kernels (a small model's step is launch-bound), host transfers, a pipeline rank's bubble (these five add up
+    to the step time), and
     the hidden communication (drawn under the compute it overlaps, not after the step)."""
     t = p.time
     return [("compute", t.compute_s), ("exposed", t.exposed_comm_s), ("launch", t.launch_wait_s),
-            ("offload", t.offload_s),
+            ("offload", t.offload_s), ("bubble", t.bubble_s),
             ("hidden", max(t.comm_s - t.exposed_comm_s, 0.0))]
 
 
@@ -135,8 +137,10 @@ def table_html(result: Any, duration: Callable[[float | None], str]) -> str:
     plans = plans_of(result)
     best = getattr(result, "recommended", plans[0] if plans[0].fits else None)
     esc = html.escape
+    given = next((p.training.mfu_given for p in plans if p.training is not None and p.training.mfu_given), None)
+    at = f" (at the MFU given, {given * 100:g}%)" if given else ""
     head = ("<tr><th>Layout</th><th>Micro-batch</th><th>Needs / GPU</th><th>Capacity</th><th>Fits</th>"
-            "<th>Max batch</th><th>Step time</th><th>Exposed comm.</th><th>MFU</th><th>Time to train</th></tr>")
+            f"<th>Max batch</th><th>Step time</th><th>Exposed comm.</th><th>MFU</th><th>Time to train{at}</th></tr>")
     body = []
     for p in plans:
         mark = " style=\"font-weight:600;background:#e8f5e9\"" if p is best and len(plans) > 1 else ""

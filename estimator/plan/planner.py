@@ -430,13 +430,7 @@ class Planner:
             raise UserError(f"--float8-all-gather is FSDP2's all-gather in float8: use --strategy fsdp or hsdp, "
                             f"not {layout.strategy}")
         check_budget(tokens, samples, steps, mfu)
-        if tp > 1:
-            heads = model_heads(self.model)
-            bad = sorted({h for h in heads.values() if h % tp})
-            if bad:
-                where = next(k for k, v in heads.items() if v == bad[0])
-                raise UserError(f"--tp {tp} does not divide the {bad[0]} attention heads ({where}); "
-                                f"use a divisor of {bad[0]}")
+        self._check_model_takes(tp, cp)
         ckpt = resolve_classes(self.model, checkpoint, "--checkpoint")
         if layout.pp > 1:  # every stage traced and composed with its schedule (estimator.plan.pipeline)
             from .pipeline import plan_pipeline
@@ -498,6 +492,20 @@ class Planner:
                     self._checkpoint_size(layout, step, mem), notes)
 
     # -- pieces of a plan -------------------------------------------------------------------------------------
+    def _check_model_takes(self, tp: int, cp: int) -> None:
+        """One-line errors for degrees the model cannot take: ``tp`` not dividing its attention heads, ``cp`` on
+        inputs without a sequence."""
+        if tp > 1:
+            heads = model_heads(self.model)
+            bad = sorted({h for h in heads.values() if h % tp})
+            if bad:
+                where = next(k for k, v in heads.items() if v == bad[0])
+                raise UserError(f"--tp {tp} does not divide the {bad[0]} attention heads ({where}); "
+                                f"use a divisor of {bad[0]}")
+        if cp > 1 and sequence_shown(self.inputs) is None:
+            raise UserError(f"--cp {cp} shards a sequence: the inputs have none (token ids (batch, seq) or frames "
+                            f"(batch, time, features); images and feature vectors are not split by --cp): drop --cp")
+
     def _engine_text(self, layout: Layout) -> str:
         return engine_text(layout, self.precision, self.zero_semantics)
 

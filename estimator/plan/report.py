@@ -12,7 +12,7 @@ from html import escape as html_escape
 from tabulate import tabulate
 
 from ..render import fmt_bytes, fmt_flops, step_time_words
-from .results import (ComparisonData, PlanData, Solve, gpu_hours, gpu_seconds_per_sample, samples_per_s,
+from .results import (ComparisonData, Config, PlanData, Solve, gpu_hours, gpu_seconds_per_sample, samples_per_s,
                       tokens_per_s_per_gpu)
 from .traced import ROW_TITLES, ROWS
 
@@ -62,8 +62,49 @@ def _hours(h: float) -> str:
     return f"{h:,.0f}" if h >= 100 else f"{h:.3g}"
 
 
+def _pipeline_rank(c: Config) -> str:
+    """Which pipeline rank the plan reports (the one with the highest peak), where there is a pipeline."""
+    pp = getattr(c, "pp", 1) or 1
+    return f": pipeline rank {c.rank // max(c.gpus // pp, 1)} of {pp}, the highest peak" if pp > 1 else ""
+
+
+def _time_rows(p: PlanData) -> list[tuple[str, str]]:
+    """The plan's Time table: batch, compute, communication, launch wait and bubble (which add up to the step
+    time), time to train, FLOPs per token, checkpoint size."""
+    c, t = p.config, p.time
+    tm = [("Micro-batch per GPU / global batch", f"{c.micro_batch} / {c.global_batch}"),
+          ("Compute", f"{t.compute_s * 1e3:.2f} ms"),
+          ("Communication (exposed)", f"{t.comm_s * 1e3:.2f} ms ({t.exposed_comm_s * 1e3:.2f} ms) over "
+                                      f"{', '.join(t.links) or 'no link'}"),
+          ("Step time", step_time_words(t.step_time_s, t.likely_s if t.band_log else (0.0, 0.0), t.band_note) +
+           (f" (MFU {p.flops.mfu * 100:.1f}%)" if p.flops.mfu else ""))]
+    if t.offload_s:
+        tm.append(("Host transfers (offload)", f"{t.offload_s * 1e3:.2f} ms"))
+    if t.launch_wait_s >= 5e-6:  # (with compute, exposed communication, transfers and bubble: the step time)
+        tm.insert(3, ("GPU waiting for kernel launches", f"{t.launch_wait_s * 1e3:.2f} ms"))
+    if t.bubble_s:
+        tm.insert(3, ("Pipeline bubble (waiting on other stages)", f"{t.bubble_s * 1e3:.2f} ms"))
+    tr = p.training
+    if p.fits and tr is not None and tr.steps:
+        tm.append(("Steps", f"{tr.steps:,}"))
+        at_mfu = f" at MFU {tr.mfu_given * 100:.0f}%" if tr.mfu_given else ""
+        likely = tr.time_to_train_likely_s
+        span = f", likely {fmt_duration(likely[0])} to {fmt_duration(likely[1])}" if likely else ""
+        tm.append(("Time to train", fmt_duration(tr.time_to_train_s) + at_mfu + span +
+                   f" ({_hours(tr.time_to_train_s * c.gpus / 3600)} GPU-hours)"))
+    f = p.flops
+    if f.six_n_per_token:
+        tm.append(("FLOPs per token: traced / 6N+12LHQT",
+                   f"{fmt_flops(f.traced_per_token)} / {fmt_flops(f.six_n_per_token)}"))
+    ckpt = p.checkpoint_size
+    if ckpt:
+        tm.append(("Checkpoint on disk: full / per rank",
+                   f"{fmt_bytes(ckpt['full'])} / {fmt_bytes(ckpt['per_rank'])}"))
+    return tm
+
+
 def render_plan(p: PlanData, tablefmt: str = "simple") -> str:
-    c, g, t = p.config, p.per_gpu, p.time
+    c, g = p.config, p.per_gpu
 
     def table(rows: list, what: str) -> str:  # (markdown tables need a header row to render)
         headers = [what, ""] if tablefmt in ("github", "pipe") else ()
@@ -78,7 +119,7 @@ def render_plan(p: PlanData, tablefmt: str = "simple") -> str:
     off = ", offload " + c.offload if c.offload else ""
     title = (f"Plan: {c.model} on {c.gpus} x {c.gpu}, {c.strategy}{tp_text}, {c.precision}{ck}{off}, "
              f"micro-batch {c.micro_batch if c.micro_batch is not None else '-'}"
-             f"{f' x {c.seq}' if c.seq else ''} (rank {c.rank}; {c.engine})")
+             f"{f' x {c.seq}' if c.seq else ''} (rank {c.rank}{_pipeline_rank(c)}; {c.engine})")
     at = f"{g.peak_phase}" + (f", {g.peak_module}" if g.peak_module and g.peak_module != f"({g.peak_phase})" else "")
     mem = [(f"{ROW_TITLES[r]}", fmt_bytes(g.rows.get(r, 0))) for r in ROWS if g.rows.get(r, 0)]
     mem.append((f"Peak ({at})", fmt_bytes(g.peak)))
@@ -113,32 +154,7 @@ def render_plan(p: PlanData, tablefmt: str = "simple") -> str:
                                                                   if s.step_time_s else "")
             + (f", time to train {fmt_duration(s.time_to_train_s)} ({_hours(s.time_to_train_s * s.gpus / 3600)} "
                f"GPU-hours)" if s.time_to_train_s else "") for s in p.verdict.suggestions))
-    tm = [("Micro-batch per GPU / global batch", f"{c.micro_batch} / {c.global_batch}"),
-          ("Compute", f"{t.compute_s * 1e3:.2f} ms"),
-          ("Communication (exposed)", f"{t.comm_s * 1e3:.2f} ms ({t.exposed_comm_s * 1e3:.2f} ms) over "
-                                      f"{', '.join(t.links) or 'no link'}"),
-          ("Step time", step_time_words(t.step_time_s, t.likely_s if t.band_log else (0.0, 0.0), t.band_note) +
-           (f" (MFU {p.flops.mfu * 100:.1f}%)" if p.flops.mfu else ""))]
-    if t.offload_s:
-        tm.append(("Host transfers (offload)", f"{t.offload_s * 1e3:.2f} ms"))
-    if t.launch_wait_s >= 5e-6:  # (with compute, exposed communication and transfers: the step time)
-        tm.insert(3, ("GPU waiting for kernel launches", f"{t.launch_wait_s * 1e3:.2f} ms"))
-    tr = p.training
-    if p.fits and tr is not None and tr.steps:
-        tm.append(("Steps", f"{tr.steps:,}"))
-        at_mfu = f" at MFU {tr.mfu_given * 100:.0f}%" if tr.mfu_given else ""
-        likely = tr.time_to_train_likely_s
-        span = f", likely {fmt_duration(likely[0])} to {fmt_duration(likely[1])}" if likely else ""
-        tm.append(("Time to train", fmt_duration(tr.time_to_train_s) + at_mfu + span +
-                   f" ({_hours(tr.time_to_train_s * c.gpus / 3600)} GPU-hours)"))
-    f = p.flops
-    if f.six_n_per_token:
-        tm.append(("FLOPs per token: traced / 6N+12LHQT",
-                   f"{fmt_flops(f.traced_per_token)} / {fmt_flops(f.six_n_per_token)}"))
-    ckpt = p.checkpoint_size
-    if ckpt:
-        tm.append(("Checkpoint on disk: full / per rank",
-                   f"{fmt_bytes(ckpt['full'])} / {fmt_bytes(ckpt['per_rank'])}"))
+    tm = _time_rows(p)
     parts.append(table(tm, "Time"))
     if p.notes:
         parts.append("Notes:\n" + "\n".join(f"  - {n}" for n in p.notes))
@@ -167,11 +183,17 @@ def render_comparison(cmp: ComparisonData, tablefmt: str = "simple") -> str:
                      "-" if not p.flops.mfu else f"{p.flops.mfu * 100:.1f}%",
                      fmt_duration(p.time_to_train_s), "-" if hours is None or not p.fits else _hours(hours)])
     head = f"Plans for {compare_label(cmp)}"
+    given = next((p.training.mfu_given for p in cmp.plans if p.training is not None and p.training.mfu_given), None)
+    at = f" (MFU {given * 100:g}%)" if given else ""
     table = tabulate(body, headers=["GPU", "GPUs", "Strategy", "Checkpoint", "Micro-batch", "Global batch",
                                     "Needs / GPU", "Fits", "Max batch", "Step time", "Tokens/s/GPU", "MFU",
-                                    "Time to train", "GPU-hours"],
+                                    f"Time to train{at}", f"GPU-hours{at}"],
                      tablefmt=tablefmt, disable_numparse=True)
     parts = [answers_text(cmp), head, table] + [f"Precision: {n}." for n in cmp.notes]
+    if given:  # (the answers above rank the rows on these times)
+        parts.append(f"Time to train and GPU-hours at the MFU given (--mfu {given:g}: the model's FLOPs at "
+                     f"{given * 100:g}% of each GPU's peak), not at the planned step time; Step time, Tokens/s/GPU "
+                     f"and MFU are the plan's.")
     if cmp.skipped:
         parts.append("Not applicable:\n" + "\n".join(f"  - {s}" for s in cmp.skipped))
     return "\n\n".join(parts) + "\n"

@@ -31,12 +31,14 @@ class StepTime:
     offload_s: float = 0.0  # host transfers of an offloaded layout, not overlapped
     band_log: float = 0.0  # log half-width of the likely range of the step (estimator.timing.band)
     band_note: str = ""  # what the range rests on
+    bubble_s: float = 0.0  # a pipeline rank idle for its neighbours (the schedule's bubble, the sends between stages)
 
     @property
     def launch_wait_s(self) -> float:
         """The GPU idle while the host launches kernels (a launch-bound step): what the step takes beyond its
-        compute, exposed communication and host transfers, which with it add up to ``step_time_s``."""
-        return max(self.step_time_s - self.compute_s - self.exposed_comm_s - self.offload_s, 0.0)
+        compute, exposed communication, host transfers and pipeline bubble, which with it add up to
+        ``step_time_s``."""
+        return max(self.step_time_s - self.compute_s - self.exposed_comm_s - self.offload_s - self.bubble_s, 0.0)
 
     @property
     def likely_s(self) -> tuple[float, float]:
