@@ -10,7 +10,7 @@ for built-in and user-defined optimizers alike.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -349,3 +349,34 @@ def muon_and_adamw(model: torch.nn.Module | None, trainable: Mapping[str, torch.
     if rest:
         optimizers.append(_construct(torch.optim.AdamW, [trainable[n] for n in rest], {"lr": 1e-3, **extra}))
     return Chain(optimizers, note)
+
+
+# The step count an optimizer's step is traced at: past the warm-ups whose branches allocate differently (RAdam's
+# rectification from step 6, its first 5 steps plain momentum), as most of a run's steps are.
+STEADY_STEP = 1000
+
+
+def steady_scalars(opt: Any) -> Callable[[torch.Tensor], float]:
+    """What a scalar read in ``opt.step()`` (``step_t.item()``, ``mu.item()``) gives in a long run's step, the
+    tensor's value being unknown on fake tensors: a state ``step`` count :data:`STEADY_STEP`; ASGD's ``mu``
+    ``1 / max(1, step - t0)`` (1 until its averaging starts at ``t0``, 1e6 steps by default: the branch that copies
+    the parameter); any other 0.5 (finite in formulas such as NAdam's ``1 / (1 - mu_product)``)."""
+    keys: dict[int, tuple[str, dict[str, Any]]] = {}
+    seen = [-1]
+
+    def value(t: torch.Tensor) -> float:
+        if id(t) not in keys and len(opt.state) != seen[0]:  # state made lazily in the step: scan once more
+            seen[0] = len(opt.state)
+            groups = {id(p): g for g in opt.param_groups for p in g["params"]}
+            for p, st in list(opt.state.items()):
+                for k, v in st.items():
+                    if isinstance(v, torch.Tensor) and v.ndim == 0:
+                        keys[id(v)] = (k, groups.get(id(p), {}))
+        key, group = keys.get(id(t), ("", {}))
+        if key == "step":
+            return float(STEADY_STEP)
+        if key == "mu":
+            return 1.0 / max(1.0, STEADY_STEP - float(group.get("t0", 1e6)))
+        return 0.5
+
+    return value

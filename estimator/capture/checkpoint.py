@@ -218,3 +218,17 @@ def resolve_classes(model: torch.nn.Module, names: Any, option: str = "--checkpo
             raise UserError(f"{option} {item!r}: no module of that class in the model; "
                             f"classes present: {', '.join(sorted(by_name)[:15])}")
     return tuple(classes)
+
+
+def kv_caches_off(model: torch.nn.Module, stack: Any) -> bool:
+    """Every KV cache of ``model`` turned off for the step, put back by ``stack`` (an ``ExitStack``): each
+    ``config`` in the model with ``use_cache`` True (T5's stacks and an encoder-decoder's decoder hold copies of
+    their own), as transformers turns its cache off under gradient checkpointing ("use_cache=True is incompatible
+    with gradient checkpointing": a cache updated in forward would be updated again by the recomputation).
+    Whether there was one."""
+    configs = {id(c): c for m in model.modules() for c in [getattr(m, "config", None)]
+               if getattr(c, "use_cache", None) is True}
+    for config in configs.values():
+        config.use_cache = False
+        stack.callback(setattr, config, "use_cache", True)
+    return bool(configs)

@@ -128,6 +128,7 @@ class Recorder(TorchDispatchMode):
         self.current_op: Any = None
         self.current_module = ""
         self.raised_in: str | None = None  # the innermost module whose forward raised (see failures.guard)
+        self.scalar_value: Any = None  # what a scalar read in the optimizer step gives (optim.steady_scalars)
         self.n_constants = 0
         # storage bookkeeping
         self.sid_of: dict[int, tuple[int, Any]] = {}  # live storage _cdata -> (sid, weakref to the storage)
@@ -266,9 +267,9 @@ class Recorder(TorchDispatchMode):
         if id(func) in METADATA_QUERY_IDS:
             return run(*args, **kwargs)
         if func is aten._local_scalar_dense.default and self.fake_values and self.phase == Phase.OPTIMIZER:
-            # Optimizers read scalar step counts (``step.item()``); any value gives the same shapes.
-            # 0.5 keeps formulas such as NAdam's 1 / (1 - mu_product) finite.
-            return 0.5
+            # Optimizers read scalar step counts (``step.item()``): a long run's values, which take the branches
+            # its steps take (estimator.optim.steady_scalars); 0.5 keeps formulas finite otherwise
+            return self.scalar_value(args[0]) if self.scalar_value is not None else 0.5
         self.current_op = func
         self.current_module = self.module_stack[-1] if self.module_stack else ""
         self.raised_in = None  # (an op after a raise: the exception was handled)

@@ -30,10 +30,10 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import UserError
 from ..ema import with_ema
-from ..optim import build_optimizer, clip_gradients, elementwise, wants_fused
+from ..optim import build_optimizer, clip_gradients, elementwise, steady_scalars, wants_fused
 from ..target import FAKE_KERNELS, CudaTarget, installed
 from .as_is import AsIs, AsIsRecorder
-from .checkpoint import wrap_checkpointed
+from .checkpoint import kv_caches_off, wrap_checkpointed
 from .failures import guard, input_hint, optimizer_hint
 from .held import leaves_held_by, output_tensors
 from .fake import (
@@ -248,15 +248,7 @@ class Step:
 
             stack.enter_context(compiled_regions(model, opts.compile, self.rec, self._paused, self.notes))
         stack.callback(wrap_checkpointed(model, opts.checkpoint, opts.checkpoint_policy))
-        # every config in the model (T5's stacks and an encoder-decoder's decoder hold their own copies)
-        configs = {id(c): c for m in model.modules() for c in [getattr(m, "config", None)]
-                   if getattr(c, "use_cache", None) is True}
-        if opts.checkpoint and opts.train and configs:
-            # transformers turns its KV cache off under gradient checkpointing ("use_cache=True is incompatible
-            # with gradient checkpointing"): a cache updated in forward would be updated again by the recomputation
-            for config in configs.values():
-                config.use_cache = False
-                stack.callback(setattr, config, "use_cache", True)
+        if opts.checkpoint and opts.train and kv_caches_off(model, stack):
             self.notes.append("checkpointing: the model's KV cache off (config.use_cache=False), as transformers "
                               "sets it under gradient checkpointing")
         # The traced tensors stand in for the model's own for the whole step (backward recomputation of
@@ -523,6 +515,7 @@ class Step:
         if opt is None:
             return
         self.notes.extend(n for n in [getattr(opt, "note", None)] if n and n not in self.notes)  # Chain's split
+        rec.scalar_value = steady_scalars(opt)
         with self._recording():
             if scaler is not None:
                 self._guard(lambda: scaler.unscale_(opt))
