@@ -162,9 +162,9 @@ def build_optimizer(
         options = {"lr": 1e-3, **extra}
         return _construct(spec, list(trainable.values()), options), spec.__name__
     if isinstance(spec, torch.optim.Optimizer):
-        return _rebuilt(spec, trainable, model_params, target, user), type(spec).__name__
+        return _rebuilt(spec, trainable, model_params, target, user, traced_params), type(spec).__name__
     if isinstance(spec, (list, tuple)) and spec and all(isinstance(o, torch.optim.Optimizer) for o in spec):
-        chain = Chain([_rebuilt(o, trainable, model_params, target, user) for o in spec])
+        chain = Chain([_rebuilt(o, trainable, model_params, target, user, traced_params) for o in spec])
         return chain, " + ".join(type(o).__name__ for o in spec)
     raise UserError(f"optimizer must be a name, a torch.optim.Optimizer class or instance, or a list of instances, "
                     f"not {type(spec).__name__}")
@@ -172,12 +172,13 @@ def build_optimizer(
 
 def _rebuilt(spec: torch.optim.Optimizer, trainable: Mapping[str, torch.Tensor],
              model_params: Mapping[str, torch.nn.Parameter], target: dict[str, Any],
-             user: dict[str, Any]) -> torch.optim.Optimizer:
+             user: dict[str, Any], traced: Mapping[str, torch.Tensor] | None = None) -> torch.optim.Optimizer:
     """``spec``'s class over the traced parameters, with its param groups and their options: ``user``'s
     (optimizer_kwargs) over them; a group's ``foreach``/``fused`` left to torch's default (None) takes the
     ``target``'s, as torch's default picks it for parameters on that device (an instance built the usual way,
     ``AdamW(model.parameters())``, runs foreach on CUDA)."""
     by_id = {id(p): n for n, p in model_params.items()}
+    traced = traced or {}
     groups = []
     for group in spec.param_groups:
         names = [by_id.get(id(p)) for p in group["params"]]
@@ -185,7 +186,10 @@ def _rebuilt(spec: torch.optim.Optimizer, trainable: Mapping[str, torch.Tensor],
             raise UserError("the optimizer holds tensors that are not parameters of the model; "
                             "build it over model.parameters()")
         opts = {k: v for k, v in group.items() if k != "params" and not (k in ("foreach", "fused") and v is None)}
-        groups.append({"params": [trainable[n] for n in names if n in trainable], **opts, **user})
+        # (frozen parameters kept in their groups, as the user's optimizer holds them: Adagrad makes its state for
+        # every parameter of its groups in its constructor, frozen ones too; the others make none for them)
+        groups.append({"params": [trainable.get(n, traced.get(n)) for n in names if n in trainable or n in traced],
+                       **opts, **user})
     return _construct(type(spec), groups, dict(target))
 
 

@@ -179,3 +179,32 @@ def test_an_optimizer_step_takes_the_branches_of_a_long_runs_step(make):
     peaks = measure_peaks(model, x, make, loss_fn, steps=8)
     report = estimate(model, x, loss_fn=loss_fn, device="cpu", optimizer=make(model.parameters()))
     assert report.memory.peak == pytest.approx(peaks[-1], rel=0.01), (report.memory.peak, peaks)
+
+
+@pytest.mark.parametrize("cls", [torch.optim.Adagrad, torch.optim.Adam])
+def test_an_instance_over_frozen_parameters_keeps_them_in_its_groups(cls):
+    """Adagrad makes its state in its constructor for every parameter of its groups, frozen ones too: rebuilt
+    over the trainable ones only, its state was 87 % short and the steady peak 39 %.  Adam makes none for a
+    parameter without a gradient: unchanged.  Truth: the state after a real step; the live tracker's peaks."""
+    import copy
+
+    from livetracker import measure_peaks
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    model[2].requires_grad_(False)
+    x = torch.randn(16, 64)
+
+    def loss_fn(out):
+        return out.square().mean()
+
+    real = copy.deepcopy(model)
+    opt = cls(real.parameters(), lr=1e-3)
+    loss_fn(real(x)).backward()
+    opt.step()
+    state = sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
+                if isinstance(t, torch.Tensor))
+    peaks = measure_peaks(model, x, lambda p: cls(p, lr=1e-3), loss_fn, steps=3)
+    report = estimate(model, x, loss_fn=loss_fn, device="cpu", optimizer=cls(model.parameters(), lr=1e-3))
+    assert report.to_dict()["memory"]["optimizer_state"] == state
+    assert report.memory.peak == pytest.approx(peaks[-1], rel=0.01), (report.memory.peak, peaks)
