@@ -865,3 +865,25 @@ def test_the_plans_sequence_is_a_sequence():
     for model, x, seq in cases:
         p = Planner(model, x, gpu="H100").plan("ddp", 1, solve=())
         assert p.config.seq == seq and ("micro-batch 8 x" in p.render()) is (seq is not None), x.shape
+
+
+def test_a_plan_in_bf16_casts_the_inputs_as_the_model():
+    """--precision bf16 casts the model; the engine's trace kept the floating inputs in fp32, so a convolution
+    with a bias failed ("Input type (float) and bias type (c10::BFloat16) should be the same") and a
+    bias-free one ran in fp32 (a VGG's largest batch 2,322 where the estimate's own step fits 4,239).  Truth: a
+    real step of the model cast to bf16 with its input cast alike (saved activations, model states)."""
+    import groundtruth
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(16 * 8 * 8, 10))
+    x = torch.randn(4, 3, 8, 8)
+
+    def loss_fn(out):
+        return out.float().pow(2).mean()
+
+    p = plan(model, x, gpu="L4", gpus=1, strategy="ddp", precision="bf16", device="cpu", loss_fn=loss_fn,
+             solve=())
+    truth = groundtruth.measure(model.to(torch.bfloat16), x.to(torch.bfloat16), "adamw", loss_fn=loss_fn)
+    assert p.per_gpu.saved_activations == truth["activation_bytes"]
+    assert (p.per_gpu.gradients, p.per_gpu.optimizer_state) == (truth["grad_bytes"], truth["optimizer_state_bytes"])

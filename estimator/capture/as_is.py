@@ -89,8 +89,10 @@ class AsIs:
         return traced, call if call is not None else traced, made.alive()
 
     @staticmethod
-    def traced(named_params: dict, named_buffers: dict, args: tuple, kwargs: dict, fake_mode: Any):
-        """(params, buffers, args, kwargs, flat inputs) of the model as it is; inputs made fake."""
+    def traced(named_params: dict, named_buffers: dict, args: tuple, kwargs: dict, fake_mode: Any,
+               dtype_of: Any = None):
+        """(params, buffers, args, kwargs, flat inputs) of the model as it is; inputs made fake, in the dtype
+        ``dtype_of`` gives (a model cast to bf16 takes bf16 floating inputs, as the user's loop casts them)."""
         params = {n: AsIs.local(p) for n, p in named_params.items()}
         buffers = {n: AsIs.local(b) for n, b in named_buffers.items()}
         for n, t in {**params, **buffers}.items():
@@ -102,7 +104,7 @@ class AsIs:
             with fake_mode:
                 return torch.empty(shape, dtype=dtype, device="cpu")
 
-        t_args, t_kwargs = convert_inputs((args, kwargs), fake_base, lambda dtype: dtype)
+        t_args, t_kwargs = convert_inputs((args, kwargs), fake_base, dtype_of or (lambda dtype: dtype))
         flat = [t for t in pytree.tree_leaves((t_args, t_kwargs)) if isinstance(t, torch.Tensor)]
         return params, buffers, t_args, t_kwargs, flat
 

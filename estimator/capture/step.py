@@ -114,7 +114,7 @@ class Step:
         self.param_owner = {n: n.rpartition(".")[0] for n in list(self.named_params) + list(named_buffers)}
         if opts.prepare is not None:
             self.params, self.buffers, self.t_args, self.t_kwargs, self.flat_inputs = AsIs.traced(
-                self.named_params, named_buffers, args, kwargs, self.fake_mode)
+                self.named_params, named_buffers, args, kwargs, self.fake_mode, opts.precision.traced_dtype)
         else:
             self._make_traced(args, kwargs, named_buffers)
 
