@@ -255,13 +255,14 @@ def estimate(
     if target_gpu is not None and solve_batch:
         _search_batch(report, model, inputs, options, target_gpu, progress, optimizer=optimizer,
                       optimizer_kwargs=optimizer_kwargs, loss_fn=loss_fn, trace=trace, grad_accum=grad_accum,
-                      replicate=replicate, compile=compiled)
+                      replicate=replicate, compile=compiled, checkpoint=(classes, policy) if classes else None)
     return report
 
 
 def _search_batch(report: Report, model, inputs, options: StepOptions, gpu: GPU, progress: Progress,
-                  **kwargs: Any) -> None:
-    """The report's largest micro-batch on ``gpu`` (:func:`_largest_batch`), or why it was not searched."""
+                  checkpoint: tuple | None = None, **kwargs: Any) -> None:
+    """The report's largest micro-batch on ``gpu`` (:func:`_largest_batch`), or why it was not searched; with
+    ``checkpoint`` (the what-if's classes and policy), the what-if's own."""
     if report.mode != "train":
         report.max_batch_note = "not searched: the largest batch is planned for training steps only"
     elif options.precision.fp8_linear:
@@ -271,9 +272,15 @@ def _search_batch(report: Report, model, inputs, options: StepOptions, gpu: GPU,
         report.max_batch, report.max_batch_note = 0, states  # said at once: no batch size can fit
     else:
         progress("finding the largest micro-batch")
-        report.max_batch, report.max_batch_note, report.max_batch_margin = _largest_batch(
-            model, inputs, gpu, precision=options.precision.name, keep_output=options.keep_output,
-            clip_grad_norm=options.clip_grad_norm, ema=options.ema, zero_grad=options.zero_grad, **kwargs)
+        kwargs.update(precision=options.precision.name, keep_output=options.keep_output,
+                      clip_grad_norm=options.clip_grad_norm, ema=options.ema, zero_grad=options.zero_grad,
+                      cuda_torch=".".join(map(str, options.cuda.torch)) if options.cuda is not None else None)
+        report.max_batch, report.max_batch_note, report.max_batch_margin = _largest_batch(model, inputs, gpu,
+                                                                                          **kwargs)
+        if checkpoint is not None and report.checkpoint is not None and report.max_batch is not None:
+            progress("finding the largest micro-batch (checkpoint what-if)")
+            report.checkpoint.max_batch = _largest_batch(model, inputs, gpu, checkpoint=checkpoint[0],
+                                                         checkpoint_policy=checkpoint[1], **kwargs)[0]
 
 
 def _eager_beside(model, inputs, options: StepOptions, trace: str, device: str, gpu: GPU | None, report: Report,
@@ -341,7 +348,8 @@ def _check_mode(mode: str, grad_accum: Any, quantize: str | None, prompt_len: An
     check_scheme(quantize, mode, lora is not None)
 
 
-def _largest_batch(model, inputs, gpu: GPU, **kwargs: Any) -> tuple[int | None, str | None, int | None]:
+def _largest_batch(model, inputs, gpu: GPU, checkpoint: tuple[type, ...] = (),
+                   **kwargs: Any) -> tuple[int | None, str | None, int | None]:
     """The largest micro-batch that fits on one ``gpu`` (:meth:`estimator.plan.Planner.largest_batch`, DDP on one GPU),
     searched whether or not the given batch fits, with the bytes to spare at it when it was traced there;
     or None and why not ("not searched: ...", or "over ...")."""
@@ -356,7 +364,7 @@ def _largest_batch(model, inputs, gpu: GPU, **kwargs: Any) -> tuple[int | None, 
     tally_log = logging.getLogger("estimator.tally")
     tally_log.addFilter(once)
     try:
-        solve = Planner(model, inputs, gpu=gpu, **kwargs).largest_batch()
+        solve = Planner(model, inputs, gpu=gpu, **kwargs).largest_batch(checkpoint=checkpoint)
     except DataDependentError:  # the search traces the engine on fake tensors only
         return None, "not searched: the model reads tensor values in its forward, and the search traces on fake tensors", None
     except UserError as exc:

@@ -60,6 +60,7 @@ class CheckpointWhatIf:
     matmul_backward: int = 0  # matmul-class FLOPs of its backward, recomputation included
     # the what-if's live bytes over its step, as (phase, total bytes) per op (drawn beside the step's own)
     timeline: list[tuple[str, int]] = field(default_factory=list, repr=False)
+    max_batch: int | None = None  # the largest micro-batch that fits the GPU with it (estimate --gpu)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "timeline"}

@@ -134,3 +134,25 @@ def test_a_what_if_on_a_class_whose_forward_never_runs_is_a_one_line_error():
         estimate(Net(), torch.randn(4, 16), device="cpu", checkpoint="Stage")
     assert "\n" not in str(info.value)
     assert estimate(Net(), torch.randn(4, 16), device="cpu", checkpoint="Block").checkpoint.classes == ["Block"]
+
+
+def test_a_what_if_on_a_gpu_has_its_own_largest_micro_batch():
+    """estimate --gpu --checkpoint CLASS gave the largest micro-batch without checkpointing only (457 for
+    examples/gpt.py on an L4), unsaid; the what-if now has its own, the one plan finds for the same checkpointed
+    step on one GPU (801 there)."""
+    import importlib.util
+    import os
+
+    from estimator.plan import plan
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("_gpt_ck", os.path.join(root, "examples", "gpt.py"))
+    gpt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpt)
+    model, inputs = gpt.build()
+    report = estimate(model, inputs, gpu="L4", precision="bf16-mixed", checkpoint="Block")
+    ck = report.checkpoint
+    assert ck.max_batch is not None and ck.max_batch > report.max_batch > 0
+    p = plan(model, inputs, gpu="L4", gpus=1, strategy="ddp", precision="bf16-mixed", checkpoint="Block")
+    assert ck.max_batch == p.max_batch
+    assert f"largest micro-batch {ck.max_batch:,}" in str(report).replace("\n" + " " * 40, " ")

@@ -394,14 +394,14 @@ class Planner:
         return fewest_gpus(counts, traced_fits)  # the interpolation missed: bisect with traces
 
     @young_only_during
-    def largest_batch(self, gpu: str | GPU | None = None) -> Solve:
+    def largest_batch(self, gpu: str | GPU | None = None, checkpoint: tuple[type, ...] = ()) -> Solve:
         """The largest micro-batch that fits one ``gpu`` (default: the planner's) as DDP on one GPU runs it: the
         search of :meth:`plan` alone (``estimate --gpu``'s question), without the plan's step time, FLOPs per
-        token or suggestions, whose traces it would not use."""
+        token or suggestions, whose traces it would not use; ``checkpoint``: with those classes checkpointed."""
         target = self.gpu if gpu is None else (gpu if isinstance(gpu, GPU) else lookup(gpu))
         layout = Layout("ddp", 1, gpus_per_node=self.gpus_per_node)
         check_layout(layout, self.precision)
-        return self.solve("batch", layout, (), target, given=False)
+        return self.solve("batch", layout, tuple(checkpoint), target, given=False)
 
     # -- one plan ------------------------------------------------------------------------------------------
     @young_only_during

@@ -126,7 +126,8 @@ def summary_rows(report: ReportData) -> list[tuple[str, str]]:
         policy = "" if c.policy == "full" else f" ({c.policy} policy)"
         rows.append((f"What-if: checkpoint {', '.join(c.classes)}{policy}",
                      f"peak {fmt_bytes(c.peak)} (saves {fmt_bytes(c.peak_saved)}), "
-                     f"backward +{fmt_flops(c.flops_added)}"))
+                     f"backward +{fmt_flops(c.flops_added)}"
+                     + (f", largest micro-batch {c.max_batch:,}" if c.max_batch else "")))
     if report.compiled:
         rows.append(compile_row(report.compiled))
     for q in report.quantized:
