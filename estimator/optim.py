@@ -179,6 +179,7 @@ def _rebuilt(spec: torch.optim.Optimizer, trainable: Mapping[str, torch.Tensor],
     ``AdamW(model.parameters())``, runs foreach on CUDA)."""
     by_id = {id(p): n for n, p in model_params.items()}
     traced = traced or {}
+    _check_options(type(spec), user)
     groups = []
     for group in spec.param_groups:
         names = [by_id.get(id(p)) for p in group["params"]]
@@ -193,6 +194,21 @@ def _rebuilt(spec: torch.optim.Optimizer, trainable: Mapping[str, torch.Tensor],
     return _construct(type(spec), groups, dict(target))
 
 
+def _check_options(cls: type, options: Mapping[str, Any]) -> None:
+    """``optimizer_kwargs`` over an instance's param groups, where torch keeps a key it does not know without a
+    word: a name ``cls`` does not take is refused in one line (as its constructor refuses it)."""
+    import inspect
+
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = sorted(set(options) - set(params))
+    if unknown:
+        known = ", ".join(n for n in params if n not in ("self", "params"))
+        raise UserError(f"optimizer_kwargs {', '.join(unknown)}: not an option of {cls.__name__} (its options: "
+                        f"{known})")
+
+
 def _construct(cls: type, params: Any, options: dict[str, Any]) -> torch.optim.Optimizer:
     import inspect
 
@@ -203,6 +219,8 @@ def _construct(cls: type, params: Any, options: dict[str, Any]) -> torch.optim.O
                         f"(e.g. optimizer='adamw')")
     try:
         return _device_checked(cls(params, **options))
+    except UserError:
+        raise
     except TypeError as exc:
         if "foreach" in options:  # optimizers that take no foreach argument
             options = {k: v for k, v in options.items() if k != "foreach"}

@@ -188,7 +188,7 @@ def test_an_instance_over_frozen_parameters_keeps_them_in_its_groups(cls):
     parameter without a gradient: unchanged.  Truth: the state after a real step; the live tracker's peaks."""
     import copy
 
-    from livetracker import measure_peaks
+    from instruments import LiveTracker
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
@@ -204,7 +204,17 @@ def test_an_instance_over_frozen_parameters_keeps_them_in_its_groups(cls):
     opt.step()
     state = sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
                 if isinstance(t, torch.Tensor))
-    peaks = measure_peaks(model, x, lambda p: cls(p, lr=1e-3), loss_fn, steps=3)
+    live, tracker, peaks = copy.deepcopy(model), LiveTracker(), []
+    for t in list(live.parameters()) + [x]:
+        tracker.register(t)
+    with tracker:  # (the optimizer built inside: the state its constructor makes is live from then on)
+        opt = cls(live.parameters(), lr=1e-3)
+        for _ in range(3):
+            tracker.reset_peak()
+            loss_fn(live(x)).backward()
+            opt.step()
+            opt.zero_grad()
+            peaks.append(tracker.peak)
     report = estimate(model, x, loss_fn=loss_fn, device="cpu", optimizer=cls(model.parameters(), lr=1e-3))
     assert report.to_dict()["memory"]["optimizer_state"] == state
     assert report.memory.peak == pytest.approx(peaks[-1], rel=0.01), (report.memory.peak, peaks)

@@ -243,6 +243,20 @@ def _api_calls():
         "tokens nan": (lambda: plan(m, x, gpu="L4", gpus=2, tokens=nan), "finite number"),
         "samples inf": (lambda: plan(m, x, gpu="L4", gpus=2, samples=float("inf")), "finite number"),
         "kv_cache in training": (lambda: estimate(m, x, kv_cache="static", device="cpu"), "mode='generate'"),
+        # training-loop options that were accepted and ignored
+        "optimizer in inference": (lambda: estimate(m, x, mode="inference", optimizer="sgd", device="cpu"),
+                                   "optimizer shapes a training step"),
+        "keep_output in inference": (lambda: estimate(m, x, mode="inference", keep_output=True, device="cpu"),
+                                     "keep_output shapes a training step"),
+        "ema without an optimizer": (lambda: estimate(m, x, optimizer="none", ema=0.999, device="cpu"),
+                                     "optimizer is none"),
+        "clip without an optimizer": (lambda: estimate(m, x, optimizer=None, clip_grad_norm=1.0, device="cpu"),
+                                      "drop clip_grad_norm"),
+        "kwargs misspelt over an instance": (
+            lambda: estimate(m, x, optimizer=torch.optim.Adam(m.parameters()), optimizer_kwargs={"amsgrd": True},
+                             device="cpu"), "amsgrd: not an option of Adam"),
+        "capturable on the CPU trace": (lambda: estimate(m, x, optimizer="adamw:capturable=true", device="cpu"),
+                                        "drop capturable"),
     }
 
 
