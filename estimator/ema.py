@@ -7,8 +7,9 @@ What it holds: a copy of every parameter, frozen ones included, in the parameter
 copies the module); counted with the optimizer state (:class:`EMA` is stepped as one more optimizer, after the
 real one).  What it runs at each step: one ``_foreach_lerp_`` per dtype over the copies towards the parameters
 (weight ``1 - decay``).  Not modelled: the copies of the buffers ``AveragedModel``'s deep copy also makes, and its
-``n_averaged`` counter (8 bytes); the copy is made inside the first step here where ``AveragedModel`` makes it
-before the loop, so the first step's peak may miss it (the steady-state peak counts it).
+``n_averaged`` counter (8 bytes).  The copy is traced inside the first step (where its ops replicate with the
+blocks) and counted live from the first step's start, as ``AveragedModel`` makes it before the loop
+(:attr:`EMA.made_before_loop`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class EMA:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         pass
+
+    made_before_loop = True  # (its state: see the module docstring)
 
 
 def check_ema(decay: Any, mode: str = "train") -> float | None:

@@ -328,6 +328,8 @@ def _allocator_streams(cap: Capture, events: list[tuple[int, int, int]], raw: li
     # made again by every step; inputs and the rest of what exists before the step stay
     remade = {sid for index, sid, delta in events if index >= 0 and delta < 0} & set(at_start) - set(loaded)
     loaded += [sid for sid in at_start if sid not in set(loaded) and sid not in remade]  # inputs, constants
+    before_loop = set(cap.sids.get("before_loop", ()))  # made with the optimizer, before the loop
+    loaded += [sid for sid in sorted(before_loop) if sid not in set(loaded)]
     stays = set(loaded) | set(cap.sids.get("optimizer_state", ())) | persistent
     # zero_grad(set_to_none=False): the first step's gradients stay; the second's are temporaries added into them,
     # each freed after its op (in_place_events, as the live-byte replay has them)
@@ -336,7 +338,7 @@ def _allocator_streams(cap: Capture, events: list[tuple[int, int, int]], raw: li
     for step in (1, 2):
         stream, live = [], set()
         for index, sid, delta in (in_place_events(events, {g: g for g in in_place}) if step == 2 else events):
-            if (index < 0 and delta > 0 and sid not in remade) or not raw[sid]:
+            if (index < 0 and delta > 0 and sid not in remade) or not raw[sid] or (delta > 0 and sid in before_loop):
                 continue  # loaded above; or takes no memory on the device
             key = sid if sid in stays else (step, sid)
             if delta > 0:
@@ -503,7 +505,8 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
     for sid, nbytes in (resize or {}).items():
         raw[sid] = nbytes
     sizes = [round_cuda(n) for n in raw] if device == "cuda" else list(raw)
-    pre_first = {sid for index, sid, delta in events if index < 0 and delta > 0}
+    # (and the state the optimizer's constructor made, before the loop: Adagrad's sums, the EMA's copy)
+    pre_first = {sid for index, sid, delta in events if index < 0 and delta > 0} | set(cap.sids.get("before_loop", ()))
     # what the previous iteration left referenced: its loss (training) or its output (inference)
     held = set(cap.sids.get("loss") or cap.sids.get("output", set()))
     streams = (_allocator_streams(cap, events, raw, persistent, held)

@@ -241,6 +241,10 @@ def _construct(cls: type, params: Any, options: dict[str, Any]) -> torch.optim.O
 def _device_checked(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """``opt``, refused in one line where it asks for ``capturable=True`` over parameters off the GPU (the trace's
     fake and meta tensors live on the CPU, where torch's capturable step does not run)."""
+    if any(g.get("differentiable") for g in opt.param_groups):
+        raise UserError(f"{type(opt).__name__}(differentiable=True) keeps the update in autograd's graph (learning "
+                        f"through an optimizer, over weights that are not leaves); over a model's parameters torch "
+                        f"refuses the in-place update of a leaf that requires grad: drop differentiable")
     params = [p for g in opt.param_groups if g.get("capturable") for p in g["params"]]
     if any(p.device.type in ("cpu", "meta") for p in params):
         raise UserError(f"{type(opt).__name__}(capturable=True) runs on GPU tensors only and the step is traced on "
@@ -402,3 +406,17 @@ def steady_scalars(opt: Any) -> Callable[[torch.Tensor], float]:
         return 0.5
 
     return value
+
+
+def state_tensors(opt: Any) -> list[torch.Tensor]:
+    """The tensors of ``opt``'s state now (right after its constructor: what it made there, as Adagrad makes its
+    sums for every parameter of its groups)."""
+    return [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+
+
+def made_before_loop(opt: Any, early: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The state a training loop has before its first step: ``early`` (:func:`state_tensors` after the
+    constructor) and the state of the optimizers of a :class:`Chain` that say so (the EMA's copy of the weights,
+    which ``AveragedModel`` makes before the loop; traced in the step, where its ops replicate with the blocks)."""
+    return early + [t for o in getattr(opt, "optimizers", ()) if getattr(o, "made_before_loop", False)
+                    for t in state_tensors(o)]

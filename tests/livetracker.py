@@ -47,11 +47,12 @@ def measure_peaks(model, inputs, optimizer_factory, loss_of, *, autocast_dtype=N
         if isinstance(t, torch.Tensor):
             tracker.register(t)
     model.train(train)
-    opt = optimizer_factory(model.parameters()) if train else None
     amp = (lambda: torch.autocast("cpu", dtype=autocast_dtype)) if autocast_dtype else contextlib.nullcontext
     peaks = []
     keep = None
     with tracker:
+        # built before the loop, tracked: state its constructor makes (Adagrad's) is live through the first step
+        opt = optimizer_factory(model.parameters()) if train else None
         for _ in range(steps):
             tracker.reset_peak()
             if train:

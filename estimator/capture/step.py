@@ -30,7 +30,8 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import UserError
 from ..ema import with_ema
-from ..optim import build_optimizer, clip_gradients, elementwise, steady_scalars, wants_fused
+from ..optim import (build_optimizer, clip_gradients, elementwise, made_before_loop, state_tensors,
+                     steady_scalars, wants_fused)
 from ..target import FAKE_KERNELS, CudaTarget, installed
 from .as_is import AsIs, AsIsRecorder
 from .checkpoint import kv_caches_off, wrap_checkpointed
@@ -237,9 +238,8 @@ class Step:
         fake_log = logging.getLogger("torch._subclasses.fake_tensor")
         stack.callback(fake_log.setLevel, fake_log.level)
         model.train(opts.train)
-        # Automatic garbage collection frees reference cycles at moments that depend on how many
-        # Python objects were made, which differs between runs: none during the step, so that the
-        # timeline (and the peak) is the same every time.
+        # no automatic garbage collection during the step (it frees cycles at moments that depend on how many
+        # Python objects were made, which differs between runs): the timeline and the peak the same every time
         if gc.isenabled():
             gc.disable()
             stack.callback(gc.enable)
@@ -251,8 +251,7 @@ class Step:
         if opts.checkpoint and opts.train and kv_caches_off(model, stack):
             self.notes.append("checkpointing: the model's KV cache off (config.use_cache=False), as transformers "
                               "sets it under gradient checkpointing")
-        # The traced tensors stand in for the model's own for the whole step (backward recomputation of
-        # checkpointed regions included), as torch.func.functional_call does for a single call.
+        # the traced tensors stand in for the model's own for the whole step (recomputation in backward included)
         swap = self._stand_ins(model) if opts.prepare is None else AsIs.engine_hooks(self.rec)
         if opts.target == "cuda" and self.fake:  # CUDA kernels exist as meta implementations only
             stack.enter_context(installed(opts.cuda or CudaTarget()))
@@ -497,8 +496,7 @@ class Step:
         twins = (self.fake_entered is not None and self.fake_entered.active and scaler is None
                  and not wants_fused(opts.optimizer, opts.optimizer_kwargs))
         if twins and opts.prepare is None:
-            # The step runs on meta twins of the fake parameters and gradients (same storage
-            # ids): meta kernels skip FakeTensorMode's per-op work, and the state is the same.
+            # on meta twins of the fake parameters and gradients (same storage ids): no FakeTensorMode per-op work
             self.fake_entered.exit()
             opt_params = {n: meta_twin(rec, p) for n, p in self.params.items()}
         elif twins and elementwise(opts.optimizer) and all(map(AsIs.on_local_shard, self.named_params.values())):
@@ -514,6 +512,7 @@ class Step:
             opt = with_ema(opt, opt_params.values(), opts.ema)
         if opt is None:
             return
+        early = state_tensors(opt)  # (made by its constructor: Adagrad's sums)
         self.notes.extend(n for n in [getattr(opt, "note", None)] if n and n not in self.notes)  # Chain's split
         rec.scalar_value = steady_scalars(opt)
         with self._recording():
@@ -528,6 +527,8 @@ class Step:
             st = opt.state.get(p)
             if st:
                 self.opt_state[n] = {k: AsIs.local(v) for k, v in st.items() if isinstance(v, torch.Tensor)}
+        if made := made_before_loop(opt, early):  # live from the first step's start
+            self.extra_sids["before_loop"] = {rec.sid(AsIs.local(t)) for t in made}
 
     # -- the result -----------------------------------------------------------------------------
     def _leaves_held_by(self, loss: torch.Tensor) -> list[torch.Tensor]:
