@@ -269,6 +269,9 @@ def _search_batch(report: Report, model, inputs, options: StepOptions, gpu: GPU,
     elif options.precision.fp8_linear:
         report.max_batch_note = ("not searched: --precision fp8 is a what-if over the bf16-mixed step; --float8 "
                                  "tensorwise traces torchao's float8 training, and searches")
+    elif any(isinstance(m, torch.nn.RNNBase) and not m.batch_first for m in model.modules()):
+        report.max_batch_note = ("not searched: the model's recurrent layers take (time, batch, features) inputs "
+                                 "(batch_first=False), whose dimension 0 is not the batch the search resizes")
     elif (states := _model_states_over(report, gpu)) is not None:
         report.max_batch, report.max_batch_note = 0, states  # said at once: no batch size can fit
     else:
@@ -388,8 +391,9 @@ def _largest_batch(model, inputs, gpu: GPU, checkpoint: tuple[type, ...] = (),
         solve = Planner(model, inputs, gpu=gpu, **kwargs).largest_batch(checkpoint=checkpoint)
     except DataDependentError:  # the search traces the engine on fake tensors only
         return None, "not searched: the model reads tensor values in its forward, and the search traces on fake tensors", None
-    except UserError as exc:
-        return None, f"not searched: {exc}", None
+    except UserError as exc:  # (a size the user never gave: say which, and why it was tried)
+        return None, (f"not searched: the forward at another micro-batch (dimension 0 of the inputs resized as the "
+                      f"batch) failed: {exc}"), None
     finally:
         tally_log.removeFilter(once)
     need = solve.needed_at_answer

@@ -442,3 +442,18 @@ def test_a_model_in_bf16_without_autocast_says_its_weights_dtype():
     report = estimate(model, torch.randn(4, 8, dtype=torch.bfloat16), device="cpu")
     assert "cpu, bf16 weights as given (no autocast), training" in str(report)
     assert "cpu, fp32, training" in str(estimate(nn.Linear(8, 8), torch.randn(4, 8), device="cpu"))
+
+
+def test_a_search_that_cannot_resize_the_batch_says_why():
+    """An LSTM of PyTorch's default layout (time, batch, features) had its time steps searched as the batch
+    ("largest micro-batch 88203" where 3 sequences of that length fit); an input with no batch dimension failed
+    at a size the user never gave, as if their shapes were wrong."""
+    import torch
+
+    lstm = torch.nn.LSTM(16, 32)  # batch_first=False
+    report = estimate(lstm, torch.randn(64, 4, 16), gpu="T4", loss_fn=lambda out: out[0].pow(2).mean())
+    assert report.max_batch is None and "batch_first=False" in report.max_batch_note
+    assert "batch_first=False" in report.headline()
+    vector = torch.nn.Sequential(torch.nn.Linear(64, 32))
+    report = estimate(vector, torch.randn(64), gpu="T4", loss_fn=lambda out: out.pow(2).mean())
+    assert report.max_batch is None and "dimension 0 of the inputs resized as the batch" in report.max_batch_note
