@@ -77,9 +77,11 @@ def main() -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if a.mode == "inference" and isinstance(inputs, dict):
         inputs = {k: v for k, v in inputs.items() if k != "labels"}
-    report = estimate(model, inputs, loss_fn=loss_fn, optimizer="adamw:lr=0.0001", device="cuda", precision=a.precision,
+    # the recorder's loop holds ``out = model(...)`` through backward (training options for training only)
+    loop = dict(optimizer="adamw:lr=0.0001", keep_output=True) if a.mode != "inference" else {}
+    report = estimate(model, inputs, loss_fn=loss_fn, device="cuda", precision=a.precision,
                       mode="inference" if a.mode == "inference" else "train", gpu="H100", cuda_torch=ref["torch"],
-                      keep_output=True)  # the recorder's loop holds ``out = model(...)`` through backward
+                      **loop)
     cap = report.capture
     alloc, freed = defaultdict(int), defaultdict(int)
     for index, sid, delta in cap.events:

@@ -50,10 +50,11 @@ def compare(path, case, precision, mode):
     if mode == "inference" and isinstance(inputs, dict):
         inputs = {k: v for k, v in inputs.items() if k != "labels"}
     t0 = time.perf_counter()
-    report = estimate(model, inputs, loss_fn=loss_fn, optimizer="adamw:lr=0.0001", device="cuda",
-                      precision=precision, mode="inference" if mode == "inference" else "train",
-                      gpu="H100", cuda_torch=ref["torch"], solve_batch=False,
-                      keep_output=True)  # the recorder's loop holds ``out = model(...)`` through backward
+    # the recorder's loop holds ``out = model(...)`` through backward (training options for training only)
+    loop = dict(optimizer="adamw:lr=0.0001", keep_output=True) if mode != "inference" else {}
+    report = estimate(model, inputs, loss_fn=loss_fn, device="cuda", precision=precision,
+                      mode="inference" if mode == "inference" else "train", gpu="H100", cuda_torch=ref["torch"],
+                      solve_batch=False, **loop)
     seconds = time.perf_counter() - t0
     mem = report.to_dict()["memory"]
     return {"case": case, "precision": precision, "mode": mode,

@@ -31,8 +31,10 @@ lines = h100_cases.recorded
 
 def run(case_fn, precision: str, gpu: str = "H200", **kwargs):
     model, inputs, loss_fn = case_fn()
-    return estimate(model, inputs, loss_fn=loss_fn, optimizer="adamw:lr=1e-05", device="cuda", precision=precision,
-                    gpu=gpu, cuda_torch="2.11", **kwargs)
+    if kwargs.get("mode", "train") == "train":  # (an optimizer shapes training steps only)
+        kwargs.setdefault("optimizer", "adamw:lr=1e-05")
+    return estimate(model, inputs, loss_fn=loss_fn, device="cuda", precision=precision, gpu=gpu, cuda_torch="2.11",
+                    **kwargs)
 
 
 def steps() -> None:

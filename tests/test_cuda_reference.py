@@ -75,10 +75,11 @@ def _estimate(path: str):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if mode == "inference" and isinstance(inputs, dict):
             inputs = {k: v for k, v in inputs.items() if k != "labels"}
-        report = estimate(model, inputs, loss_fn=loss_fn, optimizer="adamw:lr=0.0001", device="cuda",
-                          precision=precision, mode="inference" if mode == "inference" else "train",
-                          gpu="H100", cuda_torch=ref["torch"].split("+")[0], solve_batch=False,
-                          keep_output=True)  # the recorder's loop: ``out = model(...)`` held through backward
+        # the recorder's loop: ``out = model(...)`` held through backward (training options for training only)
+        loop = dict(optimizer="adamw:lr=0.0001", keep_output=True) if mode != "inference" else {}
+        report = estimate(model, inputs, loss_fn=loss_fn, device="cuda", precision=precision,
+                          mode="inference" if mode == "inference" else "train", gpu="H100",
+                          cuda_torch=ref["torch"].split("+")[0], solve_batch=False, **loop)
         nodes = report.capture.nodes
         first_backward = next((i for i, n in enumerate(nodes) if n.meta.get("phase") == "backward"), None)
         # live bytes after the last op before backward (its Python frees included)
