@@ -136,6 +136,19 @@ def _named(path: str, target: str) -> bool:
     return path == target or path.endswith("." + target)
 
 
+# peft refuses LoRA on these modules of state-space models (``_check_lora_target_modules_mamba``)
+MAMBA_TYPES, MAMBA_REFUSED = {"falcon_h1", "mamba", "mamba2", "falcon_mamba", "nemotron_h"}, {"out_proj", "conv1d"}
+
+
+def _peft_refuses(model: nn.Module, chosen: list[tuple[str, nn.Module]]) -> None:
+    """peft's refusal of ``out_proj`` and ``conv1d`` on Mamba-based models, in one line (all-linear included)."""
+    kind = getattr(getattr(model, "config", None), "model_type", None)
+    names = sorted({p.rsplit(".", 1)[-1] for p, _ in chosen} & MAMBA_REFUSED) if kind in MAMBA_TYPES else []
+    if names:
+        raise UserError(f"--lora: peft refuses {', '.join(names)} on Mamba-based models (model_type {kind!r}); name "
+                        f"the targets without them, e.g. targets=in_proj+x_proj")
+
+
 def _targets(model: nn.Module, spec: LoraSpec) -> list[tuple[str, nn.Linear]]:
     linears = [(n, m) for n, m in linear_layers(model, head=True)]
     if spec.targets == ("all-linear",):
@@ -144,6 +157,7 @@ def _targets(model: nn.Module, spec: LoraSpec) -> list[tuple[str, nn.Linear]]:
         if not linears:
             raise UserError("--lora adapts the Linear layers but the output head (peft's all-linear), and this model "
                             "has none besides its head: name the layers with targets=NAME+NAME")
+        _peft_refuses(model, linears)
         return linears
     chosen = [(p, m) for p, m in linears if any(_named(p, t) for t in spec.targets)]
     missing = sorted(t for t in spec.targets if not any(_named(p, t) for p, _ in chosen))
@@ -151,6 +165,7 @@ def _targets(model: nn.Module, spec: LoraSpec) -> list[tuple[str, nn.Linear]]:
         names = sorted({p.rsplit(".", 1)[-1] for p, _ in linears})
         raise UserError(f"--lora targets {', '.join(missing)} name no Linear layer of the model; its Linear layers "
                         f"are named {', '.join(names[:12])}{' ...' if len(names) > 12 else ''}")
+    _peft_refuses(model, chosen)
     return chosen
 
 

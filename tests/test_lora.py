@@ -367,3 +367,24 @@ def test_lora_targets_are_the_layers_peft_adapts(which):
     assert d["params"]["trainable"] == truth["params_trainable"] > 0
     assert d["memory"]["gradients"] == truth["grad_bytes"]
     assert d["memory"]["optimizer_state"] == truth["optimizer_state_bytes"]
+
+
+def test_lora_on_a_mamba_refuses_what_peft_refuses():
+    """peft refuses LoRA on out_proj and conv1d of Mamba-based models, all-linear included: the estimate was
+    made for a fine-tune that cannot be built.  Truth: peft's own refusal, on the same model and targets."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.MambaForCausalLM(transformers.MambaConfig(vocab_size=100, hidden_size=32,
+                                                                   num_hidden_layers=2, state_size=4))
+    ids = torch.randint(0, 100, (2, 8))
+    for targets in ("all-linear", ["in_proj", "out_proj"]):
+        with pytest.raises(ValueError, match="incompatible with Mamba"):
+            _with_lora(copy.deepcopy(model), targets=targets)
+        spec = f"r={R}" + ("" if targets == "all-linear" else ",targets=" + "+".join(targets))
+        with pytest.raises(UserError, match="peft refuses out_proj on Mamba-based models") as info:
+            estimate(model, {"input_ids": ids, "labels": ids}, device="cpu", lora=spec)
+        assert "\n" not in str(info.value)
+    peft_model = _with_lora(copy.deepcopy(model), targets=["in_proj", "x_proj"])  # (what the message suggests)
+    report = estimate(model, {"input_ids": ids, "labels": ids}, device="cpu", lora=f"r={R},targets=in_proj+x_proj")
+    assert report.to_dict()["params"]["trainable"] == sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
