@@ -331,10 +331,9 @@ class Step:
     # -- the phases -----------------------------------------------------------------------------
     def run(self) -> Capture:
         """The step as the loop runs it: ``for micro in range(N): loss = loss_fn(model(x)) / N; loss.backward()``,
-        then ``opt.step()``.  With gradient accumulation (N > 1) two micro-steps are traced: the first
-        makes the gradients, the second (standing for micro-steps 2..N, identical in memory and time)
-        accumulates into them; the previous micro-step's loss (and output, when the loop keeps it) lives
-        until the next one replaces it."""
+        then ``opt.step()``.  With gradient accumulation (N > 1) two micro-steps are traced: the first makes the
+        gradients, the second (standing for micro-steps 2..N, identical in memory and time) accumulates into
+        them; the previous micro-step's loss (and output, when the loop keeps it) lives until the next one's."""
         opts = self.opts
         with contextlib.ExitStack() as stack:
             self._stack = stack
@@ -523,6 +522,7 @@ class Step:
             self._guard(opt.step, lambda: optimizer_hint(self.named_params.values()))  # (scaler.step would skip it)
             if scaler is not None:
                 self._guard(scaler.update)
+        rec.scalar_value = None  # (it holds the optimizer: not kept with the recorder)
         for n, p in opt_params.items():
             st = opt.state.get(p)
             if st:
