@@ -355,3 +355,34 @@ def test_tensor_parallel_plan_of_compiled_blocks_splits_what_the_eager_one_split
         plans = {c: p.plan("fsdp", 4, tp=2, sequence_parallel=sp, solve=()) for c, p in planners.items()}
         assert plans["block"].per_gpu.parameters == plans[None].per_gpu.parameters
         assert plans["block"].per_gpu.saved_activations < plans[None].per_gpu.saved_activations
+
+
+class _Blocks(nn.Module):
+    """Six pre-norm MLP blocks (a stack compile='block' compiles one by one)."""
+
+    def __init__(self, d: int = 64, h: int = 256, n: int = 6):
+        super().__init__()
+        self.inp, self.out = nn.Linear(32, d), nn.Linear(d, 10)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.LayerNorm(d), nn.Linear(d, h), nn.GELU(), nn.Linear(h, d))
+                                     for _ in range(n)])
+
+    def forward(self, x):
+        x = self.inp(x)
+        for b in self.blocks:
+            x = x + b(x)
+        return self.out(x)
+
+
+def test_compiling_a_block_keeps_none_of_its_inputs():
+    """The first run of each compiled region (its compilation) ran on the step's own tensors, and its graph held
+    them in a reference cycle no collection freed during the step: every block's input lived to the end (6 x 48 x
+    64 x 4 B at the optimizer step, +2.2 % on this peak against a real Inductor step measured with the profiler).
+    Autograd frees whatever a step saved once its backward has run: nothing saved is live in the optimizer step."""
+    from estimator import estimate
+
+    torch.manual_seed(0)
+    report = estimate(_Blocks(), torch.randn(48, 32), loss_fn=lambda out: out.pow(2).mean(), device="cpu",
+                      compile="block", solve_batch=False)
+    optimizer = [p for p in report.memory.timeline if "optimizer" in str(p.phase)]
+    assert optimizer and all(p.by_category.get("saved", 0) == 0 for p in optimizer)
+    assert report.compiled["eager_peak"] == report.memory.peak  # (these blocks save what eager saves)

@@ -190,7 +190,9 @@ class _Region:
                 # mode, whose "Error detected in ..." warning precedes the failure caught below
                 with self.pause(), graph_tracing(), _dynamo_compiling(), warnings.catch_warnings():
                     warnings.filterwarnings("ignore", message="Error detected in ", category=UserWarning)
-                    fn(state, tensors)
+                    # on copies: the graph of this run holds its inputs in a reference cycle, which no collection
+                    # frees during the step (a block's input kept to the end: +1 % to +6 % on the peak)
+                    fn(state, [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors])
                 graph = self.graphs[key] = (fn, out)
             except Exception as exc:  # a region AOTAutograd cannot trace runs eager (Dynamo's graph break)
                 if from_outside(exc):
