@@ -218,10 +218,7 @@ def estimate(
         target=device,
         cuda=CudaTarget.for_gpu(target_gpu, parse_release(cuda_torch)) if device == "cuda" else None,
     )
-    classes = resolve_classes(model, checkpoint)
-    if classes and mode != "train":
-        raise UserError(f"checkpoint is a what-if of training steps (recomputation in backward); mode={mode!r} "
-                        f"has no backward: drop it")
+    classes = _checkpoint_classes(model, checkpoint, compiled, mode)
     progress = progress or (lambda stage, detail="": None)
     generation = None
     if mode == "generate":
@@ -350,6 +347,18 @@ def _check_mode(mode: str, grad_accum: Any, quantize: str | None, prompt_len: An
     if lora is not None and mode != "train":
         raise UserError(f"lora sizes fine-tuning steps; drop it for mode={mode!r}")
     check_scheme(quantize, mode, lora is not None)
+
+
+def _checkpoint_classes(model, checkpoint: Any, compiled: str | None, mode: str) -> tuple[type, ...]:
+    """The what-if's classes, or a one-line error: outside training, or inside a compiled region."""
+    from .capture.compiled import check_checkpoint_regions
+
+    classes = resolve_classes(model, checkpoint)
+    check_checkpoint_regions(model, compiled, classes)
+    if classes and mode != "train":
+        raise UserError(f"checkpoint is a what-if of training steps (recomputation in backward); mode={mode!r} "
+                        f"has no backward: drop it")
+    return classes
 
 
 def _check_loop(mode: str, optimizer: Any, optimizer_kwargs: Any, keep_output: Any, ema: Any,

@@ -386,3 +386,24 @@ def test_compiling_a_block_keeps_none_of_its_inputs():
     optimizer = [p for p in report.memory.timeline if "optimizer" in str(p.phase)]
     assert optimizer and all(p.by_category.get("saved", 0) == 0 for p in optimizer)
     assert report.compiled["eager_peak"] == report.memory.peak  # (these blocks save what eager saves)
+
+
+def test_checkpointing_inside_a_compiled_region_is_refused_in_one_line():
+    """AOTAutograd traced the checkpoint's ops inline, so the what-if read the compiled step without its
+    recomputation (flops_added 0; its peak +26 % against a real torch.compile of checkpointed blocks). The block's
+    own class under compile='block' is checkpointed around the compiled block, as torchtitan applies both."""
+    from estimator import estimate
+    from estimator.errors import UserError
+
+    model, x = _Blocks(), torch.randn(16, 32)
+
+    def loss_fn(out):
+        return out.pow(2).mean()
+
+    for compile_, cls in (("model", nn.Sequential), ("block", nn.Linear)):
+        with pytest.raises(UserError, match="inside the compiled .* not modelled") as info:
+            estimate(model, x, loss_fn=loss_fn, device="cpu", compile=compile_, checkpoint=cls, solve_batch=False)
+        assert "\n" not in str(info.value)
+    ck = estimate(model, x, loss_fn=loss_fn, device="cpu", compile="block", checkpoint=nn.Sequential,
+                  solve_batch=False).checkpoint
+    assert ck.flops_added > 0  # (recomputed: the compiled blocks run again in backward)

@@ -17,7 +17,7 @@ import torch
 
 from ..capture import StepOptions, capture, check_zero_grad
 from ..capture.checkpoint import parse_policy, resolve_classes
-from ..capture.compiled import compiled_model
+from ..capture.compiled import check_checkpoint_regions, compiled_model
 from ..collect import young_only_during
 from ..errors import UserError
 from ..lora import finetuned
@@ -432,6 +432,7 @@ class Planner:
         check_budget(tokens, samples, steps, mfu)
         self._check_model_takes(tp, cp)
         ckpt = resolve_classes(self.model, checkpoint, "--checkpoint")
+        check_checkpoint_regions(self.model, self.options.compile, ckpt)
         if layout.pp > 1:  # every stage traced and composed with its schedule (estimator.plan.pipeline)
             from .pipeline import plan_pipeline
 
