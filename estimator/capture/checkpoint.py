@@ -220,6 +220,14 @@ def resolve_classes(model: torch.nn.Module, names: Any, option: str = "--checkpo
     return tuple(classes)
 
 
+KV_CACHE_OFF = {  # why a training step's KV cache is turned off (kv_caches_off), as the report says it
+    "checkpoint": "checkpointing: the model's KV cache off (config.use_cache=False), as transformers sets it under "
+                  "gradient checkpointing",
+    "compile": "torch.compile: the model's KV cache off (config.use_cache=False): AOTAutograd cannot return its "
+               "cache object (Dynamo compiles it into one graph); the training step's loss does not read it",
+}
+
+
 def kv_caches_off(model: torch.nn.Module, stack: Any) -> bool:
     """Every KV cache of ``model`` turned off for the step, put back by ``stack`` (an ``ExitStack``): each
     ``config`` in the model with ``use_cache`` True (T5's stacks and an encoder-decoder's decoder hold copies of

@@ -34,7 +34,7 @@ from ..optim import (build_optimizer, clip_gradients, elementwise, made_before_l
                      steady_scalars, wants_fused)
 from ..target import FAKE_KERNELS, CudaTarget, installed
 from .as_is import AsIs, AsIsRecorder
-from .checkpoint import kv_caches_off, wrap_checkpointed
+from .checkpoint import KV_CACHE_OFF, kv_caches_off, wrap_checkpointed
 from .failures import guard, input_hint, optimizer_hint
 from .held import leaves_held_by, output_tensors
 from .fake import (
@@ -248,9 +248,9 @@ class Step:
 
             stack.enter_context(compiled_regions(model, opts.compile, self.rec, self._paused, self.notes))
         stack.callback(wrap_checkpointed(model, opts.checkpoint, opts.checkpoint_policy))
-        if opts.checkpoint and opts.train and kv_caches_off(model, stack):
-            self.notes.append("checkpointing: the model's KV cache off (config.use_cache=False), as transformers "
-                              "sets it under gradient checkpointing")
+        why = "checkpoint" if opts.checkpoint else "compile" if opts.compile is not None else None
+        if why and opts.train and kv_caches_off(model, stack):
+            self.notes.append(KV_CACHE_OFF[why])
         # the traced tensors stand in for the model's own for the whole step (recomputation in backward included)
         swap = self._stand_ins(model) if opts.prepare is None else AsIs.engine_hooks(self.rec)
         if opts.target == "cuda" and self.fake:  # CUDA kernels exist as meta implementations only
