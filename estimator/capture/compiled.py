@@ -282,9 +282,11 @@ def compiled_regions(model: torch.nn.Module, mode: str, recorder: Any, pause: An
             leaves = [r for r in failed if not any(c.path.startswith(r.path) and c is not r for c in regions)
                       or not list(r.module.children())]
             first = failed[0]
+            whole = [r.path or "the model" for r in failed if r not in leaves]
             notes.append(f"torch.compile: {first.path or 'the model'} could not be traced whole by AOTAutograd "
                          f"({first.failed}); its submodules compiled one by one instead, as Dynamo's graph breaks "
-                         f"split it ({len(leaves)} module(s) run eager)")
+                         f"split it: the ops in the forward of {', '.join(whole)} (outside its submodules) run eager"
+                         + (f", and {len(leaves)} module(s) that could not be compiled either" if leaves else ""))
         notes.append("torch.compile: what forward saves is AOTAutograd's min-cut partition (Inductor's); "
                      "Inductor's fusion approximated: each connected group of non-library ops in a compiled "
                      "graph is one kernel whose inner tensors take no memory")
