@@ -285,8 +285,9 @@ def compiled_regions(model: torch.nn.Module, mode: str, recorder: Any, pause: An
             whole = [r.path or "the model" for r in failed if r not in leaves]
             notes.append(f"torch.compile: {first.path or 'the model'} could not be traced whole by AOTAutograd "
                          f"({first.failed}); its submodules compiled one by one instead, as Dynamo's graph breaks "
-                         f"split it: the ops in the forward of {', '.join(whole)} (outside its submodules) run eager"
-                         + (f", and {len(leaves)} module(s) that could not be compiled either" if leaves else ""))
+                         f"split it" + (f": the ops in the forward of {', '.join(whole)} (outside its submodules) "
+                                        f"run eager" if whole else "")
+                         + (f", {len(leaves)} module(s) that could not be compiled either eager too" if leaves else ""))
         notes.append("torch.compile: what forward saves is AOTAutograd's min-cut partition (Inductor's); "
                      "Inductor's fusion approximated: each connected group of non-library ops in a compiled "
                      "graph is one kernel whose inner tensors take no memory")
