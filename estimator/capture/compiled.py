@@ -287,7 +287,7 @@ def compiled_regions(model: torch.nn.Module, mode: str, recorder: Any, pause: An
                          f"({first.failed}); its submodules compiled one by one instead, as Dynamo's graph breaks "
                          f"split it" + (f": the ops in the forward of {', '.join(whole)} (outside its submodules) "
                                         f"run eager" if whole else "")
-                         + (f", {len(leaves)} module(s) that could not be compiled either eager too" if leaves else ""))
+                         + (f"; {len(leaves)} module(s) run eager, not compilable either" if leaves else ""))
         notes.append("torch.compile: what forward saves is AOTAutograd's min-cut partition (Inductor's); "
                      "Inductor's fusion approximated: each connected group of non-library ops in a compiled "
                      "graph is one kernel whose inner tensors take no memory")
