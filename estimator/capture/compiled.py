@@ -288,6 +288,11 @@ def compiled_regions(model: torch.nn.Module, mode: str, recorder: Any, pause: An
                          f"split it" + (f": the ops in the forward of {', '.join(whole)} (outside its submodules) "
                                         f"run eager" if whole else "")
                          + (f"; {len(leaves)} module(s) run eager, not compilable either" if leaves else ""))
+        convs = sum(isinstance(m, torch.nn.modules.conv._ConvNd) and m.groups == 1 for _, r in modules
+                    for m in r.modules())
+        if convs:  # (docs/compile.md: a ResNet's compiled peak -17 %, a ConvNeXt's -10.5 % without them)
+            notes.append(f"torch.compile: Inductor's copies of convolution weights in its preferred layout (saved for "
+                         f"backward, one per convolution: {convs} here) are not counted: the peak is low by their bytes")
         notes.append("torch.compile: what forward saves is AOTAutograd's min-cut partition (Inductor's); "
                      "Inductor's fusion approximated: each connected group of non-library ops in a compiled "
                      "graph is one kernel whose inner tensors take no memory")
