@@ -400,9 +400,10 @@ def _largest_batch(model, inputs, gpu: GPU, checkpoint: tuple[type, ...] = (),
         solve = Planner(model, inputs, gpu=gpu, **kwargs).largest_batch(checkpoint=checkpoint)
     except DataDependentError:  # the search traces the engine on fake tensors only
         return None, "not searched: the model reads tensor values in its forward, and the search traces on fake tensors", None
-    except UserError as exc:  # (a size the user never gave: say which, and why it was tried)
-        return None, (f"not searched: the forward at another micro-batch (dimension 0 of the inputs resized as the "
-                      f"batch) failed: {exc}"), None
+    except UserError as exc:  # (a forward at a size the user never gave: say which, and why it was tried)
+        at = ("the forward at another micro-batch (dimension 0 of the inputs resized as the batch) failed: "
+              if str(exc).startswith("the forward pass failed") else "")
+        return None, f"not searched: {at}{exc}", None
     finally:
         tally_log.removeFilter(once)
     need = solve.needed_at_answer
