@@ -200,7 +200,7 @@ what the GPU needs beyond it), against the GPU's capacity.</p>
 {mem_legend}
 <div class="scroll">{memory_svg(plans)}</div>
 <h2>Step time</h2>
-<p>The compute stream's busy time, the communication it waits for (exposed) and the time it waits for the host to launch kernels (these end at the step time); beneath, the communication the compute hides (it runs meanwhile).</p>
+<p>The compute stream's busy time, the communication it waits for (exposed), the time it waits for the host to launch kernels and, under pipeline parallelism, for the other stages (the bubble): these end at the step time; beneath, the communication the compute hides (it runs meanwhile).</p>
 {time_legend}
 <div class="scroll">{time_svg(plans)}</div>
 <h2>Plans</h2>
