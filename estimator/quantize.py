@@ -154,9 +154,9 @@ def quantized_what_ifs(cap: Any, tally: Any, device: str, peak: int) -> list[Qua
     """int8 and int4 weight-only what-ifs of an inference estimate (layouts: QUANT_SCHEMES).
 
     ``parameters``: the parameter bytes with those weights quantized (exact bytes); ``peak``: the
-    inference peak less the bytes the quantized weights save (each tensor rounded as the target's
-    allocator does), plus, for int4, one layer's weight dequantized to 16 bits (an upper bound: that
-    temporary is counted at the peak)."""
+    inference peak moved by :func:`_scheme_bytes` (the timeline replayed with the quantized storages, each
+    rounded as the target's allocator does, the peak wherever it lands), plus, for int4, one layer's weight
+    dequantized to 16 bits (an upper bound: that temporary is counted at the peak)."""
     out = []
     for scheme, spec in QUANT_SCHEMES.items():
         layers, elements, before, after, moved = _scheme_bytes(cap, device, scheme)

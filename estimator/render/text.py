@@ -31,8 +31,8 @@ def _memory_rows(report: ReportData, train: bool) -> list[tuple[str, str]]:
                                                  f"{f', {report.quantize} weights' if report.quantize else ''})"))
         if report.quantize and not traced:
             rows.append((f"Memory: peak with {report.quantize} weights",
-                         f"{fmt_bytes(report.quantized_peak)} (the traced peak less what the quantized weights save; "
-                         f"see the what-if below)"))
+                         f"{fmt_bytes(report.quantized_peak)} (the traced step replayed with the quantized weights' "
+                         f"bytes; see the what-if below)"))
         which = " (steady-state step)" if train else (
             f" (the {STAGE_WORDS[report.generation.binding]})" if report.generation is not None else "")
         rows.append((f"Memory: peak{which}{' as traced' if report.quantize and not traced else ''}"
