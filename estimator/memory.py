@@ -190,14 +190,21 @@ def carried_gradients(cap: Capture) -> tuple[int, list[int]] | None:
     return first - 1, grads
 
 
+def added_into(cap: Capture) -> set[int]:
+    """Gradients kept, the next backward adding into them (``grad += new``): the parameters' when zeroed in place
+    (``zero_grad(set_to_none=False)``); inputs' always (fed again each step, and no ``zero_grad`` reaches them)."""
+    kept = set(cap.sids.get("input_gradient", ()))
+    return kept | set(cap.sids.get("gradient", ())) if cap.zero_grad == "in_place" else kept
+
+
 def _added_in_place(events: list[tuple[int, Any, int]], sizes: list[int], cats: list[str], previous: set[int],
                     cap: Capture) -> list[tuple[int, Any, int]]:
-    """The steady-state events of a loop that zeroes its gradients in place (``zero_grad(set_to_none=False)``):
-    one storage per gradient, live from the start and never freed (added to ``sizes``, ``cats`` and
-    ``previous``), and each gradient this step makes a temporary of its size, freed after the op that makes it
+    """The steady-state events of a loop whose gradients are kept and added into (:func:`added_into`): one
+    storage per kept gradient, live from the start and never freed (added to ``sizes``, ``cats`` and
+    ``previous``), and each such gradient this step makes a temporary of its size, freed after the op that makes it
     (AccumulateGrad adds it into the kept gradient: ``grad += new``)."""
     temp: dict[int, int] = {}
-    for sid in sorted(cap.sids.get("gradient", ())):
+    for sid in sorted(added_into(cap)):
         sizes.append(sizes[sid])
         cats.append(Category.GRADIENT)
         previous.add(len(sizes) - 1)
@@ -333,7 +340,7 @@ def _allocator_streams(cap: Capture, events: list[tuple[int, int, int]], raw: li
     stays = set(loaded) | set(cap.sids.get("optimizer_state", ())) | persistent
     # zero_grad(set_to_none=False): the first step's gradients stay; the second's are temporaries added into them,
     # each freed after its op (in_place_events, as the live-byte replay has them)
-    in_place = set(cap.sids.get("gradient", ())) if cap.zero_grad == "in_place" else set()
+    in_place = added_into(cap)
     streams: list[list[tuple[int, object, int]]] = [[(-2, sid, raw[sid]) for sid in loaded]]
     for step in (1, 2):
         stream, live = [], set()
@@ -526,8 +533,8 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
         previous.add(len(sizes) - 1)
     steady_events = events
     carry = carried_gradients(cap)
-    if cap.zero_grad == "in_place":  # zeroed in place: the previous step's gradients live through this one, and
-        steady_events = _added_in_place(events, sizes, cats, previous, cap)  # its new gradients are added into them
+    if added_into(cap):  # kept (zeroed in place, or an input's): the previous step's gradients live through this
+        steady_events = _added_in_place(events, sizes, cats, previous, cap)  # one, its new ones added into them
     if carry is not None:  # the previous step's gradients, live until zero_grad before this step's backward
         frees = []
         for sid in carry[1]:

@@ -549,6 +549,7 @@ class Step:
             "buffer": {sid(b) for b in self.buffers.values()},
             "input": {sid(t) for t in self.flat_inputs},
             "gradient": {sid(g) for g in grads.values()},
+            "input_gradient": {sid(t.grad) for t in self.flat_inputs if t.is_leaf and t.grad is not None},  # (kept)
             "optimizer_state": {sid(t) for st in self.opt_state.values() for t in st.values()},
             "saved": set(self.saved) | self.saved_all,
             # the loss, and what its graph keeps alive with it (the loop holds the loss into the next step)
@@ -559,8 +560,7 @@ class Step:
             # (of which a transformers cache's: past_key_values; not a category of its own)
             "output_cache": output - {sid(t) for t in pytree.tree_leaves(self.output) if isinstance(t, torch.Tensor)},
         }
-        if self.opts.prepare is not None:
-            sids["engine"] = rec.engine_sids
+        sids.update({"engine": rec.engine_sids} if self.opts.prepare is not None else {})
         for name, extra in self.extra_sids.items():
             sids[name] = sids.get(name, set()) | extra
         rec.closed = True
