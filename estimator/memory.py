@@ -191,9 +191,9 @@ def carried_gradients(cap: Capture) -> tuple[int, list[int]] | None:
 
 
 def added_into(cap: Capture) -> set[int]:
-    """Gradients kept, the next backward adding into them (``grad += new``): the parameters' when zeroed in place
-    (``zero_grad(set_to_none=False)``); inputs' always (fed again each step, and no ``zero_grad`` reaches them)."""
-    kept = set(cap.sids.get("input_gradient", ()))
+    """Gradients kept, the next backward adding into them (``grad += new``): the parameters' when zeroed in place;
+    inputs' (fed again) and those of parameters outside the optimizer always: no ``optimizer.zero_grad()`` frees them."""
+    kept = set(cap.sids.get("input_gradient", ())) | set(cap.sids.get("gradient_kept", ()))
     return kept | set(cap.sids.get("gradient", ())) if cap.zero_grad == "in_place" else kept
 
 

@@ -10,7 +10,7 @@ for built-in and user-defined optimizers alike.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -288,6 +288,13 @@ def clip_gradients(params: Any, max_norm: float, foreach: bool | None) -> None:
 
 
 # -- several optimizers, one step ----------------------------------------------------------------------------------
+
+
+def grads_outside(opt: Any, params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """The gradients of ``params`` that are in none of ``opt``'s param groups: the loop's ``opt.zero_grad()`` never
+    frees them, so they stay allocated between steps, each backward adding into them."""
+    held = {id(q) for g in opt.param_groups for q in g["params"]}
+    return [p.grad for p in params if p.grad is not None and id(p) not in held]
 
 
 class Chain:

@@ -238,3 +238,22 @@ def test_state_made_by_the_constructor_is_live_through_the_first_step():
     report = estimate(model, x, loss_fn=loss_fn, device="cpu", optimizer="adagrad")
     assert report.memory.peak_first_step == pytest.approx(first, rel=0.01), (report.memory.peak_first_step, first)
     assert report.memory.peak == pytest.approx(steady, rel=0.01), (report.memory.peak, steady)
+
+
+def test_gradients_outside_the_optimizer_stay_allocated_as_in_a_real_loop():
+    """An optimizer over the last layer only: the loop's ``opt.zero_grad()`` never frees the other layers'
+    gradients, so from the second step they are live throughout, each backward adding into them.  The steady
+    peak freed them at the end of every step (-6.4 % on a GPT-2 whose embeddings were outside the optimizer);
+    now within 1 % of the live tracker over three real steps of the same loop, the first step too."""
+    import copy
+
+    from livetracker import measure_peaks
+
+    model, x = _model()
+    real = copy.deepcopy(model)
+    first, _, steady = measure_peaks(real, x, lambda _: torch.optim.AdamW(real[3].parameters()),
+                                     lambda out: out.sum(), steps=3)
+    est = estimate(model, x, optimizer=torch.optim.AdamW(model[3].parameters()), loss_fn=lambda out: out.sum(),
+                   device="cpu")
+    assert est.memory.peak == pytest.approx(steady, rel=0.01), (est.memory.peak, steady)
+    assert est.memory.peak_first_step == pytest.approx(first, rel=0.01), (est.memory.peak_first_step, first)

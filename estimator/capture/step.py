@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import UserError
 from ..ema import with_ema
-from ..optim import (build_optimizer, clip_gradients, elementwise, made_before_loop, state_tensors,
+from ..optim import (build_optimizer, clip_gradients, elementwise, grads_outside, made_before_loop, state_tensors,
                      steady_scalars, wants_fused)
 from ..target import FAKE_KERNELS, CudaTarget, installed
 from .as_is import AsIs, AsIsRecorder
@@ -499,9 +499,8 @@ class Step:
             self.fake_entered.exit()
             opt_params = {n: meta_twin(rec, p) for n, p in self.params.items()}
         elif twins and elementwise(opts.optimizer) and all(map(AsIs.on_local_shard, self.named_params.values())):
-            # An engine's DTensor parameters: an element-wise optimizer's step is the same step on the local
-            # shards (DTensor runs each op there), so it runs on meta twins of the shards and their gradients,
-            # without DTensor's sharding propagation of every foreach op (0.3-0.4 s of a 7B FSDP trace)
+            # An engine's DTensors: an element-wise step is the same on the local shards (DTensor runs each op there):
+            # on their meta twins, without DTensor's sharding of every foreach op (0.3-0.4 s of a 7B FSDP trace)
             self.fake_entered.exit()
             opt_params = {n: meta_twin(rec, self.params[n], AsIs.local(p.grad) if p.grad is not None else None,
                                        p.requires_grad) for n, p in self.named_params.items()}
@@ -511,6 +510,7 @@ class Step:
             opt = with_ema(opt, opt_params.values(), opts.ema)
         if opt is None:
             return
+        self.extra_sids["gradient_kept"] = {rec.sid(AsIs.local(g)) for g in grads_outside(opt, opt_params.values())}
         early = state_tensors(opt)  # (made by its constructor: Adagrad's sums)
         self.notes.extend(n for n in [getattr(opt, "note", None)] if n and n not in self.notes)  # Chain's split
         rec.scalar_value = steady_scalars(opt)
