@@ -8,11 +8,13 @@ import torch
 
 from .capture import Progress, StepOptions, capture, check_zero_grad
 from .capture.checkpoint import parse_policy, policy_name, resolve_classes
+from .caller import apart_from_caller_during
 from .collect import young_only_during
 from .errors import DataDependentError, UserError
 from .hardware import GPU, lookup
 from .memory import simulate
 from .lora import finetuned
+from .loop import check_loop, check_policy
 from .ema import check_ema
 from .optim import check_clip
 from .precision import parse_precision
@@ -75,6 +77,7 @@ def _checkpoint_what_if(model, inputs, options: StepOptions, classes: tuple[type
 
 
 @young_only_during
+@apart_from_caller_during
 def estimate(
     model: torch.nn.Module,
     inputs: Any,
@@ -187,7 +190,8 @@ def estimate(
         target_gpu = gpu if isinstance(gpu, GPU) else lookup(gpu)
     _check_mode(mode, grad_accum, quantize, prompt_len, new_tokens, lora, depth=depth, trace=trace,
                 optimizer_kwargs=optimizer_kwargs, kv_cache=kv_cache)
-    _check_loop(mode, optimizer, optimizer_kwargs, keep_output, ema, clip_grad_norm)
+    check_loop(mode, optimizer, optimizer_kwargs, keep_output, ema, clip_grad_norm)
+    check_policy(checkpoint, checkpoint_policy)
     from .capture.compiled import compiled_model
 
     model, compiled, compiled_notes = compiled_model(model, compile, mode)
@@ -359,26 +363,6 @@ def _checkpoint_classes(model, checkpoint: Any, compiled: str | None, mode: str)
         raise UserError(f"checkpoint is a what-if of training steps (recomputation in backward); mode={mode!r} "
                         f"has no backward: drop it")
     return classes
-
-
-def _check_loop(mode: str, optimizer: Any, optimizer_kwargs: Any, keep_output: Any, ema: Any,
-                clip_grad_norm: Any) -> None:
-    """Training-loop options that would be ignored, refused in one line: an optimizer, its options or the
-    output's lifetime outside training (``--mode train``; the command line refuses them alike), an EMA or
-    gradient clipping without an optimizer (both run around ``optimizer.step()``)."""
-    if mode != "train":
-        named = isinstance(optimizer, str) and optimizer.strip().lower() in ("adamw", "none")  # (the default)
-        given = [name for name, on in (("optimizer", optimizer is not None and not named),
-                                        ("optimizer_kwargs", optimizer_kwargs is not None),
-                                        ("keep_output", bool(keep_output))) if on]
-        if given:
-            raise UserError(f"{', '.join(given)} shape{'s' if len(given) == 1 else ''} a training step; drop "
-                            f"{'it' if len(given) == 1 else 'them'} for mode={mode!r}")
-    none = optimizer is None or (isinstance(optimizer, str) and optimizer.split(":")[0].strip().lower() == "none")
-    if mode == "train" and none and (ema is not None or clip_grad_norm is not None):
-        what = "ema averages the weights after" if ema is not None else "clip_grad_norm clips the gradients before"
-        raise UserError(f"{what} optimizer.step(), and optimizer is none: give an optimizer, or drop "
-                        f"{'ema' if ema is not None else 'clip_grad_norm'}")
 
 
 def _largest_batch(model, inputs, gpu: GPU, checkpoint: tuple[type, ...] = (),

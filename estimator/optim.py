@@ -367,7 +367,7 @@ def whole_model_notes(notes: list[str], model: torch.nn.Module, params: Mapping[
 def muon_and_adamw(model: torch.nn.Module | None, trainable: Mapping[str, torch.Tensor], options: dict[str, Any],
                    extra: dict[str, Any]) -> Chain:
     """``--optimizer muon``: ``torch.optim.Muon`` (``options``) on :func:`hidden_matrices`, AdamW (lr 1e-3, its
-    other defaults; ``extra`` as any optimizer's) on the other trainable parameters, stepped in that order."""
+    other defaults; the options of ``extra`` it takes) on the other trainable parameters, stepped in that order."""
     if model is None:
         raise UserError("--optimizer muon needs the model's layers: pass a list of optimizer instances instead")
     hidden, head = hidden_matrices(model)
@@ -380,7 +380,11 @@ def muon_and_adamw(model: torch.nn.Module | None, trainable: Mapping[str, torch.
     muon = _construct(torch.optim.Muon, [trainable[n] for n in on_muon], options)
     optimizers = [muon]
     if rest:
-        optimizers.append(_construct(torch.optim.AdamW, [trainable[n] for n in rest], {"lr": 1e-3, **extra}))
+        import inspect
+
+        takes = inspect.signature(torch.optim.AdamW).parameters  # (Muon's own options, adjust_lr_fn: Muon's only)
+        optimizers.append(_construct(torch.optim.AdamW, [trainable[n] for n in rest],
+                                     {"lr": 1e-3, **{k: v for k, v in extra.items() if k in takes}}))
     return Chain(optimizers, note)
 
 

@@ -196,3 +196,23 @@ def test_a_cast_real_step_keeps_the_users_input_values(precision):
     assert d["flops"]["matmul_backward"] == truth["matmul_backward"]
     assert d["memory"]["activations"] == truth["activation_bytes"]
     assert d["memory"]["gradients"] == truth["grad_bytes"]
+
+
+def test_meta_inputs_whose_values_are_read_are_taken_as_ones_and_said():
+    """A mask given on the meta device has no values; the real step drew zeros for it, so a model that keeps the
+    rows its mask selects ran on none (matmul FLOPs 0) and the report said nothing.  Now ones (every row kept),
+    which is the real step on an all-ones mask, and a line in the report's assumptions."""
+    torch.manual_seed(0)
+    model, x = SelectsRowsByMask(), torch.randn(32, 64)
+    d = estimate(model, (x, torch.ones(32, dtype=torch.long).to("meta")), loss_fn=lambda out: out,
+                 device="cpu").to_dict()
+    assert d["capture"] == "real"
+    truth = groundtruth.measure(copy.deepcopy(model), (x, torch.ones(32, dtype=torch.long)), "adamw",
+                                loss_fn=lambda out: out)
+    assert d["flops"]["matmul_forward"] == truth["matmul_forward"] > 0  # 2 * 32 * 64 * 64
+    assert d["memory"]["activations"] == truth["activation_bytes"]
+    assert any("given as meta or fake tensors" in a for a in d["assumptions"])
+    # real inputs: nothing drawn, nothing said
+    mask = torch.ones(32, dtype=torch.long)
+    assert not any("meta or fake" in a for a in estimate(model, (x, mask), loss_fn=lambda out: out,
+                                                         device="cpu").to_dict()["assumptions"])

@@ -207,8 +207,11 @@ def resolve_classes(model: torch.nn.Module, names: Any, option: str = "--checkpo
     by_name = {type(m).__name__: type(m) for m in model.modules()}
     classes = []
     for item in items:
-        if isinstance(item, type):
+        if isinstance(item, type) and any(isinstance(m, item) for m in model.modules()):
             classes.append(item)
+        elif isinstance(item, type):  # (by name it is refused alike: checkpointing it would change nothing)
+            raise UserError(f"{option} {item.__name__}: no module of that class in the model; "
+                            f"classes present: {', '.join(sorted(by_name)[:15])}")
         elif isinstance(item, str) and item in by_name:
             classes.append(by_name[item])
         elif isinstance(item, torch.nn.Module):

@@ -37,14 +37,16 @@ def is_real(t: torch.Tensor) -> bool:
 
 
 def materialize(t: torch.Tensor) -> torch.Tensor:
-    """A real CPU tensor like ``t``: ``t`` itself if real, else random floats / zero integers."""
+    """A real CPU tensor like ``t``: ``t`` itself if real, else random floats, integers and booleans of ones (a
+    mask that keeps every position, a length of one, token id 1: zeros selected nothing, so a model that reads its
+    mask's values ran on no rows)."""
     if is_real(t):
         return t
     with torch.no_grad():
         if t.is_floating_point() or t.is_complex():
             out = torch.randn(t.shape, dtype=t.dtype)
         else:
-            out = torch.zeros(t.shape, dtype=t.dtype)
+            out = torch.ones(t.shape, dtype=t.dtype)
     return out.requires_grad_(t.requires_grad)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..errors import DataDependentError, UnsupportedModelError, UserError
+from ..loop import is_none
 from ..optim import whole_model_notes
 from .inputs import split_inputs
 from .blocks import TRACED_BLOCKS, find_repeats, truncated
@@ -108,6 +109,12 @@ def _loop_notes(model: torch.nn.Module, opts: StepOptions) -> list[str]:
                      f"gradient or steps an optimizer in backward (freeing each gradient as it is made) changes "
                      f"the real step's memory")
     spec = opts.optimizer
+    if opts.train and not params and not is_none(spec):  # (torch.optim refuses an empty parameter list)
+        if opts.ema is not None:
+            raise UserError("ema averages the trained weights, and no parameter of the model requires grad: drop ema, "
+                            "or set requires_grad on the parameters to train")
+        notes.append("no parameter of the model requires grad: no optimizer step (torch.optim refuses an empty "
+                     "parameter list); the step is the forward, the loss and the backward to the inputs")
     given = spec if isinstance(spec, (list, tuple)) else [spec]
     if opts.train and given and all(isinstance(o, torch.optim.Optimizer) for o in given):
         held = {id(p) for o in given for g in o.param_groups for p in g["params"]}
@@ -148,7 +155,7 @@ def _tag_subclass_layers(cap: Capture) -> None:
 
 def _capture(model: torch.nn.Module, args, kw, opts: StepOptions, mode: str, progress: Progress | None) -> Capture:
     if mode == "real":
-        return _real(model, args, kw, opts, progress)
+        return _drawn(_real(model, args, kw, opts, progress), args, kw)
     try:
         replicated = _replicated(model, args, kw, opts, progress)
         if replicated is not None:
@@ -173,8 +180,23 @@ def _capture(model: torch.nn.Module, args, kw, opts: StepOptions, mode: str, pro
     # would fail the same way) or an op whose fake kernel rejects these arguments: either way the error
     # names the op.  Never a silent trace on real tensors, which would allocate the model for real.
     log.info("%s; capturing again on real CPU tensors", reason)
-    cap = _real(model, args, kw, opts, progress)
+    cap = _drawn(_real(model, args, kw, opts, progress), args, kw)
     cap.fallback_reason = reason
+    return cap
+
+
+def _drawn(cap: Capture, args, kw) -> Capture:
+    """``cap`` (traced on real CPU tensors) with the report's line on the inputs given without values (meta or
+    fake), whose values the real step drew (:func:`.inputs.materialize`)."""
+    import torch.utils._pytree as pytree
+
+    from .inputs import is_real
+
+    if any(isinstance(t, torch.Tensor) and not is_real(t) for t in pytree.tree_leaves((args, kw))):
+        cap.assumptions.append("the model reads tensor values and some inputs were given as meta or fake tensors, "
+                               "which have none: their integer and boolean elements were taken as ones (every mask "
+                               "position kept, token id 1), floats drawn at random; pass real tensors for the values "
+                               "of your data")
     return cap
 
 

@@ -10,6 +10,7 @@ import torch
 from ..capture import Progress
 from ..errors import UserError
 from ..hardware import GPU
+from ..loop import check_policy
 from .planner import Planner
 from .report import Comparison, Plan
 
@@ -68,6 +69,7 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
     the loop frees the gradients, as :func:`estimator.estimate` takes it.  Raises
     :class:`~estimator.errors.UserError` for impossible combinations.
     """
+    check_policy(checkpoint, checkpoint_policy)
     planner = Planner(model, inputs, gpu=gpu, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs,
                       loss_fn=loss_fn, precision=precision, reduce_dtype=reduce_dtype, wrap=wrap, device=device,
                       gpus_per_node=gpus_per_node, interconnect=interconnect, inter_node=inter_node,

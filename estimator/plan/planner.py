@@ -18,9 +18,11 @@ import torch
 from ..capture import StepOptions, capture, check_zero_grad
 from ..capture.checkpoint import parse_policy, resolve_classes
 from ..capture.compiled import check_checkpoint_regions, compiled_model
+from ..caller import apart_from_caller_during
 from ..collect import young_only_during
 from ..errors import UserError
 from ..lora import finetuned
+from ..loop import check_loop
 from ..ema import check_ema
 from ..optim import check_clip
 from ..hardware import GPU, gpu_links, link, lookup
@@ -130,9 +132,10 @@ class Planner:
         self.trace_mode = trace
         if not isinstance(grad_accum, int) or isinstance(grad_accum, bool) or grad_accum < 1:
             raise UserError(f"--grad-accum must be an integer >= 1, not {grad_accum!r}")
+        check_loop("train", optimizer, optimizer_kwargs, keep_output, ema, clip_grad_norm)
         self.options = StepOptions(loss_fn=loss_fn, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs,
                                    foreach=True if device == "cuda" else None, precision=self.precision.step,
-                                   train=True, target=device, keep_output=bool(keep_output), grad_accum=grad_accum,
+                                   train=True, target=device, keep_output=keep_output, grad_accum=grad_accum,
                                    clip_grad_norm=check_clip(clip_grad_norm), ema=check_ema(ema),
                                    zero_grad=check_zero_grad(zero_grad),
                                    checkpoint_policy=parse_policy(checkpoint_policy), replicate=replicate,
@@ -394,6 +397,7 @@ class Planner:
         return fewest_gpus(counts, traced_fits)  # the interpolation missed: bisect with traces
 
     @young_only_during
+    @apart_from_caller_during
     def largest_batch(self, gpu: str | GPU | None = None, checkpoint: tuple[type, ...] = ()) -> Solve:
         """The largest micro-batch that fits one ``gpu`` (default: the planner's) as DDP on one GPU runs it: the
         search of :meth:`plan` alone (``estimate --gpu``'s question), without the plan's step time, FLOPs per
@@ -405,6 +409,7 @@ class Planner:
 
     # -- one plan ------------------------------------------------------------------------------------------
     @young_only_during
+    @apart_from_caller_during
     def plan(self, strategy: str = "ddp", gpus: int = 1, *, tp: int = 1, sequence_parallel: bool = False,
              checkpoint: Any = None, offload: str | None = None, tokens: float | None = None,
              samples: float | None = None, steps: int | None = None, mfu: float | None = None,
@@ -582,6 +587,7 @@ class Planner:
 
     # -- many plans ------------------------------------------------------------------------------------------
     @young_only_during
+    @apart_from_caller_during
     def compare(self, gpus: int | Sequence[int], **kwargs: Any) -> Comparison:
         """Plans side by side (:func:`.comparison.compare_layouts`): every GPU type x GPU count x strategy,
         without and with activation checkpointing, each row in its engine's precision policy."""

@@ -1,0 +1,94 @@
+"""The caller's torch state around an estimate or a plan (:mod:`estimator.caller`) and the loop options a caller
+gives (:mod:`estimator.loop`): each case against the same call made outside that state, or a one-line error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from estimator import estimate
+from estimator.errors import UserError
+from estimator.plan import plan
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)), torch.randn(16, 32)
+
+
+def _numbers(report) -> tuple:
+    d = report.to_dict()
+    return d["memory"], d["flops"], d["precision"]
+
+
+@pytest.mark.parametrize("state", ["no_grad", "inference_mode", "fake_mode"])
+def test_the_callers_grad_and_dispatch_modes_do_not_reach_the_step(state):
+    """Under ``no_grad`` / ``inference_mode`` the training step had no gradient ("nothing to train"); under the
+    caller's FakeTensorMode the optimizer's state was made in it and failed, blaming the optimizer.  The same
+    numbers as outside now; the plan too."""
+    model, x = _model()
+    outside = _numbers(estimate(model, x, device="cpu"))
+    outside_plan = plan(model, x, gpu="H100", device="cpu", solve=()).per_gpu
+    context = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode, "fake_mode": FakeTensorMode}[state]
+    with context():
+        if state == "fake_mode":  # the model and its input made inside the caller's fake mode
+            model, x = _model()
+        assert _numbers(estimate(model, x, device="cpu")) == outside
+        assert plan(model, x, gpu="H100", device="cpu", solve=()).per_gpu == outside_plan
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+
+
+def test_an_autocast_block_around_the_call_is_a_one_line_error():
+    """Under the caller's autocast the report said fp32 and counted bf16 FLOPs (its peak +8.1 % over a real
+    autocast step's); the precision option says it."""
+    model, x = _model()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(UserError, match="precision='bf16-mixed'") as info:
+            estimate(model, x, device="cpu")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(keep_output="no"), "keep_output is True"),  # ("no" was read as True)
+    (dict(checkpoint_policy="op"), "give checkpoint="),  # (ignored without classes)
+    (dict(checkpoint=nn.LSTM), "LSTM: no module of that class"),  # (a what-if that checkpointed nothing)
+    (dict(optimizer="none", optimizer_kwargs={"lr": 0.1}), "optimizer_kwargs are the optimizer's options"),
+])
+def test_loop_options_that_would_be_ignored_are_one_line_errors(kwargs, needle):
+    model, x = _model()
+    with pytest.raises(UserError, match=needle) as info:
+        estimate(model, x, device="cpu", **kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_plan_refuses_the_same_loop_options():
+    model, x = _model()
+    for kwargs, needle in ((dict(keep_output="no"), "keep_output is True"),
+                           (dict(checkpoint_policy="op"), "give checkpoint=")):
+        with pytest.raises(UserError, match=needle):
+            plan(model, x, gpu="H100", device="cpu", solve=(), **kwargs)
+
+
+def test_a_model_with_nothing_to_train_says_there_is_no_optimizer_step():
+    """Only the input takes gradients: the optimizer was dropped without a word (torch.optim refuses an empty
+    parameter list); an EMA of weights nothing trains is refused."""
+    model, x = _model()
+    model.requires_grad_(False)
+    x = x.clone().requires_grad_(True)
+    report = estimate(model, x, device="cpu", optimizer="sgd:momentum=0.9")
+    assert report.tally.optimizer_state_bytes == 0
+    assert any("no optimizer step" in a for a in report.capture.assumptions)
+    with pytest.raises(UserError, match="drop ema"):
+        estimate(model, x, device="cpu", ema=0.999)
+
+
+def test_muon_options_go_to_muon_only():
+    """``optimizer="muon"`` with a Muon-only option in optimizer_kwargs failed building the AdamW half ("cannot
+    build AdamW ... adjust_lr_fn"); it takes the option in its spec string, and now in the kwargs alike."""
+    model, x = _model()
+    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+    by_kwargs = estimate(model, x, device="cpu", optimizer="muon", optimizer_kwargs={"adjust_lr_fn": "match_rms_adamw"})
+    by_spec = estimate(model, x, device="cpu", optimizer="muon:adjust_lr_fn=match_rms_adamw")
+    assert _numbers(by_kwargs) == _numbers(by_spec)
