@@ -128,9 +128,11 @@ def layer_host(t: int, k: int, n: int, recipe: str) -> float:
                        loss_fn=lambda out: out.float().sum())
     finally:
         host.subclass_factor = shipped
-    nodes = rep.capture.nodes
+    from estimator.timing.simulate import work_nodes
+
+    nodes, at = rep.capture.nodes, work_nodes(rep)  # (an op's index is its place among the timed ops)
     return sum(o.cpu_s for o in rep.step_time.ops
-               if nodes[o.index].meta.get("module") == "1" and o.phase in ("forward", "backward"))
+               if nodes[at[o.index]].meta.get("module") == "1" and o.phase in ("forward", "backward"))
 
 
 def eager_host_factors() -> list[tuple[tuple, float]]:
@@ -150,6 +152,62 @@ def eager_host_factors() -> list[tuple[tuple, float]]:
         for recipe in ("tensorwise", "rowwise"):
             out.append(((t, k, n, recipe), (measured[(t, k, n, recipe)] - m16 + h16) / layer_host(t, k, n, recipe)))
     return out
+
+
+def layer_gpu(t: int, k: int, n: int, recipe: str) -> tuple[float, float]:
+    """The model's GPU seconds of one ``nn.Linear(k, n)`` on [t, k] in bf16 (as :func:`layer_host`), forward and
+    backward: (its GEMMs', its memory-bound ops' without the eager float8 scaling factor)."""
+    import torch
+
+    from estimator import estimate
+    from estimator.timing import float8 as f8
+    from estimator.timing.simulate import work_nodes
+
+    with torch.device("meta"):
+        m = torch.nn.Sequential(torch.nn.Linear(k, k, bias=False), torch.nn.Linear(k, n, bias=False))
+    shipped, f8.scaling_factor = f8.scaling_factor, lambda: 1.0
+    try:
+        rep = estimate(m, torch.empty(t, k, device="meta"), device="cuda", precision="bf16", gpu="H200",
+                       optimizer="sgd", solve_batch=False, float8=None if recipe == "bf16" else recipe,
+                       loss_fn=lambda out: out.float().sum())
+    finally:
+        f8.scaling_factor = shipped
+    nodes, at = rep.capture.nodes, work_nodes(rep)
+    ops = [o for o in rep.step_time.ops
+           if nodes[at[o.index]].meta.get("module") == "1" and o.phase in ("forward", "backward")]
+    return sum(o.gpu_s for o in ops if o.kind == "matmul"), sum(o.gpu_s for o in ops if o.kind == "memory")
+
+
+def eager_scaling_factors() -> list[tuple[tuple, float]]:
+    """Per GPU-bound layer shape and recipe of ``float8_layers.csv`` (the bf16 layer's forward + backward at or over
+    HOST_BOUND_S): the factor f on the float8 layer's modelled memory-bound ops' time C8 that makes the measured
+    time, M8 = G8 + f C8 (G8: its GEMMs' modelled time, the float8 GEMMs fitted on the kernels above)."""
+    with open(LAYERS) as fh:
+        rows = list(csv.DictReader(fh))
+    measured = {(int(r["tokens"]), int(r["in_features"]), int(r["out_features"]), r["recipe"]):
+                float(r["fwd_bwd_ms"]) / 1e3 for r in rows}
+    out = []
+    for t, k, n in sorted({key[:3] for key in measured}):
+        if measured[(t, k, n, "bf16")] < HOST_BOUND_S:
+            continue
+        for recipe in ("tensorwise", "rowwise"):
+            gemms, memory = layer_gpu(t, k, n, recipe)
+            out.append(((t, k, n, recipe), (measured[(t, k, n, recipe)] - gemms) / memory))
+    return out
+
+
+def fit_eager_scaling() -> float:
+    """The median factor of :func:`eager_scaling_factors`, printed with each and held out shape by shape."""
+    import statistics
+
+    factors = eager_scaling_factors()
+    f = statistics.median(v for _, v in factors)
+    print(f"\neager float8 layers, GPU-bound shapes: scaling ops' factor {f:.3f} (median of {len(factors)})")
+    print("| tokens, in, out, recipe | factor | the median of the others / this one |\n|---|---:|---:|")
+    for i, (key, v) in enumerate(factors):
+        others = statistics.median(w for j, (_, w) in enumerate(factors) if j != i)
+        print(f"| {', '.join(map(str, key))} | {v:.3f} | {others / v:.3f} |")
+    return f
 
 
 def fit_eager_host() -> float:
@@ -194,12 +252,16 @@ def main(argv=None) -> None:
         held = errors(test, model, h, {variant: fit_variant(train, model, h) / f_bf16_train})
         print(_row(variant, before, after, held) + f" ratio {fitted[variant]:.3f}")
     eager = fit_eager_host()
+    scaling = fit_eager_scaling()
     if a.write:
         doc = {"source": "tests/data/h200/float8_gemms.csv.gz (benchmarks/record_float8.py, one H200, torch 2.11, "
                          "2026-11-28); benchmarks/fit_float8.py", "bf16_fraction": f_bf16, "relative": fitted,
                "eager_host_factor": eager,
                "eager_host_source": "tests/data/h200/float8_layers.csv: the host-bound shapes (bf16 forward + "
-                                    "backward under 0.5 ms), both recipes; benchmarks/fit_float8.py"}
+                                    "backward under 0.5 ms), both recipes; benchmarks/fit_float8.py",
+               "eager_scaling_factor": scaling,
+               "eager_scaling_source": "tests/data/h200/float8_layers.csv: the GPU-bound shapes (bf16 forward + "
+                                       "backward at or over 0.5 ms), both recipes; benchmarks/fit_float8.py"}
         FK._dump(doc, OUT, sort_keys=True)
         print("wrote", os.path.relpath(OUT, ROOT))
 

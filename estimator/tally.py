@@ -99,6 +99,8 @@ def node_cost(node: OpNode) -> NodeCost | None:
     target = node.target
     if node.op != "call_function" or target is operator.getitem:
         return None
+    if node.meta.get("wrapper"):  # a tensor subclass ran it as the ops recorded inside it (recorder.is_wrapper)
+        return NodeCost(0, ZERO, None)
     rule = lookup(target)
     if rule is None:
         return NodeCost(0, "unsupported", None)
@@ -219,7 +221,7 @@ class _Tallier:
         if cost is None:
             return
         node.meta["cost"] = cost
-        if node.meta.get("micro_step"):
+        if node.meta.get("micro_step") or node.meta.get("wrapper"):
             return  # a later micro-step of an accumulation: the tallies are one micro-batch's (and the optimizer's)
         phase = node.meta["phase"]
         module = node.meta["module"]

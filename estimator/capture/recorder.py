@@ -282,6 +282,8 @@ class Recorder(TorchDispatchMode):
         else:
             flat_out = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
         meta: dict[str, Any] = {"module": module, "phase": self.phase}
+        if any(map(is_wrapper, pytree.tree_leaves((args, kwargs)))):
+            meta["wrapper"] = True  # its subclass ran it as the ops recorded inside it: no cost of its own
         if self.micro_step:
             meta["micro_step"] = self.micro_step
         if self.compiled:
@@ -310,3 +312,15 @@ class Recorder(TorchDispatchMode):
                 self.records.append(item)
                 o._estimator_node = item
         return out
+
+
+def is_wrapper(value: Any) -> bool:
+    """Whether ``value`` is a tensor of a Python subclass that runs each op as ops on the tensors it wraps (its own
+    ``__torch_dispatch__``: torchao's ``Float8TrainingTensor``, whose ``aten.mm`` is the ``_scaled_mm`` and casts
+    recorded inside it); FakeTensor and parameters are not."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    cls = type(value)
+    return (isinstance(value, torch.Tensor) and cls not in (torch.Tensor, torch.nn.Parameter)
+            and not issubclass(cls, FakeTensor)
+            and getattr(cls, "__torch_dispatch__", None) is not getattr(torch.Tensor, "__torch_dispatch__", None))

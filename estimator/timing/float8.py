@@ -38,6 +38,14 @@ def table() -> dict:
     return json.loads(resources.files("estimator").joinpath("data", DATA_FILE).read_text())
 
 
+def scaling_factor() -> float:
+    """GPU time of a memory-bound op of an eager float8 layer (torchao's amax, scale and cast kernels around its
+    GEMMs: ``abs``, ``max``, ``mul``, ``clamp``, the casts to float8) over what the bandwidth model gives it:
+    ``benchmarks/fit_float8.py``'s median over the single float8 layers whose forward and backward are GPU-bound
+    (``tests/data/h200/float8_layers.csv``: 1.59-1.79 over 10 shapes and recipes)."""
+    return table().get("eager_scaling_factor", 1.0)
+
+
 def relative(kind: str) -> float | None:
     """A float8 GEMM of variant ``kind``: its fraction of the float8 peak over the bf16 GEMMs' fraction of the
     bf16 peak; None when the variant is unknown (the caller takes the bf16 fraction as it is)."""

@@ -181,7 +181,8 @@ def gpu_seconds(w: OpWork, model: TimingModel, matmul_tf32: bool = False, conv_t
         return 0.0
     if w.kind == MEMORY:
         bandwidth = model.bandwidth * model.memory_eff.get(w.memory_class, 1.0)
-        return w.launches * model.launch_s + (w.bytes - w.streamed) / bandwidth + w.streamed / model.bandwidth
+        t = w.launches * model.launch_s + (w.bytes - w.streamed) / bandwidth + w.streamed / model.bandwidth
+        return t * float8.scaling_factor() if w.subclass else t  # (an eager float8 layer's scaling and casts)
     if w.kind == RNN:
         return rnn_seconds(w, model, matmul_tf32)
     if w.kind == CONV and w.depthwise:

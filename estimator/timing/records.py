@@ -103,6 +103,9 @@ class OpWork:
         if getattr(node, "op", None) != "call_function" or node.target is operator.getitem:
             return None
         meta = node.meta
+        if meta.get("wrapper"):  # a tensor subclass's op: its kernels are the ops recorded inside it; the host
+            return cls(target_text(node.target), _phase(meta.get("phase", "forward")), VIEW, launches=0,
+                       subclass=True)  # dispatches it through the subclass's Python (timing.host)
         if meta.get("compiled"):
             return _compiled_work(node)
         target = node.target

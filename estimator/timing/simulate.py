@@ -213,6 +213,18 @@ def works_of(obj: Any, steady_state: bool = True) -> list[OpWork]:
     return works
 
 
+def work_nodes(cap: Any, steady_state: bool = True) -> list[int]:
+    """The index in ``cap.nodes`` of each op :func:`works_of` gives for the capture ``cap`` (a Report's too), in its
+    order: what ``StepTime.ops[i].index`` (a position among the timed ops) stands for."""
+    cap = getattr(cap, "capture", cap)
+    out = []
+    for i in cap.node_order():
+        w = OpWork.from_node(cap.nodes[i])
+        if w is not None and not (steady_state and _first_step_only(w)):
+            out.append(i)
+    return out
+
+
 def node_times(nodes: Sequence[Any], gpu: GPU | str = "H100-SXM", model: TimingModel | None = None, *,
                matmul_tf32: bool = False, steady_state: bool = True) -> list[tuple[float, float, bool]]:
     """(kernel seconds, host seconds, waits for the GPU) of each of ``nodes`` (captured OpNodes, in
