@@ -3,11 +3,13 @@
 ``ema.update_parameters(model)`` after ``opt.step()`` (timm's ``ModelEmaV3`` and diffusers' ``EMAModel`` hold and
 update the same).
 
-What it holds: a copy of every parameter, frozen ones included, in the parameter's dtype (``AveragedModel`` deep
-copies the module); counted with the optimizer state (:class:`EMA` is stepped as one more optimizer, after the
-real one).  What it runs at each step: one ``_foreach_lerp_`` per dtype over the copies towards the parameters
-(weight ``1 - decay``).  Not modelled: the copies of the buffers ``AveragedModel``'s deep copy also makes, and its
-``n_averaged`` counter (8 bytes).  The copy is traced inside the first step (where its ops replicate with the
+What it holds: a copy of every parameter, frozen ones included, in the parameter's dtype, and of every buffer
+(``AveragedModel`` deep copies the module: a sinusoidal position table or BatchNorm's statistics too; left out
+until 2026-11-30, -33 % on a model whose position table was most of its bytes); counted with the optimizer state
+(:class:`EMA` is stepped as one more optimizer, after the real one).  What it runs at each step: one
+``_foreach_lerp_`` per dtype over the parameters' copies towards the parameters (weight ``1 - decay``); the
+buffers' copies are not updated (``use_buffers=False``, the default).  Not modelled: its ``n_averaged`` counter
+(8 bytes).  The copy is traced inside the first step (where its ops replicate with the
 blocks) and counted live from the first step's start, as ``AveragedModel`` makes it before the loop
 (:attr:`EMA.made_before_loop`).
 """
@@ -24,15 +26,15 @@ from .errors import UserError
 class EMA:
     """The moving average of ``params`` (see the module docstring), stepped like an optimizer."""
 
-    def __init__(self, params: Iterable[torch.Tensor], decay: float):
-        self.params, self.decay = list(params), decay
+    def __init__(self, params: Iterable[torch.Tensor], decay: float, buffers: Iterable[torch.Tensor] = ()):
+        self.params, self.decay, self.buffers = list(params), decay, list(buffers)
         self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
         self.param_groups: list[dict[str, Any]] = []  # nothing for a GradScaler to unscale
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> None:
         if not self.state:  # AveragedModel's deep copy (made before the loop)
-            for p in self.params:
+            for p in self.params + self.buffers:
                 self.state[p] = {"ema": torch.empty_like(p)}
         by_dtype: dict[torch.dtype, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
         for p in self.params:
@@ -60,12 +62,13 @@ def check_ema(decay: Any, mode: str = "train") -> float | None:
     return float(decay)
 
 
-def with_ema(opt: Any, params: Iterable[torch.Tensor], decay: float) -> Any:
-    """``opt`` and then the weights' moving average (:class:`EMA`), stepped as one (:class:`.optim.Chain`)."""
+def with_ema(opt: Any, params: Iterable[torch.Tensor], decay: float, buffers: Iterable[torch.Tensor] = ()) -> Any:
+    """``opt`` and then the weights' moving average (:class:`EMA`, with copies of ``buffers`` too), stepped as one
+    (:class:`.optim.Chain`)."""
     from .optim import Chain
 
     inner = opt.optimizers if isinstance(opt, Chain) else [opt]
-    note = (f"EMA of the weights (decay {decay:g}): a copy of every parameter, stepped after the optimizer by "
-            f"one foreach lerp (torch.optim.swa_utils.AveragedModel, get_ema_multi_avg_fn); counted with the "
-            f"optimizer state")
-    return Chain(inner + [EMA(params, decay)], "; ".join(n for n in (getattr(opt, "note", None), note) if n))
+    note = (f"EMA of the weights (decay {decay:g}): a copy of every parameter and buffer, the parameters' stepped "
+            f"after the optimizer by one foreach lerp (torch.optim.swa_utils.AveragedModel, get_ema_multi_avg_fn); "
+            f"counted with the optimizer state")
+    return Chain(inner + [EMA(params, decay, buffers)], "; ".join(n for n in (getattr(opt, "note", None), note) if n))

@@ -507,7 +507,7 @@ class Step:
         opt, self.optimizer_name = build_optimizer(opts.optimizer, opt_params, self.named_params,
                                                    opts.optimizer_kwargs, opts.foreach, self.model)
         if opt is not None and opts.ema is not None:  # the weights' moving average, after the optimizer
-            opt = with_ema(opt, opt_params.values(), opts.ema)
+            opt = with_ema(opt, opt_params.values(), opts.ema, self.buffers.values())
         if opt is None:
             return
         self.extra_sids["gradient_kept"] = {rec.sid(AsIs.local(g)) for g in grads_outside(opt, opt_params.values())}
@@ -523,7 +523,7 @@ class Step:
             if scaler is not None:
                 self._guard(scaler.update)
         rec.scalar_value = None  # (it holds the optimizer: not kept with the recorder)
-        for n, p in opt_params.items():
+        for n, p in [*opt_params.items(), *self.buffers.items()]:  # (the EMA's copies of the buffers)
             st = opt.state.get(p)
             if st:
                 self.opt_state[n] = {k: AsIs.local(v) for k, v in st.items() if isinstance(v, torch.Tensor)}
