@@ -249,6 +249,9 @@ def _device_checked(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     if any(p.device.type in ("cpu", "meta") for p in params):
         raise UserError(f"{type(opt).__name__}(capturable=True) runs on GPU tensors only and the step is traced on "
                         "the CPU: drop capturable (it moves each parameter's step count, one scalar, to the GPU)")
+    if isinstance(opt, torch.optim.RAdam):  # (the report's assumptions: the step traced at STEADY_STEP)
+        opt.note = ("RAdam traced as a long run's step (step 1,000): its first 5 steps skip the rectified update, "
+                    "so a real run's first steps peak lower than the first-step figure")
     return opt
 
 
