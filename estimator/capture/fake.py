@@ -222,6 +222,9 @@ def _reduced_loss_bytes(func: Any, args: tuple, kwargs: dict, outs: list) -> dic
     return {0: elements * outs[0].element_size()}
 
 
+_IM2COL = (torch.ops.aten.im2col.default, torch.ops.aten.col2im.default)
+
+
 def real_output_bytes(func: Any, args: tuple, kwargs: dict, outs: list, cpu: bool = True) -> dict[int, int] | None:
     """Output sizes (output index -> bytes) where a fake kernel reports another size than the kernel.
 
@@ -237,7 +240,14 @@ def real_output_bytes(func: Any, args: tuple, kwargs: dict, outs: list, cpu: boo
       ``indices + 1`` elements, then shrinks the tensor to ``indices`` with ``resize_``, which
       keeps the storage (ATen's EmbeddingBag.cpp, ``make_offset2bag_out``); the meta kernel's
       storage is the tensor's size.  The CUDA kernel sizes it exactly.
+
+    On every target, ``aten.im2col`` / ``aten.col2im`` (``F.unfold`` / ``F.fold``) make their output with
+    ``empty_like(input)`` and ``resize_`` it to its shape, which keeps the larger storage (ATen's Im2Col.cpp,
+    Col2Im.cpp and their .cu): a fold's output holds its input's bytes, the kernel area times its own.
     """
+    if func in _IM2COL and outs and isinstance(args[0], torch.Tensor):
+        held = args[0].numel() * args[0].element_size()
+        return {0: held} if held > outs[0].numel() * outs[0].element_size() else None
     reduced = _reduced_loss_bytes(func, args, kwargs, outs)
     if reduced is not None or not cpu:
         return reduced
