@@ -93,6 +93,7 @@ BOOKKEEPING = (
     "_functional_sym_constrain_range_for_size", "_make_dep_token", "record_stream", "_unpack_dual",
     "_make_dual", "_fw_primal", "_has_same_storage_numel", "is_same_size", "_version",
     "_propagate_xla_data", "set_data", "_print", "_linalg_check_errors",
+    "promote_types", "result_type", "can_cast",  # dtype queries (autocast-CUDA's promote list asks them)
 )
 
 for _names in (VIEWS, COPY_VARIANTS, ALLOCATION, RANDOM, COPIES, BOOKKEEPING):

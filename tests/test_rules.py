@@ -692,3 +692,25 @@ def test_ctc_loss_rules_follow_their_formulas():
     cells = 10 * 2 * (2 * 3 + 1)  # T * N * (2S + 1)
     assert costs["aten._ctc_loss"] == 6 * cells
     assert costs["aten._ctc_loss_backward"] == 10 * cells + 10 * 2 * 6  # + T*N*C gradient elements
+
+
+def test_dtype_queries_cost_nothing_and_an_unsupported_op_at_the_root_names_it():
+    """Autocast on the CUDA target asks ``aten.promote_types`` for every op on its promote list (dot, tensordot,
+    bilinear, scatter_add): a dtype query, listed as an op without a rule.  An op that has none at the model's
+    root was listed with an empty module cell where the module table says ``(root)``."""
+    from estimator import estimate
+    from estimator.render.text import unsupported_table
+
+    class Dot(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            mantissa, _ = torch.frexp(x)  # (no rule: reported)
+            return torch.dot(self.lin(x)[0], mantissa[0])
+
+    report = estimate(Dot(), torch.randn(4, 8), precision="bf16-mixed", loss_fn=lambda out: out)
+    assert [r["op"] for r in report.tally.unsupported] == ["aten.frexp"]
+    assert report.tally.unsupported[0]["module"] == ""  # (JSON: the root's path)
+    assert "(root)" in unsupported_table(report)

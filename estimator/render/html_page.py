@@ -228,7 +228,7 @@ def _unsupported_section(t: Any) -> str:
     unsupported = ""
     if t.unsupported:
         urows = "\n".join(f"<tr><td class=mono>{esc(str(u['op']))}</td><td class=num>{u['count']}</td>"
-                          f"<td class=mono>{esc(str(u['module']))}</td></tr>" for u in t.unsupported)
+                          f"<td class=mono>{esc(str(u['module'] or '(root)'))}</td></tr>" for u in t.unsupported)
         unsupported = ("<h2>Not counted</h2><p>Ops without a cost rule: their FLOPs are missing from the "
                        "totals.</p><table><thead><tr><th>Op</th><th>Count</th><th>Module</th></tr></thead>"
                        f"<tbody>{urows}</tbody></table>")

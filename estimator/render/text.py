@@ -262,7 +262,7 @@ def module_table(report: ReportData, depth: int | None = None, tablefmt: str = "
 def unsupported_table(report: ReportData, tablefmt: str = "simple", width: int | None = None) -> str:
     if not report.tally.unsupported:
         return ""
-    body = [[r["op"], str(r["count"]), r["module"]] for r in report.tally.unsupported]
+    body = [[r["op"], str(r["count"]), r["module"] or "(root)"] for r in report.tally.unsupported]
     return _table(body, ["Op without a cost rule", "Count", "Module"], tablefmt, width, flexible=(2, 0),
                   minimum=(16, 16))
 
