@@ -15,6 +15,7 @@ from .hardware import GPU, lookup
 from .memory import simulate
 from .lora import finetuned
 from .loop import check_loop, check_policy
+from .plan.search import check_not_empty
 from .ema import check_ema
 from .optim import check_clip
 from .precision import parse_precision
@@ -192,6 +193,7 @@ def estimate(
                 optimizer_kwargs=optimizer_kwargs, kv_cache=kv_cache)
     check_loop(mode, optimizer, optimizer_kwargs, keep_output, ema, clip_grad_norm)
     check_policy(checkpoint, checkpoint_policy)
+    check_not_empty(inputs)
     from .capture.compiled import compiled_model
 
     model, compiled, compiled_notes = compiled_model(model, compile, mode)

@@ -257,6 +257,9 @@ def _api_calls():
                              device="cpu"), "amsgrd: not an option of Adam"),
         "capturable on the CPU trace": (lambda: estimate(m, x, optimizer="adamw:capturable=true", device="cpu"),
                                         "drop capturable"),
+        # an empty batch: the time model and the search divided by it (ZeroDivisionError tracebacks)
+        "empty batch, estimate on a GPU": (lambda: estimate(m, x[:0], gpu="H100"), "batch is empty"),
+        "empty batch, plan": (lambda: plan(m, x[:0], gpu="H100"), "batch is empty"),
     }
 
 

@@ -40,6 +40,7 @@ from .results import Config, Flops, PerGpu, Solve, StepTime, Suggestion, Trainin
 from .schedule import matmul_flops, traced_time, zero_time
 from .search import (
     check_budget,
+    check_not_empty,
     check_solve,
     fewest_gpus,
     input_dims,
@@ -148,6 +149,7 @@ class Planner:
             check_tied_units(model, self.unit_paths, wrap)
         else:
             self.wrap, self.unit_paths = default_wrap(model)
+        check_not_empty(inputs)
         self.batch, self.seq = input_dims(inputs)
         self._steps: dict[tuple, Step] = {}
         self._tp_plan: TPPlan | None = None

@@ -40,6 +40,14 @@ def input_dims(inputs: Any) -> tuple[int | None, int | None]:
     return batch, seq
 
 
+def check_not_empty(inputs: Any) -> None:
+    """A one-line error for inputs whose batch (dimension 0 of the first tensor, :func:`input_dims`) is empty: a step
+    of no samples has no size to estimate or search from (the search and the time model divided by it)."""
+    if input_dims(inputs)[0] == 0:
+        raise UserError("the inputs' batch is empty (dimension 0 of the first input tensor is 0): give at least one "
+                        "sample, e.g. --set batch=1")
+
+
 def sequence_shown(inputs: Any) -> int | None:
     """The sequence length a plan's title and JSON give: dim 1 of the first integer input with 2 dims (token ids),
     else of the first floating input with 3 dims (batch, time, features); None for images (dim 1 is channels) and
