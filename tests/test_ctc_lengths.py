@@ -33,3 +33,41 @@ def test_ctc_with_tensor_lengths_saves_what_the_real_step_saves(trace):
     d = estimate(model, (x, labels), device="cpu", trace=trace).to_dict()
     truth = groundtruth.measure(model, (x, labels), "adamw", loss_fn=lambda out: out)
     assert d["memory"]["activations"] == truth["activation_bytes"]
+
+
+class FixedLengths(torch.nn.Module):
+    """CTC with lengths written for a batch of 2 (lists, as a training script may hard-code them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(12, 6)
+
+    def forward(self, x):  # x: (B, T, 12)
+        log_probs = self.proj(x).log_softmax(-1).transpose(0, 1)
+        targets = torch.ones(2, 3, dtype=torch.long)
+        return torch.nn.functional.ctc_loss(log_probs, targets, [x.shape[1]] * 2, [3, 3], reduction="sum")
+
+
+@pytest.mark.parametrize("bad", ["lengths for another batch", "input length over T"])
+def test_ctc_lengths_that_do_not_fit_are_the_real_steps_error(bad):
+    """ATen's checks of the lengths (``ctc_loss_allocate_outputs``) were not made on fake tensors: the backward's
+    fallback then ran the real kernel on them and the process died (SIGSEGV, or glibc's heap corruption abort).
+    Now the real step's error, in one line, and a search at other batch sizes that the lengths do not fit is
+    "not searched" with that error (it died there too)."""
+    from estimator.errors import UserError
+
+    x = torch.randn(4 if bad == "lengths for another batch" else 2, 7, 12)
+    model = FixedLengths()
+    if bad == "input length over T":
+        model.forward = lambda x: torch.nn.functional.ctc_loss(  # 9 frames claimed of 7
+            model.proj(x).log_softmax(-1).transpose(0, 1), torch.ones(2, 3, dtype=torch.long), [9, 7], [3, 3])
+    with pytest.raises(RuntimeError) as real:
+        model(x).backward()
+    with pytest.raises(UserError) as info:
+        estimate(model, x, device="cpu", loss_fn=lambda out: out)
+    assert "\n" not in str(info.value) and str(real.value).split(" (while")[0] in str(info.value)
+
+
+def test_a_search_at_batches_the_ctc_lengths_do_not_fit_is_not_searched():
+    report = estimate(FixedLengths(), torch.randn(2, 7, 12), gpu="H100", loss_fn=lambda out: out)
+    assert report.max_batch is None and "input_lengths must be of size batch_size" in report.max_batch_note

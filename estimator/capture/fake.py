@@ -173,8 +173,24 @@ def fake_ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, ze
     log-probabilities: ``neg_log_likelihood`` [B] and ``log_alpha`` [B, T, 2 * max(target_lengths) + 1]
     (ATen's ``ctc_loss_cpu_template`` / ``ctc_loss_gpu_template``), unbatched [T, C] input without the B.
     FakeTensorMode has no kernel for this overload (the sizes depend on the lengths' values, which the
-    lists carry)."""
+    lists carry).  ATen's checks of the lengths first (``ctc_loss_allocate_outputs``): lengths that do not fit
+    the tensors made the real kernels, run by FakeTensor's fallback in backward, crash the process."""
     steps = log_probs.shape[0]
+    n = log_probs.shape[1] if log_probs.dim() == 3 else 1
+    torch._check(len(input_lengths) == n, lambda: f"input_lengths must be of size batch_size ({len(input_lengths)} "
+                                                   f"lengths for a batch of {n})")
+    torch._check(len(target_lengths) == n, lambda: f"target_lengths must be of size batch_size ({len(target_lengths)} "
+                                                    f"lengths for a batch of {n})")
+    torch._check(max(input_lengths, default=0) <= steps, lambda: f"Expected input_lengths to have value at most "
+                                                                  f"{steps}, but got value {max(input_lengths)}")
+    torch._check(min(list(input_lengths) + list(target_lengths), default=0) >= 0, lambda: "lengths must be >= 0")
+    if targets.dim() == 1:  # concatenated targets
+        torch._check(sum(target_lengths) <= targets.shape[0], lambda: f"targets hold {targets.shape[0]} labels, the "
+                                                                       f"target_lengths sum to {sum(target_lengths)}")
+    else:
+        torch._check(targets.shape[-1] >= max(target_lengths, default=0),
+                     lambda: f"Expected tensor to have size at least {max(target_lengths)} at dimension 1, but got "
+                             f"size {targets.shape[-1]} for argument #2 'targets'")
     width = 2 * (max(target_lengths) if len(target_lengths) else 0) + 1
     batch = (log_probs.shape[1],) if log_probs.dim() == 3 else ()
     return log_probs.new_empty(batch), log_probs.new_empty((*batch, steps, width))
