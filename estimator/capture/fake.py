@@ -346,6 +346,9 @@ def _runs_on_known_values(func: Any, args: tuple, kwargs: dict, floats: bool = T
         return True  # one random draw (LayerDrop's torch.rand([]) < p): real, so a branch on it can be taken
     if real is None and id(func) in _CONSTANT_FACTORIES and len(outs) == 1 and outs[0].numel() <= KNOWN_VALUES_LIMIT:
         return True  # a constant fill (OPT's float all-ones attention mask): its values are known
+    if id(func) in _UNINITIALIZED:
+        return False  # (its values are whatever the memory held: an index later filled by a fake scatter_, as
+        # Reformer's inverse permutation ``order.new(*size).scatter_(-1, order, arange)``, read garbage as known)
     integral = all(not (o.is_floating_point() or o.is_complex()) for o in outs)
     return bool(outs) and (bool(real and floats) or integral) and sum(o.numel() for o in outs) <= KNOWN_VALUES_LIMIT
 
@@ -407,6 +410,12 @@ def _masks_as_positions(indices: list) -> list:
     for index in indices:  # (every mask here is real: _known_masks)
         out.extend(index.nonzero().unbind(1) if _is_mask(index) else [index])  # one index per dim it covers
     return out
+
+
+# Factories whose values are the memory's: never known values (a one-element draw's scratch aside, below)
+_UNINITIALIZED = frozenset(id(getattr(getattr(torch.ops.aten, name), overload)) for name, overload in (
+    ("empty", "memory_format"), ("empty_strided", "default"), ("new_empty", "default"),
+    ("new_empty_strided", "default"), ("empty_like", "default")))
 
 
 # Random factories whose single-element draw runs for real (from the capture's seeded generator): a
