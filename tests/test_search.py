@@ -98,3 +98,28 @@ def test_an_answer_whose_next_trace_reproduces_the_interpolation_is_not_traced()
                                 peak_at=_linear)
         assert (solve.value, solve.confirmed, sorted(traced), solve.by_next) == (answer, True, expected, reproduces)
         assert solve.needed_at_answer == _linear(answer) and solve.peak_at_next == _linear(answer + 1)
+
+
+def test_a_first_guess_past_the_limit_is_searched_down_from_it():
+    """The first guess (interpolated sizes at the traced step's peak) ran past the search's limit for a model whose
+    bytes grow with its sequence (Embedding -> LayerNorm -> MLP, 4 x seq tokens): "over 16,777,216" where a plan
+    at 2^24 needs 96.4 GB of the H100's 85 GB.  The simulated allocator (or a trace) at the limit now decides,
+    and the answer is searched down from there and confirmed by the trace at it and the next."""
+    import torch
+    from torch import nn
+
+    from estimator.plan.layout import Layout
+    from estimator.plan.planner import Planner
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(100, 64), nn.LayerNorm(64), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 100))
+    planner = Planner(model, torch.randint(0, 100, (4, 16)), gpu="H100")
+    solve = planner.solve("seq", Layout("ddp", 1), (), planner.gpu)
+    assert solve.value is not None and solve.value < 2**24 and solve.confirmed, solve
+    layout = Layout("ddp", 1)
+
+    def need(seq: int) -> int:  # what a trace at that length needs (the plan's own figure)
+        step = planner.traced(layout, (), "seq", seq)
+        return planner.needed(planner.memory(layout, step).peak.total, layout, step)
+
+    assert need(solve.value) <= planner.gpu.capacity < need(solve.value + 1)

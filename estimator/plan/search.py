@@ -163,6 +163,10 @@ def largest_fitting(what: str, base: int, fits_interpolated: Callable[[int], boo
         confirm, method = False, method + " (not confirmed: the model traces on real CPU tensors only)"
     fits_at = fits_interpolated or (lambda v: traced(v)[0])
     best = _largest(fits_at, limit)
+    if best is None and fits_interpolated is not None and (
+            exact(limit) > capacity if exact is not None and capacity is not None else confirm and not traced(limit)[0]):
+        best = limit  # the first guess ran past the limit where the simulated allocator (or a trace) does not fit:
+        # searched down from there (a model linear in its sequence: "over 16,777,216" where 14 M fit and 2^24 not)
     if best is None:
         return Solve(what, None, method, list(points), reason=f"over {limit:,} (the search stops there)")
     if exact is not None and capacity is not None and best >= 1:
