@@ -78,6 +78,12 @@ def parse_release(text: Any) -> tuple[int, int] | None:
 
         raise UserError(f"cuda_torch={text!r}: the kernel choices of torch 2.0 and later are modelled (1.x has no "
                         f"scaled_dot_product_attention); give 2.0 or later")
+    newest = max(max(_CUDNN_OF_TORCH), INSTALLED_TORCH)
+    if (int(match[1]), int(match[2])) > (newest[0], newest[1] + 2):  # (a release or two past what is known)
+        from .errors import UserError
+
+        raise UserError(f"cuda_torch={text!r}: no such torch release is known (the newest here is "
+                        f"{newest[0]}.{newest[1]}); give the release the GPU machine runs, e.g. '2.11'")
     return int(match[1]), int(match[2])
 
 

@@ -260,6 +260,8 @@ def _api_calls():
         # an empty batch: the time model and the search divided by it (ZeroDivisionError tracebacks)
         "empty batch, estimate on a GPU": (lambda: estimate(m, x[:0], gpu="H100"), "batch is empty"),
         "empty batch, plan": (lambda: plan(m, x[:0], gpu="H100"), "batch is empty"),
+        "a torch release from the future": (lambda: estimate(m, x, gpu="H100", cuda_torch="9.9"),  # (was taken)
+                                            "no such torch release"),
     }
 
 
