@@ -197,3 +197,18 @@ def test_estimate_validate_and_plan_share_their_defaults():
     for cmd in ("estimate", "validate", "plan"):
         text = commands[cmd].format_help()  # what --help prints
         assert "(default: bf16-mixed, the same in estimate, validate and plan" in " ".join(text.split()), cmd
+
+
+def test_a_builders_exit_text_set_values_and_plot_suffixes_are_said_in_one_line(tmp_path):
+    """A builder that calls sys.exit(3) exited 3 saying nothing; a --set value taken as text showed only torch's
+    "expected one of:"; --plot x.gif without matplotlib asked to install it, which would then refuse .gif."""
+    (tmp_path / "m.py").write_text(
+        "import sys, torch\n"
+        "def build(batch=2):\n    return torch.nn.Linear(4, 2), torch.randn(batch, 4)\n"
+        "def leaves():\n    sys.exit(3)\n")
+    _one_line_error(run("estimate", "m.py:leaves", "--device", "cpu", cwd=str(tmp_path)), "called sys.exit(3)")
+    _one_line_error(run("estimate", "m.py:build", "--set", "batch=abc", "--device", "cpu", cwd=str(tmp_path)),
+                    "--set batch='abc' was passed as text")
+    _one_line_error(run("estimate", "m.py:build", "--device", "cpu", "--plot", "x.gif", cwd=str(tmp_path)),
+                    "unknown image suffix '.gif'")
+    assert not (tmp_path / "x.gif").exists()

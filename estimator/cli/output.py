@@ -97,6 +97,9 @@ def plot_format(path: str) -> str:
     check_writable(path)
     suffix = os.path.splitext(path)[1].lower()
     available = plot_formats()
+    if not available and suffix not in PLOT_SUFFIXES:  # (a suffix matplotlib would not write either: say that first)
+        raise UserError(f"--plot {path}: unknown image suffix {suffix or '(none)'!r}; use one of "
+                        f"{', '.join(PLOT_SUFFIXES)}")
     if not available:
         raise UserError("--plot needs matplotlib: pip install 'estimator[plot]'")
     if suffix not in available:

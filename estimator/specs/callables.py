@@ -106,10 +106,15 @@ def load_factory(spec: str, opts: SpecOptions) -> Loaded:
             built = call()
     except UserError:
         raise
+    except SystemExit as exc:  # (the process would have exited with the builder's code, saying nothing)
+        raise UserError(f"{spec}() called sys.exit({exc.code!r}) while building the model; build it without "
+                        f"exiting") from exc
     except Exception as exc:
         if from_outside(exc):
             raise
-        raise UserError(f"{spec}() failed: {type(exc).__name__}: {first_line(exc)}") from exc
+        text = [f"--set {k}={v!r} was passed as text" for k, v in opts.overrides.items() if isinstance(v, str)]
+        raise UserError(f"{spec}() failed: {type(exc).__name__}: {first_line(exc)}"
+                        + (f" ({'; '.join(text)})" if text and isinstance(exc, (TypeError, ValueError)) else "")) from exc
     if isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module):
         model, inputs = built
     elif isinstance(built, torch.nn.Module):
