@@ -110,6 +110,18 @@ def cache_tensors(cache: Any) -> list[tuple[int, str, torch.Tensor]]:
     return out
 
 
+def _windowed(cache: Any) -> None:
+    """A sliding-window layer's keys and values as a decode step leaves them: a view of the last window - 1 tokens
+    of that step's ``torch.cat`` (window tokens), where the prefill that fills the cache leaves a view of all the
+    tokens' storage (``DynamicSlidingWindowLayer.update``): a fresh storage of one token more than the view."""
+    for layer in getattr(cache, "layers", ()):
+        for name in ("keys", "values"):
+            t = getattr(layer, name, None)
+            if isinstance(t, torch.Tensor) and t.ndim >= 2 and t.untyped_storage().nbytes() > t.nbytes:
+                fresh = t.new_empty((*t.shape[:-2], t.shape[-2] + 1, t.shape[-1]))
+                setattr(layer, name, fresh[..., 1:, :])
+
+
 def _state_tensors(layer: Any) -> dict[str, torch.Tensor]:
     """A linear-attention layer's states by name (``conv_states``; ``conv_states[k]`` where a dict holds several)."""
     out: dict[str, torch.Tensor] = {}
@@ -272,6 +284,9 @@ class GenerationStep:
                                 f"use a shorter --prompt-len or fewer --new-tokens") from None
         del out
         self.step.module_outputs.clear()  # the shapes of the first call are the step's, not the fill's
+        if self.gen.new_tokens >= 3:  # the step before was a decode step: _windowed (a sliding layer's cat)
+            with _off_the_record(self.step):
+                _windowed(self.cache)
         for layer, name, t in cache_tensors(self.cache):
             node = self.step.rec.placeholder(f"kv_cache_{layer}_{name}", t, "kv_cache", GENERATE_MODULE)
             self.sids["kv_cache"].add(node.meta["storage"][0])
