@@ -143,7 +143,7 @@ class _Region:
             bad = [type(x).__name__ for x in flat_out if not isinstance(x, (torch.Tensor, *_PLAIN))]
             if bad:
                 raise TypeError(f"the output holds a {bad[0]}, which the graph cannot return")
-            out["leaves"] = [None if isinstance(x, torch.Tensor) else x for x in flat_out]
+            out["leaves"] = [_TENSOR if isinstance(x, torch.Tensor) else x for x in flat_out]
             return [x for x in flat_out if isinstance(x, torch.Tensor)]
 
         rec = self.rec
@@ -203,7 +203,10 @@ class _Region:
                 return self.forward(*args, **kwargs)
         fn, out = graph
         results = iter(fn(state, tensors))
-        return pytree.tree_unflatten([next(results) if x is None else x for x in out["leaves"]], out["spec"])
+        return pytree.tree_unflatten([next(results) if x is _TENSOR else x for x in out["leaves"]], out["spec"])
+
+
+_TENSOR = object()  # where a region's flattened output holds a tensor (a None beside it is an output of its own)
 
 
 def region_modules(model: torch.nn.Module, mode: str) -> list[tuple[str, torch.nn.Module]]:
