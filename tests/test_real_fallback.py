@@ -216,3 +216,47 @@ def test_meta_inputs_whose_values_are_read_are_taken_as_ones_and_said():
     mask = torch.ones(32, dtype=torch.long)
     assert not any("meta or fake" in a for a in estimate(model, (x, mask), loss_fn=lambda out: out,
                                                          device="cpu").to_dict()["assumptions"])
+
+
+def _cached(fn):
+    """transformers' compile_compatible_method_lru_cache: an lru_cache in the closure of the method."""
+    import functools
+
+    cached = functools.lru_cache(maxsize=4)(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return cached(*args, **kwargs)
+
+    return wrapper
+
+
+class CachedEmbedding(torch.nn.Module):
+    """A sine position table kept in a process-wide cache (RT-DETR's, DETR's), and a branch on a value of the
+    weights' output (so the capture falls back to real tensors after its fake trace)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    @_cached
+    def table(self, n: int, d: int) -> torch.Tensor:
+        return torch.sin(torch.arange(n * d, dtype=torch.float32).reshape(n, d) / 7)
+
+    def forward(self, x):  # x: (n, 16)
+        h = self.lin(x) + self.table(x.shape[0], 16)
+        return h.pow(2).sum() * (2.0 if (h.max() > 0).item() else 1.0)
+
+
+def test_a_cached_method_keeps_no_fake_tensor():
+    """The fake trace left a fake tensor in the method's cache: the capture's own real fallback got it back and
+    failed ("the step fails on real CPU tensors too": RT-DETR could not be estimated), and so did the user's next
+    real forward.  The caches are emptied around the capture; the step equals the real one."""
+    torch.manual_seed(0)
+    model, x = CachedEmbedding(), torch.randn(8, 16)
+    d = estimate(model, x, loss_fn=lambda out: out, device="cpu").to_dict()
+    assert d["capture"] == "real"
+    truth = groundtruth.measure(copy.deepcopy(model), x, "adamw", loss_fn=lambda out: out)
+    assert d["memory"]["activations"] == truth["activation_bytes"]
+    out = model(x)  # the user's model after the estimate: its cache holds no fake tensor
+    assert type(model.table(8, 16)) is torch.Tensor and torch.isfinite(out)

@@ -20,6 +20,7 @@ from ..loop import is_none
 from ..optim import whole_model_notes
 from .inputs import split_inputs
 from .blocks import TRACED_BLOCKS, find_repeats, truncated
+from .caches import clear_method_caches, method_caches_cleared
 from .eager_paths import eager_paths
 from .options import Capture, Progress, ReadsValues, StepFailed, StepOptions
 from .replicate import NotReplicable, expand
@@ -71,7 +72,8 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
         raise ValueError(f"mode must be 'auto', 'fake' or 'real', not {mode!r}")
     if opts.prepare is not None:
         mode = "fake"  # a model traced as it is has no real weights to fall back on
-    with without_layer_drop(model) as assumed, same_random_draws(), eager_paths(), attributes_kept(model):
+    with without_layer_drop(model) as assumed, same_random_draws(), eager_paths(), attributes_kept(model), \
+            method_caches_cleared(model):
         cap = _capture(model, args, kw, opts, mode, progress)
     cap.assumptions.extend(assumed)
     cap.assumptions.extend(_loop_notes(model, opts))
@@ -316,6 +318,7 @@ def _real(model: torch.nn.Module, args, kw, opts: StepOptions, progress: Progres
     optimizer step then run on fake tensors (what they compute is read by nothing); a fake backward that
     reads values after all is traced again on real tensors throughout."""
     hybrid = opts.train and opts.grad_accum == 1 and opts.generation is None and opts.compile is None
+    clear_method_caches(model)  # (what a fake trace before it left in them: fake tensors)
     step = Step(model, args, kw, opts, fake=False, progress=progress, fake_backward=hybrid)
     try:
         return step.run()
