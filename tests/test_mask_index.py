@@ -86,7 +86,9 @@ class InversePermutation(torch.nn.Module):
 def test_an_uninitialized_index_filled_by_a_fake_scatter_is_not_read_as_known():
     """An integer ``empty`` was made for real (small, integral: "known values"), the fake ``scatter_`` wrote a
     stand-in, and the bounds check read the memory's garbage: a false IndexError quoting it (HF Reformer could not
-    be estimated).  Its values are unknown now; the step equals the real one."""
+    be estimated).  A real tensor a fake value is written into is its fake stand-in from then on; the step equals
+    the real one.  (torch's own ``invert_permutation``, ``empty_like`` filled by a real ``scatter_``, keeps its
+    values: packed sequences.)"""
     import groundtruth
     from estimator import estimate
 

@@ -48,6 +48,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import get_proxy_mode as _proxy_mode
 from torch.utils._python_dispatch import _disable_current_modes, is_traceable_wrapper_subclass
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..compat import optional_op
 from ..rules.registry import bind
@@ -166,53 +167,6 @@ KERNEL_OUTPUTS.pop(None, None)  # an op this torch release does not have
 def output_kernels(cuda: bool) -> dict[int, Any]:
     """``Recorder.substitute`` entries (id(op) -> function of the op's arguments) for :data:`KERNEL_OUTPUTS`."""
     return {id(op): functools.partial(fix, op, cuda) for op, fix in KERNEL_OUTPUTS.items()}
-
-
-def fake_ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
-    """``aten._ctc_loss`` with list lengths (the overload a real step runs, see :mod:`.eager_paths`) on fake
-    log-probabilities: ``neg_log_likelihood`` [B] and ``log_alpha`` [B, T, 2 * max(target_lengths) + 1]
-    (ATen's ``ctc_loss_cpu_template`` / ``ctc_loss_gpu_template``), unbatched [T, C] input without the B.
-    FakeTensorMode has no kernel for this overload (the sizes depend on the lengths' values, which the
-    lists carry).  ATen's checks of the lengths first (``ctc_loss_allocate_outputs``): lengths that do not fit
-    the tensors made the real kernels, run by FakeTensor's fallback in backward, crash the process."""
-    steps = log_probs.shape[0]
-    n = log_probs.shape[1] if log_probs.dim() == 3 else 1
-    torch._check(len(input_lengths) == n, lambda: f"input_lengths must be of size batch_size ({len(input_lengths)} "
-                                                   f"lengths for a batch of {n})")
-    torch._check(len(target_lengths) == n, lambda: f"target_lengths must be of size batch_size ({len(target_lengths)} "
-                                                    f"lengths for a batch of {n})")
-    torch._check(max(input_lengths, default=0) <= steps, lambda: f"Expected input_lengths to have value at most "
-                                                                  f"{steps}, but got value {max(input_lengths)}")
-    torch._check(min(list(input_lengths) + list(target_lengths), default=0) >= 0, lambda: "lengths must be >= 0")
-    if targets.dim() == 1:  # concatenated targets
-        torch._check(sum(target_lengths) <= targets.shape[0], lambda: f"targets hold {targets.shape[0]} labels, the "
-                                                                       f"target_lengths sum to {sum(target_lengths)}")
-    else:
-        torch._check(targets.shape[-1] >= max(target_lengths, default=0),
-                     lambda: f"Expected tensor to have size at least {max(target_lengths)} at dimension 1, but got "
-                             f"size {targets.shape[-1]} for argument #2 'targets'")
-    width = 2 * (max(target_lengths) if len(target_lengths) else 0) + 1
-    batch = (log_probs.shape[1],) if log_probs.dim() == 3 else ()
-    return log_probs.new_empty(batch), log_probs.new_empty((*batch, steps, width))
-
-
-def fake_pack_padded_sequence(input, lengths, batch_first):
-    """``aten._pack_padded_sequence`` (``nn.utils.rnn.pack_padded_sequence``) on a fake ``input`` with
-    real ``lengths`` (integer inputs keep their values): the packed rows, and ``batch_sizes`` as the
-    kernel computes it (the number of sequences longer than each step; a real CPU int64 tensor, which
-    the recurrent kernels read).  ATen's kernel writes ``batch_sizes`` through a data pointer, which a
-    fake tensor has not: without this the capture fell back to a real trace (and, on the CUDA target,
-    to CPU kernels instead of cuDNN's).  The kernel's per-step copies before its ``cat`` are not
-    recorded (transient, at the start of the forward)."""
-    if type(lengths) is FakeTensor or lengths.is_meta:  # lengths computed from fake values: the fake kernel
-        return torch.ops.aten._pack_padded_sequence.default(input, lengths, batch_first)  # says it reads values
-    with _disable_current_modes():
-        known = lengths.to(torch.int64).tolist()
-        steps = known[0] if known else 0  # ATen checks lengths are sorted, longest first
-        batch_sizes = torch.tensor([sum(1 for n in known if n > t) for t in range(steps)], dtype=torch.int64)
-    rows = input.new_empty((sum(known), *input.shape[2:]))  # (sum of lengths, features...)
-    return rows, batch_sizes
-
 
 _REAL_SIZE_CACHE: dict[tuple, dict[int, int]] = {}
 
@@ -346,9 +300,6 @@ def _runs_on_known_values(func: Any, args: tuple, kwargs: dict, floats: bool = T
         return True  # one random draw (LayerDrop's torch.rand([]) < p): real, so a branch on it can be taken
     if real is None and id(func) in _CONSTANT_FACTORIES and len(outs) == 1 and outs[0].numel() <= KNOWN_VALUES_LIMIT:
         return True  # a constant fill (OPT's float all-ones attention mask): its values are known
-    if id(func) in _UNINITIALIZED:
-        return False  # (its values are whatever the memory held: an index later filled by a fake scatter_, as
-        # Reformer's inverse permutation ``order.new(*size).scatter_(-1, order, arange)``, read garbage as known)
     integral = all(not (o.is_floating_point() or o.is_complex()) for o in outs)
     return bool(outs) and (bool(real and floats) or integral) and sum(o.numel() for o in outs) <= KNOWN_VALUES_LIMIT
 
@@ -412,12 +363,6 @@ def _masks_as_positions(indices: list) -> list:
     return out
 
 
-# Factories whose values are the memory's: never known values (a one-element draw's scratch aside, below)
-_UNINITIALIZED = frozenset(id(getattr(getattr(torch.ops.aten, name), overload)) for name, overload in (
-    ("empty", "memory_format"), ("empty_strided", "default"), ("new_empty", "default"),
-    ("new_empty_strided", "default"), ("empty_like", "default")))
-
-
 # Random factories whose single-element draw runs for real (from the capture's seeded generator): a
 # model that compares one draw with a probability (OPT's, BART's and wav2vec2's LayerDrop, stochastic
 # depth written by hand) branches on its value, which a fake draw does not have.  ``empty`` of one
@@ -477,6 +422,8 @@ class RecordingFakeMode(FakeTensorMode):
         # real tensors an op mixes with fake ones become fake tensors that stand for them in the recorder
         # (same storage id and record): a real step's backward on fake tensors (.step: _fake_from_here)
         self.adopt_real = False
+        # real tensors a computed (fake) value was written into: their values unknown from then on (_stale_written)
+        self._stale: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self._depth or not self.recording or id(func) in METADATA_QUERY_IDS:
@@ -485,6 +432,9 @@ class RecordingFakeMode(FakeTensorMode):
         kwargs = kwargs or {}
         self._depth += 1
         try:
+            if len(self._stale):
+                args, kwargs = pytree.tree_map_only(
+                    torch.Tensor, lambda t: self._stand_in(t) if t in self._stale else t, (args, kwargs))
             if _runs_on_known_values(func, args, kwargs, floats=not self.adopt_real):
                 # inside this method the mode is off: ``func`` runs the CPU kernel on the real tensors
                 return self.rec.record(func, args, kwargs, func)
@@ -500,12 +450,22 @@ class RecordingFakeMode(FakeTensorMode):
             if self.adopt_real or (func._schema.is_mutable and _writes_real(args, kwargs)):
                 # (a computed value written into a buffer whose values are kept, MoCo's queue `bank[p:p+B] = z`:
                 # the write is to the buffer's storage, not to a fake copy of it the size of the buffer)
+                self._stale_written(func, args)
                 args, kwargs = pytree.tree_map_only(torch.Tensor, self._stand_in, (args, kwargs))
             # ``dispatch`` is FakeTensorMode.__torch_dispatch__ without its wrappers (a dynamo
             # guard that this method already has, and a call counter)
             return self.rec.record(func, args, kwargs, lambda *a, **k: self.dispatch(func, types, a, k))
         finally:
             self._depth -= 1
+
+    def _stale_written(self, func: Any, args: tuple) -> None:
+        """The real tensors ``func`` writes (with a fake value among its arguments): from here on their values are
+        unknown, and every op takes their fake stand-in (an index made by ``Tensor.new`` and filled by a fake
+        ``scatter_``, Reformer's inverse permutation, kept the memory's garbage as known values: a false IndexError)."""
+        for value, arg in zip(args, func._schema.arguments):
+            if arg.alias_info is not None and arg.alias_info.is_write and type(value) is torch.Tensor \
+                    and not value.is_meta and not self.adopt_real:
+                self._stale[value] = True
 
     def _stand_in(self, t: torch.Tensor) -> torch.Tensor:
         """The fake tensor that stands for the real tensor ``t`` (FakeTensorMode's own conversion, which

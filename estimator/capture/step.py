@@ -37,10 +37,8 @@ from .as_is import AsIs, AsIsRecorder
 from .checkpoint import KV_CACHE_OFF, kv_caches_off, wrap_checkpointed
 from .failures import guard, input_hint, optimizer_hint
 from .held import leaves_held_by, output_tensors
-from .fake import (
-    GROUPED_MM, RecordingFakeMode, clear_shared_cache, fake_ctc_loss, fake_grouped_mm, fake_pack_padded_sequence,
-    output_kernels, real_output_bytes,
-)
+from .fake import GROUPED_MM, RecordingFakeMode, clear_shared_cache, fake_grouped_mm, output_kernels, real_output_bytes
+from .fake_kernels import fake_ctc_loss, fake_pack_padded_sequence
 from .inputs import convert_inputs, is_real, keeps_values, materialize, meta_twin, real_param_copy
 from .loss import select_loss
 from .options import Capture, Progress, StepOptions
