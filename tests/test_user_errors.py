@@ -423,3 +423,24 @@ def test_a_forward_error_names_the_module_that_raised_it():
     with pytest.raises(UserError) as err:
         estimate(EncDec(), torch.randn(2, 8), device="cpu")
     assert "in module 'decoder': ValueError: decoder needs ids" in str(err.value)
+
+
+def test_the_models_own_code_raising_is_not_blamed_on_the_last_op():
+    """A model's Python (or a library it calls) that raises after its last op was reported as failing in that op
+    ("failed in aten.sigmoid.default: ImportError: ... install it with pip:"), cut at the first line and with
+    advice on input shapes.  Now no op, the message's continuation, and what to do about a missing package."""
+    from estimator.errors import UserError
+
+    class NeedsScipy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            self.lin(x).sigmoid()
+            raise ImportError("the matcher requires the scipy library. You can install it with pip:\n`pip install scipy`")
+
+    with pytest.raises(UserError) as info:
+        estimate(NeedsScipy(), torch.randn(2, 4), device="cpu")
+    text = str(info.value)
+    assert "\n" not in text and "aten." not in text and "pip install scipy" in text and "not installed" in text

@@ -32,7 +32,7 @@ def guard(rec: Any, fn: Callable[[], Any], hint: Callable[[], str]) -> Any:
         if caused_by(exc, DATA_DEPENDENT):
             raise ReadsValues(f"module {where or '(root)'!r} reads tensor values in "
                               f"{rec.current_op} ({rec.phase})") from exc
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = _message(exc)
         if "HigherOrderOperator" in first:
             found = re.search(r"HigherOrderOperator (\w+)", first)
             hop = found.group(1) if found else "operator"
@@ -45,14 +45,43 @@ def guard(rec: Any, fn: Callable[[], Any], hint: Callable[[], str]) -> Any:
             raise UnsupportedModelError(f"the {rec.phase} pass{f' in module {where!r}' if where else ''} "
                                         f"{unsupported}") from exc
         in_loss = rec.phase == "loss" and not rec.module_stack  # the loss_fn's own code, outside the model
-        if in_loss:  # (the module and op last recorded are the model's, not where it failed)
-            where, rec.current_op = "", None
+        if in_loss or _raised_by_python(exc):  # (the op last recorded is not where it failed: the code after it)
+            rec.current_op = None
+            where = "" if in_loss else where
         op = f" in {rec.current_op}" if rec.current_op is not None else ""
-        advice = "check loss_fn (it gets the model's output)" if in_loss else (_view_hint(first) or hint())
+        advice = "check loss_fn (it gets the model's output)" if in_loss else (
+            "the model's code imports a package that is not installed here: install it" if isinstance(exc, ImportError)
+            else _view_hint(first) or hint())
         raise StepFailed(
             f"the {rec.phase} pass failed{f' in module {where!r}' if where else ''}{op}: "
             f"{type(exc).__name__}: {first}; {advice}"
         ) from exc
+
+
+def _message(exc: BaseException) -> str:
+    """The exception's message on one line: its first line, and the next when the first ends with a colon (a
+    package's "install it with pip:" and the command)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
+    return f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+
+
+def _raised_by_python(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by Python code outside torch and this package (the model's own code, a
+    library it calls) and not inside an op's dispatch (a kernel, a fake kernel of the user's): the op last
+    recorded is then not where it failed."""
+    import os
+
+    torch_root = os.path.dirname(os.path.abspath(torch.__file__))
+    ours = os.path.dirname(os.path.abspath(__file__))
+    dispatch = (os.path.join(torch_root, "_ops.py"), os.path.join(torch_root, "_subclasses") + os.sep,
+                os.path.join(ours, "fake.py"), os.path.join(ours, "recorder.py"))
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        path = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if path.startswith(dispatch):
+            return False  # (raised inside an op's dispatch)
+        last, tb = path, tb.tb_next
+    return last is not None and not last.startswith((torch_root + os.sep, os.path.dirname(ours) + os.sep))
 
 
 def _unsupported_layout(first: str, op: Any) -> str | None:
