@@ -429,6 +429,9 @@ def test_the_models_own_code_raising_is_not_blamed_on_the_last_op():
     """A model's Python (or a library it calls) that raises after its last op was reported as failing in that op
     ("failed in aten.sigmoid.default: ImportError: ... install it with pip:"), cut at the first line and with
     advice on input shapes.  Now no op, the message's continuation, and what to do about a missing package."""
+    import torch
+
+    from estimator import estimate
     from estimator.errors import UserError
 
     class NeedsScipy(torch.nn.Module):
