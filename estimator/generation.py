@@ -158,6 +158,9 @@ def trace_generation(model, inputs: Any, options: StepOptions, *, prompt_len: in
                         f">= 1), not {new_tokens!r}")
     if kv_cache not in KV_CACHES:
         raise UserError(f"kv_cache must be one of {', '.join(KV_CACHES)}, not {kv_cache!r}")
+    from .capture.generate import check_generative
+
+    check_generative(model)  # (an encoder-decoder's inputs are not a prompt: say what the model is first)
     prompt, p = prompt_inputs(inputs, prompt_len)
     stages: dict[str, GenerationStage] = {}
     last = None
@@ -193,4 +196,21 @@ def trace_generation(model, inputs: Any, options: StepOptions, *, prompt_len: in
                           stages=stages, binding=binding,
                           query_heads=getattr(model.config.get_text_config(decoder=True), "num_attention_heads", None))
     b = stages[binding]
+    b.capture.assumptions.extend(n for n in [_search_note(model)] if n and n not in b.capture.assumptions)
     return b.capture, b.tally, b.memory, data
+
+
+def _search_note(model: Any) -> str | None:
+    """What the model's ``generation_config`` asks of ``generate()`` beyond the greedy search sized here (checkpoints
+    ship beam search or sampling in it; a bare ``generate()`` call runs what it asks)."""
+    config = getattr(model, "generation_config", None)
+    beams, sample = getattr(config, "num_beams", 1) or 1, getattr(config, "do_sample", False)
+    if beams > 1:
+        return (f"the model's generation_config asks for beam search (num_beams={beams}), which a bare generate() "
+                f"runs: sized here as greedy search (one sequence per prompt); beam search holds {beams} sequences "
+                f"and their caches per prompt (about {beams}x the cache), pass num_beams=1 to generate() for this "
+                f"figure")
+    if sample:
+        return ("the model's generation_config asks for sampling (do_sample=True): sized as greedy search, whose "
+                "cache and logits are the same; sampling adds the logits' softmax and top-k/top-p temporaries")
+    return None

@@ -214,6 +214,23 @@ def test_generate_refuses_what_it_cannot_size():
         estimate(_model("gpt2", real=False), torch.zeros(2, 4, dtype=torch.int64), mode="generate", device="cpu")
     with pytest.raises(UserError, match="prompt_len and new_tokens size generation"):
         estimate(mlp, torch.zeros(2, 4), new_tokens=4, device="cpu")
+    # an encoder-decoder with its usual inputs: said to be one (its decoder_input_ids were called media to encode)
+    with empty_weights():
+        t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(
+            d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16, vocab_size=500, decoder_start_token_id=0))
+    ids = torch.zeros(2, 12, dtype=torch.int64, device="meta")
+    with pytest.raises(UserError, match="is an encoder-decoder"):
+        estimate(t5, {"input_ids": ids, "decoder_input_ids": ids[:, :4]}, mode="generate", new_tokens=4, device="cpu")
+
+
+def test_a_generation_config_asking_for_beams_is_said():
+    """Checkpoints ship num_beams > 1 in their generation_config, which a bare generate() runs (a real run: peak
+    +48 %, cache 4x the greedy one here): the estimate sizes greedy search and says so."""
+    model = _model("gpt2", real=False)
+    model.generation_config.num_beams = 4
+    r = estimate(model, {"input_ids": torch.zeros(B, P, dtype=torch.int64, device="meta")}, device="cpu",
+                 mode="generate", new_tokens=N)
+    assert any("num_beams=4" in a for a in r.capture.assumptions)
 
 
 def test_inference_feeds_no_labels_so_the_peak_is_not_the_loss(capsys):
