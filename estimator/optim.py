@@ -191,7 +191,31 @@ def _rebuilt(spec: torch.optim.Optimizer, trainable: Mapping[str, torch.Tensor],
         # every parameter of its groups in its constructor, frozen ones too; the others make none for them)
         groups.append({"params": [trainable.get(n, traced.get(n)) for n in names if n in trainable or n in traced],
                        **opts, **user})
-    return _construct(type(spec), groups, dict(target))
+    return _construct(type(spec), groups, {**target, **_constructor_options(spec, user), **user})
+
+
+def _constructor_options(spec: torch.optim.Optimizer, user: dict[str, Any]) -> dict[str, Any]:
+    """The options ``spec`` was built with that its constructor takes: its ``defaults`` (a required ``lr``), and
+    bitsandbytes' ``args`` (``optim_bits``, ``min_8bit_size``: kept beside the groups, they set the state's
+    layout), with ``user``'s (optimizer_kwargs) set on a copy of them; its SGD's ``momentum``, kept as ``betas[0]``."""
+    import copy
+    import inspect
+
+    try:
+        takes = [n for n in inspect.signature(type(spec).__init__).parameters if n not in ("self", "params")]
+    except (TypeError, ValueError):
+        return {}
+    out = {n: spec.defaults[n] for n in takes
+           if n in spec.defaults and not (n in ("foreach", "fused") and spec.defaults[n] is None)}
+    kept = getattr(spec, "args", None)
+    if "args" in takes and kept is not None and hasattr(kept, "__dict__"):
+        out["args"] = copy.copy(kept)
+        for k, v in user.items():
+            if k in vars(kept):
+                setattr(out["args"], k, v)
+    if "momentum" in takes and "momentum" not in out and isinstance(spec.defaults.get("betas"), tuple):
+        out["momentum"] = spec.defaults["betas"][0]
+    return out
 
 
 def _check_options(cls: type, options: Mapping[str, Any]) -> None:

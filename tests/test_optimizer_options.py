@@ -260,3 +260,34 @@ def test_gradients_outside_the_optimizer_stay_allocated_as_in_a_real_loop():
                    device="cpu")
     assert est.memory.peak == pytest.approx(steady, rel=0.01), (est.memory.peak, steady)
     assert est.memory.peak_first_step == pytest.approx(first, rel=0.01), (est.memory.peak_first_step, first)
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps: __import__("bitsandbytes").optim.AdamW(ps, optim_bits=8),  # (kept in its args, not its groups)
+    lambda ps: __import__("bitsandbytes").optim.AdamW8bit(ps, min_8bit_size=100_000),  # every tensor 32-bit state
+    lambda ps: __import__("bitsandbytes").optim.SGD8bit(ps, lr=1e-2, momentum=0.9),  # (lr required; momentum kept
+], ids=["adamw-optim_bits8", "adamw8bit-min_size", "sgd8bit"])                     # as betas[0])
+def test_a_bitsandbytes_instance_keeps_the_options_it_was_built_with(make):
+    """bitsandbytes keeps optim_bits and min_8bit_size in the optimizer's ``args``, not its param groups: rebuilt
+    from the groups alone, an 8-bit AdamW was sized 32-bit (state 3.2x, peak +48.8 %), a min_8bit_size dropped
+    (-33 %), and SGD8bit refused ("missing lr").  Truth: the state after a real step; the live tracker's peaks."""
+    pytest.importorskip("bitsandbytes")
+    import copy
+
+    from livetracker import measure_peaks
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 128), nn.GELU(), nn.Linear(128, 10))
+    x = torch.randn(16, 64)
+    real = copy.deepcopy(model)
+    opt = make(real.parameters())
+    real(x).square().mean().backward()
+    opt.step()
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for s in opt.state.values()
+                for t in s.values() if isinstance(t, torch.Tensor)}  # (the 8-bit states share one quantization map)
+    state = sum(storages.values())
+    peaks = measure_peaks(copy.deepcopy(model), x, make, lambda out: out.square().mean(), steps=3)
+    report = estimate(model, x, optimizer=make(model.parameters()), loss_fn=lambda out: out.square().mean(),
+                      device="cpu")
+    assert report.tally.optimizer_state_bytes == state
+    assert report.memory.peak == pytest.approx(peaks[-1], rel=0.01), (report.memory.peak, peaks)
