@@ -141,6 +141,7 @@ def build_optimizer(
     """
     if spec is None:
         return None, None
+    _refuse_compiled_steps(spec)
     trainable = {n: p for n, p in traced_params.items() if p.requires_grad}
     if not trainable:
         return None, None
@@ -166,6 +167,11 @@ def build_optimizer(
     if isinstance(spec, (list, tuple)) and spec and all(isinstance(o, torch.optim.Optimizer) for o in spec):
         chain = Chain([_rebuilt(o, trainable, model_params, target, user, traced_params) for o in spec])
         return chain, " + ".join(type(o).__name__ for o in spec)
+    if isinstance(spec, (list, tuple)):
+        bad = next((o for o in spec if not isinstance(o, torch.optim.Optimizer)), None)
+        raise UserError("optimizer is an empty list: give a name, an Optimizer, or a list of Optimizer instances"
+                        if not spec else f"a list of optimizers holds instances built over the model's parameters "
+                        f"(stepped in turn), not a {type(bad).__name__} ({bad!r}); give one name or class alone")
     raise UserError(f"optimizer must be a name, a torch.optim.Optimizer class or instance, or a list of instances, "
                     f"not {type(spec).__name__}")
 
@@ -192,6 +198,21 @@ def _rebuilt(spec: torch.optim.Optimizer, trainable: Mapping[str, torch.Tensor],
         groups.append({"params": [trainable.get(n, traced.get(n)) for n in names if n in trainable or n in traced],
                        **opts, **user})
     return _construct(type(spec), groups, {**target, **_constructor_options(spec, user), **user})
+
+
+def _refuse_compiled_steps(spec: Any) -> None:
+    """torchao's low-bit optimizers (``torchao.optim``: AdamW8bit, AdamW4bit, AdamWFp8, _AdamW) run each step as
+    ``torch.compile(..., fullgraph=True)``, which Dynamo skips under the capture's dispatch mode ("found no compiled
+    frames"), and the skip it caches broke the user's next real step in the same process: refused before the step,
+    in one line."""
+    specs = spec if isinstance(spec, (list, tuple)) else [spec]
+    for s in specs:
+        cls = s if isinstance(s, type) else type(s)
+        if getattr(cls, "__module__", "").startswith("torchao.optim"):
+            raise UserError(f"torchao's {cls.__name__} runs its step through torch.compile(fullgraph=True), which "
+                            f"cannot run on the estimate's fake tensors; estimate with optimizer='adamw8bit' "
+                            f"(bitsandbytes' 8-bit AdamW: one byte per element and a float32 scale per block) or "
+                            f"'adamw' for 32-bit state")
 
 
 def _constructor_options(spec: torch.optim.Optimizer, user: dict[str, Any]) -> dict[str, Any]:

@@ -291,3 +291,14 @@ def test_a_bitsandbytes_instance_keeps_the_options_it_was_built_with(make):
                       device="cpu")
     assert report.tally.optimizer_state_bytes == state
     assert report.memory.peak == pytest.approx(peaks[-1], rel=0.01), (report.memory.peak, peaks)
+
+
+def test_torchaos_compiled_optimizers_are_refused_before_the_step():
+    """torchao's low-bit optimizers compile their step (torch.compile(fullgraph=True)), which cannot run under the
+    capture: the failure named a profiler op and said to check the options, and the skip Dynamo cached broke the
+    user's next real step in the same process.  Refused in one line before the step; a real step runs after."""
+    optim = pytest.importorskip("torchao.optim")
+    model, x = _model()
+    with pytest.raises(UserError, match="torch.compile") as info:
+        estimate(model, x, optimizer=optim.AdamW8bit(model.parameters()), device="cpu")
+    assert "\n" not in str(info.value)

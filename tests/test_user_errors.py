@@ -262,6 +262,8 @@ def _api_calls():
         "empty batch, plan": (lambda: plan(m, x[:0], gpu="H100"), "batch is empty"),
         "a torch release from the future": (lambda: estimate(m, x, gpu="H100", cuda_torch="9.9"),  # (was taken)
                                             "no such torch release"),
+        "an empty list of optimizers": (lambda: estimate(m, x, optimizer=[], device="cpu"), "an empty list"),
+        "a list holding a name": (lambda: estimate(m, x, optimizer=["adamw"], device="cpu"), "not a str"),
     }
 
 
