@@ -161,7 +161,15 @@ class _Region:
             run._boxed_call = True  # type: ignore[attr-defined]
             return run
 
-        partition = functools.partial(min_cut_rematerialization_partition, compiler="inductor")
+        # On the CPU target, Inductor's own partition: its joint-graph passes (pattern rewrites for the device the
+        # graph is on) and then the min-cut, as a real CPU compile runs them (the min-cut alone saved +11 % on a
+        # Swin, one tensor more on most transformers).  The graph is on the CPU whatever the target, so on the CUDA
+        # target the CPU's passes would be the wrong device's (GPT-2 compiled whole: peak 1.50x an H100's): the
+        # min-cut alone, which the H100's compiled steps check (tests/test_compile.py)
+        if self.rec.target == "cpu":
+            from torch._inductor.compile_fx import partition_fn as partition
+        else:
+            partition = functools.partial(min_cut_rematerialization_partition, compiler="inductor")
         # attention stays the fused kernel the target's dispatcher picks (Inductor calls it as an extern kernel):
         # the table's entry for it (added once Inductor's compile path is imported) would decompose it through
         # the CPU's math path
@@ -291,11 +299,13 @@ def compiled_regions(model: torch.nn.Module, mode: str, recorder: Any, pause: An
                          f"split it" + (f": the ops in the forward of {', '.join(whole)} (outside its submodules) "
                                         f"run eager" if whole else "")
                          + (f"; {len(leaves)} module(s) run eager, not compilable either" if leaves else ""))
-        convs = sum(isinstance(m, torch.nn.modules.conv._ConvNd) and m.groups == 1 for _, r in modules
-                    for m in r.modules())
+        convs = sum(isinstance(m, torch.nn.modules.conv._ConvNd) and m.groups == 1 and max(m.kernel_size) > 1
+                    for _, r in modules for m in r.modules())  # (a 1x1 kernel's weight has one layout: no copy)
         if convs:  # (docs/compile.md: a ResNet's compiled peak -17 %, a ConvNeXt's -10.5 % without them)
             notes.append(f"torch.compile: Inductor's copies of convolution weights in its preferred layout (saved for "
-                         f"backward, one per convolution: {convs} here) are not counted: the peak is low by their bytes")
+                         f"backward, up to one per convolution wider than 1x1: {convs} here) are not counted: the peak "
+                         f"may be low by up to about twice their bytes (measured on CPU: ViT's stem 2.3x, "
+                         f"MLP-Mixer's 2x)")
         notes.append("torch.compile: what forward saves is AOTAutograd's min-cut partition (Inductor's); "
                      "Inductor's fusion approximated: each connected group of non-library ops in a compiled "
                      "graph is one kernel whose inner tensors take no memory")
