@@ -142,6 +142,11 @@ def build_optimizer(
     if spec is None:
         return None, None
     _refuse_compiled_steps(spec)
+    if any(getattr(s if isinstance(s, type) else type(s), "__module__", "").startswith("bitsandbytes")
+           for s in (spec if isinstance(spec, (list, tuple)) else [spec])):
+        from .optim8bit import register_bitsandbytes_rules
+
+        register_bitsandbytes_rules()  # (its kernels' ops exist once it is loaded)
     trainable = {n: p for n, p in traced_params.items() if p.requires_grad}
     if not trainable:
         return None, None

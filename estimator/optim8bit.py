@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .rules import OTHER, register
+from .rules import OTHER, lookup, register
 from .rules.elementwise import adam_flops
 
 MIN_8BIT_SIZE = 4096  # bitsandbytes' min_8bit_size: smaller parameters keep 32-bit moments
@@ -111,3 +111,35 @@ class AdamW8bit(torch.optim.Optimizer):
                               state["qmap1"], state["qmap2"], group["weight_decay"])
                 else:
                     ADAM_32BIT(p, p.grad, state["state1"], state["state2"], group["weight_decay"])
+
+
+# FLOPs per element of bitsandbytes' own update kernels besides Adam's (this module's count above), from each
+# update as bitsandbytes writes it (``bitsandbytes/functional.py``, ``optimizer_update_32bit``): the moments' updates
+# and the parameter's, the weight decay's multiply-add where set; +4 for an 8-bit state's dequantize and requantize.
+_BNB_PER_ELEMENT = {
+    "momentum": 4,  # m = beta * m + g; p -= lr * m
+    "rmsprop": 8,  # v = a * v + (1 - a) * g^2; p -= lr * g / (sqrt(v) + eps)
+    "adagrad": 6,  # v += g^2; p -= lr * g / (sqrt(v) + eps)
+    "lion": 11,  # u = sign(b1 * m + (1 - b1) * g); p = p * (1 - lr * wd) - lr * u; m = b2 * m + (1 - b2) * g
+    "lamb": 16, "lars": 8,  # Adam's / momentum's with the trust ratio's scale
+}
+
+
+def register_bitsandbytes_rules() -> None:
+    """Cost rules for bitsandbytes' own optimizer kernels (``torch.ops.bitsandbytes.optimizer_update_32bit`` and
+    ``optimizer_update_8bit_blockwise``, which an instance of ``bnb.optim.*`` runs), the same count as this module's
+    stand-ins for Adam and :data:`_BNB_PER_ELEMENT` for the others; registered once bitsandbytes is loaded (the ops
+    exist only then).  A real instance was counted 0 FLOPs ("no cost rule") where the name counted 310,284."""
+    ops = getattr(torch.ops, "bitsandbytes", None)
+    for name, extra in (("optimizer_update_32bit", 0), ("optimizer_update_8bit_blockwise", 4)):
+        op = getattr(ops, name, None) if ops is not None else None
+        if op is None or lookup(op) is not None:
+            continue
+
+        @register(op, kind=OTHER)
+        def bnb_update_flops(call, extra=extra) -> int:
+            n = call["p"].numel
+            kind = str(call["optimizer_name"])
+            if kind in ("adam", "ademamix"):
+                return adam_flops(n, call["weight_decay"], False, decoupled=True) + extra * n
+            return (_BNB_PER_ELEMENT.get(kind, 4) + (2 if call["weight_decay"] else 0) + extra) * n

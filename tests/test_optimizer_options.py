@@ -302,3 +302,16 @@ def test_torchaos_compiled_optimizers_are_refused_before_the_step():
     with pytest.raises(UserError, match="torch.compile") as info:
         estimate(model, x, optimizer=optim.AdamW8bit(model.parameters()), device="cpu")
     assert "\n" not in str(info.value)
+
+
+def test_a_bitsandbytes_instance_counts_its_kernels_as_the_name_does():
+    """An instance of bnb.optim.AdamW8bit runs bitsandbytes' own update ops, which had no cost rule (0 optimizer
+    FLOPs, listed as unsupported) where optimizer="adamw8bit" (this project's stand-ins of the same kernels) counts
+    the AdamW update per element plus the 8-bit state's dequantize and requantize."""
+    bnb = pytest.importorskip("bitsandbytes")
+    model, x = _model()
+    by_name = estimate(model, x, optimizer="adamw8bit:min_8bit_size=16", device="cpu")
+    instance = estimate(model, x, optimizer=bnb.optim.AdamW8bit(model.parameters(), min_8bit_size=16), device="cpu")
+    assert not instance.tally.unsupported
+    assert instance.tally.flops["optimizer"] == by_name.tally.flops["optimizer"] > 0
+    assert instance.tally.optimizer_state_bytes == by_name.tally.optimizer_state_bytes
