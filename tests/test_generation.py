@@ -318,3 +318,19 @@ def test_inference_holds_the_cache_its_output_returns(name):
                  mode="inference")
     assert r.memory.peak == pytest.approx(truth, rel=0.01), (r.memory.peak, truth)
     assert "the output holds the model's cache (past_key_values" in r.render()
+
+
+def test_a_static_cache_under_autocast_fails_as_the_real_generate_does():
+    """Under CPU autocast a Llama's StaticCache is allocated in the keys' fp32 (the rotary step promotes them)
+    while v_proj's values come in bf16: the real generate() fails in index_copy_, whose fake kernel did not check
+    the dtypes, so the estimate sized a run that cannot happen.  Now the real kernel's error, in one line."""
+    from estimator.errors import UserError
+
+    model = _model("llama_gqa", real=True)
+    with pytest.raises(RuntimeError, match="same dtype"), torch.autocast("cpu", dtype=torch.bfloat16):
+        model.generate(torch.randint(1, 1000, (B, P)), max_new_tokens=2, do_sample=False,
+                       cache_implementation="static")
+    with pytest.raises(UserError, match="index_copy_.*same dtype") as info:
+        estimate(_model("llama_gqa", real=False), {"input_ids": torch.zeros(B, P, dtype=torch.int64, device="meta")},
+                 device="cpu", precision="bf16-mixed", mode="generate", new_tokens=N, kv_cache="static")
+    assert "\n" not in str(info.value)

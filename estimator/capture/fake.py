@@ -52,7 +52,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ..compat import optional_op
 from ..rules.registry import bind
-from .index_bounds import check_known_indices
+from .index_bounds import check_known_indices, check_same_dtype
 from .recorder import METADATA_QUERY_IDS
 
 GROUPED_MM = optional_op("_grouped_mm")  # torch >= 2.8
@@ -447,6 +447,7 @@ class RecordingFakeMode(FakeTensorMode):
                 return self.rec.record(func, args, kwargs, lambda *a, **k: self.dispatch(
                     func, types, (a[0], _masks_as_positions(a[1]), *a[2:]), k))
             check_known_indices(func, args, kwargs)  # (the real kernel's check, where the indices are known)
+            check_same_dtype(func, args, kwargs)
             if self.adopt_real or (func._schema.is_mutable and _writes_real(args, kwargs)):
                 # (a computed value written into a buffer whose values are kept, MoCo's queue `bank[p:p+B] = z`:
                 # the write is to the buffer's storage, not to a fake copy of it the size of the buffer)

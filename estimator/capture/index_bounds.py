@@ -80,3 +80,28 @@ def _check(index: torch.Tensor, dim: int, source: torch.Tensor, negative: bool) 
         raise IndexError(f"index {high} is out of bounds for dimension {dim} with size {size}")
     if low < (-size if negative else 0):
         raise IndexError(f"index {low} is out of bounds for dimension {dim} with size {size}")
+
+
+# Ops whose kernels require the written values in the destination's dtype (no cast), which their fake kernels do not
+# check: a step traced through them sized a run that fails (transformers' StaticCache under CPU autocast: keys in
+# fp32 after the rotary step, values from v_proj in bf16, "index_copy_(): self and source expected to have the same
+# dtype"): (the value argument, the real kernel's message).
+_SAME_DTYPE = {
+    aten.index_copy_.default: ("source", "index_copy_(): self and source expected to have the same dtype"),
+    aten.index_copy.default: ("source", "index_copy(): self and source expected to have the same dtype"),
+    aten.index_put_.default: ("values", "Index put requires the source and destination dtypes match"),
+    aten.index_put.default: ("values", "Index put requires the source and destination dtypes match"),
+}
+
+
+def check_same_dtype(func: Any, args: tuple, kwargs: dict) -> None:
+    """Raise the real kernel's ``RuntimeError`` where ``func`` writes values of another dtype than its
+    destination's (see :data:`_SAME_DTYPE`)."""
+    spec = _SAME_DTYPE.get(func)
+    if spec is None:
+        return
+    bound = bind(func, args, kwargs)
+    dest, value = bound.get("self"), bound.get(spec[0])
+    if isinstance(dest, torch.Tensor) and isinstance(value, torch.Tensor) and dest.dtype != value.dtype:
+        raise RuntimeError(f"{spec[1]}, but got (self) {str(dest.dtype).removeprefix('torch.')} and (source) "
+                           f"{str(value.dtype).removeprefix('torch.')}")
