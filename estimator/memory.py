@@ -184,7 +184,7 @@ def carried_gradients(cap: Capture) -> tuple[int, list[int]] | None:
     if cap.zero_grad != "before_backward":
         return None
     first = next((i for i, n in enumerate(cap.nodes) if n.meta.get("phase") == "backward"), None)
-    grads = sorted(cap.sids.get("gradient", ()))
+    grads = sorted(set(cap.sids.get("gradient", ())) - added_into(cap))  # (those no zero_grad reaches: kept apart)
     if first is None or not grads:
         return None
     return first - 1, grads
@@ -542,7 +542,7 @@ def simulate(cap: Capture, device: str = "cuda", resize: dict[int, int] | None =
             cats.append(Category.GRADIENT)
             previous.add(len(sizes) - 1)
             frees.append((carry[0], len(sizes) - 1, -1))
-        steady_events = with_carried(events, carry[0], frees)
+        steady_events = with_carried(steady_events, carry[0], frees)
     steady_pre = pre_first | set(cap.sids.get("optimizer_state", ())) | persistent | previous
     steady, points = _replay(steady_events, sizes, cats, steady_pre, timeline=True)
     reserve: dict[str, int] = {}

@@ -449,3 +449,57 @@ def test_the_models_own_code_raising_is_not_blamed_on_the_last_op():
         estimate(NeedsScipy(), torch.randn(2, 4), device="cpu")
     text = str(info.value)
     assert "\n" not in text and "aten." not in text and "pip install scipy" in text and "not installed" in text
+
+
+def test_models_fsdp2_refuses_or_fails_on_are_one_line_errors_and_other_layouts_still_plan():
+    """A scalar parameter (CLIP's logit_scale): fully_shard raises "doesn't support scalar parameters", which came
+    out as a raw traceback (--compare and a DDP plan's suggestions died with it).  Batch norm under FSDP2's bf16
+    parameters: its weight cast, its running statistics fp32, the real step fails (shown below on the CPU kernel,
+    as FSDP2 casts it), which the trace's meta kernels did not check."""
+    import torch
+    import torch.nn.functional as F
+
+    from estimator.errors import UserError
+    from estimator.plan import compare, plan
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 4)
+            self.temp = torch.nn.Parameter(torch.tensor(2.0))
+
+        def forward(self, x):
+            return (self.lin(x) * self.temp).sum()
+
+    x = torch.randn(4, 8)
+    with pytest.raises(UserError, match="refuses scalar parameters") as info:
+        plan(Scaled(), x, gpu="H100", gpus=2, strategy="fsdp", device="cpu", solve=())
+    assert "\n" not in str(info.value)
+    rows = compare(Scaled(), x, gpu="H100", gpus=2, device="cpu")
+    assert any(r.config.strategy == "ddp" for r in rows.plans)
+    with pytest.raises(RuntimeError):  # the real kernel as FSDP2's MixedPrecisionPolicy(bf16) leaves batch norm
+        F.batch_norm(torch.randn(4, 3, dtype=torch.bfloat16), torch.zeros(3), torch.ones(3),
+                     torch.ones(3, dtype=torch.bfloat16), torch.zeros(3, dtype=torch.bfloat16), training=True)
+    cnn = torch.nn.Sequential(torch.nn.Linear(8, 3), torch.nn.BatchNorm1d(3))
+    with pytest.raises(UserError, match="batch norm"):
+        plan(cnn, x, gpu="H100", gpus=2, strategy="fsdp", precision="fsdp-bf16", device="cpu", solve=())
+    assert plan(cnn, x, gpu="H100", gpus=2, strategy="fsdp", precision="bf16-mixed", device="cpu", solve=()).fits
+
+
+def test_a_ddp_plan_with_parameters_that_get_no_gradient_says_ddp_raises():
+    """A parameter the forward never uses: a real DDP step raises at its next iteration unless built with
+    find_unused_parameters=True (measured on gloo); the plan said nothing of it."""
+    import torch
+
+    from estimator.plan import plan
+
+    class Unused(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.extra = torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.lin(x).sum()
+
+    p = plan(Unused(), torch.randn(4, 8), gpu="H100", gpus=2, strategy="ddp", device="cpu", solve=())
+    assert any("find_unused_parameters=True" in n for n in p.notes)

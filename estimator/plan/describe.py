@@ -43,7 +43,7 @@ def _optimizer_name(spec: Any) -> str:
     return spec.__name__ if isinstance(spec, type) else type(spec).__name__
 
 
-def layout_notes(planner: Any, layout: Layout) -> list[str]:
+def layout_notes(planner: Any, layout: Layout, step: Any = None) -> list[str]:
     """What the layout adds to a plan's notes (its mesh, tensor parallelism, ZeRO's semantics, offload)."""
     precision, zero_semantics = planner.precision, planner.zero_semantics
     notes = []
@@ -92,5 +92,11 @@ def layout_notes(planner: Any, layout: Layout) -> list[str]:
                          f"CPU (its time is not modelled)")
     if planner.device == "cpu":
         notes.append("device cpu: exact bytes, no CUDA allocator rounding")
+    unused = sum(r["count"] for r in step.tally.no_gradient) if step is not None else 0
+    if layout.strategy == "ddp" and layout.gpus > 1 and unused:  # (DDP checks every parameter got its gradient)
+        notes.append(f"ddp: {unused:,} trainable parameters get no gradient in this step, and a real "
+                     f"DistributedDataParallel raises at the next iteration (\"Expected to have finished reduction in "
+                     f"the prior iteration\") unless built with find_unused_parameters=True, whose traversal of the "
+                     f"graph each step is not modelled; or freeze them")
     return notes
 

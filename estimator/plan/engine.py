@@ -252,6 +252,8 @@ def build(model: torch.nn.Module, layout: Layout, precision: PlanPrecision, unit
     if layout.strategy in ("fsdp", "hsdp"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        check_fsdp_takes(m, layout, precision)
+
         dp_mesh = data_parallel_mesh(mesh, layout)
         policy = MixedPrecisionPolicy(param_dtype=precision.param_dtype, reduce_dtype=precision.reduce_dtype)
         modules = dict(m.named_modules())
@@ -269,6 +271,25 @@ def build(model: torch.nn.Module, layout: Layout, precision: PlanPrecision, unit
                 fully_shard(modules[path], mesh=dp_mesh, mp_policy=policy, **keep)
         fully_shard(m, mesh=dp_mesh, mp_policy=policy, **keep)  # the root: not resharded after forward by default
     return m
+
+
+def check_fsdp_takes(m: torch.nn.Module, layout: Layout, precision: PlanPrecision) -> None:
+    """One-line errors for models FSDP2 refuses or whose real step fails under it: scalar parameters (fully_shard
+    raises "doesn't support scalar parameters"), and batch norm under a low-precision ``param_dtype`` (its
+    running statistics stay fp32 where its weight is cast: "expected scalar type BFloat16 but found Float", on the
+    CPU and on CUDA alike, torchtitan issue 674), where the trace's meta kernels check neither."""
+    scalar = next((n for n, p in m.named_parameters() if p.dim() == 0), None)
+    if scalar is not None:
+        raise UserError(f"--strategy {layout.strategy}: FSDP2's fully_shard refuses scalar parameters ({scalar}); make "
+                        f"it a 1-element tensor, or plan ddp or zero1-3")
+    low = precision.param_dtype not in (None, torch.float32)
+    norms = [n for n, mod in m.named_modules() if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm)
+             and mod.track_running_stats]
+    if low and norms:
+        raise UserError(f"--strategy {layout.strategy} with --precision {precision.name}: batch norm ({norms[0]}) keeps "
+                        f"fp32 running statistics where FSDP2 casts its weight, and a real step fails in it "
+                        f"(\"expected scalar type BFloat16 but found Float\"); plan --precision bf16-mixed (autocast "
+                        f"runs batch norm in fp32)")
 
 
 def fsdp_streams(state: Any) -> dict[int, str]:

@@ -38,19 +38,8 @@ from .model_flops import attention_term, matmul_params
 from .report import Comparison, Plan
 from .results import Config, Flops, PerGpu, Solve, StepTime, Suggestion, Training, Verdict
 from .schedule import matmul_flops, traced_time, zero_time
-from .search import (
-    check_budget,
-    check_not_empty,
-    check_solve,
-    fewest_gpus,
-    input_dims,
-    lagrange,
-    largest_fitting,
-    position_limit,
-    resize_inputs,
-    sequence_shown,
-    tokens_per_sample,
-)
+from .search import (check_budget, check_not_empty, check_solve, fewest_gpus, input_dims, lagrange, largest_fitting,
+                     position_limit, resize_inputs, sequence_shown, tokens_per_sample)
 from .tp_dataflow import TPPlan, derive_tp_plan, model_heads
 from .traced import Peak, Step, storage_rows
 from .zero import ZeroStates, zero_peak
@@ -352,7 +341,10 @@ class Planner:
                 except UserError:
                     continue
                 counts.append(n)
-            n = self._fewest_gpus(lay, ckpt, gpu, counts)
+            try:
+                n = self._fewest_gpus(lay, ckpt, gpu, counts)
+            except UserError:  # (a layout the model cannot take, FSDP2 over scalar parameters: no suggestion)
+                n = None
             if n is not None:
                 at = replace(lay, gpus=n)
                 st = self.traced(at, ckpt)
@@ -494,7 +486,7 @@ class Planner:
             global_batch=self.batch * layout.dp * self.options.grad_accum if self.batch else None,
             seq=sequence_shown(self.inputs),
             engine=self._engine_text(layout), device=self.device, cp=layout.cp, ep=layout.ep, etp=layout.etp)
-        notes += self._notes(layout, mem) + self.float8_notes + [n for n in [target.lacks(dtype)] if n]
+        notes += self._notes(layout, mem, step) + self.float8_notes + [n for n in [target.lacks(dtype)] if n]
         return Plan(config, per_gpu, Verdict(fits, target.capacity, reserve, needed, target.capacity - needed,
                                              suggestions), time, flops, training, batch_solve, seq_solve,
                     self._checkpoint_size(layout, step, mem), notes)
@@ -517,8 +509,8 @@ class Planner:
     def _engine_text(self, layout: Layout) -> str:
         return engine_text(layout, self.precision, self.zero_semantics)
 
-    def _notes(self, layout: Layout, mem: _Memory) -> list[str]:
-        notes = layout_notes(self, layout)
+    def _notes(self, layout: Layout, mem: _Memory, step: Step | None = None) -> list[str]:
+        notes = layout_notes(self, layout, step)
         if not layout.traced and self.options.zero_grad != "after_step":
             notes.append("--zero-grad before-backward does not apply to DeepSpeed, whose engine zeroes its gradients "
                          "inside its step(): this ZeRO layout frees them after the step")
