@@ -136,7 +136,7 @@ def _main(capsys, *args: str) -> tuple[int, str, str]:
     (("estimate",), "the following arguments are required: SPEC"),
     # (validate runs --mode inference and generate: a model that takes no token ids cannot generate)
     (("validate", "examples/mlp.py:build", "--mode", "generate", "--new-tokens", "4", "--device", "cpu"),
-     "takes the prompt's token ids"),
+     "has no prepare_inputs_for_generation"),
     # accepted silently before
     (("estimate", "examples/mlp.py:build", "--format", "csv", "--output", "r.json"),
      "--format csv but --output r.json names a json file"),
