@@ -110,39 +110,56 @@ def fit_variant(kernels, model, h, lo: float = 0.05, hi: float = 1.5) -> float:
     return math.sqrt(lo * hi)
 
 
-def layer_host(t: int, k: int, n: int, recipe: str) -> float:
-    """The model's host seconds of the ops of one ``nn.Linear(k, n)`` on [t, k] in bf16, forward and backward
-    (the input's gradient included: a Linear(k, k) before it), in float8 ``recipe`` or bf16; without the
-    eager float8 factor (what it is fitted against)."""
+def _layer_ops(t: int, k: int, n: int, recipe: str) -> list:
+    """The model's timed ops of one ``nn.Linear(k, n)`` on [t, k] in bf16, forward and backward (the input's gradient
+    included: a Linear(k, k) before it), in float8 ``recipe`` or bf16; without the eager float8 factors (what they are
+    fitted against)."""
     import torch
 
     from estimator import estimate
+    from estimator.timing import float8 as f8
     from estimator.timing import host
+    from estimator.timing.simulate import work_nodes
 
     with torch.device("meta"):
         m = torch.nn.Sequential(torch.nn.Linear(k, k, bias=False), torch.nn.Linear(k, n, bias=False))
-    shipped, host.subclass_factor = host.subclass_factor, lambda: 1.0
+    shipped = host.subclass_factor, f8.scaling_factor
+    host.subclass_factor = f8.scaling_factor = lambda: 1.0
     try:
         rep = estimate(m, torch.empty(t, k, device="meta"), device="cuda", precision="bf16", gpu="H200",
                        optimizer="sgd", solve_batch=False, float8=None if recipe == "bf16" else recipe,
                        loss_fn=lambda out: out.float().sum())
     finally:
-        host.subclass_factor = shipped
-    from estimator.timing.simulate import work_nodes
-
+        host.subclass_factor, f8.scaling_factor = shipped
     nodes, at = rep.capture.nodes, work_nodes(rep)  # (an op's index is its place among the timed ops)
-    return sum(o.cpu_s for o in rep.step_time.ops
-               if nodes[at[o.index]].meta.get("module") == "1" and o.phase in ("forward", "backward"))
+    return [o for o in rep.step_time.ops
+            if nodes[at[o.index]].meta.get("module") == "1" and o.phase in ("forward", "backward")]
+
+
+def layer_host(t: int, k: int, n: int, recipe: str) -> float:
+    """The host seconds of :func:`_layer_ops`."""
+    return sum(o.cpu_s for o in _layer_ops(t, k, n, recipe))
+
+
+def layer_gpu(t: int, k: int, n: int, recipe: str) -> tuple[float, float]:
+    """The GPU seconds of :func:`_layer_ops`: (its GEMMs', its memory-bound ops')."""
+    ops = _layer_ops(t, k, n, recipe)
+    return sum(o.gpu_s for o in ops if o.kind == "matmul"), sum(o.gpu_s for o in ops if o.kind == "memory")
+
+
+def _measured_layers() -> dict[tuple[int, int, int, str], float]:
+    """``float8_layers.csv``: (tokens, in, out, recipe) -> the measured forward + backward in seconds."""
+    with open(LAYERS) as fh:
+        rows = list(csv.DictReader(fh))
+    return {(int(r["tokens"]), int(r["in_features"]), int(r["out_features"]), r["recipe"]):
+            float(r["fwd_bwd_ms"]) / 1e3 for r in rows}
 
 
 def eager_host_factors() -> list[tuple[tuple, float]]:
     """Per host-bound layer shape and recipe of ``float8_layers.csv`` (the bf16 layer's forward + backward
     under HOST_BOUND_S): the factor f on the float8 layer's modelled host time H8 that makes the measured
     difference, M8 - M16 = f H8 - H16 (the call's other host work, the same in both, cancels)."""
-    with open(LAYERS) as fh:
-        rows = list(csv.DictReader(fh))
-    measured = {(int(r["tokens"]), int(r["in_features"]), int(r["out_features"]), r["recipe"]):
-                float(r["fwd_bwd_ms"]) / 1e3 for r in rows}
+    measured = _measured_layers()
     out = []
     for t, k, n in sorted({key[:3] for key in measured}):
         m16 = measured[(t, k, n, "bf16")]
@@ -154,38 +171,11 @@ def eager_host_factors() -> list[tuple[tuple, float]]:
     return out
 
 
-def layer_gpu(t: int, k: int, n: int, recipe: str) -> tuple[float, float]:
-    """The model's GPU seconds of one ``nn.Linear(k, n)`` on [t, k] in bf16 (as :func:`layer_host`), forward and
-    backward: (its GEMMs', its memory-bound ops' without the eager float8 scaling factor)."""
-    import torch
-
-    from estimator import estimate
-    from estimator.timing import float8 as f8
-    from estimator.timing.simulate import work_nodes
-
-    with torch.device("meta"):
-        m = torch.nn.Sequential(torch.nn.Linear(k, k, bias=False), torch.nn.Linear(k, n, bias=False))
-    shipped, f8.scaling_factor = f8.scaling_factor, lambda: 1.0
-    try:
-        rep = estimate(m, torch.empty(t, k, device="meta"), device="cuda", precision="bf16", gpu="H200",
-                       optimizer="sgd", solve_batch=False, float8=None if recipe == "bf16" else recipe,
-                       loss_fn=lambda out: out.float().sum())
-    finally:
-        f8.scaling_factor = shipped
-    nodes, at = rep.capture.nodes, work_nodes(rep)
-    ops = [o for o in rep.step_time.ops
-           if nodes[at[o.index]].meta.get("module") == "1" and o.phase in ("forward", "backward")]
-    return sum(o.gpu_s for o in ops if o.kind == "matmul"), sum(o.gpu_s for o in ops if o.kind == "memory")
-
-
 def eager_scaling_factors() -> list[tuple[tuple, float]]:
     """Per GPU-bound layer shape and recipe of ``float8_layers.csv`` (the bf16 layer's forward + backward at or over
     HOST_BOUND_S): the factor f on the float8 layer's modelled memory-bound ops' time C8 that makes the measured
     time, M8 = G8 + f C8 (G8: its GEMMs' modelled time, the float8 GEMMs fitted on the kernels above)."""
-    with open(LAYERS) as fh:
-        rows = list(csv.DictReader(fh))
-    measured = {(int(r["tokens"]), int(r["in_features"]), int(r["out_features"]), r["recipe"]):
-                float(r["fwd_bwd_ms"]) / 1e3 for r in rows}
+    measured = _measured_layers()
     out = []
     for t, k, n in sorted({key[:3] for key in measured}):
         if measured[(t, k, n, "bf16")] < HOST_BOUND_S:
@@ -196,32 +186,27 @@ def eager_scaling_factors() -> list[tuple[tuple, float]]:
     return out
 
 
-def fit_eager_scaling() -> float:
-    """The median factor of :func:`eager_scaling_factors`, printed with each and held out shape by shape."""
+def _median_fit(factors: list[tuple[tuple, float]], title: str) -> float:
+    """The median of ``factors``, printed with each and held out shape by shape."""
     import statistics
 
-    factors = eager_scaling_factors()
     f = statistics.median(v for _, v in factors)
-    print(f"\neager float8 layers, GPU-bound shapes: scaling ops' factor {f:.3f} (median of {len(factors)})")
+    print(f"\neager float8 layers, {title} {f:.3f} (median of {len(factors)})")
     print("| tokens, in, out, recipe | factor | the median of the others / this one |\n|---|---:|---:|")
     for i, (key, v) in enumerate(factors):
         others = statistics.median(w for j, (_, w) in enumerate(factors) if j != i)
         print(f"| {', '.join(map(str, key))} | {v:.3f} | {others / v:.3f} |")
     return f
+
+
+def fit_eager_scaling() -> float:
+    """The median factor of :func:`eager_scaling_factors`."""
+    return _median_fit(eager_scaling_factors(), "GPU-bound shapes: scaling ops' factor")
 
 
 def fit_eager_host() -> float:
-    """The median factor of :func:`eager_host_factors`, printed with each and held out shape by shape."""
-    import statistics
-
-    factors = eager_host_factors()
-    f = statistics.median(v for _, v in factors)
-    print(f"\neager float8 layers, host-bound shapes: factor {f:.3f} (median of {len(factors)})")
-    print("| tokens, in, out, recipe | factor | the median of the others / this one |\n|---|---:|---:|")
-    for i, (key, v) in enumerate(factors):
-        others = statistics.median(w for j, (_, w) in enumerate(factors) if j != i)
-        print(f"| {', '.join(map(str, key))} | {v:.3f} | {others / v:.3f} |")
-    return f
+    """The median factor of :func:`eager_host_factors`."""
+    return _median_fit(eager_host_factors(), "host-bound shapes: factor")
 
 
 def _row(name, before, after, held) -> str:
