@@ -450,6 +450,15 @@ def test_the_models_own_code_raising_is_not_blamed_on_the_last_op():
     text = str(info.value)
     assert "\n" not in text and "aten." not in text and "pip install scipy" in text and "not installed" in text
 
+    class Misspelt(torch.nn.Module):  # the real step: "'Tensor' object has no attribute ..." (not the trace's type)
+        def forward(self, x):
+            return x.sum().nonexistent_attribute
+
+    with pytest.raises(AttributeError, match="'Tensor' object"):
+        Misspelt()(torch.randn(2, 4))
+    with pytest.raises(UserError, match="'Tensor' object has no attribute 'nonexistent_attribute'"):
+        estimate(Misspelt(), torch.randn(2, 4), device="cpu")
+
 
 def test_models_fsdp2_refuses_or_fails_on_are_one_line_errors_and_other_layouts_still_plan():
     """A scalar parameter (CLIP's logit_scale): fully_shard raises "doesn't support scalar parameters", which came

@@ -62,7 +62,8 @@ def _message(exc: BaseException) -> str:
     """The exception's message on one line: its first line, and the next when the first ends with a colon (a
     package's "install it with pip:" and the command)."""
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
-    return f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+    text = f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+    return text.replace("'FakeTensor' object", "'Tensor' object")  # (the trace's stand-in: the real step's type)
 
 
 def _raised_by_python(exc: BaseException) -> bool:
