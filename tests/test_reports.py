@@ -457,3 +457,25 @@ def test_a_search_that_cannot_resize_the_batch_says_why():
     vector = torch.nn.Sequential(torch.nn.Linear(64, 32))
     report = estimate(vector, torch.randn(64), gpu="T4", loss_fn=lambda out: out.pow(2).mean())
     assert report.max_batch is None and "dimension 0 of the inputs resized as the batch" in report.max_batch_note
+
+
+def test_the_inputs_line_counts_a_list_of_images_as_the_batch():
+    """torchvision's detectors take a list of C x H x W images: the inputs line read the first image's channels as
+    the batch ("batch 3" for two images) and said no image size."""
+    import torch
+
+    from estimator import estimate
+    from estimator.render.words import inputs_words
+
+    class Detector(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3)
+
+        def forward(self, images, targets):
+            return sum(self.conv(i[None]).mean() for i in images) + sum(t["boxes"].sum() for t in targets)
+
+    images = [torch.randn(3, 32, 40) for _ in range(2)]
+    targets = [{"boxes": torch.rand(2, 4), "labels": torch.tensor([1, 2])} for _ in images]
+    report = estimate(Detector(), (images, targets), device="cpu", loss_fn=lambda out: out)
+    assert inputs_words(report) == f"batch {len(images)}, images 32x40"

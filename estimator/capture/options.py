@@ -134,6 +134,9 @@ class Capture:
     # class names of the model's nn.Linear subclasses (Falcon's FalconLinear): Linear layers by isinstance, as
     # transformers' bitsandbytes integration picks them (module_types holds class names only)
     linear_classes: frozenset[str] = frozenset()
+    # the samples of a batch given as a list of per-sample tensors (torchvision's detection: images C x H x W), which
+    # the first tensor's dimension 0 (its channels) does not say; None: dimension 0 of the first input
+    samples: int | None = None
     _fx: fx.Graph | None = None
 
     def node_order(self, middle: str = "accumulate") -> list[int]:

@@ -77,6 +77,9 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
         cap = _capture(model, args, kw, opts, mode, progress)
     cap.assumptions.extend(assumed)
     cap.assumptions.extend(_loop_notes(model, opts))
+    first = next(iter([*args, *kw.values()]), None)
+    if isinstance(first, (list, tuple)) and first and all(isinstance(t, torch.Tensor) and t.ndim == 3 for t in first):
+        cap.samples = len(first)  # a list of images (C x H x W), one per sample
     held_cache = sum(cap.storage_bytes[s] for s in cap.sids.get("output_cache", ()))
     if held_cache and not opts.train and opts.generation is None:
         cap.assumptions.append(f"inference: the output holds the model's cache (past_key_values, config.use_cache: "

@@ -91,13 +91,16 @@ def inputs_words(report: ReportData) -> str:
     """'batch 8, sequence 1024' or 'batch 32, images 224x224', from the traced inputs: the sequence is the
     longest integer batch x length input (token ids, not a vision-language model's aspect-ratio ids or lengths),
     an image the last two sizes of the first float input of 4 or more dimensions (tiles and clips included)."""
+    samples = getattr(report.capture, "samples", None)  # (a list of C x H x W images: one per sample)
     batch = seq = image = None
     for t in report.capture.inputs:
         shape = tuple(t.shape)
         if not shape:
             continue
         if batch is None:
-            batch = shape[0]
+            batch = samples or shape[0]
+            if samples:
+                image = f"{shape[-2]}x{shape[-1]}"
         if not t.is_floating_point() and len(shape) == 2 and (seq is None or shape[1] > seq):
             seq = shape[1]
         if t.is_floating_point() and len(shape) >= 4 and image is None:
