@@ -317,10 +317,16 @@ class Recorder(TorchDispatchMode):
 def is_wrapper(value: Any) -> bool:
     """Whether ``value`` is a tensor of a Python subclass that runs each op as ops on the tensors it wraps (its own
     ``__torch_dispatch__``: torchao's ``Float8TrainingTensor``, whose ``aten.mm`` is the ``_scaled_mm`` and casts
-    recorded inside it); FakeTensor and parameters are not."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
+    recorded inside it); FakeTensor and parameters are not.  Decided once per class (every op's arguments ask)."""
     cls = type(value)
-    return (isinstance(value, torch.Tensor) and cls not in (torch.Tensor, torch.nn.Parameter)
-            and not issubclass(cls, FakeTensor)
-            and getattr(cls, "__torch_dispatch__", None) is not getattr(torch.Tensor, "__torch_dispatch__", None))
+    hit = _WRAPPERS.get(cls)
+    if hit is None:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        hit = _WRAPPERS[cls] = (issubclass(cls, torch.Tensor) and cls not in (torch.Tensor, torch.nn.Parameter)
+                                and not issubclass(cls, FakeTensor)
+                                and cls.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__)
+    return hit
+
+
+_WRAPPERS: dict[type, bool] = {}  # class -> is_wrapper's answer
