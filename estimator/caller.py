@@ -20,6 +20,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .errors import UserError
+from .said import once_per_call
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -33,7 +34,7 @@ def apart_from_caller() -> Iterator[None]:
             raise UserError(f"called inside torch.autocast({device!r}): the step's precision is the precision option "
                             f"(e.g. precision='bf16-mixed'), not the caller's autocast; call it outside the autocast "
                             f"block")
-    with _disable_current_modes(), torch.inference_mode(False), torch.enable_grad():
+    with _disable_current_modes(), torch.inference_mode(False), torch.enable_grad(), once_per_call():
         yield
 
 

@@ -20,6 +20,7 @@ import torch
 from .capture import INPUT_MODULE, Capture
 from .graph import OpNode, map_args
 from .rules import MATMUL, ZERO, OpCall, TensorSpec, bind, lookup  # the package: every built-in rule registered
+from .said import warn
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +279,7 @@ class _Tallier:
         rows = [{"op": op, "count": n, "module": module} for (op, module), n in sorted(self.unsupported.items())]
         if rows:
             names = sorted({r["op"] for r in rows})
-            log.warning("%d op(s) have no cost rule and are listed as unsupported: %s", len(names), ", ".join(names))
+            warn(log, "%d op(s) have no cost rule and are listed as unsupported: %s", len(names), ", ".join(names))
         return rows
 
 
@@ -286,7 +287,7 @@ def _warn_no_gradient(no_gradient: list[dict[str, Any]]) -> None:
     if no_gradient:
         count = sum(r["count"] for r in no_gradient)
         where = ", ".join(f"{r['module'] or '(root)'} ({r['count']:,})" for r in no_gradient[:4])
-        log.warning("%s trainable parameters get no gradient in this step: %s%s; check that the inputs feed every "
+        warn(log, "%s trainable parameters get no gradient in this step: %s%s; check that the inputs feed every "
                     "part of the model, or freeze what is not trained (requires_grad=False)", f"{count:,}", where,
                     ", ..." if len(no_gradient) > 4 else "")
 

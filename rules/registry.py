@@ -182,6 +182,10 @@ def lookup(op: Any) -> Rule | None:
     """The rule for ``op`` (an overload or packet), or None if it has none."""
     key = _packet(op)
     rule = _RULES.get(key)
+    if rule is None and getattr(key, "_qualified_op_name", "").startswith("prims::"):
+        # a primitive (forward-mode AD and decompositions run them: prims.add) costs as the aten op of its name
+        aten = getattr(torch.ops.aten, key._qualified_op_name.partition("::")[2], None)
+        rule = _RULES.get(aten) if aten is not None else None
     if rule is None and _LATE:
         namespace = getattr(key, "_qualified_op_name", "").partition("::")[0]
         registrar = _LATE.pop(namespace, None)

@@ -447,6 +447,10 @@ def test_elementwise_costs():
     assert run(aten.hardshrink_backward.default, x, x, 0.5) == 2 * real_numel(aten.hardshrink_backward.default, x, x, 0.5)
     assert run(aten.native_dropout.default, x, 0.1, True) == 2 * real_numel(aten.native_dropout.default, x, 0.1, True)
     assert run(aten.native_dropout.default, x, 0.1, False) == 0  # eval: the identity
+    # a primitive costs as the aten op of its name (forward-mode AD runs prims.add: it was listed without a rule)
+    prims = torch.ops.prims
+    assert run(prims.add.default, _meta(3, 4), _meta(3, 4)) == real_numel(aten.add.Tensor, _meta(3, 4), _meta(3, 4))
+    assert run(prims.mul.default, _meta(3, 4), _meta(3, 4)) == real_numel(aten.mul.Tensor, _meta(3, 4), _meta(3, 4))
 
 
 def test_foreach_and_fused_optimizer_ops():

@@ -204,10 +204,17 @@ def resolve_classes(model: torch.nn.Module, names: Any, option: str = "--checkpo
     if not names:
         return ()
     items = names if isinstance(names, (list, tuple, set)) else [names]
-    by_name = {type(m).__name__: type(m) for m in model.modules()}
+    # the model itself is never checkpointed or wrapped as one of its blocks: its class alone names nothing
+    inner = [m for m in model.modules() if m is not model]
+    by_name = {type(m).__name__: type(m) for m in inner}
     classes = []
     for item in items:
-        if isinstance(item, type) and any(isinstance(m, item) for m in model.modules()):
+        if (item is type(model) or item == type(model).__name__) and item not in by_name \
+                and not any(isinstance(m, type(model)) for m in inner):
+            raise UserError(f"{option} {type(model).__name__}: the only module of that class is the model itself, "
+                            f"which {option} does not take (it names the model's blocks); classes present: "
+                            f"{', '.join(sorted(by_name)[:15])}")
+        if isinstance(item, type) and any(isinstance(m, item) for m in inner):
             classes.append(item)
         elif isinstance(item, type):  # (by name it is refused alike: checkpointing it would change nothing)
             raise UserError(f"{option} {item.__name__}: no module of that class in the model; "
