@@ -409,3 +409,22 @@ def test_tp_on_a_model_with_only_a_head_to_split_is_refused():
     with pytest.raises(UserError, match="no Linear layer pairs.*only the output head or the embedding.*--tp 1"):
         plan(model, torch.randn(8, 16), gpu="H100", gpus=4, strategy="fsdp", tp=2, device="cpu", precision="fp32",
              loss_fn=lambda out: out.pow(2).mean(), solve=())
+
+
+def test_tp_alone_says_what_a_real_foreach_step_refuses_and_how_to_run_it():
+    """Tensor parallelism over every GPU (no data-parallel engine): the norms stay plain tensors beside the split
+    Linears' DTensors, and torch's foreach optimizer step refuses the mix (a real 1-rank gloo step of AdamW with
+    foreach=True raises the same "got mixed torch.Tensor and DTensor"). The message told the user to use AdamW
+    and DDP, which the plan already did; it says what runs now, and each of those runs plans."""
+    from estimator.errors import UserError
+    from estimator.specs import load
+
+    model, inputs = load("hf:llama", batch=2, seq=16, overrides=dict(
+        num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=256))
+    with pytest.raises(UserError, match="--sequence-parallel.*foreach=False") as err:
+        Planner(model, inputs, gpu="H100").plan("ddp", 2, tp=2, solve=())
+    assert "use an element-wise optimizer" not in str(err.value) and "head count" not in str(err.value)
+    assert Planner(model, inputs, gpu="H100").plan("ddp", 2, tp=2, sequence_parallel=True, solve=()).verdict.fits
+    assert Planner(model, inputs, gpu="H100", optimizer="adamw:foreach=False").plan("ddp", 2, tp=2,
+                                                                                   solve=()).verdict.fits

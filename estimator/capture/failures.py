@@ -132,8 +132,15 @@ def input_hint(call: torch.nn.Module, args: tuple, kwargs: dict) -> str:
 
 def optimizer_hint(params: Iterable[torch.Tensor]) -> str:
     """What to check after a failed optimizer step over ``params`` (the model's, an engine's DTensors or not)."""
-    if not any(getattr(p, "placements", None) is not None for p in params):
+    params = list(params)
+    sharded = sum(getattr(p, "placements", None) is not None for p in params)
+    if not sharded:
         return "check the optimizer's options"
+    if sharded < len(params):  # tensor parallelism alone: what it does not split stays a plain tensor
+        return ("the parameters tensor parallelism does not split (norms, biases) stay plain tensors beside its "
+                "DTensors when no data-parallel engine takes them, and the optimizer's foreach step refuses the "
+                "mix, as in a real run: add --sequence-parallel (the norms become DTensors, as torchtitan runs "
+                "TP), or build the optimizer with foreach=False (--optimizer adamw:foreach=False)")
     # an engine's DTensor parameters: the optimizer's own ops run through DTensor's sharding rules, as in a real
     # run (a step that reduces over a sharded matrix in place, Adafactor's, fails there the same way)
     return ("the optimizer's step fails on the engine's sharded (DTensor) parameters, as it would in a real run: "
