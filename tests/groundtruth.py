@@ -128,7 +128,8 @@ def _copy(model, inputs):
     memo: dict[int, Any] = {}
     m = copy.deepcopy(model, memo)
     x = copy.deepcopy(inputs)
-    m.train()
+    if not m.training:  # (a model in training mode keeps the modules its user put in eval, as the estimate does)
+        m.train()
     return m, x, memo
 
 

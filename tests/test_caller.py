@@ -126,3 +126,31 @@ def test_a_warning_is_said_once_per_call(caplog):
         assert said() == 1
         estimate(M(), torch.randn(4, 8), device="cpu")  # a second call says it again
         assert said() == 2
+
+
+def test_modules_the_caller_put_in_eval_stay_so_in_the_step_and_after_it():
+    """Dropout turned off by the caller (``.eval()`` on its layers, a model in training mode): the step switched it
+    back on (``model.train()``: activations +13.2 % on a BERT) and left every module in training mode afterwards,
+    so the caller's next real step ran dropout it had turned off. Truth: a real step with the same flags."""
+    import sys
+    import os
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from groundtruth import measure
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.Dropout(0.5), nn.GELU(), nn.Linear(64, 64), nn.Dropout(0.5),
+                          nn.Linear(64, 4))
+    model[1].eval(), model[4].eval()
+    x = torch.randn(16, 32)
+    flags = [m.training for m in model.modules()]
+    report = estimate(model, x, device="cpu", optimizer="adamw")
+    assert [m.training for m in model.modules()] == flags
+    truth = measure(model, x)  # (its copy keeps the flags too)
+    assert report.tally.activations_bytes == truth["activation_bytes"]
+    assert any("stay in eval mode (Dropout)" in a for a in report.capture.assumptions)
+    plan(model, x, gpu="H100", device="cpu", solve=())
+    assert [m.training for m in model.modules()] == flags
+    model.eval()  # a root in eval (from_pretrained's) is trained whole, as a loop calling model.train() trains it
+    whole = estimate(model, x, device="cpu", optimizer="adamw")
+    assert whole.tally.activations_bytes > report.tally.activations_bytes and not model.training

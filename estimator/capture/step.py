@@ -33,6 +33,7 @@ from ..ema import with_ema
 from ..optim import (build_optimizer, clip_gradients, elementwise, grads_outside, made_before_loop, state_tensors,
                      steady_scalars, wants_fused)
 from ..target import FAKE_KERNELS, CudaTarget, installed
+from ..caller import set_train_mode
 from .as_is import AsIs, AsIsRecorder
 from .checkpoint import KV_CACHE_OFF, kv_caches_off, wrap_checkpointed
 from .failures import guard, input_hint, optimizer_hint
@@ -229,13 +230,13 @@ class Step:
     def _enter(self, stack: contextlib.ExitStack) -> None:
         """Everything the step changes, each undone by ``stack`` (in reverse order)."""
         model, opts = self.model, self.opts
-        was_training = model.training
-        stack.callback(model.train, was_training)
+        flags = [(m, m.training) for m in model.modules()]  # each module's own flag comes back, not the root's
+        stack.callback(lambda: [setattr(m, "training", was) for m, was in flags])
         stack.enter_context(self._module_hooks())
         # FakeTensorMode logs a traceback when a meta kernel fails; the capture reports the failure itself.
         fake_log = logging.getLogger("torch._subclasses.fake_tensor")
         stack.callback(fake_log.setLevel, fake_log.level)
-        model.train(opts.train)
+        set_train_mode(model, opts.train, self.notes)
         # no automatic garbage collection during the step (it frees cycles at moments that depend on how many
         # Python objects were made, which differs between runs): the timeline and the peak the same every time
         if gc.isenabled():
