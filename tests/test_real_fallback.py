@@ -260,3 +260,23 @@ def test_a_cached_method_keeps_no_fake_tensor():
     assert d["memory"]["activations"] == truth["activation_bytes"]
     out = model(x)  # the user's model after the estimate: its cache holds no fake tensor
     assert type(model.table(8, 16)) is torch.Tensor and torch.isfinite(out)
+
+
+@pytest.mark.parametrize("layout", [torch.jagged, torch.strided])
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_a_nested_tensor_input_is_refused_in_one_line(layout, precision):
+    """A jagged input aborted the interpreter under fp32 (the refusal raised inside the nested tensor's own op,
+    called from C++: pybind11's terminate, exit 134, nothing the caller could catch); a strided one raised torch's
+    "NestedTensorImpl doesn't support sizes" reading its batch. Both are refused before the capture, with what to
+    estimate instead; the model's own jagged tensor (above) is refused where its pass returns."""
+    from estimator import estimate
+    from estimator.errors import UnsupportedModelError
+    from estimator.plan import plan
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    nt = torch.nested.nested_tensor([torch.randn(n, 16) for n in (5, 9, 3)], layout=layout)
+    with pytest.raises(UnsupportedModelError, match="nested tensor.*pad the sequences") as info:
+        estimate(model, nt, device="cpu", precision=precision, loss_fn=lambda o: o.values().pow(2).mean())
+    assert "\n" not in str(info.value)
+    with pytest.raises(UnsupportedModelError, match="nested tensor"):
+        plan(model, nt, gpu="H100", device="cpu", solve=())

@@ -18,12 +18,14 @@ def guard(rec: Any, fn: Callable[[], Any], hint: Callable[[], str]) -> Any:
     """Run ``fn``; turn data-dependent failures into :class:`ReadsValues`, others into one-line user errors
     (``rec``: the recorder, which knows the phase, module and op; ``hint()``: what to check)."""
     try:
-        return fn()
+        out = fn()
     except UserError:
         raise
     except Exception as exc:
         if from_outside(exc):  # an alarm's or a signal's exception: not the model's error
             raise
+        if getattr(rec, "refused", None) is not None:  # what the model did that the capture refuses, first
+            raise rec.refused from exc
         where = rec.current_module
         raised_in = getattr(rec, "raised_in", None)  # the innermost module whose forward raised (step's hooks)
         if raised_in is not None and raised_in != where and not caused_by(exc, DATA_DEPENDENT):
@@ -56,6 +58,9 @@ def guard(rec: Any, fn: Callable[[], Any], hint: Callable[[], str]) -> Any:
             f"the {rec.phase} pass failed{f' in module {where!r}' if where else ''}{op}: "
             f"{type(exc).__name__}: {first}; {advice}"
         ) from exc
+    if getattr(rec, "refused", None) is not None:
+        raise rec.refused
+    return out
 
 
 def _message(exc: BaseException) -> str:

@@ -128,6 +128,7 @@ class Recorder(TorchDispatchMode):
         self.current_op: Any = None
         self.current_module = ""
         self.raised_in: str | None = None  # the innermost module whose forward raised (see failures.guard)
+        self.refused: Exception | None = None  # what the model did that the capture refuses (failures.guard)
         self.scalar_value: Any = None  # what a scalar read in the optimizer step gives (optim.steady_scalars)
         self.n_constants = 0
         # storage bookkeeping
@@ -201,10 +202,12 @@ class Recorder(TorchDispatchMode):
     def _node_of(self, t: torch.Tensor) -> OpNode:
         node = self.node_of(t)
         if node is None:  # a tensor created outside the trace (a constant attribute, torch.tensor(...))
-            if t.is_nested:  # (its ops reach the capture as its own, not as ops on its values)
+            if t.is_nested and self.refused is None:  # (its ops reach the capture as its own, not its values')
                 from ..errors import UnsupportedModelError
 
-                raise UnsupportedModelError(
+                # raised where the pass returns (capture.failures.guard): raised here, inside the nested
+                # tensor's own op called from C++, it aborted the interpreter (pybind11's terminate)
+                self.refused = UnsupportedModelError(
                     f"module {self.current_module or '(root)'!r} makes a nested (jagged) tensor, which the capture "
                     f"does not model: pad the sequences (torch.nn.utils.rnn.pad_sequence, or "
                     f"torch.nested.to_padded_tensor) and estimate the padded step, whose bytes and FLOPs bound it")

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.utils._pytree as pytree
 
-from ..errors import UserError
+from ..errors import UnsupportedModelError, UserError
 from ..specs.options import usable_positions
 from .results import Solve
 
@@ -42,7 +42,14 @@ def input_dims(inputs: Any) -> tuple[int | None, int | None]:
 
 def check_not_empty(inputs: Any) -> None:
     """A one-line error for inputs whose batch (dimension 0 of the first tensor, :func:`input_dims`) is empty: a step
-    of no samples has no size to estimate or search from (the search and the time model divided by it)."""
+    of no samples has no size to estimate or search from (the search and the time model divided by it).  A nested
+    tensor is refused first: it has no batch dimension to read (torch raises an internal error), and the capture
+    does not model one (a jagged one refused from inside its op aborted the interpreter)."""
+    if any(isinstance(t, torch.Tensor) and t.is_nested for t in pytree.tree_leaves(_plain(inputs))):
+        raise UnsupportedModelError(
+            "the inputs hold a nested tensor (torch.nested), which the capture does not model: pad the sequences "
+            "(torch.nested.to_padded_tensor, or torch.nn.utils.rnn.pad_sequence) and estimate the padded step, "
+            "whose bytes and FLOPs bound it")
     if input_dims(inputs)[0] == 0:
         raise UserError("the inputs' batch is empty (dimension 0 of the first input tensor is 0): give at least one "
                         "sample, e.g. --set batch=1")
