@@ -280,3 +280,35 @@ def test_a_nested_tensor_input_is_refused_in_one_line(layout, precision):
     assert "\n" not in str(info.value)
     with pytest.raises(UnsupportedModelError, match="nested tensor"):
         plan(model, nt, gpu="H100", device="cpu", solve=())
+
+
+class _ConvertsInForward(torch.nn.Module):
+    """Switch Transformers' router: ``self.classifier = self.classifier.to(self.dtype)`` at each forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.classifier, self.out = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        self.classifier = self.classifier.to(torch.float32)
+        return self.out(self.classifier(x).relu()).pow(2).mean()
+
+
+def test_a_module_converted_inside_forward_is_estimated_as_it_runs():
+    """``nn.Module._apply`` swaps a FakeTensor parameter (``torch.utils.swap_tensors``), which refuses the capture's
+    weakly referenced stand-ins: "_apply(): Couldn't swap Linear.weight" (Switch Transformers' MoE layers could
+    not be estimated). A real parameter is updated in place, as the trace now does: peaks equal a real step's."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from livetracker import measure_peaks
+
+    from estimator import estimate
+
+    torch.manual_seed(0)
+    model, x = _ConvertsInForward(), torch.randn(32, 64)
+    report = estimate(model, x, device="cpu", optimizer="adamw", loss_fn=lambda o: o)
+    first, steady = measure_peaks(model, x, lambda p: torch.optim.AdamW(list(p)), lambda o: o)
+    assert (report.memory.peak_first_step, report.memory.peak) == (first, steady)
+    estimate(model, x, device="cpu", mode="inference", loss_fn=lambda o: o)  # (it failed alike)

@@ -13,6 +13,11 @@ tensors for backward than the fast branch a real step runs.  While :func:`eager_
   real-tensor fallback: ``isTensorSubclassLike`` is true under any mode), it calls the
   ``_ctc_loss.Tensor`` overload instead, whose backward node keeps both length tensors (2 x batch x 8
   bytes more activations than the real step: wav2vec2, HuBERT, WavLM).
+* ``torch.utils.swap_tensors``, which ``nn.Module._apply`` calls for every FakeTensor parameter (a module
+  converted inside forward: Switch Transformers' router runs ``self.classifier = self.classifier.to(dtype)``
+  at each call), and which refuses a tensor with weak references (the capture's, on every stand-in): the
+  real step's parameters are plain tensors, which ``_apply`` updates in place (``param.data =``), so a refused
+  swap of a fake tensor does that.
 
 Each stand-in forwards to the original when its condition does not hold; everything is restored on exit.
 """
@@ -59,11 +64,27 @@ def _ctc_loss(original):
     return ctc_loss
 
 
+def _swap_tensors(original):
+    def swap_tensors(t1, t2):
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        try:
+            return original(t1, t2)
+        except RuntimeError:
+            if not (isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor)):
+                raise
+            with torch.no_grad():  # (what _apply does for a plain tensor: its data replaced, the object kept)
+                t1.data = t2.detach()
+
+    swap_tensors.__wrapped__ = original  # type: ignore[attr-defined]
+    return swap_tensors
+
+
 @contextlib.contextmanager
 def eager_paths() -> Iterator[None]:
-    original = F.ctc_loss
-    F.ctc_loss = _ctc_loss(original)
+    original, swap = F.ctc_loss, torch.utils.swap_tensors
+    F.ctc_loss, torch.utils.swap_tensors = _ctc_loss(original), _swap_tensors(swap)
     try:
         yield
     finally:
-        F.ctc_loss = original
+        F.ctc_loss, torch.utils.swap_tensors = original, swap
