@@ -312,3 +312,53 @@ def test_a_module_converted_inside_forward_is_estimated_as_it_runs():
     first, steady = measure_peaks(model, x, lambda p: torch.optim.AdamW(list(p)), lambda o: o)
     assert (report.memory.peak_first_step, report.memory.peak) == (first, steady)
     estimate(model, x, device="cpu", mode="inference", loss_fn=lambda o: o)  # (it failed alike)
+
+
+class _MixedMatmul(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(16, 16))
+
+    def forward(self, x):
+        return (x.to(torch.bfloat16) @ self.weight).float().pow(2).mean()
+
+
+class _BackwardOutsideAutocast(torch.autograd.Function):
+    """A custom matmul without custom_fwd/custom_bwd: its backward runs outside autocast, on mixed dtypes."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x @ w
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g @ w.t(), x.t() @ g
+
+
+class _CustomMatmul(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.weight = torch.nn.Parameter(torch.randn(16, 16))
+
+    def forward(self, x):
+        return _BackwardOutsideAutocast.apply(self.lin(x), self.weight).float().pow(2).mean()
+
+
+@pytest.mark.parametrize("model,precision", [(_MixedMatmul, "fp32"), (_CustomMatmul, "bf16-mixed")])
+def test_a_matmul_of_two_dtypes_fails_as_the_real_kernel_fails(model, precision):
+    """The meta kernels of mm/addmm/bmm take matrices of two dtypes, which every real kernel refuses ("expected m1
+    and m2 to have the same dtype"): a step that cannot run was estimated. The real step is run here and fails."""
+    from estimator import estimate
+    from estimator.errors import UserError
+
+    m, x = model(), torch.randn(8, 16)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+            loss = m(x)
+        loss.backward()
+    with pytest.raises(UserError, match=r"aten\.(mm|addmm)\.default: .*mat1 and mat2 must have the same dtype") as info:
+        estimate(m, x, device="cpu", precision=precision, loss_fn=lambda o: o)
+    assert "\n" not in str(info.value)

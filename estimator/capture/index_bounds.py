@@ -94,9 +94,34 @@ _SAME_DTYPE = {
 }
 
 
+# Matrix products whose two matrices must share a dtype in every real kernel (CPU and cuBLAS: "expected m1 and m2
+# to have the same dtype", "mat1 and mat2 must have the same dtype"), which the meta kernels do not check: a forward
+# multiplying bf16 activations by an fp32 weight, or a custom autograd Function's backward run outside autocast,
+# was estimated where the real step fails. (The two matrices' arguments.)
+_SAME_DTYPE_OPERANDS = {
+    **{op: ("self", "mat2") for op in (aten.mm.default, aten.bmm.default)},
+    **{op: ("mat1", "mat2") for op in (aten.addmm.default, aten.addmm_.default)},
+    **{op: ("batch1", "batch2") for op in (aten.baddbmm.default, aten.baddbmm_.default, aten.addbmm.default,
+                                           aten.addbmm_.default)},
+}
+
+
+def _plain_tensor(t: Any) -> bool:
+    return isinstance(t, FakeTensor) or type(t) in (torch.Tensor, torch.nn.Parameter)
+
+
 def check_same_dtype(func: Any, args: tuple, kwargs: dict) -> None:
     """Raise the real kernel's ``RuntimeError`` where ``func`` writes values of another dtype than its
-    destination's (see :data:`_SAME_DTYPE`)."""
+    destination's (see :data:`_SAME_DTYPE`), or multiplies matrices of two dtypes (:data:`_SAME_DTYPE_OPERANDS`)."""
+    operands = _SAME_DTYPE_OPERANDS.get(func)
+    if operands is not None:
+        bound = bind(func, args, kwargs)
+        a, b = bound.get(operands[0]), bound.get(operands[1])
+        # (a tensor subclass with its own dispatch, torchao's float8 wrapper, runs its own kernel: not checked)
+        if _plain_tensor(a) and _plain_tensor(b) and a.dtype != b.dtype:
+            raise RuntimeError(f"{func.__name__}: mat1 and mat2 must have the same dtype, but got "
+                               f"{str(a.dtype).removeprefix('torch.')} and {str(b.dtype).removeprefix('torch.')}")
+        return
     spec = _SAME_DTYPE.get(func)
     if spec is None:
         return
