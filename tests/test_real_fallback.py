@@ -362,3 +362,28 @@ def test_a_matmul_of_two_dtypes_fails_as_the_real_kernel_fails(model, precision)
     with pytest.raises(UserError, match=r"aten\.(mm|addmm)\.default: .*mat1 and mat2 must have the same dtype") as info:
         estimate(m, x, device="cpu", precision=precision, loss_fn=lambda o: o)
     assert "\n" not in str(info.value)
+
+
+class _ModifiesASavedTensor(torch.nn.Module):
+    """ReLU(inplace=True) after a sigmoid: the sigmoid saved its output for backward, the ReLU writes it."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.act = torch.nn.Linear(16, 32), torch.nn.Linear(32, 4), torch.nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return self.b(self.act(torch.sigmoid(self.a(x))))
+
+
+def test_a_saved_tensor_modified_in_place_fails_as_the_real_backward_fails():
+    """The capture's saved-tensor hooks turn off autograd's version check of what they pack: a step whose real
+    backward fails ("modified by an inplace operation") was estimated. The hooks check it now."""
+    from estimator import estimate
+    from estimator.errors import UserError
+
+    m, x = _ModifiesASavedTensor(), torch.randn(8, 16)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        m(x).mean().backward()
+    with pytest.raises(UserError, match="modifies in place a tensor autograd saved.*ReLU\\(inplace=False\\)") as info:
+        estimate(m, x, device="cpu")
+    assert "\n" not in str(info.value)

@@ -166,3 +166,15 @@ def caused_by(exc: BaseException | None, types: tuple[type, ...]) -> bool:
         exc = exc.__cause__ or exc.__context__
         seen += 1
     return False
+
+
+def unpacked(packed: tuple[torch.Tensor, int]) -> torch.Tensor:
+    """A saved tensor as backward reads it, checked as autograd checks its own saved tensors (which it does not
+    for tensors packed by hooks): one modified in place after it was saved fails the real backward."""
+    t, version = packed
+    if t._version != version:
+        raise UserError(f"the model modifies in place a tensor autograd saved for backward (shape {list(t.shape)}, "
+                        f"at version {t._version}, saved at {version}): the real backward fails with \"one of the "
+                        f"variables needed for gradient computation has been modified by an inplace operation\"; "
+                        f"make the in-place op after it out of place (e.g. ReLU(inplace=False), x = x + 1)")
+    return t

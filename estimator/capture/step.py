@@ -36,7 +36,7 @@ from ..target import FAKE_KERNELS, CudaTarget, installed
 from ..caller import set_train_mode
 from .as_is import AsIs, AsIsRecorder
 from .checkpoint import KV_CACHE_OFF, kv_caches_off, wrap_checkpointed
-from .failures import guard, input_hint, optimizer_hint
+from .failures import guard, input_hint, optimizer_hint, unpacked
 from .held import leaves_held_by, output_tensors
 from .fake import GROUPED_MM, RecordingFakeMode, clear_shared_cache, fake_grouped_mm, output_kernels, real_output_bytes
 from .fake_kernels import fake_ctc_loss, fake_pack_padded_sequence
@@ -424,9 +424,9 @@ class Step:
             alias = self._unrecorded(t.detach)
             if sid in saved and first_micro_step:
                 self.saved_aliases.setdefault(sid, []).append(weakref.ref(alias))
-            return alias
+            return alias, alias._version  # (autograd checks no version of what a hook packed: see unpacked)
 
-        with self._recording(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with self._recording(), torch.autograd.graph.saved_tensors_hooks(pack, unpacked):
             with self.opts.precision.autocast_context():
                 rec.phase = Phase.FORWARD
                 # ``out = model(x)``: the previous micro-step's output (a loop that keeps it) is replaced only
