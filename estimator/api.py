@@ -197,7 +197,8 @@ def estimate(
     from .capture.compiled import compiled_model
 
     model, compiled, compiled_notes = compiled_model(model, compile, mode)
-    model, finetune_notes, quantize = finetuned(model, lora, quantize, parse_precision(precision), mode, device)
+    model, finetune_notes, quantize = finetuned(model, lora, quantize, parse_precision(precision), mode, device,
+                                                optimizer)
     policy = parse_policy(checkpoint_policy)
     if compiled is not None and mode == "generate":
         raise UserError("compile sizes training and inference steps; drop it for mode='generate'")

@@ -194,6 +194,10 @@ def prepare_finetune(model: nn.Module, lora: LoraSpec | None, quantize: dict | N
     targets with adapters and freezes the rest; and the notes that say so."""
     if lora is None:
         raise UserError("a 4-bit base is frozen: add --lora (QLoRA) to train adapters over it")
+    adapted = next((path for path, m in model.named_modules() if _has_adapters(m)), None)
+    if adapted is not None:  # (they were adapted again, peft's layers and all: 11,584 trainable where peft has 10,496)
+        raise UserError(f"--lora: the model already carries adapters ({adapted or '(root)'} is "
+                        f"{type(model.get_submodule(adapted)).__name__}): estimate it as it is, without --lora")
     swaps: dict[str, nn.Module] = {}
     notes = [lora.describe() + " (peft's layers, float32 adapters)"]
     if quantize is not None:
@@ -218,6 +222,14 @@ def prepare_finetune(model: nn.Module, lora: LoraSpec | None, quantize: dict | N
     return out, notes
 
 
+def _has_adapters(m: nn.Module) -> bool:
+    """A module peft made (its tuner layers: LoRA, DoRA, LoHa, IA3, ...; a PeftModel), or one of this module's."""
+    if isinstance(m, LoraLinear):
+        return True
+    return any(c.__module__.startswith("peft.") and c.__name__ in ("BaseTunerLayer", "PeftModel")
+               for c in type(m).__mro__)
+
+
 def _frozen(model: nn.Module, ids: set[int]) -> nn.Module:
     """``model``'s tree with each parameter in ``ids`` replaced by a frozen copy (same tensor data, no gradient;
     a parameter tied across modules stays one parameter)."""
@@ -237,13 +249,20 @@ def _frozen(model: nn.Module, ids: set[int]) -> nn.Module:
 
 
 def finetuned(model: nn.Module, lora: Any, quantize: str | None, precision: Any,
-              mode: str = "train", device: str = "cuda") -> tuple[nn.Module, list[str], str | None]:
+              mode: str = "train", device: str = "cuda",
+              optimizer: Any = None) -> tuple[nn.Module, list[str], str | None]:
     """(the model as a LoRA or QLoRA run trains it (:func:`prepare_finetune`), what that assumed, the
     ``quantize`` left for inference's what-ifs); ``precision``: the step's :class:`~.precision.Precision` (QLoRA
     computes in its low dtype; the statistics keep the dtype the weights had, the cast one or float32)."""
     from .quantize import TRACED_4BIT, check_scheme
 
     spec = parse_lora(lora)
+    instances = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+    if spec is not None and any(isinstance(o, torch.optim.Optimizer) for o in instances):
+        # (its parameters are the base's, which the run freezes; it was refused as "built over other tensors")
+        raise UserError("--lora adds the adapters the optimizer trains, so an optimizer instance built before "
+                        "cannot hold them: give the optimizer by name or class (optimizer='adamw', or "
+                        "torch.optim.AdamW with optimizer_kwargs)")
     if mode != "train" and quantize in TRACED_4BIT:  # served over bitsandbytes' 4-bit weights: traced with them
         from .qlora import CUDA_FUSED_ROWS, quantize_linears
 

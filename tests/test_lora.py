@@ -388,3 +388,15 @@ def test_lora_on_a_mamba_refuses_what_peft_refuses():
     peft_model = _with_lora(copy.deepcopy(model), targets=["in_proj", "x_proj"])  # (what the message suggests)
     report = estimate(model, {"input_ids": ids, "labels": ids}, device="cpu", lora=f"r={R},targets=in_proj+x_proj")
     assert report.to_dict()["params"]["trainable"] == sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+
+
+def test_lora_refuses_what_it_would_stack_or_could_not_train():
+    """``--lora`` on a model peft already adapted stacked new adapters on peft's own layers (11,584 trainable
+    parameters where peft's get_peft_model on it has 10,496), silently; with an optimizer instance (built over the
+    base, which the run freezes) it said to build it over model.parameters(), which was done. One line each."""
+    model, inputs = _llama()
+    with pytest.raises(UserError, match="already carries adapters.*without --lora"):
+        estimate(_with_lora(copy.deepcopy(model)), inputs, device="cpu", lora="r=4")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    with pytest.raises(UserError, match="optimizer instance built before cannot hold them: give the optimizer by name"):
+        estimate(model, inputs, device="cpu", lora="r=4", optimizer=opt)

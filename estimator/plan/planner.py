@@ -108,7 +108,7 @@ class Planner:
         self.model_name = model_name or type(model).__name__
         self.precision = parse_plan_precision(precision, reduce_dtype)
         # LoRA / QLoRA (estimator.lora): the model as the fine-tuning run trains it
-        model, notes, _ = finetuned(model, lora, quantize, self.precision.step)
+        model, notes, _ = finetuned(model, lora, quantize, self.precision.step, optimizer=optimizer)
         self.float8_notes[:0], self.finetune = compiled_notes + notes, (lora is not None, quantize is not None)
         if not any(p.requires_grad for p in model.parameters()):
             raise UserError("no parameter of the model requires grad: a training plan has nothing to train; set "
