@@ -18,7 +18,7 @@ from .loop import check_loop, check_policy
 from .plan.search import check_not_empty
 from .ema import check_ema
 from .optim import check_clip
-from .precision import parse_precision
+from .precision import as_given, parse_precision
 from .report import CheckpointWhatIf, Report
 from .target import CudaTarget, parse_release
 from .tally import tally
@@ -75,6 +75,19 @@ def _checkpoint_what_if(model, inputs, options: StepOptions, classes: tuple[type
         timeline=[(str(p.phase), prof_ckpt.peak if p.index == prof_ckpt.peak_at.index else p.total)
                   for p in prof_ckpt.timeline],
     )
+
+
+def _float8(model: torch.nn.Module, float8: Any, mode: str, gpu: GPU | None) -> tuple[torch.nn.Module, list[str]]:
+    """The model as ``float8`` training runs it (torchao's Float8Linear: :mod:`estimator.float8`) and its notes."""
+    from .float8 import check_float8_gpu, check_recipe, converted
+
+    recipe = check_recipe(float8)
+    check_float8_gpu(recipe, gpu)
+    if recipe is None:
+        return model, []
+    if mode != "train":
+        raise UserError(f"float8 is float8 training (torchao's Float8Linear); drop it for mode={mode!r}")
+    return converted(model, recipe)
 
 
 @young_only_during
@@ -202,20 +215,14 @@ def estimate(
     policy = parse_policy(checkpoint_policy)
     if compiled is not None and mode == "generate":
         raise UserError("compile sizes training and inference steps; drop it for mode='generate'")
-    from .float8 import check_float8_gpu, check_recipe, converted
-
-    recipe, float8_notes = check_recipe(float8), []
-    check_float8_gpu(recipe, target_gpu)
-    if recipe is not None:
-        if mode != "train":
-            raise UserError(f"float8 is float8 training (torchao's Float8Linear); drop it for mode={mode!r}")
-        model, float8_notes = converted(model, recipe)
+    model, float8_notes = _float8(model, float8, mode, target_gpu)
+    step_precision, kept_notes = as_given(model, parse_precision(precision))
     options = StepOptions(
         loss_fn=loss_fn,
         optimizer=optimizer if mode == "train" else None,
         optimizer_kwargs=optimizer_kwargs,
         foreach=True if device == "cuda" else None,
-        precision=parse_precision(precision),
+        precision=step_precision,
         train=mode == "train",
         keep_output=bool(keep_output),
         grad_accum=grad_accum,
@@ -236,7 +243,7 @@ def estimate(
             trace=trace, progress=progress, gpu=target_gpu)
     else:
         cap = capture(model, inputs, options, mode=trace, progress=progress)
-        cap.assumptions[:0] = compiled_notes + finetune_notes + float8_notes
+        cap.assumptions[:0] = compiled_notes + finetune_notes + float8_notes + kept_notes
         t, profile = _analyse(cap, options, device, progress)
     report = Report(cap, t, model_name=model_name or type(model).__name__, depth=depth, memory=profile,
                     device=device, precision=options.precision.name, mode=mode, gpu=target_gpu,

@@ -39,6 +39,7 @@ class Precision:
     autocast: torch.dtype | None  # autocast dtype for forward + loss
     grad_scaler: bool
     fp8_linear: bool = False  # the fp8 what-if over this trace (see fp8_what_if)
+    kept: frozenset[int] = frozenset()  # ids of the model's tensors the cast leaves as given (see as_given)
 
     def autocast_context(self):
         if self.autocast is None:
@@ -51,7 +52,7 @@ class Precision:
 
     def tensor_dtype(self, t: torch.Tensor) -> torch.dtype:
         """:meth:`traced_dtype` of ``t``'s dtype, or its own when it keeps it (:func:`keep_dtype`)."""
-        return t.dtype if getattr(t, KEEP_DTYPE, False) else self.traced_dtype(t.dtype)
+        return t.dtype if getattr(t, KEEP_DTYPE, False) or id(t) in self.kept else self.traced_dtype(t.dtype)
 
 
 KEEP_DTYPE = "_estimator_keeps_dtype"
@@ -62,6 +63,26 @@ def keep_dtype(t: torch.Tensor) -> torch.Tensor:
     upcasts after any ``model.to(bf16)``; bitsandbytes' quantization statistics); returns ``t``."""
     setattr(t, KEEP_DTYPE, True)
     return t
+
+
+def as_given(model: torch.nn.Module, precision: Precision) -> tuple[Precision, list[str]]:
+    """``precision`` for ``model``: a cast (bf16, fp16) of a model whose floating parameters are mostly in that dtype
+    already leaves its other floating parameters as they are, since its user cast it and kept those on purpose
+    (peft's float32 adapters on a bf16 base, transformers' ``_keep_in_fp32_modules``): casting them too had the
+    adapters' gradients and optimizer state at half their bytes (-50 %, the peak -6.3 %); and a note saying so."""
+    if precision.cast is None:
+        return precision, []
+    floats = [p for p in model.parameters() if p.is_floating_point()]
+    cast = sum(p.numel() for p in floats if p.dtype == precision.cast)
+    other = [p for p in floats if p.dtype != precision.cast]
+    if not other or 2 * cast < sum(p.numel() for p in floats):
+        return precision, []
+    from dataclasses import replace
+
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in other})
+    return replace(precision, kept=frozenset(id(p) for p in other)), [
+        f"precision {precision.name}: the model is in {str(precision.cast).removeprefix('torch.')} already; its "
+        f"{sum(p.numel() for p in other):,} parameters in {', '.join(dtypes)} (e.g. peft's adapters) kept as given"]
 
 
 def parse_precision(name: str | Precision | None) -> Precision:

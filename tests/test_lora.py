@@ -400,3 +400,22 @@ def test_lora_refuses_what_it_would_stack_or_could_not_train():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     with pytest.raises(UserError, match="optimizer instance built before cannot hold them: give the optimizer by name"):
         estimate(model, inputs, device="cpu", lora="r=4", optimizer=opt)
+
+
+def test_pure_bf16_keeps_the_float32_adapters_peft_made_on_a_bf16_base():
+    """The usual recipe: the base in bf16, peft's adapters in float32 (get_peft_model upcasts them), trained as it
+    is. precision='bf16' cast the adapters too: gradients -50 %, optimizer state -49.9 %, peak -6.3 % against the
+    real step of the model as given. Truth: that step, measured."""
+    from groundtruth import measure
+    from livetracker import measure_peaks
+
+    model = _with_lora(_llama()[0].to(torch.bfloat16), targets=["q_proj", "v_proj"])
+    inputs = _llama()[1]
+    truth = measure(model, inputs, optimizer="adamw")
+    _, steady = measure_peaks(copy.deepcopy(model), inputs,
+                              lambda ps: torch.optim.AdamW([p for p in ps if p.requires_grad]), lambda o: o.loss)
+    report = estimate(model, inputs, device="cpu", precision="bf16")
+    t = report.tally
+    assert (t.gradients_bytes, t.optimizer_state_bytes, t.activations_bytes, report.memory.peak) == \
+        (truth["grad_bytes"], truth["optimizer_state_bytes"], truth["activation_bytes"], steady)
+    assert any("kept as given" in a for a in report.capture.assumptions)

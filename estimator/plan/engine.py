@@ -432,8 +432,7 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
         except UserError as exc:
             if layout.cp > 1:
                 cp_error(exc, layout.cp, locals().get("ring_calls"))
-            if layout.tp > 1 and not str(exc).startswith(("--", "the optimizer pass failed")):
-                # (a layout's own error says what to fix; an optimizer's failure is not the forward's)
+            if layout.tp > 1 and not str(exc).startswith(("--", "the optimizer pass failed")):  # (says what to fix)
                 lp = ("; under --loss-parallel the loss must be cross-entropy on the logits, the only loss torch's "
                       "loss_parallel supports") if layout.loss_parallel else ""
                 raise UserError(f"{exc} (under tensor parallelism{' with sequence parallelism' if layout.sequence_parallel else ''}: "
