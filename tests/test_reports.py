@@ -479,3 +479,14 @@ def test_the_inputs_line_counts_a_list_of_images_as_the_batch():
     targets = [{"boxes": torch.rand(2, 4), "labels": torch.tensor([1, 2])} for _ in images]
     report = estimate(Detector(), (images, targets), device="cpu", loss_fn=lambda out: out)
     assert inputs_words(report) == f"batch {len(images)}, images 32x40"
+
+
+def test_a_checkpoint_what_if_that_raises_the_peak_says_so():
+    """A what-if whose peak is above the step's (a tiny Bloom's blocks: +2,560 B, equal to a real run with
+    gradient checkpointing) read "saves -2.50 KiB"."""
+    model, inputs, loss_fn = zoo.gpt()
+    r = estimate(model, inputs, loss_fn=loss_fn, checkpoint="Block")
+    saved = r.checkpoint.peak_saved
+    assert f"(saves {fmt_bytes(saved)})" in str(r) if saved >= 0 else f"(raises it by {fmt_bytes(-saved)})" in str(r)
+    r.checkpoint.peak_saved = -2560  # (the figure of that Bloom, rendered)
+    assert "(raises it by 2.50 KiB)" in str(r) and "saves -" not in str(r)

@@ -126,7 +126,8 @@ def summary_rows(report: ReportData) -> list[tuple[str, str]]:
         c = report.checkpoint
         policy = "" if c.policy == "full" else f" ({c.policy} policy)"
         rows.append((f"What-if: checkpoint {', '.join(c.classes)}{policy}",
-                     f"peak {fmt_bytes(c.peak)} (saves {fmt_bytes(c.peak_saved)}), "
+                     f"peak {fmt_bytes(c.peak)} ({'saves' if c.peak_saved >= 0 else 'raises it by'} "
+                     f"{fmt_bytes(abs(c.peak_saved))}), "
                      f"backward +{fmt_flops(c.flops_added)}"
                      + (f", largest micro-batch {c.max_batch:,}" if c.max_batch else "")))
     if report.compiled:
