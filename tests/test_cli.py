@@ -82,6 +82,9 @@ def test_help_documents_every_option_with_an_example():
         (("estimate", "examples/mlp.py:build", "--optimizer", "lion"), ("unknown optimizer",)),
         (("estimate", "examples/mlp.py:build", "--checkpoint", "Nope"), ("no module of that class",)),
         (("estimate", "examples/mlp.py:build", "--input", "4x8:complex7"), ("unknown dtype",)),
+        # (a comparison's rows searched no sequence: it was dropped without a word)
+        (("plan", "examples/mlp.py:build", "--gpu", "H100", "--compare", "--solve", "seq"),
+         ("--solve seq answers for one layout",)),
     ],
 )
 def test_user_errors_are_one_line_exit_2(args, needles):

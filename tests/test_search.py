@@ -5,6 +5,10 @@ the ones that follow (each trace is a trace of the whole engine: their count is 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+
+import pytest
+import torch
 
 from estimator.plan.search import largest_fitting
 
@@ -123,3 +127,45 @@ def test_a_first_guess_past_the_limit_is_searched_down_from_it():
         return planner.needed(planner.memory(layout, step).peak.total, layout, step)
 
     assert need(solve.value) <= planner.gpu.capacity < need(solve.value + 1)
+
+
+class _TakesOneBatch(torch.nn.Module):
+    """A per-sample parameter: the model takes a batch of 8 only."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.pair = torch.nn.Linear(16, 16), torch.nn.Parameter(torch.zeros(8, 16))
+
+    def forward(self, x):
+        return (self.lin(x) * self.pair).sum()
+
+
+def test_a_search_whose_trace_fails_at_another_size_says_so_and_the_plan_stands():
+    """The plan's batch search traced a micro-batch of 16, which this model cannot take, and the whole plan failed
+    on a size the user never gave (estimate --gpu said "not searched"): the plan stands, its search says why not."""
+    from estimator.plan import plan
+
+    p = plan(_TakesOneBatch(), torch.randn(8, 16), gpu="H100", device="cpu", loss_fn=lambda o: o)
+    assert p.verdict.fits and p.batch.value is None
+    assert p.batch.reason.startswith("not searched: the step at another micro-batch") and "broadcast" in p.batch.reason
+    assert "not searched: the step at another micro-batch" in str(p)
+
+
+def test_solve_seq_needs_a_sequence_and_is_searched_when_the_given_one_does_not_fit():
+    """--solve seq resized an image's channels ("expected input[4, 6, 32, 32] to have 3 channels") and was dropped
+    without a word when the given size did not fit, when a shorter sequence may."""
+    from estimator.errors import UserError
+    from estimator.hardware import GPU, lookup
+    from estimator.plan import plan
+
+    cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(), torch.nn.Linear(8 * 14 * 14, 4))
+    with pytest.raises(UserError, match="--solve seq searches a sequence length, and these inputs have none"):
+        plan(cnn, torch.randn(2, 3, 16, 16), gpu="H100", device="cpu", solve=("batch", "seq"))
+    model = torch.nn.Sequential(torch.nn.Embedding(64, 256), torch.nn.Linear(256, 256))
+    ids = torch.randint(0, 64, (4, 4096))
+    fits = plan(model, ids, gpu="H100", loss_fn=lambda o: o.float().pow(2).mean(), solve=("batch", "seq"))
+    # a card a little smaller than the given step needs: it does not fit, and a shorter sequence does
+    small = replace(lookup("H100"), total_memory=fits.verdict.needed - (64 << 20))
+    assert isinstance(small, GPU)
+    p = plan(model, ids, gpu=small, loss_fn=lambda o: o.float().pow(2).mean(), solve=("batch", "seq"))
+    assert not p.verdict.fits and p.seq is not None and 0 < p.seq.value < 4096

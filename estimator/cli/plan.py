@@ -296,6 +296,9 @@ def run_plan(args: argparse.Namespace) -> int:
         budget = dict(tokens=args.tokens, samples=args.samples, steps=steps, mfu=args.mfu)
         degrees = dict(tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep)
         if args.compare or len(gpus_names) > 1 or len(args.gpus) > 1 or any(len(v) > 1 for v in degrees.values()):
+            if "seq" in args.solve:  # (its rows searched none: silently dropped)
+                raise UserError("--solve seq answers for one layout, not a comparison's rows: drop --solve seq, or "
+                                "plan the layout alone")
             result = planner.compare(args.gpus, strategies=args.strategies,
                                      sequence_parallel=args.sequence_parallel, loss_parallel=args.loss_parallel,
                                      async_tp=args.async_tp, pp_schedule=args.pp_schedule,

@@ -38,7 +38,8 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
     Returns a :class:`~estimator.plan.results.Plan`: per-GPU memory of rank ``rank`` (rows that add up
     to the peak), fits or not (and, when not, the smallest layouts that fit with their step time and time to
     train), the largest micro-batch that fits (searched whether the given one fits or not; ``solve`` may add
-    ``"seq"``, searched when the given size fits, or always with ``solve_unfit``), step time from the traced
+    ``"seq"``, searched whether the given size fits or not; ``solve_unfit`` is kept for callers, with no effect;
+    a search whose trace at another size fails says so, not searched), step time from the traced
     schedule, time to train for the budget.  ``loss_parallel`` (with ``tp``):
     the head's logits kept sharded by vocabulary, the loss under torch's ``loss_parallel()`` (torchtitan's).
     ``async_tp`` (with ``tp``, ``sequence_parallel`` and ``compile``): torch.compile's micro-pipelined TP, timed by

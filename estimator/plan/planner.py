@@ -412,8 +412,8 @@ class Planner:
              loss_parallel: bool = False, async_tp: bool = False, pp: int = 1, pp_schedule: str = "1f1b",
              microbatches: int = 0,
              cp: int = 1, cp_rotate: str = "allgather", ep: int = 1, suggest: bool = True, etp: int = 1) -> Plan:
-        """One plan (:func:`plan`).  The largest micro-batch is searched whether the given one fits or not;
-        ``solve_unfit``: the longest sequence too (``estimate --gpu``'s question); a plan that does not fit
+        """One plan (:func:`plan`).  The largest micro-batch, and the longest sequence when ``solve`` asks, are
+        searched whether the given size fits or not (``solve_unfit``: no effect, kept for callers); a plan that does not fit
         suggests the smallest layouts that do, each with its step time and time to train (``suggest=False``:
         not searched, as a comparison's rows, whose table answers that question, do)."""
         target = self.gpu if gpu is None else (gpu if isinstance(gpu, GPU) else lookup(gpu))
@@ -435,7 +435,7 @@ class Planner:
         if layout.pp > 1:  # every stage traced and composed with its schedule (estimator.plan.pipeline)
             from .pipeline import plan_pipeline
 
-            asked = check_solve(solve)
+            asked = check_solve(solve, self.inputs)
             piped = plan_pipeline(self, layout, ckpt, target, dict(tokens=tokens, samples=samples, steps=steps, mfu=mfu),
                                   search="batch" in asked)
             if "seq" in asked:
@@ -450,11 +450,11 @@ class Planner:
         fits = needed <= target.capacity
         notes = list(step.notes)
         batch_solve = seq_solve = None
-        solve = check_solve(solve)
+        solve = check_solve(solve, self.inputs)
         if "batch" in solve:  # also when the given micro-batch does not fit: the largest that does
-            batch_solve = self.solve("batch", layout, ckpt, target, confirm)
-        if (fits or solve_unfit) and "seq" in solve:
-            seq_solve = self.solve("seq", layout, ckpt, target, confirm)
+            batch_solve = self._searched("batch", layout, ckpt, target, confirm)
+        if "seq" in solve:  # (when the given one does not fit too: a shorter sequence may)
+            seq_solve = self._searched("seq", layout, ckpt, target, confirm)
         time = self._time(layout, step, target)
         base_step = self.traced(layout, ()) if ckpt else step
         model_flops, dtype = matmul_flops(base_step)
@@ -492,6 +492,16 @@ class Planner:
                     self._checkpoint_size(layout, step, mem), notes)
 
     # -- pieces of a plan -------------------------------------------------------------------------------------
+    def _searched(self, what: str, layout: Layout, ckpt: tuple[type, ...], gpu: GPU, confirm: bool) -> Solve:
+        """:meth:`solve`, or why it has no answer: a trace at a size the user never gave that fails (a model that
+        takes one batch size, a sequence past a table it holds) made the whole plan fail."""
+        try:
+            return self.solve(what, layout, ckpt, gpu, confirm)
+        except UserError as exc:
+            size = "micro-batch (dimension 0" if what == "batch" else "sequence length (dimension 1"
+            return Solve(what, None, "not searched", [],
+                         reason=f"not searched: the step at another {size} of the inputs resized) failed: {exc}")
+
     def _check_model_takes(self, tp: int, cp: int) -> None:
         """One-line errors for degrees the model cannot take: ``tp`` not dividing its attention heads, ``cp`` on
         inputs without a sequence."""

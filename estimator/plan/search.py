@@ -331,12 +331,18 @@ def fewest_gpus(candidates: list[int], fits: Callable[[int], bool]) -> int | Non
     return candidates[hi]
 
 
-def check_solve(solve: Any) -> tuple[str, ...]:
-    """``solve`` (a name, a sequence of names or None) as a tuple of "batch" and "seq", or a one-line error."""
+def check_solve(solve: Any, inputs: Any = None) -> tuple[str, ...]:
+    """``solve`` (a name, a sequence of names or None) as a tuple of "batch" and "seq", or a one-line error; "seq"
+    with ``inputs`` that have no sequence (:func:`sequence_shown`: images, feature vectors) is one too (it resized
+    their channels or features: "expected input[4, 6, 32, 32] to have 3 channels")."""
     asked = (solve,) if isinstance(solve, str) else tuple(solve or ())
     bad = [s for s in asked if s not in ("batch", "seq")]
     if bad:
         raise UserError(f"solve takes 'batch' (the largest micro-batch) and 'seq' (the longest sequence), not {bad[0]!r}")
+    if "seq" in asked and inputs is not None and sequence_shown(inputs) is None:
+        raise UserError("--solve seq searches a sequence length, and these inputs have none (token ids (batch, seq) "
+                        "or frames (batch, time, features); dimension 1 of images is channels, of feature vectors "
+                        "features): drop --solve seq")
     return asked
 
 
