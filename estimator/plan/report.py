@@ -29,6 +29,20 @@ def fmt_duration(s: float | None) -> str:
     return f"{s / 86400:.1f} days"
 
 
+def _none_fits(p: Plan) -> str:
+    """Why no count of GPUs fits: what stays whole on every GPU (the CUDA context, the libraries' workspaces) when it
+    takes most of the card (it was put down to the activations: 9.89 MiB of them on a card whose 830 MB the
+    context and workspaces nearly filled), else the activations and what else sharding leaves whole."""
+    fixed = p.verdict.reserve.get("cuda_context", 0) + p.per_gpu.rows.get("workspaces", 0)
+    if 2 * fixed >= p.verdict.capacity:
+        return (f"No number of GPUs fits this strategy at this micro-batch: the CUDA context and the libraries' "
+                f"workspaces alone take {fmt_bytes(fixed)} of the card's {fmt_bytes(p.verdict.capacity)} on every GPU, "
+                f"however the model is sharded: use a GPU with more memory")
+    return ("No number of GPUs fits this strategy at this micro-batch (its activations and what sharding leaves whole "
+            "on each GPU are more than the card holds): add --checkpoint, --tp or --cp, a shorter sequence, or a GPU "
+            "with more memory")
+
+
 def _fmt_solve(solve: Solve | None) -> str:
     if solve is None or solve.value is None:
         return "-" if solve is None else solve.reason or "no limit found"
@@ -145,9 +159,7 @@ def render_plan(p: PlanData, tablefmt: str = "simple") -> str:
             sizes.append(("Longest sequence that fits", _fmt_solve(p.seq)))
         parts.append(table(sizes, "Search"))
     if not p.fits and not p.verdict.suggestions and p.pipeline is None:  # (searched: none fits on any count)
-        parts.append("No number of GPUs fits this strategy at this micro-batch (its activations alone are more than "
-                     "the card holds once the model states are sharded): add --checkpoint, --tp or --cp, a shorter "
-                     "sequence, or a GPU with more memory")
+        parts.append(_none_fits(p))
     if not p.fits and p.verdict.suggestions:
         parts.append("Smallest layouts that fit:\n" + "\n".join(
             f"  - {s.describe()}: needs {fmt_bytes(s.needed)}" + (f", step {s.step_time_s * 1e3:,.0f} ms"
