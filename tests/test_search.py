@@ -169,3 +169,26 @@ def test_solve_seq_needs_a_sequence_and_is_searched_when_the_given_one_does_not_
     assert isinstance(small, GPU)
     p = plan(model, ids, gpu=small, loss_fn=lambda o: o.float().pow(2).mean(), solve=("batch", "seq"))
     assert not p.verdict.fits and p.seq is not None and 0 < p.seq.value < 4096
+
+
+def test_a_plan_checks_its_fit_at_the_first_steps_peak_as_an_estimate_does():
+    """A BatchNorm CNN in bf16-mixed: its first step peaks 1.4 MB above the steady state (AdamW's state made inside
+    step()). estimate --gpu checked the fit there, the one-GPU plan at the steady peak: on a card between the two
+    the estimate said DOES NOT FIT and the plan FITS. Both check the higher now, and say so."""
+    from estimator import estimate
+    from estimator.hardware import lookup
+    from estimator.plan import plan
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
+                                torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.BatchNorm2d(64), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    x = torch.randn(90, 3, 32, 32)
+    report = estimate(model, x, gpu="H100", precision="bf16-mixed", solve_batch=False)
+    first, steady = report.memory.peak_first_step, report.memory.peak
+    assert first > steady  # (the case: else there is nothing to check)
+    p = plan(model, x, gpu="H100", gpus=1, strategy="ddp", precision="bf16-mixed", solve=())
+    assert p.per_gpu.peak == steady and p.verdict.needed == report.to_dict()["needed"]
+    assert any("the first step peaks higher" in n for n in p.notes)
+    between = replace(lookup("H100"), total_memory=p.verdict.needed - (first - steady) // 2)
+    assert not plan(model, x, gpu=between, gpus=1, strategy="ddp", precision="bf16-mixed", solve=()).verdict.fits

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..optim import elementwise
+from ..render import fmt_bytes
 from .layout import Layout, PlanPrecision
 
 
@@ -47,6 +48,10 @@ def layout_notes(planner: Any, layout: Layout, step: Any = None) -> list[str]:
     """What the layout adds to a plan's notes (its mesh, tensor parallelism, ZeRO's semantics, offload)."""
     precision, zero_semantics = planner.precision, planner.zero_semantics
     notes = []
+    first = step.first_step_peak(planner.device) if step is not None and layout.traced and not layout.offload else 0
+    if step is not None and first > planner.memory(layout, step).peak.total:
+        notes.append(f"the first step peaks higher ({fmt_bytes(first)}, its optimizer making its state inside step()) "
+                     f"than the steady state shown: the fit is checked at it")
     if layout.strategy == "hsdp":
         notes.append(f"hsdp: sharded over {layout.shard} GPUs per node, replicated {layout.replicate} times")
     if layout.tp > 1:

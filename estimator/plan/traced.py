@@ -307,6 +307,12 @@ class Step:
             return pk
         return Peak(pk.total + library, pk.index, {**pk.by_row, "workspaces": pk.by_row["workspaces"] + library})
 
+    def first_step_peak(self, device: str) -> int:
+        """The first step's peak at the traced sizes on ``device`` (the optimizer's state made inside its
+        ``step()`` while the gradients live can top the steady state's), 0 where not simulated for it: a plan's fit
+        is checked at the higher of the two, as an estimate's is (``estimator.memory.gpu_bytes_needed``)."""
+        return self.profile.peak_first_step if self.profile is not None and self.profile.device == device else 0
+
     def library_bytes(self, device: str) -> int:
         """The bytes the libraries and the caching allocator add to the traced step's peak on ``device``
         (the ``workspaces`` row; on CPU, the previous step's loss the loop still holds): the simulated
