@@ -373,3 +373,22 @@ def test_an_input_that_requires_grad_keeps_its_gradient_across_steps(name, zero_
     report = estimate(model, x, loss_fn=loss_fn, device="cpu", zero_grad=zero_grad)
     assert report.memory.peak == pytest.approx(steady, rel=0.01), (report.memory.peak, steady)
     assert report.memory.peak_first_step == pytest.approx(first, rel=0.01), (report.memory.peak_first_step, first)
+
+
+@pytest.mark.parametrize("zero_grad", ["after_step", "in_place"])
+def test_a_trainable_module_run_by_the_loss_keeps_its_gradients_and_is_left_as_it_was(zero_grad):
+    """A generator's step whose loss runs a discriminator left trainable (outside the model, in loss_fn): the
+    discriminator's ``.grad`` is reached by the generator's optimizer never, lives across steps and each backward
+    adds into it. The steady peak counted it twice (+15.1 %: the previous loss holding the last one while the next
+    was made), and the trace left a fake tensor in the user's discriminator's ``.grad``."""
+    torch.manual_seed(0)
+    gen = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
+    disc = nn.Sequential(nn.Linear(64, 1024), nn.ReLU(), nn.Linear(1024, 1))
+    x = torch.randn(64, 64)
+    report = estimate(gen, x, loss_fn=lambda o: -disc(o).mean(), device="cpu", zero_grad=zero_grad)
+    assert all(p.grad is None for p in disc.parameters())
+    real = copy.deepcopy(disc)  # (held resident, as the estimate holds the discriminator's weights)
+    first, _, steady = measure_peaks(copy.deepcopy(gen), x, lambda p: torch.optim.AdamW(p, lr=1e-3),
+                                     lambda o: -real(o).mean(), resident=list(real.parameters()), steps=3,
+                                     zero_grad=zero_grad)
+    assert (report.memory.peak_first_step, report.memory.peak) == (first, steady)

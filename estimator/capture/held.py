@@ -3,6 +3,8 @@ the output it holds, a transformers cache's included."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -22,6 +24,39 @@ def leaves_held_by(loss: torch.Tensor, known: set[int]) -> list[torch.Tensor]:
             held += [leaf] + ([leaf.grad] if leaf.grad is not None else [])
         stack.extend(f for f, _ in fn.next_functions)
     return held
+
+
+def drop_unreached_saves(saved: dict, aliases: dict, sid_of: dict) -> None:
+    """The activations are what autograd holds when backward starts: a tensor saved by a node the loss does not
+    reach (a metric, an unused pooler, a router's auxiliary output) was freed with its node when the forward's
+    references died, as in the real step, and is not counted (its bytes stay in the timeline while they lived).
+    ``saved``: storage id -> (bytes, module), trimmed in place; ``aliases``: storage id -> weak references to what
+    autograd holds of it; ``sid_of``: the recorder's live storages."""
+    live = {sid for sid, ref in sid_of.values() if ref() is not None}
+    for sid in list(saved):
+        # a save whose node died is freed with it, though its storage may live on elsewhere (a codebook a
+        # module caches as a plain attribute, Mimi's ``_embed``): what autograd holds, as the real step
+        held = any(ref() is not None for ref in aliases[sid]) if sid in aliases else sid in live
+        if not held:
+            del saved[sid]
+
+
+def kept_outside(rec: Any, extra_sids: dict[str, set[int]]) -> set[int]:
+    """Leaves from outside the model that take gradients (a discriminator left trainable, run by ``loss_fn`` in a
+    generator's step; the recorder's ``outside_grads``): no ``optimizer.zero_grad()`` of the model's reaches their
+    ``.grad``, so it stays allocated and each backward adds into it, as an input's that requires grad
+    (``extra_sids["input_gradient"]``: the steady-state peak counted it twice, +15 %, the previous loss holding the
+    last one as the new was made).  Returns their ids (not leaves the loss holds: they live anyway)."""
+    leaves = [t for t in list(rec.outside_grads.keys()) if t.grad is not None]
+    extra_sids.setdefault("input_gradient", set()).update(rec.sid(t.grad) for t in leaves)
+    return {id(t) for t in leaves}
+
+
+def restore_outside_grads(rec: Any) -> None:
+    """Each outside leaf's ``.grad`` as it was before the step (the trace left a fake tensor on the user's own
+    discriminator: its next real step failed)."""
+    for t, grad in list(rec.outside_grads.items()):
+        t.grad = grad
 
 
 def output_tensors(output: object) -> list[torch.Tensor]:

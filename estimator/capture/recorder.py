@@ -108,6 +108,7 @@ class Recorder(TorchDispatchMode):
         # tensor -> the record that produced it: an attribute on the tensors the step makes (cheap on
         # the hot path), a weak dictionary for tensors that are not ours (constants of the model)
         self.constants: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.outside_grads: WeakIdKeyDictionary = WeakIdKeyDictionary()  # leaf -> its .grad before the step
         self.placeholders: list[OpNode] = []
         self.records: list[OpNode] = []  # every call_function record, getitem included
         self.order: list[OpNode] = []  # aten ops only
@@ -185,6 +186,8 @@ class Recorder(TorchDispatchMode):
         self.placeholders.append(node)
         if kind == "constant":  # met while an op is being recorded: its autograd node is not claimed yet
             self.constants[t] = node
+            if t.is_leaf and t.requires_grad:  # (a trainable module outside the model: see held.kept_outside)
+                self.outside_grads[t] = t.grad
         else:
             t._estimator_node = node
             # autograd nodes made while the traced stand-ins were set up (casts of inputs) belong to no op

@@ -37,7 +37,7 @@ from ..caller import set_train_mode
 from .as_is import AsIs, AsIsRecorder
 from .checkpoint import KV_CACHE_OFF, kv_caches_off, wrap_checkpointed
 from .failures import guard, input_hint, optimizer_hint, unpacked
-from .held import leaves_held_by, output_tensors
+from .held import drop_unreached_saves, kept_outside, leaves_held_by, output_tensors, restore_outside_grads
 from .fake import GROUPED_MM, RecordingFakeMode, clear_shared_cache, fake_grouped_mm, output_kernels, real_output_bytes
 from .fake_kernels import fake_ctc_loss, fake_pack_padded_sequence
 from .inputs import convert_inputs, is_real, keeps_values, materialize, meta_twin, real_param_copy
@@ -232,6 +232,7 @@ class Step:
         model, opts = self.model, self.opts
         flags = [(m, m.training) for m in model.modules()]  # each module's own flag comes back, not the root's
         stack.callback(lambda: [setattr(m, "training", was) for m, was in flags])
+        stack.callback(restore_outside_grads, self.rec)
         stack.enter_context(self._module_hooks())
         # FakeTensorMode logs a traceback when a meta kernel fails; the capture reports the failure itself.
         fake_log = logging.getLogger("torch._subclasses.fake_tensor")
@@ -355,6 +356,7 @@ class Step:
                         self.backward()
                 self.rec.micro_step = 0
                 self.optimizer_step()
+            self._outside = kept_outside(self.rec, self.extra_sids)  # (before their gradients are put back)
         return self._result()
 
     def inference_forward(self) -> None:
@@ -469,22 +471,8 @@ class Step:
                 self.scaler = torch.amp.GradScaler("cpu")
             loss = self.loss
             if self.rec.micro_step == 0:
-                self._drop_unreached_saves()
+                drop_unreached_saves(self.saved, self.saved_aliases, self.rec.sid_of)
             self._guard((self.scaler.scale(loss) if self.scaler else loss).backward)
-
-    def _drop_unreached_saves(self) -> None:
-        """The activations are what autograd holds when backward starts: a tensor saved by a node the loss
-        does not reach (a metric, an unused pooler, a router's auxiliary output) was freed with its node when
-        the forward's references died, as in the real step, and is not counted (its bytes stay in the
-        timeline while they lived)."""
-        live = {sid for sid, ref in self.rec.sid_of.values() if ref() is not None}
-        aliases = self.saved_aliases
-        for sid in list(self.saved):
-            # a save whose node died is freed with it, though its storage may live on elsewhere (a codebook a
-            # module caches as a plain attribute, Mimi's ``_embed``): what autograd holds, as the real step
-            held = any(ref() is not None for ref in aliases[sid]) if sid in aliases else sid in live
-            if not held:
-                del self.saved[sid]
 
     def optimizer_step(self) -> None:
         rec, opts, scaler = self.rec, self.opts, self.scaler
@@ -533,7 +521,8 @@ class Step:
     def _leaves_held_by(self, loss: torch.Tensor) -> list[torch.Tensor]:
         if self.opts.prepare is not None or loss.grad_fn is None:
             return []
-        return leaves_held_by(loss, {id(t) for t in self.params.values()} | {id(t) for t in self.flat_inputs})
+        return leaves_held_by(loss, {id(t) for t in self.params.values()} | {id(t) for t in self.flat_inputs}
+                              | self._outside)
 
     def _result(self) -> Capture:
         rec, loss = self.rec, self.loss
