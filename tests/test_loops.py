@@ -392,3 +392,37 @@ def test_a_trainable_module_run_by_the_loss_keeps_its_gradients_and_is_left_as_i
                                      lambda o: -real(o).mean(), resident=list(real.parameters()), steps=3,
                                      zero_grad=zero_grad)
     assert (report.memory.peak_first_step, report.memory.peak) == (first, steady)
+
+
+class _KeepsItsInputAsAnAttribute(torch.autograd.Function):
+    """``ctx.x = x`` rather than ``ctx.save_for_backward(x)``: backward does not free it; the node holds it as long
+    as the graph lives (the loop holds the loss, and so the graph, into the next step)."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.x, ctx.w = x, w
+        return x @ w
+
+    @staticmethod
+    def backward(ctx, g):
+        return g @ ctx.w.t(), ctx.x.t() @ g
+
+
+class _AttributeLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(256, 256) / 16)
+        self.out = nn.Linear(256, 8)
+
+    def forward(self, x):
+        return self.out(_KeepsItsInputAsAnAttribute.apply(torch.tanh(x), self.w))
+
+
+def test_tensors_a_custom_function_keeps_on_its_ctx_live_with_the_loss():
+    """The steady-state peak left out what the held loss's graph keeps on a custom Function's ctx (-8.2 %)."""
+    torch.manual_seed(0)
+    model, x = _AttributeLayer(), torch.randn(256, 256)
+    loss_fn = lambda out: out.pow(2).mean()  # noqa: E731
+    report = estimate(model, x, loss_fn=loss_fn, device="cpu")
+    first, steady = measure_peaks(copy.deepcopy(model), x, lambda p: torch.optim.AdamW(p, lr=1e-3), loss_fn)
+    assert (report.memory.peak_first_step, report.memory.peak) == (first, steady)
