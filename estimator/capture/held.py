@@ -16,6 +16,7 @@ def leaves_held_by(loss: torch.Tensor, known: set[int]) -> list[torch.Tensor]:
     tensors its ``ctx`` keeps as attributes (``ctx.t = t`` rather than ``save_for_backward``), which backward does
     not free: the steady-state peak left them out (-8.2 % on a layer keeping its input so)."""
     from torch.autograd.function import BackwardCFunction
+    from torch.utils.checkpoint import CheckpointFunction
 
     held, seen, stack = [], set(), [loss.grad_fn]
     while stack:
@@ -26,7 +27,9 @@ def leaves_held_by(loss: torch.Tensor, known: set[int]) -> list[torch.Tensor]:
         leaf = getattr(fn, "variable", None)  # AccumulateGrad
         if leaf is not None and id(leaf) not in known:
             held += [leaf] + ([leaf.grad] if leaf.grad is not None else [])
-        if isinstance(fn, BackwardCFunction):  # (a ctx attribute: a tensor, or a list or tuple of them)
+        # (a ctx attribute: a tensor, or a list or tuple of them; reentrant checkpointing's keeps RNG states, host
+        # memory: its inputs it saves for backward)
+        if isinstance(fn, BackwardCFunction) and getattr(fn, "_forward_cls", None) is not CheckpointFunction:
             for value in vars(fn).values():
                 held += [t for t in (value if isinstance(value, (list, tuple)) else (value,))
                          if isinstance(t, torch.Tensor) and id(t) not in known]
