@@ -84,14 +84,49 @@ def compiled_model(model: Any, compile: Any, mode: str = "train") -> tuple[Any, 
 
     notes: list[str] = []
     if isinstance(model, OptimizedModule) and isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+        backend = _backend_name(model)
         model = model._orig_mod
         if mode == "generate":
             notes.append("the model is wrapped by torch.compile: its generation is sized eager")
+        elif backend == "eager" and (compile is None or compile is False):  # (Dynamo's graphs run as eager ops)
+            notes.append("the model is wrapped by torch.compile with backend='eager': its step is the eager one")
         elif compile is None or compile is False:
             compile = "model"
             notes.append("the model is wrapped by torch.compile (an OptimizedModule): its step is estimated as "
-                         "the wrapper runs it, the forward compiled whole (compile='model')")
+                         "the wrapper runs it, the forward compiled whole (compile='model')" + (
+                             f"; its backend {backend!r} is modelled as Inductor's (its partition and fusions)"
+                             if backend not in ("inductor", None) else ""))
     return model, check_mode(compile), notes
+
+
+def _backend_name(wrapper: Any) -> str | None:
+    """The backend an ``OptimizedModule`` was made with ("inductor", "eager", "aot_eager", ...), None if unknown."""
+    convert = getattr(getattr(wrapper, "dynamo_ctx", None), "callback", None)
+    for _ in range(4):  # (CatchErrorsWrapper -> ConvertFrame -> the backend's debug wrapper, named as the backend)
+        name = getattr(convert, "__name__", None)
+        if isinstance(name, str):
+            return name
+        convert = getattr(convert, "_torchdynamo_orig_backend", None)
+    return None
+
+
+@contextlib.contextmanager
+def user_compiled_eager(model: torch.nn.Module, compile: str | None, notes: list[str]) -> Iterator[None]:
+    """torch.compile inside the model (a compiled submodule, ``Module.compile()``, a compiled function called in
+    forward) run eager during the capture (``torch.compiler.set_stance("force_eager")``): Dynamo and Inductor ran
+    on the trace's fake tensors, and Inductor's generated kernels killed the process (SIGSEGV) or failed on a
+    device mismatch.  ``notes`` says which submodules, unless ``compile`` models the step compiled (the capture's
+    own compilation, AOTAutograd's on its regions, which the stance leaves alone)."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    paths = [p for p, m in model.named_modules() if p and (isinstance(m, OptimizedModule) or
+                                                           getattr(m, "_compiled_call_impl", None) is not None)]
+    if paths and compile is None:
+        notes.append(f"torch.compile in the model ran eager ({', '.join(paths[:3])}{', ...' if len(paths) > 3 else ''}"
+                     f"): its compiled saves and fused kernels are not modelled; compile='block' or 'model' "
+                     f"(--compile) models the step compiled")
+    with torch.compiler.set_stance("force_eager"):
+        yield
 
 
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device)

@@ -21,6 +21,7 @@ from ..optim import whole_model_notes
 from .inputs import split_inputs
 from .blocks import TRACED_BLOCKS, find_repeats, truncated
 from .caches import clear_method_caches, method_caches_cleared
+from .compiled import user_compiled_eager
 from .eager_paths import eager_paths
 from .options import Capture, Progress, ReadsValues, StepFailed, StepOptions
 from .replicate import NotReplicable, expand
@@ -73,7 +74,7 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
     if opts.prepare is not None:
         mode = "fake"  # a model traced as it is has no real weights to fall back on
     with without_layer_drop(model) as assumed, same_random_draws(), eager_paths(), attributes_kept(model), \
-            method_caches_cleared(model):
+            method_caches_cleared(model), user_compiled_eager(model, opts.compile, assumed):
         cap = _capture(model, args, kw, opts, mode, progress)
     cap.assumptions.extend(assumed)
     cap.assumptions.extend(_loop_notes(model, opts))
