@@ -130,6 +130,7 @@ def build_optimizer(
     kwargs: Mapping[str, Any] | None,
     foreach: bool | None,
     model: torch.nn.Module | None = None,
+    names: Mapping[int, str] | None = None,
 ) -> tuple[Any, str | None]:
     """Construct the optimizer over the traced trainable parameters.
 
@@ -137,7 +138,8 @@ def build_optimizer(
     :func:`muon_and_adamw`, which reads ``model``'s layers), an Optimizer
     class, an Optimizer instance built over the user's parameters (its param
     groups and their options are carried over), a list of such instances
-    (stepped one after the other, :class:`Chain`), or None for no optimizer.
+    (stepped one after the other, :class:`Chain`), or None for no optimizer.  ``names``: the user's parameters'
+    names by id, where ``model_params`` are a copy's (a plan's engine), for an instance's groups.
     """
     if spec is None:
         return None, None
@@ -168,9 +170,9 @@ def build_optimizer(
         options = {"lr": 1e-3, **extra}
         return _construct(spec, list(trainable.values()), options), spec.__name__
     if isinstance(spec, torch.optim.Optimizer):
-        return _rebuilt(spec, trainable, model_params, target, user, traced_params), type(spec).__name__
+        return _rebuilt(spec, trainable, model_params, target, user, traced_params, names), type(spec).__name__
     if isinstance(spec, (list, tuple)) and spec and all(isinstance(o, torch.optim.Optimizer) for o in spec):
-        chain = Chain([_rebuilt(o, trainable, model_params, target, user, traced_params) for o in spec])
+        chain = Chain([_rebuilt(o, trainable, model_params, target, user, traced_params, names) for o in spec])
         return chain, " + ".join(type(o).__name__ for o in spec)
     if isinstance(spec, (list, tuple)):
         bad = next((o for o in spec if not isinstance(o, torch.optim.Optimizer)), None)
@@ -183,12 +185,13 @@ def build_optimizer(
 
 def _rebuilt(spec: torch.optim.Optimizer, trainable: Mapping[str, torch.Tensor],
              model_params: Mapping[str, torch.nn.Parameter], target: dict[str, Any],
-             user: dict[str, Any], traced: Mapping[str, torch.Tensor] | None = None) -> torch.optim.Optimizer:
+             user: dict[str, Any], traced: Mapping[str, torch.Tensor] | None = None,
+             names: Mapping[int, str] | None = None) -> torch.optim.Optimizer:
     """``spec``'s class over the traced parameters, with its param groups and their options: ``user``'s
     (optimizer_kwargs) over them; a group's ``foreach``/``fused`` left to torch's default (None) takes the
     ``target``'s, as torch's default picks it for parameters on that device (an instance built the usual way,
     ``AdamW(model.parameters())``, runs foreach on CUDA)."""
-    by_id = {id(p): n for n, p in model_params.items()}
+    by_id = {**(names or {}), **{id(p): n for n, p in model_params.items()}}
     traced = traced or {}
     _check_options(type(spec), user)
     groups = []

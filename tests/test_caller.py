@@ -3,6 +3,8 @@ gives (:mod:`estimator.loop`): each case against the same call made outside that
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -154,3 +156,28 @@ def test_modules_the_caller_put_in_eval_stay_so_in_the_step_and_after_it():
     model.eval()  # a root in eval (from_pretrained's) is trained whole, as a loop calling model.train() trains it
     whole = estimate(model, x, device="cpu", optimizer="adamw")
     assert whole.tally.activations_bytes > report.tally.activations_bytes and not model.training
+
+
+def test_plan_takes_an_optimizer_instance_on_every_engine():
+    """An optimizer built over model.parameters() (a Trainer's, with its weight-decay groups) was refused under
+    ddp and fsdp ("build it over model.parameters()", as it was): the engines trace a copy of the model, whose
+    parameters are matched by name now. Its groups' options are kept: AMSGrad on the weights alone makes its third
+    state for them only, as the estimate (checked against a real step elsewhere) counts."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
+    biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
+    opt = torch.optim.AdamW([{"params": weights, "amsgrad": True}, {"params": biases, "weight_decay": 0.0}])
+    x = torch.randn(16, 32)
+    state = estimate(model, x, device="cpu", optimizer=opt).tally.optimizer_state_bytes
+    real = copy.deepcopy(model)  # truth: the state a real step of the same groups makes
+    w, b = [p for n, p in real.named_parameters() if n.endswith("weight")], [p for n, p in real.named_parameters()
+                                                                            if n.endswith("bias")]
+    real_opt = torch.optim.AdamW([{"params": w, "amsgrad": True}, {"params": b, "weight_decay": 0.0}])
+    real(x).pow(2).mean().backward()
+    real_opt.step()
+    assert state == sum(t.nbytes for st in real_opt.state.values() for t in st.values())
+    for strategy, gpus in (("ddp", 1), ("ddp", 2), ("fsdp", 2)):
+        p = plan(model, x, gpu="H100", device="cpu", optimizer=opt, strategy=strategy, gpus=gpus, solve=())
+        held = p.per_gpu.optimizer_state
+        assert held == state if strategy == "ddp" else state / 2 - 64 < held < state / 2 + 64, (strategy, held)

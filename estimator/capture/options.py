@@ -52,6 +52,9 @@ class StepOptions:
     loss_fn: Callable[[Any], torch.Tensor] | None = None
     optimizer: Any = "adamw"
     optimizer_kwargs: Mapping[str, Any] | None = None
+    # the user's parameters' names by id, for an optimizer instance built over them when the step runs a copy of the
+    # model (a plan's engines: their parameters are the copy's), matched by name
+    param_names: Mapping[int, str] | None = None
     foreach: bool | None = None  # optimizer implementation (None: PyTorch's default for the traced device)
     precision: Precision = parse_precision("fp32")
     train: bool = True  # False: forward only, under torch.no_grad() and model.eval()

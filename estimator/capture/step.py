@@ -492,7 +492,7 @@ class Step:
             opt_params = {n: meta_twin(rec, self.params[n], AsIs.local(p.grad) if p.grad is not None else None,
                                        p.requires_grad) for n, p in self.named_params.items()}
         opt, self.optimizer_name = build_optimizer(opts.optimizer, opt_params, self.named_params,
-                                                   opts.optimizer_kwargs, opts.foreach, self.model)
+                                                   opts.optimizer_kwargs, opts.foreach, self.model, opts.param_names)
         if opt is not None and opts.ema is not None:  # the weights' moving average, after the optimizer
             opt = with_ema(opt, opt_params.values(), opts.ema, self.buffers.values())
         if opt is None:

@@ -97,6 +97,7 @@ class Planner:
         from ..float8 import check_float8_gpu, check_recipe, converted
 
         model, compile, compiled_notes = compiled_model(model, compile)
+        names = {id(p): n for n, p in model.named_parameters()}  # (an optimizer instance's, on the engines' copies)
 
         recipe, self.float8_notes = check_recipe(float8), []
         if float8_all_gather and recipe is None:
@@ -124,6 +125,7 @@ class Planner:
             raise UserError(f"--grad-accum must be an integer >= 1, not {grad_accum!r}")
         check_loop("train", optimizer, optimizer_kwargs, keep_output, ema, clip_grad_norm)
         self.options = StepOptions(loss_fn=loss_fn, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs,
+                                   param_names=names,
                                    foreach=True if device == "cuda" else None, precision=self.precision.step,
                                    train=True, target=device, keep_output=keep_output, grad_accum=grad_accum,
                                    clip_grad_norm=check_clip(clip_grad_norm), ema=check_ema(ema),
@@ -493,8 +495,7 @@ class Planner:
 
     # -- pieces of a plan -------------------------------------------------------------------------------------
     def _searched(self, what: str, layout: Layout, ckpt: tuple[type, ...], gpu: GPU, confirm: bool) -> Solve:
-        """:meth:`solve`, or why it has no answer: a trace at a size the user never gave that fails (a model that
-        takes one batch size, a sequence past a table it holds) made the whole plan fail."""
+        """:meth:`solve`, or why not (a failed trace at a size never given had failed the whole plan)."""
         try:
             return self.solve(what, layout, ckpt, gpu, confirm)
         except UserError as exc:
@@ -563,10 +564,9 @@ class Planner:
                         n_steps * per_step if n_steps is not None else None, mfu, likely)
 
     def reference(self) -> Step:
-        """The single-device step the model's own figures are read from (its FLOPs per token, its parameters, its
-        blocks): the eager one, which the tensor-parallel plan reads too.  torch.compile changes which kernels run
-        and what they save, not the model's matmuls or parameters, so a compiled plan need not trace the step a
-        second time compiled (a third of a 70B compiled TP plan's single-device time)."""
+        """The single-device step the model's own figures are read from (its FLOPs per token, parameters, blocks):
+        the eager one, which the tensor-parallel plan reads too (torch.compile changes kernels and saves, not the
+        matmuls or parameters: a compiled plan need not trace it compiled, a third of a 70B TP plan's time)."""
         return self.single(eager=True)
 
     def _flops(self, model_flops: float, dtype: str, peak: float, mfu: float | None) -> Flops:
