@@ -387,3 +387,60 @@ def test_a_saved_tensor_modified_in_place_fails_as_the_real_backward_fails():
     with pytest.raises(UserError, match="modifies in place a tensor autograd saved.*ReLU\\(inplace=False\\)") as info:
         estimate(m, x, device="cpu")
     assert "\n" not in str(info.value)
+
+
+@torch.library.custom_op("estimator_tests::cube_no_fake", mutates_args=())
+def _cube(x: torch.Tensor) -> torch.Tensor:
+    return x * x * x
+
+
+class _Flex(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(32, 96)
+
+    def forward(self, x):
+        from torch.nn.attention.flex_attention import flex_attention
+
+        q, k, v = self.qkv(x).view(x.shape[0], x.shape[1], 3, 2, 16).permute(2, 0, 3, 1, 4)
+        return flex_attention(q, k, v).sum()
+
+
+class _Cond(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return torch.cond(h.sum() > 0, lambda t: t.relu(), lambda t: t.tanh(), (h,)).sum()
+
+
+class _NoFakeKernel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        return _cube(self.lin(x)).sum()
+
+
+@pytest.mark.parametrize("model,mode,needle", [
+    (_Flex, "train", "runs FlexAttention.*F.scaled_dot_product_attention"),
+    (_Flex, "inference", "runs FlexAttention.*F.scaled_dot_product_attention"),
+    (_Cond, "train", "higher-order operator cond"),
+    (_NoFakeKernel, "inference", "cube_no_fake.* has no fake \\(meta\\) kernel.*register_fake.*trace='real'"),
+])
+def test_what_the_trace_cannot_run_says_what_to_do(model, mode, needle):
+    """FlexAttention was told to "check the input shapes" (training) or to "use plain Python control flow"
+    (inference); torch.cond's lower-case "higher order operator" message named an op before it; a custom op without
+    a fake kernel said only "UnsupportedOperatorException" and to check the input shapes. The real forwards run."""
+    from estimator import estimate
+    from estimator.errors import UserError
+
+    m, x = model(), torch.randn(2, 8, 32)
+    with torch.no_grad():
+        m(x)
+    with pytest.raises(UserError, match=needle) as info:
+        estimate(m, x, device="cpu", mode=mode)
+    assert "\n" not in str(info.value) and "check the input shapes" not in str(info.value)

@@ -35,9 +35,15 @@ def guard(rec: Any, fn: Callable[[], Any], hint: Callable[[], str]) -> Any:
             raise ReadsValues(f"module {where or '(root)'!r} reads tensor values in "
                               f"{rec.current_op} ({rec.phase})") from exc
         first = _message(exc)
-        if "HigherOrderOperator" in first:
-            found = re.search(r"HigherOrderOperator (\w+)", first)
-            hop = found.group(1) if found else "operator"
+        if "FlexAttention" in first or "flex_attention" in first:  # (its kernels: Inductor's, or a CPU forward only)
+            raise UnsupportedModelError(
+                f"the {rec.phase} pass{f' in module {where!r}' if where else ''} runs FlexAttention "
+                f"(torch.nn.attention.flex_attention), which the capture does not model: estimate the model with "
+                f"F.scaled_dot_product_attention (a transformers model: attn_implementation='sdpa'), whose FLOPs and "
+                f"bytes bound a sparse block mask's from above") from exc
+        if re.search(r"higher.?order.?op", first, re.IGNORECASE):
+            found = re.search(r"HigherOrderOperator (\w+)|higher_order\.(\w+)", first)
+            hop = (found.group(1) or found.group(2)) if found else "operator"
             raise UnsupportedModelError(
                 f"the {rec.phase} pass{f' in module {where!r}' if where else ''} uses the higher-order "
                 f"operator {hop} (torch.{hop}), which the capture cannot run; use plain Python control "
@@ -53,7 +59,7 @@ def guard(rec: Any, fn: Callable[[], Any], hint: Callable[[], str]) -> Any:
         op = f" in {rec.current_op}" if rec.current_op is not None else ""
         advice = "check loss_fn (it gets the model's output)" if in_loss else (
             "the model's code imports a package that is not installed here: install it" if isinstance(exc, ImportError)
-            else _view_hint(first) or hint())
+            else _view_hint(first) or _no_fake_kernel(exc, first, rec.current_op) or hint())
         raise StepFailed(
             f"the {rec.phase} pass failed{f' in module {where!r}' if where else ''}{op}: "
             f"{type(exc).__name__}: {first}; {advice}"
@@ -101,6 +107,17 @@ def _unsupported_layout(first: str, op: Any) -> str | None:
                 "saved-tensor hooks: compute the derivative with torch.autograd.grad(..., create_graph=True), "
                 "which the capture traces")
     return None
+
+
+def _no_fake_kernel(exc: BaseException, first: str, op: Any) -> str | None:
+    """What to do for a custom op without a fake (meta) kernel, which the fake trace needs."""
+    from torch._subclasses.fake_tensor import UnsupportedOperatorException
+
+    if not (caused_by(exc, (UnsupportedOperatorException,)) or "no fake impl" in first):
+        return None
+    return (f"{op or 'a custom op'} has no fake (meta) kernel, which the trace needs: register one "
+            f"(torch.library.register_fake), or estimate(..., trace='real') from Python (the step run on the model's "
+            f"real weights and inputs on the CPU)")
 
 
 def _view_hint(first: str) -> str | None:
