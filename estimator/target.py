@@ -137,13 +137,21 @@ class CudaTarget:
         """``"cudnn"``, ``"flash"``, ``"efficient"`` or ``"math"``: ``select_sdp_backend`` for these inputs.
 
         The priority order is cuDNN, flash, efficient, math when cuDNN is preferred, else flash,
-        efficient, math (cuDNN last, after the always-available math path)."""
+        efficient, math (cuDNN last, after the always-available math path).  A backend turned off
+        (``torch.nn.attention.sdpa_kernel``, ``torch.backends.cuda.enable_*_sdp``) is skipped, as torch
+        skips it (it was ignored: a math-only block was sized with cuDNN's saves); none left: torch's error."""
+        cuda = torch.backends.cuda
+        enabled = {"cudnn": cuda.cudnn_sdp_enabled(), "flash": cuda.flash_sdp_enabled(),
+                   "efficient": cuda.mem_efficient_sdp_enabled(), "math": cuda.math_sdp_enabled()}
         order = ("cudnn", "flash", "efficient") if self.prefers_cudnn_attention() else ("flash", "efficient")
         params = _SdpParams(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa,
                             torch.is_grad_enabled())
         for backend in order:
-            if getattr(self, f"_can_use_{backend}")(params):
+            if enabled[backend] and getattr(self, f"_can_use_{backend}")(params):
                 return backend
+        if not enabled["math"]:
+            raise RuntimeError("No available kernel. Aborting execution. (the scaled_dot_product_attention backends "
+                               "turned on take none of these inputs)")
         return "math"
 
     def _can_use_cudnn(self, p: "_SdpParams") -> bool:

@@ -58,6 +58,24 @@ def test_a_mask_that_requires_grad_goes_to_the_math_path():
     assert H100_TORCH_2_11.sdpa_backend(q, k, v, bias.detach()) == "cudnn"
 
 
+def test_backends_turned_off_are_skipped_as_torch_skips_them():
+    """torch.nn.attention.sdpa_kernel (or torch.backends.cuda.enable_*_sdp) inside or around the step was ignored
+    on the CUDA target: a math-only block was sized with cuDNN's saves. torch's select_sdp_backend skips a backend
+    turned off, and with none left that takes the inputs fails ("No available kernel")."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = _qkv(torch.bfloat16)
+    assert H100_TORCH_2_11.sdpa_backend(q, k, v) == "cudnn"
+    for allowed, chosen in ((SDPBackend.MATH, "math"), (SDPBackend.FLASH_ATTENTION, "flash"),
+                            (SDPBackend.EFFICIENT_ATTENTION, "efficient"), (SDPBackend.CUDNN_ATTENTION, "cudnn")):
+        with sdpa_kernel(allowed):
+            assert H100_TORCH_2_11.sdpa_backend(q, k, v) == chosen
+    q32, k32, v32 = _qkv(torch.float32)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION), pytest.raises(RuntimeError, match="No available kernel"):
+        H100_TORCH_2_11.sdpa_backend(q32, k32, v32)  # (flash takes 16-bit inputs only)
+    assert H100_TORCH_2_11.sdpa_backend(q, k, v) == "cudnn"  # (the flags restored on exit)
+
+
 class Attn(torch.nn.Module):
     def __init__(self, d=64, masked=False):
         super().__init__()
