@@ -81,6 +81,26 @@ def _swap_tensors(original):
 
 
 @contextlib.contextmanager
+def mha_slow_path(model: torch.nn.Module, train: bool, notes: list[str]) -> Iterator[None]:
+    """``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` in inference take a fast path (a nested tensor
+    from the padding mask, ``aten._native_multi_head_attention``) that the fake trace cannot run (a nested tensor
+    "doesn't support sizes") and has no rule for (its attention's FLOPs counted 0): traced as their standard path
+    (the same projections and attention over every position), and said."""
+    kinds = (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer)
+    if train or not torch.backends.mha.get_fastpath_enabled() or \
+            not any(isinstance(m, kinds) for m in model.modules()):
+        yield
+        return
+    notes.append("nn.MultiheadAttention's inference fast path (fused kernels, padded positions skipped as a nested "
+                 "tensor) traced as its standard path: the same matmuls over every position")
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+
+
+@contextlib.contextmanager
 def eager_paths() -> Iterator[None]:
     original, swap = F.ctc_loss, torch.utils.swap_tensors
     F.ctc_loss, torch.utils.swap_tensors = _ctc_loss(original), _swap_tensors(swap)

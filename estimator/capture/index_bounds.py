@@ -100,9 +100,12 @@ _SAME_DTYPE = {
 # was estimated where the real step fails. (The two matrices' arguments.)
 _SAME_DTYPE_OPERANDS = {
     **{op: ("self", "mat2") for op in (aten.mm.default, aten.bmm.default)},
-    **{op: ("mat1", "mat2") for op in (aten.addmm.default, aten.addmm_.default)},
+    # (addmm's bias too: "self and mat2 must have the same dtype, but got Float and BFloat16")
+    **{op: ("mat1", "mat2", "self") for op in (aten.addmm.default, aten.addmm_.default)},
     **{op: ("batch1", "batch2") for op in (aten.baddbmm.default, aten.baddbmm_.default, aten.addbmm.default,
                                            aten.addbmm_.default)},
+    aten.mv.default: ("self", "vec"),  # ("addmv input tensors must have the same dtype")
+    **{op: ("vec1", "vec2", "self") for op in (aten.addr.default, aten.addr_.default)},
 }
 
 
@@ -116,11 +119,12 @@ def check_same_dtype(func: Any, args: tuple, kwargs: dict) -> None:
     operands = _SAME_DTYPE_OPERANDS.get(func)
     if operands is not None:
         bound = bind(func, args, kwargs)
-        a, b = bound.get(operands[0]), bound.get(operands[1])
         # (a tensor subclass with its own dispatch, torchao's float8 wrapper, runs its own kernel: not checked)
-        if _plain_tensor(a) and _plain_tensor(b) and a.dtype != b.dtype:
-            raise RuntimeError(f"{func.__name__}: mat1 and mat2 must have the same dtype, but got "
-                               f"{str(a.dtype).removeprefix('torch.')} and {str(b.dtype).removeprefix('torch.')}")
+        tensors = [bound.get(name) for name in operands if _plain_tensor(bound.get(name))]
+        dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensors})
+        if len(tensors) == len(operands) and len(dtypes) > 1:
+            raise RuntimeError(f"{func.__name__}: {', '.join(operands)} must have the same dtype, but got "
+                               f"{' and '.join(dtypes)}")
         return
     spec = _SAME_DTYPE.get(func)
     if spec is None:
