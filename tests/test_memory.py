@@ -457,3 +457,25 @@ def test_a_computed_value_written_into_a_kept_buffer_is_not_a_copy_of_it(columns
     est = estimate(model, x, device="cpu", optimizer="sgd")
     assert est.memory.peak == pytest.approx(real[1], rel=0.01), (est.memory.peak, real)
     assert est.memory.peak_first_step == pytest.approx(real[0], rel=0.01), (est.memory.peak_first_step, real)
+
+
+def test_a_parameter_that_is_a_strided_slice_counts_its_own_bytes():
+    """nn.Parameter(torch.randn(32, 96)[:, ::2]): its stand-in kept the slice's strides, so its bytes were the
+    strided extent (12,284 where it has 6,144: peak +16 %); a move to the GPU (and a deep copy) makes it compact.
+    Truth: the live tracker's peaks on a deep copy, as every test here measures them."""
+
+    class Strided(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(32, 96)[:, ::2])
+
+        def forward(self, x):
+            return (x @ self.w).pow(2).mean()
+
+    torch.manual_seed(0)
+    model, x = Strided(), torch.randn(16, 32)
+    report = estimate(model, x, device="cpu", loss_fn=lambda o: o)
+    assert report.tally.parameters_bytes == model.w.numel() * 4
+    first, steady = measure_peaks(copy.deepcopy(model), x, lambda p: torch.optim.AdamW(p), lambda o: o)
+    assert (report.memory.peak_first_step, report.memory.peak) == (first, steady)
+    assert estimate(model, x, loss_fn=lambda o: o).tally.parameters_bytes == model.w.numel() * 4  # (CUDA target)

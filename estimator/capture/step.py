@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 import torch.utils._pytree as pytree
+from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 from torch.nn.utils._named_member_accessor import NamedMemberAccessor
 from torch.nn.utils.stateless import _untie_named_tensors_map
 from torch.utils._python_dispatch import _disable_current_modes
@@ -196,8 +197,11 @@ class Step:
         fake_mode = self.fake_mode
         if self.fake:
             def to_traced(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+                # (a non-dense one, a strided slice, is copied compact by the move to the GPU: its own bytes)
+                stride = t.stride() if is_non_overlapping_and_dense(t) else None
                 with fake_mode:
-                    out = torch.empty_strided(t.shape, t.stride(), dtype=of(t), device="cpu")
+                    out = torch.empty_strided(t.shape, stride, dtype=of(t), device="cpu") if stride is not None \
+                        else torch.empty(t.shape, dtype=of(t), device="cpu")
                 return out.requires_grad_(requires_grad)
 
             def fake_base(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
