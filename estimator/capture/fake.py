@@ -195,6 +195,20 @@ def _reduced_loss_bytes(func: Any, args: tuple, kwargs: dict, outs: list) -> dic
 _IM2COL = (torch.ops.aten.im2col.default, torch.ops.aten.col2im.default)
 
 
+def _bf16_sum_fast_path(func: Any, args: tuple, kwargs: dict, output: torch.Tensor) -> bool:
+    """ATen's CPU EmbeddingBag takes its sum fast path (no ``offset2bag``) for bfloat16 weights too, where the meta
+    kernel's test names float and half only (``is_fast_path_index_select`` in EmbeddingBag.cpp and in
+    ``meta_embedding_bag``): activations +44.6 % to +72.7 % on bf16 bags."""
+    from ..rules.registry import bind
+
+    call = bind(func, args, kwargs)
+    weight, scale = call.get("weight"), call.get("per_sample_weights")
+    padding_idx = call.get("padding_idx")
+    return (isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16 and (call.get("mode") or 0) == 0
+            and weight.stride(1) == 1 and output.stride(1) == 1 and (padding_idx is None or padding_idx < 0)
+            and (scale is None or scale.stride(0) == 1))
+
+
 def real_output_bytes(func: Any, args: tuple, kwargs: dict, outs: list, cpu: bool = True) -> dict[int, int] | None:
     """Output sizes (output index -> bytes) where a fake kernel reports another size than the kernel.
 
@@ -225,6 +239,8 @@ def real_output_bytes(func: Any, args: tuple, kwargs: dict, outs: list, cpu: boo
         offset2bag = outs[1] if len(outs) > 1 else None  # (output, offset2bag, bag_size, max_indices)
         if offset2bag is None or offset2bag.numel() == 0:
             return None  # the sum fast path: no offset2bag
+        if _bf16_sum_fast_path(func, args, kwargs, outs[0]):
+            return {1: 0}
         return {1: (offset2bag.numel() + 1) * offset2bag.element_size()}
     if func is not MKLDNN_RNN_LAYER or func is None:
         return None
