@@ -63,6 +63,11 @@ def test_the_three_answers_follow_from_the_rows(comparison):
     text = cmp.render()
     for line in ("Fewest GPUs that fit:", "Fastest (*):", "Cheapest in GPU-hours:"):
         assert line in text
+    # a row's largest batch is interpolated, not confirmed (a zero1 row said 22 where its own plan confirmed 21):
+    # marked so, with what it means
+    unconfirmed = [p for p in cmp.plans if p.batch is not None and p.max_batch and not p.batch.confirmed]
+    assert unconfirmed and all(f"~{p.max_batch:,}" in text for p in unconfirmed)
+    assert "Max batch ~N: interpolated between the row's traces, not confirmed" in text
     d = cmp.to_dict()
     assert {k: cmp.plans[i] for k, i in d["answers"].items()} == answers
     for row, p in zip(d["rows"], cmp.plans):

@@ -181,6 +181,13 @@ def compare_label(cmp: ComparisonData) -> str:
     return f"{cmp.plans[0].config.model} ({what})"
 
 
+def _fmt_max_batch(p: PlanData) -> str:
+    """A row's largest micro-batch, ``~N`` where the search interpolated it without a trace confirming it."""
+    if p.max_batch is None:
+        return "-"
+    return f"{p.max_batch:,}" if p.batch.confirmed or p.batch.limited_by or not p.max_batch else f"~{p.max_batch:,}"
+
+
 def render_comparison(cmp: ComparisonData, tablefmt: str = "simple") -> str:
     best = cmp.recommended
     body = []
@@ -190,7 +197,7 @@ def render_comparison(cmp: ComparisonData, tablefmt: str = "simple") -> str:
         body.append([("* " if p is best else "  ") + c.gpu, str(c.gpus), c.strategy + c.model_parallel(),
                      ", ".join(c.checkpoint) or "-", str(c.micro_batch), str(c.global_batch),
                      fmt_bytes(p.verdict.needed), "yes" if p.fits else "no",
-                     "-" if p.max_batch is None else f"{p.max_batch:,}",
+                     _fmt_max_batch(p),
                      f"{p.step_time_s * 1e3:.1f} ms", "-" if rate is None else f"{rate:,.0f}",
                      "-" if not p.flops.mfu else f"{p.flops.mfu * 100:.1f}%",
                      fmt_duration(p.time_to_train_s), "-" if hours is None or not p.fits else _hours(hours)])
@@ -202,6 +209,9 @@ def render_comparison(cmp: ComparisonData, tablefmt: str = "simple") -> str:
                                     f"Time to train{at}", f"GPU-hours{at}"],
                      tablefmt=tablefmt, disable_numparse=True)
     parts = [answers_text(cmp), head, table] + [f"Precision: {n}." for n in cmp.notes]
+    if any(_fmt_max_batch(p).startswith("~") for p in cmp.plans):  # (ZeRO's rows: laid out by hand, not traced)
+        parts.append("Max batch ~N: interpolated between the row's traces, not confirmed by tracing it; a plan of "
+                     "that layout alone confirms it (it can be lower).")
     if given:  # (the answers above rank the rows on these times)
         parts.append(f"Time to train and GPU-hours at the MFU given (--mfu {given:g}: the model's FLOPs at "
                      f"{given * 100:g}% of each GPU's peak), not at the planned step time; Step time, Tokens/s/GPU "
