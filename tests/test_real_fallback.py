@@ -478,3 +478,25 @@ def test_multihead_attentions_inference_fast_path_is_traced_as_its_standard_path
     assert report.to_dict()["flops"]["matmul_forward"] == matmul and not report.to_dict()["unsupported_ops"]
     assert any("fast path" in a for a in report.capture.assumptions)
     assert torch.backends.mha.get_fastpath_enabled()
+
+
+class _MaskedRows(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(32, 64), torch.nn.Linear(64, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.b(h[h[:, 0] > 0]).sum() + h.mean()
+
+
+def test_a_data_dependent_op_under_ddp_is_named_not_the_engines_profiler_mark():
+    """Under DDP the refusal named "profiler._record_function_exit._RecordFunction" (the engine's mark) as the op
+    that reads values, where FSDP named aten.index.Tensor."""
+    from estimator.errors import UserError
+    from estimator.plan import plan
+
+    for strategy in ("ddp", "fsdp"):
+        with pytest.raises(UserError, match="reads tensor values in aten.index.Tensor"):
+            plan(_MaskedRows(), torch.randn(16, 32), gpu="H100", gpus=2, strategy=strategy, device="cpu",
+                 loss_fn=lambda o: o, solve=())

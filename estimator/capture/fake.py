@@ -462,7 +462,8 @@ class RecordingFakeMode(FakeTensorMode):
                 # nonzero positions as integer indices, so the output's size is known
                 return self.rec.record(func, args, kwargs, lambda *a, **k: self.dispatch(
                     func, types, (a[0], _masks_as_positions(a[1]), *a[2:]), k))
-            self.rec.current_op = func  # (a failed check names this op, not the one recorded before it)
+            if func.namespace != "profiler":  # (a failed check names this op, not the one recorded before it)
+                self.rec.current_op = func
             check_known_indices(func, args, kwargs)  # (the real kernel's check, where the indices are known)
             check_same_dtype(func, args, kwargs)
             if self.adopt_real or (func._schema.is_mutable and _writes_real(args, kwargs)):

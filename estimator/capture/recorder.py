@@ -276,7 +276,8 @@ class Recorder(TorchDispatchMode):
             # Optimizers read scalar step counts (``step.item()``): a long run's values, which take the branches
             # its steps take (estimator.optim.steady_scalars); 0.5 keeps formulas finite otherwise
             return self.scalar_value(args[0]) if self.scalar_value is not None else 0.5
-        self.current_op = func
+        if getattr(func, "namespace", None) != "profiler":  # (an engine's profiler marks: not where a step fails)
+            self.current_op = func
         self.current_module = self.module_stack[-1] if self.module_stack else ""
         self.raised_in = None  # (an op after a raise: the exception was handled)
         node_args = tuple(self._map(a) for a in args)
