@@ -500,3 +500,27 @@ def test_a_data_dependent_op_under_ddp_is_named_not_the_engines_profiler_mark():
         with pytest.raises(UserError, match="reads tensor values in aten.index.Tensor"):
             plan(_MaskedRows(), torch.randn(16, 32), gpu="H100", gpus=2, strategy=strategy, device="cpu",
                  loss_fn=lambda o: o, solve=())
+
+
+class _CastsAndBack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.head = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        self.head.to(torch.bfloat16)
+        y = self.head(h.to(torch.bfloat16)).float()
+        self.head.float()
+        return y.mean()
+
+
+def test_a_gradient_left_in_another_dtype_is_a_one_line_error():
+    """A module cast to bf16 and back inside forward leaves bf16 gradients on fp32 parameters: the real step fails
+    at opt.step(), the estimate raised a bare RuntimeError with a traceback."""
+    from estimator import estimate
+    from estimator.errors import UserError
+
+    with pytest.raises(UserError, match="grad_dtype") as info:
+        estimate(_CastsAndBack(), torch.randn(2, 8), device="cpu")
+    assert "\n" not in str(info.value)

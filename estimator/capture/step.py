@@ -488,7 +488,8 @@ class Step:
         if twins and opts.prepare is None:
             # on meta twins of the fake parameters and gradients (same storage ids): no FakeTensorMode per-op work
             self.fake_entered.exit()
-            opt_params = {n: meta_twin(rec, p) for n, p in self.params.items()}
+            opt_params = self._guard(lambda: {n: meta_twin(rec, p) for n, p in self.params.items()},
+                                     lambda: "a gradient in another dtype than its parameter fails the real step too")
         elif twins and elementwise(opts.optimizer) and all(map(AsIs.on_local_shard, self.named_params.values())):
             # An engine's DTensors: an element-wise step is the same on the local shards (DTensor runs each op there):
             # on their meta twins, without DTensor's sharding of every foreach op (0.3-0.4 s of a 7B FSDP trace)
