@@ -316,7 +316,7 @@ def test_api_messages_say_where_the_user_went_wrong():
     from estimator.validate import validate
 
     m, x = nn.Sequential(nn.Linear(4, 4)), torch.randn(2, 4)
-    with pytest.raises(UserError, match=r"the loss pass failed: AttributeError.*check loss_fn"):
+    with pytest.raises(UserError, match=r"the loss pass failed( at \S+ \(.*\))?: AttributeError.*check loss_fn"):
         estimate(m, x, loss_fn=lambda out: out.nonexistent, device="cpu")
     with pytest.raises(UserError, match="not a module instance"):
         estimate(m, x, checkpoint=nn.Linear(2, 2), device="cpu")
@@ -424,7 +424,9 @@ def test_a_forward_error_names_the_module_that_raised_it():
 
     with pytest.raises(UserError) as err:
         estimate(EncDec(), torch.randn(2, 8), device="cpu")
-    assert "in module 'decoder': ValueError: decoder needs ids" in str(err.value)
+    # (and where in the model's code: the line that raised)
+    assert "in module 'decoder' at test_user_errors.py:" in str(err.value)
+    assert "(forward): ValueError: decoder needs ids" in str(err.value)
 
 
 def test_the_models_own_code_raising_is_not_blamed_on_the_last_op():

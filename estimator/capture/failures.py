@@ -53,10 +53,11 @@ def guard(rec: Any, fn: Callable[[], Any], hint: Callable[[], str]) -> Any:
             raise UnsupportedModelError(f"the {rec.phase} pass{f' in module {where!r}' if where else ''} "
                                         f"{unsupported}") from exc
         in_loss = rec.phase == "loss" and not rec.module_stack  # the loss_fn's own code, outside the model
-        if in_loss or _raised_by_python(exc):  # (the op last recorded is not where it failed: the code after it)
+        line = _raised_by_python(exc)
+        if in_loss or line:  # (the op last recorded is not where it failed: the code after it)
             rec.current_op = None
             where = "" if in_loss else where
-        op = f" in {rec.current_op}" if rec.current_op is not None else ""
+        op = f" in {rec.current_op}" if rec.current_op is not None else f" at {line}" if line else ""
         advice = "check loss_fn (it gets the model's output)" if in_loss else (
             "the model's code imports a package that is not installed here: install it" if isinstance(exc, ImportError)
             else _view_hint(first) or _no_fake_kernel(exc, first, rec.current_op) or hint())
@@ -77,23 +78,25 @@ def _message(exc: BaseException) -> str:
     return text.replace("'FakeTensor' object", "'Tensor' object")  # (the trace's stand-in: the real step's type)
 
 
-def _raised_by_python(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised by Python code outside torch and this package (the model's own code, a
-    library it calls) and not inside an op's dispatch (a kernel, a fake kernel of the user's): the op last
-    recorded is then not where it failed."""
+def _raised_by_python(exc: BaseException) -> str | None:
+    """Where ``exc`` was raised (``file.py:line (function)``) when by Python code outside torch and this package
+    (the model's own code, a hook of the user's, a library it calls) and not inside an op's dispatch (a kernel, a
+    fake kernel of the user's): the op last recorded is then not where it failed; else None."""
     import os
 
     torch_root = os.path.dirname(os.path.abspath(torch.__file__))
     ours = os.path.dirname(os.path.abspath(__file__))
     dispatch = (os.path.join(torch_root, "_ops.py"), os.path.join(torch_root, "_subclasses") + os.sep,
                 os.path.join(ours, "fake.py"), os.path.join(ours, "recorder.py"))
-    tb, last = exc.__traceback__, None
+    tb, last, frame = exc.__traceback__, None, None
     while tb is not None:
         path = os.path.abspath(tb.tb_frame.f_code.co_filename)
         if path.startswith(dispatch):
-            return False  # (raised inside an op's dispatch)
-        last, tb = path, tb.tb_next
-    return last is not None and not last.startswith((torch_root + os.sep, os.path.dirname(ours) + os.sep))
+            return None  # (raised inside an op's dispatch)
+        last, frame, tb = path, tb, tb.tb_next
+    if last is None or last.startswith((torch_root + os.sep, os.path.dirname(ours) + os.sep)):
+        return None
+    return f"{os.path.basename(last)}:{frame.tb_lineno} ({frame.tb_frame.f_code.co_name})"
 
 
 def _unsupported_layout(first: str, op: Any) -> str | None:
