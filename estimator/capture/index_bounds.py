@@ -104,8 +104,10 @@ _SAME_DTYPE_OPERANDS = {
     **{op: ("mat1", "mat2", "self") for op in (aten.addmm.default, aten.addmm_.default)},
     **{op: ("batch1", "batch2") for op in (aten.baddbmm.default, aten.baddbmm_.default, aten.addbmm.default,
                                            aten.addbmm_.default)},
-    aten.mv.default: ("self", "vec"),  # ("addmv input tensors must have the same dtype")
-    **{op: ("vec1", "vec2", "self") for op in (aten.addr.default, aten.addr_.default)},
+    aten.mv.default: ("self", "vec"),  # ("addmv input tensors must have the same dtype"; addr promotes: not here)
+    # ("Input type (CPUBFloat16Type) and weight type (torch.FloatTensor) should be the same": the meta kernel
+    # checks it only with a bias)
+    aten.convolution.default: ("input", "weight"),
 }
 
 

@@ -39,18 +39,21 @@ def _refuse_engine_wrappers(model: torch.nn.Module) -> None:
     not one device's step; refused in one line, with the two answers there are."""
     from torch.nn.parallel import DistributedDataParallel
 
-    wrappers = (DistributedDataParallel,)
+    wrappers: tuple[type, ...] = (DistributedDataParallel,)
     try:
-        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
-        wrappers += (FullyShardedDataParallel,)
+        wrappers += (FullyShardedDataParallel, FSDPModule)  # (FSDP1's wrapper; FSDP2's fully_shard-ed modules)
     except ImportError:  # (a torch built without distributed)
         pass
-    if isinstance(model, wrappers):
-        raise UserError(f"the model is wrapped by {type(model).__name__}, whose buffers (its gradient buckets or "
-                        f"shards) estimate does not trace: plan the engine's step with estimator.plan.plan("
-                        f"model.module, inputs, strategy='ddp' or 'fsdp', gpus=N), or estimate model.module for one "
-                        f"device's step")
+    path, engine = next(((p, m) for p, m in model.named_modules() if isinstance(m, wrappers)), (None, None))
+    if engine is not None:
+        where = "the model is" if not path else f"its module {path} is"
+        kind = "FSDP2 (fully_shard)" if "FSDPModule" in [c.__name__ for c in type(engine).__mro__] \
+            else type(engine).__name__
+        raise UserError(f"{where} wrapped by {kind}, whose buffers (gradient buckets, shards) estimate does not "
+                        f"trace: plan the engine's step with estimator.plan.plan(model, inputs, strategy='ddp' or "
+                        f"'fsdp', gpus=N) on the unwrapped model, or estimate the unwrapped model for one device")
 
 
 def _refuse_sparse_gradients(model: torch.nn.Module) -> None:

@@ -196,9 +196,10 @@ class Step:
         dtype_of, of = self.opts.precision.traced_dtype, self.opts.precision.tensor_dtype
         fake_mode = self.fake_mode
         if self.fake:
-            def to_traced(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
-                # (a non-dense one, a strided slice, is copied compact by the move to the GPU: its own bytes)
-                stride = t.stride() if is_non_overlapping_and_dense(t) else None
+            def to_traced(t: torch.Tensor, requires_grad: bool, compact: bool = True) -> torch.Tensor:
+                # (a non-dense one, a strided slice, is copied compact by the move to the GPU, and a parameter by
+                # a copy: its own bytes; a CPU buffer keeps its storage, as a deep copy keeps it)
+                stride = t.stride() if is_non_overlapping_and_dense(t) or not compact else None
                 with fake_mode:
                     out = torch.empty_strided(t.shape, stride, dtype=of(t), device="cpu") if stride is not None \
                         else torch.empty(t.shape, dtype=of(t), device="cpu")
@@ -211,8 +212,8 @@ class Step:
             self.params = {n: to_traced(p, p.requires_grad) for n, p in self.named_params.items()}
             # integer and boolean buffers and inputs keep their values (see .fake: known values); a small
             # floating buffer kept so is cast as model.to(dtype) casts it (a rotary table's inv_freq in bf16)
-            self.buffers = {n: b.detach().to(of(b), copy=True) if keeps_values(b) else to_traced(b, False)
-                            for n, b in named_buffers.items()}
+            self.buffers = {n: b.detach().to(of(b), copy=True) if keeps_values(b) else
+                            to_traced(b, False, self.opts.target == "cuda") for n, b in named_buffers.items()}
             self.t_args, self.t_kwargs = convert_inputs((args, kwargs), fake_base, dtype_of, keep=keeps_values)
         else:
             self.params = {n: real_param_copy(p, True, of(p)) for n, p in self.named_params.items()}
