@@ -149,3 +149,37 @@ def efficient_attention_backward(call):
     shapes = varlen_shapes(call["query"].shape, call["key"].shape, call["value"].shape,
                            call["cu_seqlens_q"], call["max_seqlen_q"], call["max_seqlen_k"])
     return sum(sdpa_backward_flops(q[:3] + v[3:], q, k, v) for q, k, v in shapes)
+
+
+# -- rules: nn.MultiheadAttention's inference fast path (fused kernels) -------------------------------------------
+
+
+def mha_fused_flops(q_shape, k_shape, embed_dim: int, self_attention: bool) -> int:
+    """The matmuls of ``nn.MultiheadAttention`` on ``[b, t, e]`` queries and ``[b, s, e]`` keys: the input
+    projections (3 x e x e on the queries when they are the keys and values, else e x e on the queries and 2 x e
+    x e on the keys), attention (4 x b x t x s x e over the heads) and the output projection (e x e)."""
+    b, t, e = q_shape
+    s = k_shape[-2]
+    proj_in = 2 * b * t * e * 3 * e if self_attention else 2 * b * t * e * e + 2 * b * s * e * 2 * e
+    return proj_in + 4 * b * t * s * embed_dim + 2 * b * t * e * e
+
+
+@register(*aten_ops("_native_multi_head_attention"), kind=MATMUL)
+def native_multi_head_attention(call):
+    """mha_fused_flops (2*b*t*e*3e + 4*b*t*s*e + 2*b*t*e*e): in-projections, Q @ K^T and P @ V, out-projection
+    (``nn.MultiheadAttention``'s inference
+    fast path, ``torch/nn/modules/activation.py``); softmax and masking not counted."""
+    q, k = call["query"], call["key"]
+    same = tuple(q.shape) == tuple(k.shape)  # (the fast path's self-attention: one input for q, k and v)
+    return mha_fused_flops(q.shape, k.shape, call["embed_dim"], same)
+
+
+@register(*aten_ops("_transformer_encoder_layer_fwd"), kind=MATMUL)
+def transformer_encoder_layer_fwd(call):
+    """mha_fused_flops + 2 * (2*b*t*e*f): ``nn.TransformerEncoderLayer``'s inference fast path, one kernel, its
+    self-attention and its feed-forward (f: ``ffn_weight_1``'s rows); norms, activations and residuals not
+    counted (the matmul-class FLOPs the standard path counts)."""
+    src = call["src"].shape
+    b, t, e = src
+    f = call["ffn_weight_1"].shape[0]
+    return mha_fused_flops(src, src, call["embed_dim"], True) + 2 * (2 * b * t * e * f)

@@ -718,3 +718,35 @@ def test_dtype_queries_cost_nothing_and_an_unsupported_op_at_the_root_names_it()
     assert [r["op"] for r in report.tally.unsupported] == ["aten.frexp"]
     assert report.tally.unsupported[0]["module"] == ""  # (JSON: the root's path)
     assert "(root)" in unsupported_table(report)
+
+
+@pytest.mark.parametrize("layer_norm_first", [False, True])
+def test_multihead_attentions_fused_kernels_cost_the_standard_paths_matmuls(layer_norm_first):
+    """nn.MultiheadAttention's and nn.TransformerEncoderLayer's inference fast path run one fused op each, which had
+    no rule (matmul FLOPs -54 % on an encoder layer). Their rules equal FlopCounterMode's matmuls of the same layer's
+    standard path, run for real."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, norm_first=layer_norm_first).eval()
+    x = torch.randn(2, 10, 32)
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        from instruments import flop_counter  # (FlopCounterMode with its known defects fixed)
+
+        counter = flop_counter()
+        with torch.no_grad(), counter:
+            layer(x)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+    standard = counter.get_total_flops()
+    attn, meta = layer.self_attn, lambda t: t.detach().to("meta")
+    mha = run(aten._native_multi_head_attention.default, meta(x), meta(x), meta(x), 32, 4, meta(attn.in_proj_weight),
+              meta(attn.in_proj_bias), meta(attn.out_proj.weight), meta(attn.out_proj.bias))
+    ffn = 2 * (2 * 2 * 10 * 32 * 64)  # two Linear layers, 2*b*t*e*f each: 32 -> 64 -> 32
+    assert mha + ffn == standard
+    fused = lookup(aten._transformer_encoder_layer_fwd.default).fn(op_call(
+        aten._transformer_encoder_layer_fwd.default, meta(x), 32, 4, meta(attn.in_proj_weight),
+        meta(attn.in_proj_bias), meta(attn.out_proj.weight), meta(attn.out_proj.bias), False, layer_norm_first, 1e-5,
+        meta(layer.norm1.weight), meta(layer.norm1.bias), meta(layer.norm2.weight), meta(layer.norm2.bias),
+        meta(layer.linear1.weight), meta(layer.linear1.bias), meta(layer.linear2.weight), meta(layer.linear2.bias),
+        outputs=[meta(x)]))
+    assert fused == standard

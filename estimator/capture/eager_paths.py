@@ -80,19 +80,25 @@ def _swap_tensors(original):
     return swap_tensors
 
 
-@contextlib.contextmanager
-def mha_slow_path(model: torch.nn.Module, train: bool, notes: list[str]) -> Iterator[None]:
-    """``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` in inference take a fast path (a nested tensor
-    from the padding mask, ``aten._native_multi_head_attention``) that the fake trace cannot run (a nested tensor
-    "doesn't support sizes") and has no rule for (its attention's FLOPs counted 0): traced as their standard path
-    (the same projections and attention over every position), and said."""
+def fast_path_failed(model: torch.nn.Module, train: bool, exc: BaseException) -> bool:
+    """Whether ``exc`` is the fake trace failing on ``nn.MultiheadAttention``'s inference fast path: with a padding
+    mask it makes a nested tensor, which "doesn't support sizes" on fake tensors (nn.TransformerEncoder was refused
+    where its real forward runs); without one it runs its fused kernel, which the trace costs
+    (``rules``: ``_native_multi_head_attention``, ``_transformer_encoder_layer_fwd``)."""
     kinds = (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer)
-    if train or not torch.backends.mha.get_fastpath_enabled() or \
-            not any(isinstance(m, kinds) for m in model.modules()):
+    return (not train and torch.backends.mha.get_fastpath_enabled() and "Nested" in str(exc)
+            and any(isinstance(m, kinds) for m in model.modules()))
+
+
+@contextlib.contextmanager
+def mha_slow_path(slow: bool, notes: list[str]) -> Iterator[None]:
+    """With ``slow``, the inference fast path of ``nn.MultiheadAttention`` off (:func:`fast_path_failed`), and said:
+    its standard path runs the same projections and attention over every position, padded ones included."""
+    if not slow:
         yield
         return
-    notes.append("nn.MultiheadAttention's inference fast path (fused kernels, padded positions skipped as a nested "
-                 "tensor) traced as its standard path: the same matmuls over every position")
+    notes.append("nn.MultiheadAttention's inference fast path with a padding mask (padded positions skipped as a "
+                 "nested tensor) traced as its standard path: the same matmuls over every position")
     torch.backends.mha.set_fastpath_enabled(False)
     try:
         yield

@@ -22,7 +22,7 @@ from .inputs import split_inputs
 from .blocks import TRACED_BLOCKS, find_repeats, truncated
 from .caches import clear_method_caches, method_caches_cleared
 from .compiled import user_compiled_eager
-from .eager_paths import eager_paths, mha_slow_path
+from .eager_paths import eager_paths, fast_path_failed, mha_slow_path
 from .options import Capture, Progress, ReadsValues, StepFailed, StepOptions
 from .replicate import NotReplicable, expand
 from .step import Step
@@ -98,10 +98,18 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
         raise ValueError(f"mode must be 'auto', 'fake' or 'real', not {mode!r}")
     if opts.prepare is not None:
         mode = "fake"  # a model traced as it is has no real weights to fall back on
-    with without_layer_drop(model) as assumed, same_random_draws(), eager_paths(), attributes_kept(model), \
-            method_caches_cleared(model), user_compiled_eager(model, opts.compile, assumed), \
-            mha_slow_path(model, opts.train, assumed):
-        cap = _capture(model, args, kw, opts, mode, progress)
+    slow = False  # nn.MultiheadAttention's inference fast path traced as its standard path (see mha_slow_path)
+    while True:
+        try:
+            with without_layer_drop(model) as assumed, same_random_draws(), eager_paths(), attributes_kept(model), \
+                    method_caches_cleared(model), user_compiled_eager(model, opts.compile, assumed), \
+                    mha_slow_path(slow, assumed):
+                cap = _capture(model, args, kw, opts, mode, progress)
+            break
+        except UserError as exc:
+            if slow or not fast_path_failed(model, opts.train, exc):
+                raise
+            slow = True
     cap.assumptions.extend(assumed)
     cap.assumptions.extend(_loop_notes(model, opts))
     first = next(iter([*args, *kw.values()]), None)
