@@ -262,7 +262,10 @@ def test_rows_add_up_to_the_peak_for_every_strategy_and_precision(device):
                 continue
             p = planner.plan(strategy, 16, solve=())
             assert sum(p.per_gpu.rows.values()) == p.per_gpu.peak, (precision, strategy, p.per_gpu.rows)
-            assert p.verdict.needed == p.per_gpu.peak + sum(p.verdict.reserve.values())
+            # (the fit is checked at the first step's peak where it is higher, and the plan says so)
+            first = next((n for n in p.notes if n.startswith("the first step peaks higher")), None)
+            assert p.verdict.needed == p.per_gpu.peak + sum(p.verdict.reserve.values()) or \
+                (first and p.verdict.needed > p.per_gpu.peak + sum(p.verdict.reserve.values()))
             # what the caching allocator needs beyond the peak: simulated on the traced step (CUDA engines),
             # the 2.5 % first guess for ZeRO laid out by hand (and on CPU, where no allocator runs)
             traced = planner.traced(planner_layout(planner, strategy, 16), ())

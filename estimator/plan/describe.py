@@ -48,7 +48,7 @@ def layout_notes(planner: Any, layout: Layout, step: Any = None) -> list[str]:
     """What the layout adds to a plan's notes (its mesh, tensor parallelism, ZeRO's semantics, offload)."""
     precision, zero_semantics = planner.precision, planner.zero_semantics
     notes = []
-    first = step.first_step_peak(planner.device) if step is not None and layout.traced and not layout.offload else 0
+    first = step.first_step_peak(planner.device, layout) if step is not None else 0
     if step is not None and first > planner.memory(layout, step).peak.total:
         notes.append(f"the first step peaks higher ({fmt_bytes(first)}, its optimizer making its state inside step()) "
                      f"than the steady state shown: the fit is checked at it")

@@ -286,7 +286,7 @@ class Planner:
 
         def traced(v: int) -> tuple[bool, int, int]:
             st = self.traced(layout, checkpoint, what, v * unit)
-            pk = max(self.memory(layout, st).peak.total, 0 if layout.offload else st.first_step_peak(self.device))
+            pk = max(self.memory(layout, st).peak.total, st.first_step_peak(self.device, layout))
             need = self.needed(pk, layout, st)
             return need <= gpu.capacity, pk, need
 
@@ -448,7 +448,7 @@ class Planner:
         mem = self.memory(layout, step)
         pk = mem.peak
         reserve = self.reserve(pk.total, layout, step)
-        needed = max(pk.total, 0 if layout.offload else step.first_step_peak(self.device)) + sum(reserve.values())
+        needed = max(pk.total, step.first_step_peak(self.device, layout)) + sum(reserve.values())
         fits = needed <= target.capacity
         notes = list(step.notes)
         batch_solve = seq_solve = None

@@ -307,11 +307,14 @@ class Step:
             return pk
         return Peak(pk.total + library, pk.index, {**pk.by_row, "workspaces": pk.by_row["workspaces"] + library})
 
-    def first_step_peak(self, device: str) -> int:
+    def first_step_peak(self, device: str, layout: Any) -> int:
         """The first step's peak at the traced sizes on ``device`` (the optimizer's state made inside its
-        ``step()`` while the gradients live can top the steady state's), 0 where not simulated for it: a plan's fit
-        is checked at the higher of the two, as an estimate's is (``estimator.memory.gpu_bytes_needed``)."""
-        return self.profile.peak_first_step if self.profile is not None and self.profile.device == device else 0
+        ``step()`` while the gradients live can top the steady state's), 0 where not simulated for it or not this
+        ``layout``'s own (ZeRO's, laid out by hand on the single-device step; an offloaded one): a plan's fit is
+        checked at the higher of the two, as an estimate's is (``estimator.memory.gpu_bytes_needed``)."""
+        if not layout.traced or layout.offload or self.profile is None or self.profile.device != device:
+            return 0
+        return self.profile.peak_first_step
 
     def library_bytes(self, device: str) -> int:
         """The bytes the libraries and the caching allocator add to the traced step's peak on ``device``
