@@ -48,10 +48,11 @@ def materialize_inputs(inputs: Any, device: torch.device, dtype: torch.dtype | N
     def real(t: torch.Tensor) -> torch.Tensor:
         if t.device.type == "meta":
             t = torch.randn(t.shape, dtype=t.dtype) if t.is_floating_point() else torch.zeros(t.shape, dtype=t.dtype)
+        grad = t.requires_grad and t.is_leaf  # (an input that takes a gradient keeps asking for it)
         t = t.detach().to(device)
         if dtype is not None and t.is_floating_point():
             t = t.to(dtype)
-        return t
+        return t.requires_grad_(grad) if grad else t
 
     return pytree.tree_map_only(torch.Tensor, real, inputs)
 

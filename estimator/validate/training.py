@@ -48,7 +48,8 @@ class LiveRun:
                     else contextlib.nullcontext)
         self.sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         self.loss_fn = loss_fn
-        self.m.train()
+        if not self.m.training:  # (a model in training mode keeps the modules its user put in eval, as estimated)
+            self.m.train()
         self.ema = None
         if ema is not None:  # the loop's moving average of the weights, as estimator.ema models it
             from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
@@ -129,7 +130,9 @@ class LiveRun:
             "gradients": nbytes([p.grad for p in params if p.grad is not None]),
             "optimizer_state": nbytes([v for st in (opt.state.values() if opt else []) for v in st.values()
                                        if isinstance(v, torch.Tensor) and v.device.type == self.dev.type]
-                                      + (list(self.ema.module.parameters()) if self.ema is not None else [])),
+                                      # (AveragedModel copies the buffers too, as estimator.ema counts them)
+                                      + ([*self.ema.module.parameters(), *self.ema.module.buffers()]
+                                         if self.ema is not None else [])),
             "activations": sum(saved.values()),
             "flops_forward": fwd_counter.get_total_flops(),
             "flops_backward": bwd_counter.get_total_flops(),
