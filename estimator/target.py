@@ -150,8 +150,12 @@ class CudaTarget:
             if enabled[backend] and getattr(self, f"_can_use_{backend}")(params):
                 return backend
         if not enabled["math"]:
-            raise RuntimeError("No available kernel. Aborting execution. (the scaled_dot_product_attention backends "
-                               "turned on take none of these inputs)")
+            from .errors import UserError
+
+            on = [name for name, yes in enabled.items() if yes]
+            raise UserError(f"scaled_dot_product_attention: No available kernel (a real CUDA step fails the same way): "
+                            f"the backends turned on ({', '.join(on) or 'none'}; torch.nn.attention.sdpa_kernel or "
+                            f"torch.backends.cuda.enable_*_sdp) take none of these inputs: allow another backend")
         return "math"
 
     def _can_use_cudnn(self, p: "_SdpParams") -> bool:
