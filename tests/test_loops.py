@@ -387,6 +387,10 @@ def test_a_trainable_module_run_by_the_loss_keeps_its_gradients_and_is_left_as_i
     x = torch.randn(64, 64)
     report = estimate(gen, x, loss_fn=lambda o: -disc(o).mean(), device="cpu", zero_grad=zero_grad)
     assert all(p.grad is None for p in disc.parameters())
+    # (what the trace writes for real, a BatchNorm's counter there, is put back: it went 0 -> 1 -> 2 over two calls)
+    normed = nn.Sequential(nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 1))
+    estimate(gen, x, loss_fn=lambda o: -normed(o).mean(), device="cpu", zero_grad=zero_grad)
+    assert int(normed[1].num_batches_tracked) == 0
     real = copy.deepcopy(disc)  # (held resident, as the estimate holds the discriminator's weights)
     first, _, steady = measure_peaks(copy.deepcopy(gen), x, lambda p: torch.optim.AdamW(p, lr=1e-3),
                                      lambda o: -real(o).mean(), resident=list(real.parameters()), steps=3,

@@ -235,6 +235,8 @@ class Step:
     def _enter(self, stack: contextlib.ExitStack) -> None:
         """Everything the step changes, each undone by ``stack`` (in reverse order)."""
         model, opts = self.model, self.opts
+        if self.fake_mode is not None:  # (run after the fake mode has left: registered before it is entered)
+            stack.callback(self.fake_mode.restore_written)
         flags = [(m, m.training) for m in model.modules()]  # each module's own flag comes back, not the root's
         stack.callback(lambda: [setattr(m, "training", was) for m, was in flags])
         stack.callback(restore_outside_grads, self.rec)
