@@ -104,9 +104,18 @@ class LiveRun:
         if not self.zero_before:
             self.zero_grad()
 
+    def state_bytes(self) -> int:
+        """The optimizer's state and the EMA's copies (AveragedModel copies the buffers too, as estimator.ema counts
+        them), distinct storages."""
+        opt = self.opt
+        ts = [v for st in (opt.state.values() if opt else []) for v in st.values()
+              if isinstance(v, torch.Tensor) and v.device.type == self.dev.type]
+        ts += [*self.ema.module.parameters(), *self.ema.module.buffers()] if self.ema is not None else []
+        return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in ts}.values())
+
     def first_step(self) -> tuple[dict[str, int], torch.Tensor]:
         """Iteration 1: saved activations and FLOPs; then the model states from the real tensors."""
-        m, opt = self.m, self.opt
+        m = self.m
         state_storages = {t.untyped_storage().data_ptr() for t in list(m.parameters()) + list(m.buffers())}
         packed: list[tuple[weakref.ref, int, int]] = []
         saved: dict[int, int] = {}
@@ -129,11 +138,7 @@ class LiveRun:
             "parameters": nbytes(params),
             "buffers": nbytes(list(m.buffers())),
             "gradients": nbytes([p.grad for p in params if p.grad is not None]),
-            "optimizer_state": nbytes([v for st in (opt.state.values() if opt else []) for v in st.values()
-                                       if isinstance(v, torch.Tensor) and v.device.type == self.dev.type]
-                                      # (AveragedModel copies the buffers too, as estimator.ema counts them)
-                                      + ([*self.ema.module.parameters(), *self.ema.module.buffers()]
-                                         if self.ema is not None else [])),
+            "optimizer_state": self.state_bytes(),
             "activations": sum(saved.values()),
             "flops_forward": fwd_counter.get_total_flops(),
             "flops_backward": bwd_counter.get_total_flops(),
@@ -220,6 +225,12 @@ def validate_training(
     # RAdam's steady state is its rectified step, from its 6th (the estimate's figure): iterations 2-5 run first
     for _ in range(4 if type(run.opt).__name__ == "RAdam" else 0):
         keep = run.step()
+    if run.scaler is not None and run.opt is not None:  # GradScaler skips the steps whose gradients overflow (at
+        for _ in range(30):  # its first scales): until one steps, the state is none of what a run holds
+            if any(run.opt.state.values()):
+                break
+            keep = run.step()
+        measured["optimizer_state"] = run.state_bytes()
     measured["peak"], keep = run.steady_peak(keep, base_allocated)
     del keep
     step_time = run.median_step_time(steps)
