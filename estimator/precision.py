@@ -321,3 +321,36 @@ def register_cuda_autocast(lib: Any, capturing: Callable[[], bool]) -> None:
         except (AttributeError, RuntimeError):
             continue
         _impl(lib, name, _autocast_kernel(op, "none", cpu_policy, capturing), "AutocastCPU")
+
+
+@contextlib.contextmanager
+def cuda_autocast_on_cpu() -> Any:
+    """The model's own CUDA autocast in a CUDA-target trace, whose autocast is the CPU's running CUDA's lists
+    (:func:`register_cuda_autocast`): ``torch.autocast("cuda", ...)``, ``torch.is_autocast_enabled("cuda")``,
+    ``torch.get_autocast_dtype("cuda")`` and so ``custom_fwd``/``custom_bwd(device_type="cuda")`` read and set the
+    CPU's state for the block.  A region kept in fp32 with ``autocast("cuda", enabled=False)`` was counted in bf16
+    (60 % of a step's matmul FLOPs), and ``custom_fwd(device_type="cuda", cast_inputs=torch.float32)`` left its
+    inputs uncast (a matmul of two dtypes, refused, where a GPU runs it)."""
+    from torch.amp import autocast_mode as amp
+
+    def cpu(device_type: Any) -> Any:
+        return "cpu" if device_type == "cuda" else device_type
+
+    init, cast, enabled, dtype = amp.autocast.__init__, amp._cast, torch.is_autocast_enabled, torch.get_autocast_dtype
+
+    def init_cpu(self: Any, device_type: str, *args: Any, **kwargs: Any) -> None:
+        init(self, cpu(device_type), *args, **kwargs)
+
+    gpu_dtype = getattr(torch, "get_autocast_gpu_dtype", None)  # (legacy: torchao's Float8Linear reads it)
+    amp.autocast.__init__ = init_cpu
+    amp._cast = lambda value, device_type, dtype_: cast(value, cpu(device_type), dtype_)
+    torch.is_autocast_enabled = lambda *a: enabled(cpu(a[0]) if a else "cpu")  # (no argument: CUDA's, legacy)
+    torch.get_autocast_dtype = lambda device_type: dtype(cpu(device_type))
+    if gpu_dtype is not None:
+        torch.get_autocast_gpu_dtype = lambda: dtype("cpu")
+    try:
+        yield
+    finally:
+        amp.autocast.__init__, amp._cast, torch.is_autocast_enabled, torch.get_autocast_dtype = init, cast, enabled, dtype
+        if gpu_dtype is not None:
+            torch.get_autocast_gpu_dtype = gpu_dtype

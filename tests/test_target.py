@@ -189,3 +189,57 @@ def test_embedding_bag_outputs_have_the_cuda_kernels_sizes(mode):
                                              {"sum": 0, "mean": 1, "max": 2}[mode])
     assert [(s.shape, s.dtype) for s in node.meta["spec"]] == [(tuple(t.shape), t.dtype) for t in expected]
     assert node.meta["spec"][1].shape == (11,)  # offset2bag: one per index, sums included
+
+
+def _fp32_region(device_type):
+    class KeepsOneLayerFp32(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(256, 256), torch.nn.Linear(256, 256)
+
+        def forward(self, x):
+            h = self.a(x)
+            with torch.autocast(device_type, enabled=False):
+                return self.b(h.float()).pow(2).mean()
+
+    return KeepsOneLayerFp32()
+
+
+class _Fp32Matmul(torch.autograd.Function):
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x @ w.t()
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g @ w, g.t() @ x
+
+
+def test_the_models_own_cuda_autocast_is_the_traces_on_the_cuda_target():
+    """A CUDA-target trace runs CUDA's autocast on the CPU's keys: the model's autocast("cuda", enabled=False)
+    region was counted in bf16 (60 % of the step's matmul FLOPs), and custom_fwd(device_type="cuda",
+    cast_inputs=torch.float32) left its inputs in bf16 (the backward's matmul of two dtypes refused, where a GPU runs
+    it). The CUDA target now splits the FLOPs as the CPU target does on the same model written for the CPU (a real
+    CPU bf16-mixed step counted by operand dtype: 16,777,216 bf16 and 25,165,824 fp32 matmul FLOPs, the CPU
+    target's matmuls exactly)."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 256)
+    cuda = estimate(_fp32_region("cuda"), x, precision="bf16-mixed", gpu="H100", loss_fn=lambda o: o).tally
+    cpu = estimate(_fp32_region("cpu"), x, precision="bf16-mixed", device="cpu", loss_fn=lambda o: o).tally
+    assert cuda.flops_by_dtype == cpu.flops_by_dtype and cuda.flops_by_dtype.get("float32", 0) > 0
+
+    class WithFunction(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.w = torch.nn.Linear(64, 64), torch.nn.Parameter(torch.randn(32, 64))
+
+        def forward(self, x):
+            return _Fp32Matmul.apply(self.lin(x), self.w).float().pow(2).mean()
+
+    report = estimate(WithFunction(), torch.randn(16, 64), precision="bf16-mixed", gpu="H100", loss_fn=lambda o: o)
+    assert report.tally.flops_by_dtype.get("float32", 0) > 0
+    assert not torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.float16

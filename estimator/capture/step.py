@@ -33,6 +33,7 @@ from ..errors import UserError
 from ..ema import with_ema
 from ..optim import (build_optimizer, clip_gradients, elementwise, grads_outside, made_before_loop, state_tensors,
                      steady_scalars, wants_fused)
+from ..precision import cuda_autocast_on_cpu
 from ..target import FAKE_KERNELS, CudaTarget, installed
 from ..caller import set_train_mode
 from .as_is import AsIs, AsIsRecorder
@@ -262,6 +263,7 @@ class Step:
         swap = self._stand_ins(model) if opts.prepare is None else AsIs.engine_hooks(self.rec)
         if opts.target == "cuda" and self.fake:  # CUDA kernels exist as meta implementations only
             stack.enter_context(installed(opts.cuda or CudaTarget()))
+            stack.enter_context(cuda_autocast_on_cpu())  # (the model's own autocast("cuda"): the trace's)
         if self.fake:
             fake_log.setLevel(logging.CRITICAL)
             self.fake_entered = stack.enter_context(_Entered(self.fake_mode))

@@ -30,14 +30,18 @@ def fmt_duration(s: float | None) -> str:
 
 
 def _none_fits(p: Plan) -> str:
-    """Why no count of GPUs fits: what stays whole on every GPU (the CUDA context, the libraries' workspaces) when it
-    takes most of the card (it was put down to the activations: 9.89 MiB of them on a card whose 830 MB the
-    context and workspaces nearly filled), else the activations and what else sharding leaves whole."""
-    fixed = p.verdict.reserve.get("cuda_context", 0) + p.per_gpu.rows.get("workspaces", 0)
+    """Why no count of GPUs fits: a smaller micro-batch that fits, if one does; else the CUDA context when it takes
+    most of the card (it was put down to the activations: 9.89 MiB of them on a card whose 830 MB the context
+    nearly filled); else the activations and what else sharding leaves whole."""
+    if p.max_batch:  # (a smaller micro-batch fits: that is the answer, whatever else could change)
+        return (f"No number of GPUs fits this strategy at this micro-batch (its activations and what sharding leaves "
+                f"whole on each GPU are more than the card holds); a micro-batch of {p.max_batch:,} fits, or add "
+                f"--checkpoint, --tp or --cp, or a shorter sequence")
+    fixed = p.verdict.reserve.get("cuda_context", 0)  # (the workspaces row grows with the batch: not fixed)
     if 2 * fixed >= p.verdict.capacity:
-        return (f"No number of GPUs fits this strategy at this micro-batch: the CUDA context and the libraries' "
-                f"workspaces alone take {fmt_bytes(fixed)} of the card's {fmt_bytes(p.verdict.capacity)} on every GPU, "
-                f"however the model is sharded: use a GPU with more memory")
+        return (f"No number of GPUs fits this strategy at this micro-batch: the CUDA context alone takes "
+                f"{fmt_bytes(fixed)} of the card's {fmt_bytes(p.verdict.capacity)} on every GPU, however the model "
+                f"is sharded: use a GPU with more memory")
     return ("No number of GPUs fits this strategy at this micro-batch (its activations and what sharding leaves whole "
             "on each GPU are more than the card holds): add --checkpoint, --tp or --cp, a shorter sequence, or a GPU "
             "with more memory")
