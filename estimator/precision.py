@@ -344,8 +344,13 @@ def cuda_autocast_on_cpu() -> Any:
     gpu_dtype = getattr(torch, "get_autocast_gpu_dtype", None)  # (legacy: torchao's Float8Linear reads it)
     amp.autocast.__init__ = init_cpu
     amp._cast = lambda value, device_type, dtype_: cast(value, cpu(device_type), dtype_)
-    torch.is_autocast_enabled = lambda *a: enabled(cpu(a[0]) if a else "cpu")  # (no argument: CUDA's, legacy)
-    torch.get_autocast_dtype = lambda device_type: dtype(cpu(device_type))
+    def enabled_cpu(device_type: Any = None) -> bool:  # (no argument: CUDA's, legacy)
+        return enabled(cpu(device_type) if device_type is not None else "cpu")
+
+    def dtype_cpu(device_type: Any) -> Any:
+        return dtype(cpu(device_type))
+
+    torch.is_autocast_enabled, torch.get_autocast_dtype = enabled_cpu, dtype_cpu
     if gpu_dtype is not None:
         torch.get_autocast_gpu_dtype = lambda: dtype("cpu")
     try:
