@@ -31,6 +31,7 @@ import functools
 import logging
 import math
 import operator
+import sys
 import warnings
 from typing import Any, Iterator
 
@@ -125,8 +126,43 @@ def user_compiled_eager(model: torch.nn.Module, compile: str | None, notes: list
         notes.append(f"torch.compile in the model ran eager ({', '.join(paths[:3])}{', ...' if len(paths) > 3 else ''}"
                      f"): its compiled saves and fused kernels are not modelled; compile='block' or 'model' "
                      f"(--compile) models the step compiled")
-    with torch.compiler.set_stance("force_eager"):
+    called: list[str] = []
+    with torch.compiler.set_stance("force_eager"), _compiled_functions_called(called):
+        try:
+            yield
+        finally:
+            if called and compile is None:
+                names = sorted(set(called))
+                notes.append(f"torch.compile'd function{'s' if len(names) > 1 else ''} in forward ran eager "
+                             f"({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}): their fused kernels are "
+                             f"not modelled")
+
+
+@contextlib.contextmanager
+def _compiled_functions_called(called: list[str]) -> Iterator[None]:
+    """Names of the ``torch.compile``'d functions (not torch's own wrappers of compiled modules) entered while
+    inside: Dynamo asks ``_callback_from_stance`` for each call's callback (None or False when not compiling), from
+    the wrapper whose ``fn`` is the user's function."""
+    import torch._dynamo.eval_frame as eval_frame
+
+    original = getattr(eval_frame, "_callback_from_stance", None)
+    if original is None:  # another release: nothing is said
         yield
+        return
+
+    def spy(callback: Any) -> Any:
+        if callback not in (False, None):
+            fn = sys._getframe(1).f_locals.get("fn")
+            module = getattr(fn, "__module__", None) or ""
+            if fn is not None and not module.startswith("torch"):
+                called.append(getattr(fn, "__qualname__", None) or type(fn).__name__)
+        return original(callback)
+
+    eval_frame._callback_from_stance = spy
+    try:
+        yield
+    finally:
+        eval_frame._callback_from_stance = original
 
 
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device)
