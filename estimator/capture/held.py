@@ -63,6 +63,31 @@ def kept_outside(rec: Any, extra_sids: dict[str, set[int]]) -> set[int]:
     return {id(t) for t in leaves}
 
 
+def held_outside(rec: Any) -> set[int]:
+    """Storages of tensors from outside the step that are still alive when it ends (a teacher's weights run by
+    ``loss_fn``, a tensor attribute of the model that is no buffer, labels a ``loss_fn`` closes over): they exist
+    before the step and after it, so they are live from its start (the first step's too), not from their first
+    read (a distiller's peak was 27 % low). Only storages first met as such constants (none of the step's ops
+    made them) and never freed during the step."""
+    freed = {sid for _, sid, delta in rec.events if delta < 0}
+    return set(rec.constant_sids) - freed
+
+
+def given_inputs_are_theirs(rec: Any, given: Any, stand_ins: list[torch.Tensor]) -> None:
+    """Each real tensor of the ``given`` inputs shares its traced stand-in's storage id: read again from outside
+    (labels a ``loss_fn`` closes over that are the input ids themselves), it is the input, not a second copy."""
+    import torch.utils._pytree as pytree
+
+    from .inputs import is_real
+
+    real = [t for t in pytree.tree_leaves(given) if isinstance(t, torch.Tensor)]
+    if len(real) != len(stand_ins):
+        return
+    for t, stand_in in zip(real, stand_ins):  # (a stand-in is fake, or a real copy keeping the values)
+        if is_real(t) and (t.dtype, t.shape) == (stand_in.dtype, stand_in.shape):
+            rec.same_storage(t, stand_in)
+
+
 def restore_outside_grads(rec: Any) -> None:
     """Each outside leaf's ``.grad`` as it was before the step (the trace left a fake tensor on the user's own
     discriminator: its next real step failed)."""

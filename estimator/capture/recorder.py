@@ -24,6 +24,7 @@ from ..graph import OpNode
 from ..rules.registry import TensorSpec
 
 aten = torch.ops.aten
+_LIFTS = (aten.lift_fresh.default, aten.lift_fresh_copy.default)  # a tensor literal made fake
 
 class Phase(StrEnum):
     """Where in the step an op runs.  Members are strings: ``Phase.FORWARD == "forward"``."""
@@ -132,6 +133,7 @@ class Recorder(TorchDispatchMode):
         self.refused: Exception | None = None  # what the model did that the capture refuses (failures.guard)
         self.scalar_value: Any = None  # what a scalar read in the optimizer step gives (optim.steady_scalars)
         self.n_constants = 0
+        self.constant_sids: set[int] = set()  # storages first met as constants (none of the step's ops made)
         # storage bookkeeping
         self.sid_of: dict[int, tuple[int, Any]] = {}  # live storage _cdata -> (sid, weakref to the storage)
         self.storage_bytes: list[int] = []
@@ -164,6 +166,13 @@ class Recorder(TorchDispatchMode):
         fin.atexit = False
         return sid
 
+    def same_storage(self, real: torch.Tensor, stand_in: torch.Tensor) -> None:
+        """``real``'s storage (the user's input tensor) is ``stand_in``'s (its traced stand-in): a tensor the loss
+        reads from outside the step (labels a ``loss_fn`` closes over, the very tensor passed as the input) is
+        that input, not another copy of it."""
+        st = real.untyped_storage()  # (held: a weak reference to it died with this frame, and the lookup missed)
+        self.sid_of.setdefault(st._cdata, (self.sid(stand_in), lambda: st))
+
     def adopt(self, twin: torch.Tensor, original: torch.Tensor) -> None:
         """Let ``twin`` stand for ``original``: same storage id and record, no allocation."""
         st = twin.untyped_storage()
@@ -180,12 +189,16 @@ class Recorder(TorchDispatchMode):
 
     # -- placeholders -------------------------------------------------------
     def placeholder(self, name: str, t: torch.Tensor, kind: str, module: str = "") -> OpNode:
+        known = len(self.storage_bytes)
+        sid = self.sid(t)
         node = OpNode("placeholder", _identifier(name), name,
-                      meta=dict(spec=(tensor_spec(t),), stride=(t.stride(),), storage=(self.sid(t),), module=module,
+                      meta=dict(spec=(tensor_spec(t),), stride=(t.stride(),), storage=(sid,), module=module,
                                 phase=kind, kind=kind))
         self.placeholders.append(node)
         if kind == "constant":  # met while an op is being recorded: its autograd node is not claimed yet
             self.constants[t] = node
+            if sid >= known:
+                self.constant_sids.add(sid)
             if t.is_leaf and t.requires_grad:  # (a trainable module outside the model: see held.kept_outside)
                 self.outside_grads[t] = t.grad
         else:
@@ -281,6 +294,8 @@ class Recorder(TorchDispatchMode):
         self.current_module = self.module_stack[-1] if self.module_stack else ""
         self.raised_in = None  # (an op after a raise: the exception was handled)
         node_args = tuple(self._map(a) for a in args)
+        if func in _LIFTS and node_args and isinstance(node_args[0], OpNode):  # (torch.tensor(...) in the step:
+            self.constant_sids.discard(node_args[0].meta["storage"][0])  # made now, not held from outside)
         node_kwargs = {k: self._map(v) for k, v in kwargs.items()} if kwargs else {}
         out = (self.substitute.get(id(func)) or run)(*args, **kwargs)
         module, fwd_node = self.where()

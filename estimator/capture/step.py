@@ -39,7 +39,8 @@ from ..caller import set_train_mode
 from .as_is import AsIs, AsIsRecorder
 from .checkpoint import KV_CACHE_OFF, kv_caches_off, wrap_checkpointed
 from .failures import guard, input_hint, optimizer_hint, unpacked
-from .held import drop_unreached_saves, kept_outside, leaves_held_by, output_tensors, restore_outside_grads
+from .held import (drop_unreached_saves, given_inputs_are_theirs as inputs_theirs, held_outside, kept_outside,
+                   leaves_held_by, output_tensors, restore_outside_grads)
 from .fake import GROUPED_MM, RecordingFakeMode, clear_shared_cache, fake_grouped_mm, output_kernels, real_output_bytes
 from .fake_kernels import fake_ctc_loss, fake_pack_padded_sequence
 from .inputs import convert_inputs, is_real, keeps_values, materialize, meta_twin, real_param_copy
@@ -52,10 +53,6 @@ from .recorder import FORWARD_PHASES, INPUT_MODULE, Phase, Recorder
 
 # A real step's backward runs on fake tensors where its forward allocated more than this per op (bytes)
 FAKE_BACKWARD_OP_BYTES = 256 << 10
-
-
-def _same(t: torch.Tensor) -> torch.Tensor:
-    return t
 
 
 class _Entered:
@@ -126,6 +123,7 @@ class Step:
             rec.placeholder(f"buffer_{n}", b, "buffer", self.param_owner[n])
         for i, t in enumerate(self.flat_inputs):
             rec.placeholder(f"input_{i}", t, "input", INPUT_MODULE)
+        inputs_theirs(rec, (args, kwargs), self.flat_inputs)
         for i, t in enumerate(engine_state):
             rec.placeholder(f"engine_{i}", t, "engine")
 
@@ -385,7 +383,7 @@ class Step:
         try:
             # (the tracer finds the fake mode from the fake inputs); identity saved-tensor hooks on top of a
             # checkpoint's, which would count what the compilation saves
-            with _disable_current_modes(), torch.autograd.graph.saved_tensors_hooks(_same, _same):
+            with _disable_current_modes(), torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
                 yield
         finally:
             rec.compiling = False
@@ -561,6 +559,7 @@ class Step:
         sids.update({"engine": rec.engine_sids} if self.opts.prepare is not None else {})
         for name, extra in self.extra_sids.items():
             sids[name] = sids.get(name, set()) | extra
+        sids["before_loop"] = sids.get("before_loop", set()) | held_outside(rec)  # (and outside tensors still held)
         rec.closed = True
         return Capture(
             records=rec.placeholders + rec.records,
