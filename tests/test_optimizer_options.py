@@ -157,6 +157,25 @@ def test_what_the_loop_does_beyond_the_estimate_is_said():
     model[0].weight.register_hook(lambda g: g * 0.5)
     hooked = estimate(model, x, device="cpu")
     assert any("hooks registered on 1 parameters" in a for a in hooked.capture.assumptions)
+    # a trainable teacher run under no_grad gets no gradient in a real step: the note said it did
+    teacher, student = nn.Linear(16, 4), nn.Linear(16, 4)
+
+    class Distiller(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.student, self.teacher = student, teacher
+
+        def forward(self, inp):
+            with torch.no_grad():
+                soft = self.teacher(inp).softmax(-1)
+            return torch.nn.functional.kl_div(self.student(inp).log_softmax(-1), soft, reduction="batchmean")
+
+    Distiller()(x).backward()
+    assert teacher.weight.grad is None and student.weight.grad is not None
+    student.zero_grad(set_to_none=True)
+    kd = estimate(Distiller(), x, optimizer=torch.optim.AdamW(student.parameters()), device="cpu",
+                  loss_fn=lambda o: o)
+    assert not any("in no optimizer" in a for a in kd.capture.assumptions)
 
 
 @pytest.mark.parametrize("make", [

@@ -111,7 +111,7 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
                 raise
             slow = True
     cap.assumptions.extend(assumed)
-    cap.assumptions.extend(_loop_notes(model, opts))
+    cap.assumptions.extend(_loop_notes(model, opts, cap))
     first = next(iter([*args, *kw.values()]), None)
     if isinstance(first, (list, tuple)) and first and all(isinstance(t, torch.Tensor) and t.ndim == 3 for t in first):
         cap.samples = len(first)  # a list of images (C x H x W), one per sample
@@ -135,10 +135,10 @@ def capture(model: torch.nn.Module, inputs: Any, options: StepOptions | None = N
 SUBCLASS_LAYERS = ("Float8Linear",)
 
 
-def _loop_notes(model: torch.nn.Module, opts: StepOptions) -> list[str]:
+def _loop_notes(model: torch.nn.Module, opts: StepOptions, cap: Capture) -> list[str]:
     """What the user's loop does that the estimate does not run: hooks registered on parameters (the capture
     runs the step on stand-ins for them), and an optimizer given as an instance over part of the trainable
-    parameters (the loop's ``optimizer.zero_grad()`` never frees the other gradients)."""
+    parameters (the loop's ``optimizer.zero_grad()`` never frees the other gradients: those the step gives one)."""
     notes = []
     params = [p for p in model.parameters() if p.requires_grad]
     hooked = [p for p in params
@@ -158,7 +158,7 @@ def _loop_notes(model: torch.nn.Module, opts: StepOptions) -> list[str]:
     given = spec if isinstance(spec, (list, tuple)) else [spec]
     if opts.train and given and all(isinstance(o, torch.optim.Optimizer) for o in given):
         held = {id(p) for o in given for g in o.param_groups for p in g["params"]}
-        outside = [p for p in params if id(p) not in held]
+        outside = [p for n, p in model.named_parameters() if p.requires_grad and id(p) not in held and n in cap.grads]
         if outside:
             nbytes = sum(p.numel() * p.element_size() for p in outside)
             notes.append(f"{len(outside)} trainable parameters ({nbytes / 2**20:,.2f} MiB) are in no optimizer given: "
