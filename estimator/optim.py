@@ -123,6 +123,18 @@ def wants_fused(spec: Any, kwargs: Mapping[str, Any] | None) -> bool:
     return False
 
 
+def _needs_lr(cls: type) -> bool:
+    """Whether ``cls(params)`` needs ``lr``: a parameter without a default (or torch's ``required``)."""
+    import inspect
+
+    try:
+        lr = inspect.signature(cls.__init__).parameters.get("lr")
+    except (TypeError, ValueError):
+        return True
+    return lr is not None and (lr.default is inspect.Parameter.empty or
+                               type(lr.default).__name__ == "_RequiredParameter")
+
+
 def build_optimizer(
     spec: Any,
     traced_params: Mapping[str, torch.Tensor],
@@ -168,7 +180,9 @@ def build_optimizer(
             return muon_and_adamw(model, trainable, options, extra), spec
         return _construct(cls, list(trainable.values()), options), spec
     if isinstance(spec, type) and issubclass(spec, torch.optim.Optimizer):
-        options = {"lr": 1e-3, **extra}
+        # (a learning rate only where the class needs one: transformers' Adafactor refuses one with its default
+        # relative_step)
+        options = {**({"lr": 1e-3} if _needs_lr(spec) else {}), **extra}
         return _construct(spec, list(trainable.values()), options), spec.__name__
     if isinstance(spec, torch.optim.Optimizer):
         return _rebuilt(spec, trainable, model_params, target, user, traced_params, names), type(spec).__name__

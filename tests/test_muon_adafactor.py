@@ -235,3 +235,25 @@ def test_adamw8bit_under_fsdp_fails_as_a_real_run_does():
     ddp = plan(model, inputs, gpu="H100", gpus=2, strategy="ddp", optimizer="adamw8bit", solve=())
     adamw = plan(model, inputs, gpu="H100", gpus=2, strategy="ddp", solve=())
     assert ddp.per_gpu.optimizer_state < adamw.per_gpu.optimizer_state / 3  # 2 bytes per element against 8
+
+
+def test_transformers_adafactor_given_as_a_class_runs_as_its_default():
+    """A class is built over the parameters as ``cls(params)``; the estimate added ``lr=1e-3``, which transformers'
+    Adafactor refuses with its default ``relative_step=True`` ("Cannot combine manual `lr` and `relative_step=True`"):
+    a step that runs was refused. A learning rate is given only where the class has no default. Truth: the state of
+    a real step of ``Adafactor(model.parameters())``."""
+    pytest.importorskip("transformers")
+    from estimator.compat import import_torchvision
+
+    import_torchvision()
+    from transformers.optimization import Adafactor
+
+    model, x, loss_fn, _ = _classifier()
+    real = copy.deepcopy(model)
+    opt = Adafactor(real.parameters())
+    loss_fn(real(x)).backward()
+    opt.step()
+    state = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+             for st in opt.state.values() for t in st.values() if torch.is_tensor(t)}
+    report = estimate(model, x, loss_fn=loss_fn, optimizer=Adafactor, device="cpu")
+    assert report.to_dict()["memory"]["optimizer_state"] == sum(state.values())
