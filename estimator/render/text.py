@@ -42,7 +42,9 @@ def _memory_rows(report: ReportData, train: bool) -> list[tuple[str, str]]:
         rows.append((f"Memory at the peak{blocks}", ", ".join(f"{CATEGORY_LABEL.get(k, k)} {fmt_bytes(v)}"
                                                               for k, v in at.by_category.items() if v)))
         if train and m.peak_first_step != m.peak:
-            why = ("the optimizer state is created inside the first step" if report.tally.optimizer_state_bytes
+            sids = getattr(report.capture, "sids", None) or {}  # (state a constructor made exists before: Adagrad's)
+            made = set(sids.get("optimizer_state", ())) - set(sids.get("before_loop", ())) if sids else True
+            why = ("the optimizer state is created inside the first step" if report.tally.optimizer_state_bytes and made
                    else "the first step starts without what a step leaves for the next: the last loss, kept gradients")
             rows.append(("Memory: peak (first step)", f"{fmt_bytes(m.peak_first_step)} ({why})"))
         st = report.step_time
