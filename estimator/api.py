@@ -64,7 +64,7 @@ def _checkpoint_what_if(model, inputs, options: StepOptions, classes: tuple[type
                         f"forward runs (checkpointing wraps a module's forward call)")
     t_ckpt, prof_ckpt = _analyse(cap_ckpt, options, device, what_if)
     return CheckpointWhatIf(
-        classes=[c.__name__ for c in classes],
+        classes=list(dict.fromkeys(c.__name__ for c in classes)),  # (two classes of one name: once)
         policy=policy_name(policy),
         peak=prof_ckpt.peak,
         peak_saved=profile.peak - prof_ckpt.peak,

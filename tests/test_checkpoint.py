@@ -156,3 +156,44 @@ def test_a_what_if_on_a_gpu_has_its_own_largest_micro_batch():
     p = plan(model, inputs, gpu="L4", gpus=1, strategy="ddp", precision="bf16-mixed", checkpoint="Block")
     assert ck.max_batch == p.max_batch
     assert f"largest micro-batch {ck.max_batch:,}" in str(report).replace("\n" + " " * 40, " ")
+
+
+def _block_class():
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(64, 256), nn.Linear(256, 64)
+
+        def forward(self, x):
+            return x + self.fc2(torch.relu(self.fc1(x)))
+
+    return Block
+
+
+def test_a_class_name_checkpoints_every_class_of_that_name():
+    """An encoder and a decoder each defining its own ``Block``: ``checkpoint="Block"`` checkpointed one of the two
+    classes (the name mapped to the last class met), silently (what-if +15.7 % over the real step with every Block
+    checkpointed). Truth: the real loop with each module of that name checkpointing its own forward."""
+    enc_block, dec_block = _block_class(), _block_class()
+
+    class TwoStacks(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = nn.ModuleList([enc_block() for _ in range(2)])
+            self.dec = nn.ModuleList([dec_block() for _ in range(2)])
+            self.out = nn.Linear(64, 1)
+
+        def forward(self, x):
+            for b in [*self.enc, *self.dec]:
+                x = b(x)
+            return self.out(x).mean()
+
+    torch.manual_seed(0)
+    x = torch.randn(256, 64)
+    what_if = estimate(TwoStacks(), x, device="cpu", checkpoint="Block", loss_fn=lambda o: o).checkpoint
+    real = TwoStacks()
+    for m in real.modules():
+        if type(m).__name__ == "Block":
+            m.forward = (lambda *a, f=m.forward: checkpoint(f, *a, use_reentrant=False))
+    _, steady = measure_peaks(real, x, lambda p: torch.optim.AdamW(p, lr=1e-3), lambda o: o)
+    assert what_if.classes == ["Block"] and what_if.peak == steady

@@ -206,7 +206,10 @@ def resolve_classes(model: torch.nn.Module, names: Any, option: str = "--checkpo
     items = names if isinstance(names, (list, tuple, set)) else [names]
     # the model itself is never checkpointed or wrapped as one of its blocks: its class alone names nothing
     inner = [m for m in model.modules() if m is not model]
-    by_name = {type(m).__name__: type(m) for m in inner}
+    by_name: dict[str, list[type]] = {}  # (every class of that name: an encoder's Block and a decoder's)
+    for m in inner:
+        if type(m) not in by_name.setdefault(type(m).__name__, []):
+            by_name[type(m).__name__].append(type(m))
     classes = []
     for item in items:
         if (item is type(model) or item == type(model).__name__) and item not in by_name \
@@ -220,7 +223,7 @@ def resolve_classes(model: torch.nn.Module, names: Any, option: str = "--checkpo
             raise UserError(f"{option} {item.__name__}: no module of that class in the model; "
                             f"classes present: {', '.join(sorted(by_name)[:15])}")
         elif isinstance(item, str) and item in by_name:
-            classes.append(by_name[item])
+            classes.extend(by_name[item])
         elif isinstance(item, torch.nn.Module):
             raise UserError(f"{option} takes module classes or their names (e.g. {type(item).__name__} or "
                             f"'{type(item).__name__}'), not a module instance")
