@@ -502,10 +502,30 @@ def steady_scalars(opt: Any) -> Callable[[torch.Tensor], float]:
     return value
 
 
+def flat_state(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """One parameter's optimizer state as ``{key: tensor}``, tensors kept in lists, tuples or dicts named by their
+    path (timm's Kron keeps its preconditioners as ``state["Q"] = [Q_0, Q_1]``: ``"Q.0"``, ``"Q.1"``)."""
+    out: dict[str, torch.Tensor] = {}
+
+    def visit(key: str, value: Any, depth: int) -> None:
+        if isinstance(value, torch.Tensor):
+            out[key] = value
+        elif depth < 3 and isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                visit(f"{key}.{i}", v, depth + 1)
+        elif depth < 3 and isinstance(value, dict):
+            for k, v in value.items():
+                visit(f"{key}.{k}", v, depth + 1)
+
+    for key, value in state.items():
+        visit(str(key), value, 0)
+    return out
+
+
 def state_tensors(opt: Any) -> list[torch.Tensor]:
     """The tensors of ``opt``'s state now (right after its constructor: what it made there, as Adagrad makes its
     sums for every parameter of its groups)."""
-    return [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    return [v for st in opt.state.values() for v in flat_state(st).values()]
 
 
 def made_before_loop(opt: Any, early: list[torch.Tensor]) -> list[torch.Tensor]:

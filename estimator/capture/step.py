@@ -31,8 +31,8 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import UserError
 from ..ema import with_ema
-from ..optim import (build_optimizer, clip_gradients, elementwise, grads_outside, made_before_loop, state_tensors,
-                     steady_scalars, wants_fused)
+from ..optim import (build_optimizer, clip_gradients, elementwise, flat_state, grads_outside, made_before_loop,
+                     state_tensors, steady_scalars, wants_fused)
 from ..precision import cuda_autocast_on_cpu
 from ..target import FAKE_KERNELS, CudaTarget, installed
 from ..caller import set_train_mode
@@ -521,7 +521,7 @@ class Step:
         for n, p in [*opt_params.items(), *self.buffers.items()]:  # (the EMA's copies of the buffers)
             st = opt.state.get(p)
             if st:
-                self.opt_state[n] = {k: AsIs.local(v) for k, v in st.items() if isinstance(v, torch.Tensor)}
+                self.opt_state[n] = {k: AsIs.local(v) for k, v in flat_state(st).items()}
         if made := made_before_loop(opt, early):  # live from the first step's start
             self.extra_sids["before_loop"] = {rec.sid(AsIs.local(t)) for t in made}
 
