@@ -467,7 +467,9 @@ def run_one(case: dict, run: dict, world: int) -> dict:
             for micro in range(accum):
                 last_micro = micro == accum - 1
                 sync = contextlib.nullcontext()
-                if accum > 1 and run["strategy"] == "ddp" and not last_micro:
+                if run.get("sync") == "every":  # (Composer's loop, accelerate's sync_each_batch: no no_sync)
+                    pass
+                elif accum > 1 and run["strategy"] == "ddp" and not last_micro:
                     sync = wrapped.no_sync()
                 elif accum > 1 and run["strategy"] != "ddp":
                     model.set_requires_gradient_sync(last_micro)

@@ -165,6 +165,10 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--reduce-dtype", choices=("fp32", "bf16", "fp16"),
                    help="with --precision fsdp-*: MixedPrecisionPolicy's reduce_dtype (default: the param dtype), "
                         "e.g. --reduce-dtype fp32")
+    p.add_argument("--grad-sync", choices=("last", "every"),
+                   help="with --grad-accum: the data-parallel engine syncs the gradients on the last micro-batch "
+                        "(default: DDP's no_sync, FSDP2's set_requires_gradient_sync) or after every one (Composer's "
+                        "loop, accelerate's sync_each_batch: FSDP2 keeps no unsharded gradients), e.g. --grad-sync every")
     p.add_argument("--wrap", action="append", metavar="CLASS", default=[],
                    help="FSDP unit class (fully_shard on each instance and on the root); default: the class "
                         "of the largest list of repeated blocks, e.g. --wrap Block")
@@ -251,6 +255,8 @@ def _refuse_unused(args: argparse.Namespace) -> None:
     if args.reshard_after_forward is not None and (args.compare or not strategies & {"fsdp", "hsdp"}):
         raise UserError("--reshard-after-forward is FSDP2's choice for one plan: use --strategy fsdp or hsdp without "
                         "--compare")
+    if args.grad_sync is not None and (args.grad_accum or 1) == 1:
+        raise UserError("--grad-sync says when gradient accumulation syncs the gradients: add --grad-accum N (N > 1)")
     if args.checkpoint_policy != "full" and not args.checkpoint and not args.compare:  # (--compare: its rows')
         raise UserError("--checkpoint-policy picks which instances of --checkpoint CLASS are recomputed: add "
                         "--checkpoint CLASS")
@@ -292,7 +298,7 @@ def run_plan(args: argparse.Namespace) -> int:
                           checkpoint_policy=args.checkpoint_policy, compile=args.compile,
                           float8=args.float8, float8_all_gather=args.float8_all_gather, cuda_torch=args.cuda_torch,
                           lora=args.lora, quantize=args.quantize, clip_grad_norm=args.clip_grad_norm, ema=args.ema,
-                          zero_grad=zero_grad_of(args))
+                          zero_grad=zero_grad_of(args), grad_sync=args.grad_sync or "last")
         budget = dict(tokens=args.tokens, samples=args.samples, steps=steps, mfu=args.mfu)
         degrees = dict(tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep)
         if args.compare or len(gpus_names) > 1 or len(args.gpus) > 1 or any(len(v) > 1 for v in degrees.values()):

@@ -29,7 +29,8 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
          trace: str = "auto", solve_unfit: bool = False, keep_output: bool = False, grad_accum: int = 1,
          checkpoint_policy: Any = "full", replicate: bool = True, compile: Any = None, float8: Any = None,
          float8_all_gather: bool = False, etp: int = 1, lora: Any = None, quantize: str | None = None,
-         clip_grad_norm: float | None = None, ema: float | None = None, zero_grad: str = "after_step") -> Plan:
+         clip_grad_norm: float | None = None, ema: float | None = None, zero_grad: str = "after_step",
+         grad_sync: str = "last") -> Plan:
     """Plan a training step of ``model`` on ``gpus`` GPUs called ``gpu`` with ``strategy``.
 
     ``inputs`` are one GPU's micro-batch.  ``ddp``, ``fsdp`` and ``hsdp`` (with ``tp`` tensor
@@ -58,7 +59,8 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
     :func:`estimator.estimate`'s (``"auto"``, ``"fake"`` or ``"real"``).  The training loop as
     :func:`estimator.estimate` takes it: ``keep_output``, ``grad_accum`` (micro-batches per optimizer step:
     the gradient sync on the last only, as DDP's ``no_sync`` and FSDP2's ``set_requires_gradient_sync``
-    run it; the global batch is micro-batch x data-parallel ranks x ``grad_accum``) and
+    run it, or after every one with ``grad_sync="every"``, Composer's loop and accelerate's ``sync_each_batch``;
+    the global batch is micro-batch x data-parallel ranks x ``grad_accum``) and
     ``checkpoint_policy`` for the ``checkpoint`` classes.  ``compile``: the step as torch.compile runs it
     (``"block"`` or ``"model"``, as :func:`estimator.estimate` takes it); ``float8``: ``"tensorwise"`` or
     ``"rowwise"`` (torchao's float8 training, :mod:`estimator.float8`); ``float8_all_gather`` (tensorwise, fsdp or
@@ -77,7 +79,8 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
                       zero_semantics=zero_semantics, model_name=model_name, progress=progress, trace=trace,
                       keep_output=keep_output, grad_accum=grad_accum, checkpoint_policy=checkpoint_policy,
                       replicate=replicate, compile=compile, float8=float8, float8_all_gather=float8_all_gather,
-                      lora=lora, quantize=quantize, clip_grad_norm=clip_grad_norm, ema=ema, zero_grad=zero_grad)
+                      lora=lora, quantize=quantize, clip_grad_norm=clip_grad_norm, ema=ema, zero_grad=zero_grad,
+                      grad_sync=grad_sync)
     return planner.plan(strategy, gpus, tp=tp, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel,
                         async_tp=async_tp,
                         pp=pp, pp_schedule=pp_schedule, microbatches=microbatches, cp=cp, cp_rotate=cp_rotate,
@@ -98,7 +101,7 @@ def compare(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU | Sequence[st
             zero_semantics: str = "deepspeed", device: str = "cuda", confirm: bool = False,
             model_name: str | None = None, progress: Progress | None = None, keep_output: bool = False,
             grad_accum: int = 1, checkpoint_policy: Any = "full", compile: Any = None,
-            float8: Any = None, float8_all_gather: bool = False, etp: int = 1) -> Comparison:
+            float8: Any = None, float8_all_gather: bool = False, etp: int = 1, grad_sync: str = "last") -> Comparison:
     """Plans side by side: strategies x parallel degrees x (no checkpointing, checkpointing) for each GPU type and
     count, with the recommended row (the fastest that fits).  ``tp``, ``pp``, ``cp``, ``ep``: a degree, or a list of
     degrees to compare (:func:`.comparison.compare_layouts`)."""
@@ -109,7 +112,7 @@ def compare(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU | Sequence[st
                       wrap=wrap, device=device, gpus_per_node=gpus_per_node, interconnect=interconnect,
                       inter_node=inter_node, zero_semantics=zero_semantics, model_name=model_name, progress=progress,
                       keep_output=keep_output, grad_accum=grad_accum, checkpoint_policy=checkpoint_policy,
-                      compile=compile, float8=float8, float8_all_gather=float8_all_gather)
+                      compile=compile, float8=float8, float8_all_gather=float8_all_gather, grad_sync=grad_sync)
     return planner.compare(gpus, strategies=strategies, tp=tp, pp=pp, cp=cp, ep=ep, pp_schedule=pp_schedule,
                            microbatches=microbatches, sequence_parallel=sequence_parallel,
                            loss_parallel=loss_parallel, checkpoint=checkpoint, offload=offload, tokens=tokens,

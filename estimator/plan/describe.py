@@ -52,6 +52,11 @@ def layout_notes(planner: Any, layout: Layout, step: Any = None) -> list[str]:
     if step is not None and first > planner.memory(layout, step).peak.total:
         notes.append(f"the first step peaks higher ({fmt_bytes(first)}, its optimizer making its state inside step()) "
                      f"than the steady state shown: the fit is checked at it")
+    accum = planner.options.grad_accum
+    if accum > 1 and layout.traced and layout.pp == 1:
+        notes.append(f"gradient accumulation over {accum} micro-batches, the gradients synced " + (
+            "after every one (--grad-sync every)" if getattr(planner, "grad_sync", "last") == "every" else
+            "on the last only (DDP's no_sync, FSDP2's set_requires_gradient_sync; --grad-sync every: after each)"))
     if layout.strategy == "hsdp":
         notes.append(f"hsdp: sharded over {layout.shard} GPUs per node, replicated {layout.replicate} times")
     if layout.tp > 1:

@@ -334,6 +334,20 @@ def accumulate_gradients(module: torch.nn.Module, micro_step: int, last: bool) -
     return contextlib.nullcontext()
 
 
+def with_grad_sync(options: Any, grad_sync: str) -> Any:
+    """``options`` for a loop that syncs the gradients on the last micro-step (``"last"``: DDP's ``no_sync``,
+    FSDP2's ``set_requires_gradient_sync(False)`` on the others, :func:`accumulate_gradients`) or after every one
+    (``"every"``: Composer's loop under FSDP, accelerate's ``sync_each_batch``; FSDP2 reduce-scatters each
+    micro-step's gradients and accumulates them sharded, where the other keeps the stage's unsharded ones)."""
+    if grad_sync not in ("last", "every"):
+        raise UserError(f"--grad-sync must be last or every, not {grad_sync!r}")
+    return replace(options, accumulate=_sync_every) if grad_sync == "every" else options
+
+
+def _sync_every(module: torch.nn.Module, micro_step: int, last: bool) -> Any:
+    return contextlib.nullcontext()
+
+
 def under_loss_parallel(accumulate: Any) -> Any:
     """Around each micro-step's forward, loss and backward: ``loss_parallel()`` (its cross-entropy on the
     vocabulary-sharded logits; torch asks for the backward under it too, as torchtitan's ``train_context``

@@ -315,6 +315,9 @@ def _trace_stages(planner: Any, layout: Any, group: Any, split: Split, inputs: A
     from .stage_bytes import stage_bytes
 
     pp = layout.pp
+    if getattr(planner, "grad_sync", "last") != "last":
+        raise UserError("--grad-sync every with --pp is not modelled: a pipeline schedule syncs its stages' gradients "
+                        "after its last micro-batch; plan it with --grad-sync last")
     accumulate = microbatches * planner.options.grad_accum
     intra, _, inter = planner.links(gpu)
     hop = inter if layout.gpus // pp >= planner.gpus_per_node else intra  # stages placed outermost

@@ -31,7 +31,7 @@ from ..tally import tally
 from ..target import CudaTarget, parse_release
 from .context import in_chunks, shard_sequence
 from .describe import engine_text, layout_notes
-from .engine import one_sequence_per_sample, trace_engine
+from .engine import one_sequence_per_sample, trace_engine, with_grad_sync
 from .interpolate import searched_allocator
 from .layout import Layout, check_finetune, check_layout, check_tied_units, parse_plan_precision
 from .model_flops import attention_term, matmul_params
@@ -85,7 +85,8 @@ class Planner:
                  keep_output: bool = False, grad_accum: int = 1, checkpoint_policy: Any = "full",
                  replicate: bool = True, compile: Any = None, float8: Any = None, float8_all_gather: bool = False,
                  cuda_torch: str | None = None, lora: Any = None, quantize: str | None = None,
-                 clip_grad_norm: float | None = None, ema: float | None = None, zero_grad: str = "after_step"):
+                 clip_grad_norm: float | None = None, ema: float | None = None, zero_grad: str = "after_step",
+                 grad_sync: str = "last"):
         if not isinstance(model, torch.nn.Module):
             raise UserError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         if device not in ("cuda", "cpu"):
@@ -125,15 +126,14 @@ class Planner:
             raise UserError(f"--grad-accum must be an integer >= 1, not {grad_accum!r}")
         check_loop("train", optimizer, optimizer_kwargs, keep_output, ema, clip_grad_norm)
         self.options = StepOptions(loss_fn=loss_fn, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs,
-                                   param_names=names,
-                                   foreach=True if device == "cuda" else None, precision=self.precision.step,
-                                   train=True, target=device, keep_output=keep_output, grad_accum=grad_accum,
-                                   clip_grad_norm=check_clip(clip_grad_norm), ema=check_ema(ema),
-                                   zero_grad=check_zero_grad(zero_grad),
+                                   param_names=names, foreach=True if device == "cuda" else None,
+                                   precision=self.precision.step, train=True, target=device, keep_output=keep_output,
+                                   grad_accum=grad_accum, clip_grad_norm=check_clip(clip_grad_norm), ema=check_ema(ema),
+                                   zero_grad=check_zero_grad(zero_grad), compile=compile,
                                    checkpoint_policy=parse_policy(checkpoint_policy), replicate=replicate,
-                                   compile=compile,
                                    cuda=CudaTarget.for_gpu(self.gpu, parse_release(cuda_torch))
                                    if device == "cuda" else None)
+        self.options, self.grad_sync = with_grad_sync(self.options, grad_sync), grad_sync
         if wrap:
             self.wrap = resolve_classes(model, wrap, "--wrap")
             self.unit_paths = [p for p, m in model.named_modules() if p and isinstance(m, self.wrap)]
