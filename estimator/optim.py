@@ -412,7 +412,7 @@ class Chain:
 
 def hidden_matrices(model: torch.nn.Module) -> tuple[list[str], str | None]:
     """The parameters Muon updates, by name: the 2-D weights of the model's Linear layers (transformers' Conv1D
-    included, :func:`.layers.linear_dims`) but the output head's
+    included, :func:`.layers.linear_dims`) and ``nn.MultiheadAttention``'s input projections, but the output head's
     and any tied to an embedding (``torch.optim.Muon``'s documentation: "Muon should only be used for hidden weight
     layers. The input embedding, final output layer, and any internal gains or biases should be optimized using a
     standard method such as AdamW"); and the output head's name (None when none was found)."""
@@ -421,6 +421,10 @@ def hidden_matrices(model: torch.nn.Module) -> tuple[list[str], str | None]:
     head = output_head(model)
     names = [by_id[id(m.weight)] for _, m in linear_layers(model)
              if id(m.weight) not in embedded and id(m.weight) in by_id and m.weight.ndim == 2]
+    # (nn.MultiheadAttention's input projections are parameters of its own, no Linear's: its q/k/v matrices)
+    names += [by_id[id(w)] for m in model.modules() if isinstance(m, torch.nn.MultiheadAttention)
+              for w in (m.in_proj_weight, m.q_proj_weight, m.k_proj_weight, m.v_proj_weight)
+              if w is not None and w.ndim == 2 and id(w) in by_id]
     head_name = next((n for n, m in model.named_modules() if m is head), None)
     return list(dict.fromkeys(names)), head_name
 

@@ -74,7 +74,28 @@ def _classifier():
     return model, x, lambda out: F.cross_entropy(out, y), ["hidden.weight"]
 
 
-MODELS = {"gpt": _gpt, "llama": _llama, "classifier": _classifier}
+class _Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(50, 32)
+        self.block = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(32, 50)
+
+    def forward(self, ids):
+        return self.head(self.block(self.embed(ids)))
+
+
+def _encoder():
+    torch.manual_seed(0)
+    ids = torch.randint(0, 50, (4, 16), generator=torch.Generator().manual_seed(1))
+    # Muon: nn.MultiheadAttention's in_proj_weight (its q, k, v: a parameter of its own, no Linear's), its out_proj
+    # and the feed-forward's two Linears
+    hidden = ["block.self_attn.in_proj_weight", "block.self_attn.out_proj.weight", "block.linear1.weight",
+              "block.linear2.weight"]
+    return _Encoder(), ids, lambda out: F.cross_entropy(out.flatten(0, 1), ids.flatten()), hidden
+
+
+MODELS = {"gpt": _gpt, "llama": _llama, "classifier": _classifier, "encoder": _encoder}
 
 
 class _Both:
