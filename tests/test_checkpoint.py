@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch import nn
@@ -197,3 +199,44 @@ def test_a_class_name_checkpoints_every_class_of_that_name():
             m.forward = (lambda *a, f=m.forward: checkpoint(f, *a, use_reentrant=False))
     _, steady = measure_peaks(real, x, lambda p: torch.optim.AdamW(p, lr=1e-3), lambda o: o)
     assert what_if.classes == ["Block"] and what_if.peak == steady
+
+
+class _TableBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(64, 256), nn.Linear(256, 64)
+
+    def forward(self, x, table=None):
+        return x + self.fc2(torch.relu(self.fc1(x) + table))
+
+
+class _PartialCheckpointed(nn.Module):
+    """Each block checkpointed as transformers' layers are: ``checkpoint(partial(block, **kwargs), hidden)``, a
+    tensor made in forward among the keyword arguments."""
+
+    def __init__(self, reentrant):
+        super().__init__()
+        self.reentrant = reentrant
+        self.inp, self.out = nn.Linear(64, 64), nn.Linear(64, 1)
+        self.blocks = nn.ModuleList([_TableBlock() for _ in range(3)])
+
+    def forward(self, x):
+        table = torch.arange(256 * x.shape[0], dtype=torch.float32).reshape(x.shape[0], 256) * 1e-6  # (B, 256)
+        x = self.inp(x)
+        for b in self.blocks:
+            x = checkpoint(functools.partial(b, table=table), x, use_reentrant=self.reentrant)
+        return self.out(x).mean()
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_what_a_reentrant_checkpoints_function_holds_lives_with_the_loss(reentrant):
+    """Reentrant checkpointing keeps its function (``ctx.run_function``: a partial with the layer's keyword tensors,
+    transformers' rotary cos and sin among them) as long as the graph, which the loop's loss holds into the next step:
+    the steady peak left them out (-12.9 % here: the table's 1 MiB; -0.33 % on a transformers Llama). Truth: the real
+    loop under the live tracker."""
+    torch.manual_seed(0)
+    x = torch.randn(1024, 64)
+    report = estimate(_PartialCheckpointed(reentrant), x, device="cpu", loss_fn=lambda o: o)
+    first, steady = measure_peaks(_PartialCheckpointed(reentrant), x, lambda p: torch.optim.AdamW(p, lr=1e-3),
+                                  lambda o: o)
+    assert (report.memory.peak_first_step, report.memory.peak) == (first, steady)

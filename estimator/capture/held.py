@@ -33,8 +33,33 @@ def leaves_held_by(loss: torch.Tensor, known: set[int]) -> list[torch.Tensor]:
             for value in vars(fn).values():
                 held += [t for t in (value if isinstance(value, (list, tuple)) else (value,))
                          if isinstance(t, torch.Tensor) and id(t) not in known]
+        elif isinstance(fn, BackwardCFunction):  # (its function, to run again in backward, and what it holds)
+            held += [t for t in _function_tensors(getattr(fn, "run_function", None)) if id(t) not in known]
         stack.extend(f for f, _ in fn.next_functions)
     return held
+
+
+def _function_tensors(function: Any) -> list[torch.Tensor]:
+    """The tensors a function reentrant checkpointing keeps (``ctx.run_function``) holds: a ``functools.partial``'s
+    arguments (transformers' checkpointed layers: ``partial(layer.__call__, **kwargs)``, its rotary cos and sin
+    among them) and a closure's cells, one level into lists, tuples and dicts: the steady-state peak left them out
+    (-0.3 % on a Llama, their bytes on any layer)."""
+    import functools
+
+    values: list[Any] = []
+    while isinstance(function, functools.partial):
+        values += [*function.args, *function.keywords.values()]
+        function = function.func
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # (an empty cell)
+            continue
+    out: list[torch.Tensor] = []
+    for v in values:
+        inner = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else (v,)
+        out += [t for t in inner if isinstance(t, torch.Tensor)]
+    return out
 
 
 def drop_unreached_saves(saved: dict, aliases: dict, sid_of: dict) -> None:
