@@ -269,6 +269,15 @@ def segment_reduce(call):
     return call["data"].numel
 
 
+@register(*aten_ops("_segment_reduce_backward"), kind=OTHER)
+def segment_reduce_backward(call):
+    """Per element of ``data`` (ATen's ``_segment_reduce_backward`` kernels): sum 1 (its segment's gradient added
+    into place), mean 2 (and divided by the length), max/min 3 (compared with the result, masked, divided among
+    ties), prod 3 (result / element * gradient)."""
+    per = {"sum": 1, "mean": 2, "max": 3, "min": 3, "prod": 3}.get(call["reduce"], 1)
+    return per * call["data"].numel
+
+
 @register(*aten_ops("renorm"), kind=OTHER)
 def renorm(call):
     """norm FLOPs of the S slices along dim (p=2: 2N + S), one clamp per slice (S), one scale per element (N)."""
