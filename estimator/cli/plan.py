@@ -159,16 +159,7 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
                         "across nodes): traced on PyTorch's engines; zero1, zero2, zero3: laid out by hand "
                         "(default: ddp; under --compare every strategy unless one is given), e.g. --strategy fsdp")
     _add_model_parallel_options(p)
-    p.add_argument("--float8-all-gather", action="store_true",
-                   help="with --float8 tensorwise and fsdp/hsdp: FSDP2 gathers the float8 Linears' weights in float8 "
-                        "(torchao's enable_fsdp_float8_all_gather), e.g. --float8 tensorwise --float8-all-gather")
-    p.add_argument("--reduce-dtype", choices=("fp32", "bf16", "fp16"),
-                   help="with --precision fsdp-*: MixedPrecisionPolicy's reduce_dtype (default: the param dtype), "
-                        "e.g. --reduce-dtype fp32")
-    p.add_argument("--grad-sync", choices=("last", "every"),
-                   help="with --grad-accum: the data-parallel engine syncs the gradients on the last micro-batch "
-                        "(default: DDP's no_sync, FSDP2's set_requires_gradient_sync) or after every one (Composer's "
-                        "loop, accelerate's sync_each_batch: FSDP2 keeps no unsharded gradients), e.g. --grad-sync every")
+    _add_engine_options(p)
     p.add_argument("--wrap", action="append", metavar="CLASS", default=[],
                    help="FSDP unit class (fully_shard on each instance and on the root); default: the class "
                         "of the largest list of repeated blocks, e.g. --wrap Block")
@@ -232,6 +223,21 @@ def _add_outputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="FILE",
                    help="draw the plan (needs matplotlib): per-GPU memory by layout against the GPU's capacity and "
                         "the step time with its exposed communication; .png, .svg or .pdf, e.g. --plot plan.png")
+
+
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    """What the data-parallel engines are given: float8 gathers, FSDP2's reduce dtype, the gradient sync of an
+    accumulating loop."""
+    p.add_argument("--float8-all-gather", action="store_true",
+                   help="with --float8 tensorwise and fsdp/hsdp: FSDP2 gathers the float8 Linears' weights in float8 "
+                        "(torchao's enable_fsdp_float8_all_gather), e.g. --float8 tensorwise --float8-all-gather")
+    p.add_argument("--reduce-dtype", choices=("fp32", "bf16", "fp16"),
+                   help="with --precision fsdp-*: MixedPrecisionPolicy's reduce_dtype (default: the param dtype), "
+                        "e.g. --reduce-dtype fp32")
+    p.add_argument("--grad-sync", choices=("last", "every"),
+                   help="with --grad-accum: the data-parallel engine syncs the gradients on the last micro-batch "
+                        "(default: DDP's no_sync, FSDP2's set_requires_gradient_sync) or after every one (Composer's "
+                        "loop, accelerate's sync_each_batch: FSDP2 keeps no unsharded gradients), e.g. --grad-sync every")
 
 
 def _refuse_unused(args: argparse.Namespace) -> None:
