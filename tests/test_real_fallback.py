@@ -612,6 +612,38 @@ def test_ops_whose_real_kernels_refuse_two_dtypes_fail_as_they_do(how):
     assert "\n" not in str(info.value)
 
 
+class _Classifier(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 10)
+
+    def forward(self, x, target):
+        return torch.nn.functional.cross_entropy(self.lin(x), target)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8])
+def test_the_losss_target_dtype_is_the_kernels(dtype):
+    """nll_loss takes Long or Byte targets: int32 ids as targets fail for real and were estimated; uint8 ones run for
+    real and were refused (the fake kernel is a decomposition indexing with gather and scatter, which refuse uint8).
+    Each real step is run here (its peaks by the live tracker)."""
+    from livetracker import measure_peaks
+
+    from estimator import estimate
+    from estimator.errors import UserError
+
+    torch.manual_seed(0)
+    x, target = torch.randn(4, 8), torch.tensor([1, 5, 9, 0], dtype=dtype)
+    if dtype == torch.int32:
+        with pytest.raises(RuntimeError, match="expected target dtype to be Long or Byte"):
+            _Classifier()(x, target).backward()
+        with pytest.raises(UserError, match="nll_loss_forward.default: expected target dtype to be Long or Byte"):
+            estimate(_Classifier(), (x, target), device="cpu", loss_fn=lambda o: o)
+        return
+    first, steady = measure_peaks(_Classifier(), (x, target), lambda p: torch.optim.AdamW(p, lr=1e-3), lambda o: o)
+    report = estimate(_Classifier(), (x, target), device="cpu", loss_fn=lambda o: o)
+    assert (report.memory.peak_first_step, report.memory.peak) == (first, steady)
+
+
 def test_a_data_parallel_engine_inside_the_model_is_refused_in_one_line(tmp_path):
     """DDP around a submodule was estimated without its gradient buckets (peak -16.6 % of a real step's); only the
     root was checked. A 1-rank gloo group makes the wrapper."""

@@ -54,7 +54,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from ..compat import optional_op
 from ..rules.registry import bind
 from .fake_kernels import bf16_sum_fast_path
-from .index_bounds import check_known_indices, check_same_dtype
+from .index_bounds import check_known_indices, check_same_dtype, long_targets
 from .recorder import METADATA_QUERY_IDS
 
 GROUPED_MM = optional_op("_grouped_mm")  # torch >= 2.8
@@ -482,7 +482,8 @@ class RecordingFakeMode(FakeTensorMode):
                 args, kwargs = pytree.tree_map_only(torch.Tensor, self._stand_in, (args, kwargs))
             # ``dispatch`` is FakeTensorMode.__torch_dispatch__ without its wrappers (a dynamo
             # guard that this method already has, and a call counter)
-            return self.rec.record(func, args, kwargs, lambda *a, **k: self.dispatch(func, types, a, k))
+            return self.rec.record(func, args, kwargs,
+                                   lambda *a, **k: self.dispatch(func, types, *long_targets(func, a, k)))
         finally:
             self._depth -= 1
 

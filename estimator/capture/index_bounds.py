@@ -131,9 +131,28 @@ def _plain_tensor(t: Any) -> bool:
     return isinstance(t, FakeTensor) or type(t) in (torch.Tensor, torch.nn.Parameter)
 
 
+_NLL = (aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+_TARGET_AT = {aten.nll_loss_forward.default: 1, aten.nll_loss_backward.default: 2}  # (the target's position)
+
+
+def long_targets(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` with a uint8 target of ``nll_loss_forward`` (and its backward) as int64: ATen's kernels
+    take Long or Byte targets, the decompositions that are their fake kernels index with ``gather`` and ``scatter``,
+    which refuse uint8 (a step that runs was refused). The outputs' shapes are the same."""
+    at = _TARGET_AT.get(func)
+    if at is not None and len(args) > at and isinstance(args[at], torch.Tensor) and args[at].dtype == torch.uint8:
+        return (*args[:at], args[at].long(), *args[at + 1:]), kwargs
+    return args, kwargs
+
+
 def check_same_dtype(func: Any, args: tuple, kwargs: dict) -> None:
     """Raise the real kernel's ``RuntimeError`` where ``func`` writes values of another dtype than its
     destination's (see :data:`_SAME_DTYPE`), or multiplies matrices of two dtypes (:data:`_SAME_DTYPE_OPERANDS`)."""
+    if func in _NLL:  # ("expected target dtype to be Long or Byte": int32 ids as targets fail on CPU and CUDA)
+        target = bind(func, args, kwargs).get("target")
+        if isinstance(target, torch.Tensor) and target.dtype not in (torch.long, torch.uint8):
+            raise RuntimeError(f"{func.__name__}: expected target dtype to be Long or Byte, but got "
+                               f"{str(target.dtype).removeprefix('torch.')}")
     operands = _SAME_DTYPE_OPERANDS.get(func)
     if operands is not None:
         bound = bind(func, args, kwargs)
