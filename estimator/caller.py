@@ -38,11 +38,54 @@ def apart_from_caller() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def dataclasses_flattened(values: Any) -> Iterator[None]:
+    """Inside the block, torch's pytree flattens the dataclasses among ``values`` (an input ``Batch(x=...)``)
+    as it flattens tuples and dicts: their tensors are the step's inputs (counted as inputs, cast by the
+    precision, made fake), where they were opaque (counted as activations, left in fp32 under bf16 and refused).
+    Each class registered here is unregistered after."""
+    import dataclasses
+
+    import torch.utils._pytree as pytree
+
+    found: dict[type, None] = {}
+
+    def visit(v: Any, depth: int) -> None:
+        if depth > 4 or isinstance(v, (torch.Tensor, torch.nn.Module, str, bytes)):
+            return
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            if type(v) not in pytree.SUPPORTED_NODES:
+                found[type(v)] = None
+            for f in dataclasses.fields(v):
+                visit(getattr(v, f.name, None), depth + 1)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                visit(x, depth + 1)
+        elif isinstance(v, dict):
+            for x in v.values():
+                visit(x, depth + 1)
+
+    visit(values, 0)
+    registered = []
+    for cls in found:
+        try:
+            pytree.register_dataclass(cls)
+            registered.append(cls)
+        except Exception:  # (a field outside __init__, a class torch's pytree declines: left opaque)
+            continue
+    try:
+        yield
+    finally:
+        for cls in registered:
+            pytree._deregister_pytree_node(cls)
+
+
 def apart_from_caller_during(fn: F) -> F:
-    """``fn`` run inside :func:`apart_from_caller`."""
+    """``fn`` run inside :func:`apart_from_caller`, the dataclasses among its arguments flattened as inputs are."""
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with apart_from_caller():
+        inputs = getattr(args[0], "inputs", None) if args and not isinstance(args[0], torch.nn.Module) else None
+        with apart_from_caller(), dataclasses_flattened((args[1:], kwargs, inputs)):  # (a Planner's: its own)
             return fn(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]

@@ -198,3 +198,38 @@ def test_accelerates_optimizer_wrapper_is_the_optimizer_it_steps():
     prepared(x).square().mean().backward()
     wrapped.step()
     assert report.tally.optimizer_state_bytes == sum(t.nbytes for st in opt.state.values() for t in st.values())
+
+
+def test_tensors_in_a_dataclass_input_are_inputs():
+    """A batch given as a dataclass (``Batch(x=...)``): torch's pytree left it opaque, so its tensor was counted as an
+    activation (inputs 0, the report's "Inputs -"), not cast under ``precision="bf16"`` (a false refusal: "addmm ...
+    bfloat16 and float32") and the plan found no batch dimension. The real loop's peak (live tracker) is the same as
+    with the tensor given plain; the class is left unregistered after."""
+    import dataclasses
+
+    import torch.utils._pytree as pytree
+    from livetracker import measure_peaks
+
+    @dataclasses.dataclass
+    class Batch:
+        x: torch.Tensor
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(256, 256)
+
+        def forward(self, batch):
+            return self.lin(batch.x).pow(2).mean()
+
+    torch.manual_seed(0)
+    x = torch.randn(512, 256)
+    _, steady = measure_peaks(Net(), (Batch(x),), lambda p: torch.optim.AdamW(p, lr=1e-3), lambda o: o)
+    report = estimate(Net(), (Batch(x),), loss_fn=lambda o: o, device="cpu")
+    assert report.memory.peak == steady and report.to_dict()["memory"]["inputs"] == x.nbytes
+    bf16 = estimate(Net(), (Batch(x),), loss_fn=lambda o: o, device="cpu", precision="bf16")
+    assert bf16.to_dict()["memory"]["inputs"] == x.nbytes // 2  # (cast, as a tensor given plain is)
+    planned = plan(Net(), (Batch(x),), gpu="H100", gpus=2, strategy="fsdp", device="cpu", loss_fn=lambda o: o,
+                   solve=())
+    assert planned.to_dict()["global_batch"] == 2 * 512
+    assert Batch not in pytree.SUPPORTED_NODES

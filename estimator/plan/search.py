@@ -32,7 +32,10 @@ def _plain(inputs: Any) -> Any:
 def input_dims(inputs: Any) -> tuple[int | None, int | None]:
     """(batch size, sequence length) read from the inputs: dim 0 of the first tensor; dim 1 of the
     first integer tensor with >= 2 dims (else of the first tensor with >= 2 dims)."""
-    leaves = [t for t in pytree.tree_leaves(_plain(inputs)) if isinstance(t, torch.Tensor)]
+    from ..caller import dataclasses_flattened
+
+    with dataclasses_flattened(inputs):  # (a Planner reads them when it is made, outside its methods' own)
+        leaves = [t for t in pytree.tree_leaves(_plain(inputs)) if isinstance(t, torch.Tensor)]
     batch = next((t.shape[0] for t in leaves if t.ndim >= 1), None)
     two = [t for t in leaves if t.ndim >= 2]
     ints = [t for t in two if not t.is_floating_point()]
