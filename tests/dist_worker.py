@@ -3,7 +3,7 @@
 Run as ``python tests/dist_worker.py RANK WORLD_SIZE INIT_FILE OUT_JSON CONFIG_JSON``; the test
 starts one process per rank.  ``CONFIG_JSON``: ``{"cases": [{"name", "model": "gpt" | "llama",
 "config": {...}, "batch", "seq", "runs": [{"id", "strategy": "ddp" | "fsdp", "precision": "fp32" |
-"bf16-mixed" | "fsdp-bf16", "checkpoint": bool, "tp": int, "sp": bool, "lp": bool, "reshard": bool,
+"bf16-mixed" | "fsdp-bf16", "checkpoint": bool, "tp": int, "sp": bool, "lp": bool, "reshard": bool | int,
 "accum": int, "f8": "tensorwise" | "all-gather", "cp": int, "ep": int}]}]}``; ``"model": "mixtral"``:
 transformers' Mixtral with balanced routing (tests/moe_worker.py), ``ep`` > 1: torchtitan's expert parallelism.
 Independent of estimator's code: nothing from ``estimator`` is imported here; the tensor-parallel
@@ -435,7 +435,8 @@ def run_one(case: dict, run: dict, world: int) -> dict:
 
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if run["precision"] == "fsdp-bf16" \
                 else MixedPrecisionPolicy()
-            keep = {} if run.get("reshard", True) else {"reshard_after_forward": False}
+            reshard = run.get("reshard", True)  # (an int: resharded to groups of that many ranks)
+            keep = {} if reshard is True else {"reshard_after_forward": reshard}
             if ep > 1:
                 shard_experts(experts, ep_region["efsdp"], ep, policy, in_place_reduce_scatter)
             units = [m for m in model.modules() if isinstance(m, block_cls)] + [model]

@@ -49,6 +49,11 @@ def parse_count(text: str) -> float:
     return value
 
 
+def _reshard(text: str) -> bool | int:
+    """true/false, or a number of ranks >= 2 (FSDP2's int: resharded to groups of that many after forward)."""
+    return int(text) if text.strip().isdigit() and int(text) >= 2 else _bool(text)
+
+
 def _bool(text: str) -> bool:
     low = text.strip().lower()
     if low in ("true", "1", "yes"):
@@ -199,10 +204,10 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--inter-node", metavar="LINK",
                    help="link between nodes, per GPU (each GPU's share of its node's NICs); default from the "
                         "GPU (A100: ib-hdr, H100: ib-ndr), e.g. --inter-node ib-ndr")
-    p.add_argument("--reshard-after-forward", type=_bool, default=None, metavar="BOOL",
-                   help="FSDP: free gathered parameters after forward (true, ZeRO-3-like) or keep them for "
-                        "backward (false, ZeRO-2-like) (default: true, false with --pp as torchtitan's default "
-                        "policy), e.g. --reshard-after-forward false")
+    p.add_argument("--reshard-after-forward", type=_reshard, default=None, metavar="BOOL|N",
+                   help="FSDP: free gathered parameters after forward (true, ZeRO-3-like), keep them for backward "
+                        "(false, ZeRO-2-like) or reshard them to groups of N ranks (default: true, false with --pp "
+                        "as torchtitan's default policy), e.g. --reshard-after-forward false")
     p.add_argument("--rank", type=int, default=0, metavar="R",
                    help="the rank whose memory is planned (default: 0, which holds the most rows of unevenly "
                         "split tensors), e.g. --rank 7")

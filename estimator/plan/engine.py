@@ -257,7 +257,8 @@ def build(model: torch.nn.Module, layout: Layout, precision: PlanPrecision, unit
         dp_mesh = data_parallel_mesh(mesh, layout)
         policy = MixedPrecisionPolicy(param_dtype=precision.param_dtype, reduce_dtype=precision.reduce_dtype)
         modules = dict(m.named_modules())
-        keep = {} if layout.reshards_after_forward else {"reshard_after_forward": False}
+        raf = layout.reshards_after_forward  # (an int: resharded to groups of that many ranks; 1 is False, as FSDP2)
+        keep = {} if raf is True else {"reshard_after_forward": False if raf in (False, 1) else raf}
         if not experts:
             placement, said = dense_expert_placement(m, layout.shard * layout.cp)
             if placement is not None:

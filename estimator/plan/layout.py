@@ -53,7 +53,8 @@ class Layout:
     sequence_parallel: bool = False
     gpus_per_node: int = 8
     rank: int = 0  # global rank traced (0 holds the most real rows of every unevenly split dimension)
-    reshard_after_forward: bool | None = None  # None: torchtitan's "default" policy, True unless pp > 1
+    # None: torchtitan's "default" policy, True unless pp > 1; an int: FSDP2 reshards to groups of that many ranks
+    reshard_after_forward: bool | int | None = None
     offload: str | None = None
     loss_parallel: bool = False  # the head's logits kept vocabulary-sharded, the loss under loss_parallel()
     pp: int = 1  # pipeline stages (estimator.plan.pipeline); the data-parallel ranks are gpus / (tp x cp x pp)
@@ -66,7 +67,7 @@ class Layout:
     etp: int = 1  # experts' tensor-parallel degree (torchtitan's expert_tensor_parallel_degree): 1 or tp
 
     @property
-    def reshards_after_forward(self) -> bool:
+    def reshards_after_forward(self) -> bool | int:
         """FSDP2's ``reshard_after_forward``: as asked, else torchtitan's default (``fsdp_reshard_after_forward =
         "default"``: not under pipeline parallelism, where each micro-batch would gather the stage again)."""
         return self.pp == 1 if self.reshard_after_forward is None else self.reshard_after_forward
@@ -198,6 +199,9 @@ def check_layout(layout: Layout, precision: PlanPrecision) -> None:
             raise UserError(f"{flag} takes a whole number, not {value!r} ({type(value).__name__})")
     if s not in STRATEGIES:
         raise UserError(f"unknown strategy {s!r}; choose one of {', '.join(STRATEGIES)}")
+    raf = layout.reshard_after_forward
+    if raf is not None and not isinstance(raf, bool) and (not isinstance(raf, int) or raf < 1):
+        raise UserError(f"reshard_after_forward takes True, False or a number of ranks >= 1 (FSDP2's), not {raf!r}")
     if gpus < 1:
         raise UserError(f"--gpus must be >= 1, not {gpus}")
     if tp < 1:
