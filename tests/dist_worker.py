@@ -429,7 +429,7 @@ def run_one(case: dict, run: dict, world: int) -> dict:
         if run["strategy"] == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
-            wrapped = DistributedDataParallel(model)
+            wrapped = DistributedDataParallel(model, gradient_as_bucket_view=run.get("bucket_view", False))
         else:
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 

@@ -239,6 +239,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reduce-dtype", choices=("fp32", "bf16", "fp16"),
                    help="with --precision fsdp-*: MixedPrecisionPolicy's reduce_dtype (default: the param dtype), "
                         "e.g. --reduce-dtype fp32")
+    p.add_argument("--gradient-as-bucket-view", action="store_true",
+                   help="ddp: DistributedDataParallel(gradient_as_bucket_view=True), the gradients views into its "
+                        "all-reduce buckets (no copy of their own), e.g. --strategy ddp --gradient-as-bucket-view")
     p.add_argument("--grad-sync", choices=("last", "every"),
                    help="with --grad-accum: the data-parallel engine syncs the gradients on the last micro-batch "
                         "(default: DDP's no_sync, FSDP2's set_requires_gradient_sync) or after every one (Composer's "
@@ -266,6 +269,9 @@ def _refuse_unused(args: argparse.Namespace) -> None:
     if args.reshard_after_forward is not None and (args.compare or not strategies & {"fsdp", "hsdp"}):
         raise UserError("--reshard-after-forward is FSDP2's choice for one plan: use --strategy fsdp or hsdp without "
                         "--compare")
+    if args.gradient_as_bucket_view and (args.compare or strategies != {"ddp"}):
+        raise UserError("--gradient-as-bucket-view is DistributedDataParallel's option for one plan: use --strategy "
+                        "ddp without --compare")
     if args.grad_sync is not None and (args.grad_accum or 1) == 1:
         raise UserError("--grad-sync says when gradient accumulation syncs the gradients: add --grad-accum N (N > 1)")
     if args.checkpoint_policy != "full" and not args.checkpoint and not args.compare:  # (--compare: its rows')
@@ -330,7 +336,8 @@ def run_plan(args: argparse.Namespace) -> int:
                                   pp_schedule=args.pp_schedule, microbatches=args.microbatches,
                                   cp_rotate=args.cp_rotate, checkpoint=args.checkpoint or None, offload=args.offload,
                                   solve=("batch", *args.solve), reshard_after_forward=args.reshard_after_forward,
-                                  rank=args.rank, etp=args.etp, **one, **budget)
+                                  rank=args.rank, etp=args.etp, **one, **budget,
+                                  gradient_as_bucket_view=args.gradient_as_bucket_view)
         progress.set("writing the plan")
         if fmt == "json":
             text = json.dumps(result.to_dict(), indent=2)

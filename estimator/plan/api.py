@@ -30,7 +30,7 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
          checkpoint_policy: Any = "full", replicate: bool = True, compile: Any = None, float8: Any = None,
          float8_all_gather: bool = False, etp: int = 1, lora: Any = None, quantize: str | None = None,
          clip_grad_norm: float | None = None, ema: float | None = None, zero_grad: str = "after_step",
-         grad_sync: str = "last") -> Plan:
+         grad_sync: str = "last", gradient_as_bucket_view: bool = False) -> Plan:
     """Plan a training step of ``model`` on ``gpus`` GPUs called ``gpu`` with ``strategy``.
 
     ``inputs`` are one GPU's micro-batch.  ``ddp``, ``fsdp`` and ``hsdp`` (with ``tp`` tensor
@@ -48,7 +48,8 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
     ``pp`` pipeline ranks with ``pp_schedule`` (``"gpipe"``, ``"1f1b"``, or ``"interleaved-1f1b"`` and ``"zbv"``
     with two stages per rank) over ``microbatches`` micro-batches (0: one sample each): each stage traced, the
     rank with the highest peak reported (:mod:`estimator.plan.pipeline`).  ``reshard_after_forward`` (FSDP2):
-    None is torchtitan's default policy (True, False under ``pp``).  ``cp``: context-parallel ranks per sequence,
+    None is torchtitan's default policy (True, False under ``pp``), or a number of ranks to reshard to.
+    ``gradient_as_bucket_view`` (DDP's): the gradients are views into its all-reduce buckets.  ``cp``: context-parallel ranks per sequence,
     attention as torch's ring attention with the ``cp_rotate`` key/value exchange (``"allgather"`` or
     ``"alltoall"``; :mod:`estimator.plan.context`).  ``ep``: expert-parallel ranks per mixture-of-experts layer
     (fsdp or hsdp; all-to-all dispatch, balanced routing assumed; :mod:`estimator.plan.expert`); ``etp`` (with ``ep``
@@ -87,7 +88,7 @@ def plan(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU, gpus: int = 1, 
                         ep=ep, etp=etp, checkpoint=checkpoint,
                         offload=offload, tokens=tokens, samples=samples, steps=steps, mfu=mfu, solve=solve,
                         reshard_after_forward=reshard_after_forward, rank=rank, confirm=confirm,
-                        solve_unfit=solve_unfit)
+                        solve_unfit=solve_unfit, gradient_as_bucket_view=gradient_as_bucket_view)
 
 
 def compare(model: torch.nn.Module, inputs: Any, *, gpu: str | GPU | Sequence[str | GPU],

@@ -422,7 +422,8 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
                     from torch.nn.parallel import DistributedDataParallel
 
                     kwargs = {"device_mesh": ddp_mesh} if ddp_mesh is not None else {}
-                    call = DistributedDataParallel(m, init_sync=False, **kwargs)
+                    call = DistributedDataParallel(m, init_sync=False, **kwargs,
+                                                   gradient_as_bucket_view=layout.gradient_as_bucket_view)
                     call.register_comm_hook(None, _ddp_allreduce_hook(layout.grad_group))
             return m, call
 

@@ -65,6 +65,7 @@ class Layout:
     ep: int = 1  # ranks sharing a layer's experts (estimator.plan.expert), borrowed from the sharded ranks x cp
     async_tp: bool = False  # torch.compile's micro-pipelined TP: sequence parallelism's collectives inside the matmuls
     etp: int = 1  # experts' tensor-parallel degree (torchtitan's expert_tensor_parallel_degree): 1 or tp
+    gradient_as_bucket_view: bool = False  # DDP option: the gradients are views into its all-reduce buckets
 
     @property
     def reshards_after_forward(self) -> bool | int:
@@ -199,6 +200,8 @@ def check_layout(layout: Layout, precision: PlanPrecision) -> None:
             raise UserError(f"{flag} takes a whole number, not {value!r} ({type(value).__name__})")
     if s not in STRATEGIES:
         raise UserError(f"unknown strategy {s!r}; choose one of {', '.join(STRATEGIES)}")
+    if layout.gradient_as_bucket_view and layout.strategy != "ddp":
+        raise UserError("--gradient-as-bucket-view is DistributedDataParallel's option: use --strategy ddp")
     raf = layout.reshard_after_forward
     if raf is not None and not isinstance(raf, bool) and (not isinstance(raf, int) or raf < 1):
         raise UserError(f"reshard_after_forward takes True, False or a number of ranks >= 1 (FSDP2's), not {raf!r}")

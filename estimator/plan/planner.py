@@ -412,7 +412,7 @@ class Planner:
              solve: Sequence[str] | str = ("batch",), reshard_after_forward: bool | None = None, rank: int = 0,
              confirm: bool = True, gpu: str | GPU | None = None, solve_unfit: bool = False,
              loss_parallel: bool = False, async_tp: bool = False, pp: int = 1, pp_schedule: str = "1f1b",
-             microbatches: int = 0,
+             microbatches: int = 0, gradient_as_bucket_view: bool = False,
              cp: int = 1, cp_rotate: str = "allgather", ep: int = 1, suggest: bool = True, etp: int = 1) -> Plan:
         """One plan (:func:`plan`).  The largest micro-batch, and the longest sequence when ``solve`` asks, are
         searched whether the given size fits or not (``solve_unfit``: no effect, kept for callers); a plan that does not fit
@@ -421,7 +421,7 @@ class Planner:
         target = self.gpu if gpu is None else (gpu if isinstance(gpu, GPU) else lookup(gpu))
         layout = Layout(strategy.lower(), gpus, tp, sequence_parallel, self.gpus_per_node, rank,
                         reshard_after_forward, offload, loss_parallel, pp, str(pp_schedule).lower(),
-                        microbatches or 0, cp, str(cp_rotate).lower(), ep, async_tp, etp)
+                        microbatches or 0, cp, str(cp_rotate).lower(), ep, async_tp, etp, gradient_as_bucket_view)
         check_layout(layout, self.precision)
         check_finetune(layout, *self.finetune)
         if async_tp and self.options.compile is None:
