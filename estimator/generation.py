@@ -161,6 +161,8 @@ def trace_generation(model, inputs: Any, options: StepOptions, *, prompt_len: in
     from .capture.generate import check_generative
 
     check_generative(model)  # (an encoder-decoder's inputs are not a prompt: say what the model is first)
+    kv_cache, cache_note = _configured_cache(model, kv_cache)
+    padding_note = _padding_note(inputs)
     prompt, p = prompt_inputs(inputs, prompt_len)
     stages: dict[str, GenerationStage] = {}
     last = None
@@ -196,8 +198,35 @@ def trace_generation(model, inputs: Any, options: StepOptions, *, prompt_len: in
                           stages=stages, binding=binding,
                           query_heads=getattr(model.config.get_text_config(decoder=True), "num_attention_heads", None))
     b = stages[binding]
-    b.capture.assumptions.extend(n for n in [_search_note(model)] if n and n not in b.capture.assumptions)
+    b.capture.assumptions.extend(n for n in [_search_note(model), cache_note, padding_note]
+                                 if n and n not in b.capture.assumptions)
     return b.capture, b.tally, b.memory, data
+
+
+def _configured_cache(model: Any, kv_cache: str) -> tuple[str, str | None]:
+    """The cache a bare ``generate()`` builds: the model's ``generation_config.cache_implementation`` (a checkpoint
+    may ship "static") where ``kv_cache`` is the default; sized with a DynamicCache it read 0.93x a real run's
+    peaks. And the note saying so."""
+    asked = getattr(getattr(model, "generation_config", None), "cache_implementation", None)
+    if kv_cache != "dynamic" or asked not in ("static", "offloaded_static"):
+        return kv_cache, None
+    return "static", (f"the model's generation_config asks for cache_implementation={asked!r}, which a bare "
+                      f"generate() builds: sized with a StaticCache" + (" (offloaded: its layers are on the host "
+                      "between uses, counted here on the GPU)" if asked == "offloaded_static" else "")
+                      + "; set generation_config.cache_implementation = None for the DynamicCache")
+
+
+def _padding_note(inputs: Any) -> str | None:
+    """A note where the given ``attention_mask`` pads some prompts (left padding): the prompt is sized unpadded,
+    without the 4-D mask transformers builds once a position is masked (batch x P^2 bytes at the prefill)."""
+    import torch
+
+    mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
+    if not isinstance(mask, torch.Tensor) or mask.device.type == "meta" or mask.ndim != 2 or bool(mask.all()):
+        return None
+    b, p = mask.shape
+    return (f"the attention_mask pads some prompts: sized unpadded (generate() then builds a {b} x 1 x {p} x {p} mask, "
+            f"{b * p * p:,} bytes in bool, and attention may take a slower path), so the prefill's peak may read low")
 
 
 def _search_note(model: Any) -> str | None:
@@ -210,7 +239,13 @@ def _search_note(model: Any) -> str | None:
                 f"runs: sized here as greedy search (one sequence per prompt); beam search holds {beams} sequences "
                 f"and their caches per prompt (about {beams}x the cache), pass num_beams=1 to generate() for this "
                 f"figure")
+    sequences = getattr(config, "num_return_sequences", 1) or 1
+    if sample and sequences > 1:
+        return (f"the model's generation_config asks for sampling with num_return_sequences={sequences}: sized as "
+                f"greedy search of one sequence per prompt; generate() expands the batch {sequences}x (about "
+                f"{sequences}x the cache and the logits), pass num_return_sequences=1 for this figure")
     if sample:
         return ("the model's generation_config asks for sampling (do_sample=True): sized as greedy search, whose "
-                "cache and logits are the same; sampling adds the logits' softmax and top-k/top-p temporaries")
+                "cache and logits are the same; sampling adds the logits' softmax and top-k/top-p temporaries (each "
+                "a batch x vocabulary array in fp32)")
     return None

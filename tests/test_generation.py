@@ -233,6 +233,37 @@ def test_a_generation_config_asking_for_beams_is_said():
     assert any("num_beams=4" in a for a in r.capture.assumptions)
 
 
+def test_a_generation_config_asking_for_a_static_cache_is_sized_with_it():
+    """A checkpoint's generation_config may ask for cache_implementation="static", which a bare generate() builds:
+    the estimate sized a DynamicCache (0.93x of a real run's peaks) and said nothing. The real run here is generate()
+    with the static cache."""
+    prefill, decode = _live_generate("llama_gqa", "static", torch.float32)
+    model = _model("llama_gqa", real=False)
+    model.generation_config.cache_implementation = "static"
+    r = estimate(model, {"input_ids": torch.zeros(B, P, dtype=torch.int64, device="meta")}, device="cpu",
+                 mode="generate", new_tokens=N)
+    g = r.generation
+    assert g.stages["prefill"].peak == pytest.approx(prefill, rel=0.01), (g.stages["prefill"].peak, prefill)
+    assert g.stages["decode"].peak == pytest.approx(decode, rel=0.01), (g.stages["decode"].peak, decode)
+    assert any("cache_implementation='static'" in a for a in r.capture.assumptions)
+
+
+def test_what_greedy_sizing_leaves_out_is_said():
+    """Sampling with num_return_sequences > 1 expands the batch (a real run's cache 3x): the note said the cache was
+    the same as greedy search's. A left-padded prompt (a mask with zeros) makes generate() build a 4-D mask the
+    unpadded sizing leaves out (a real prefill +3.6 %): said."""
+    model = _model("gpt2", real=False)
+    model.generation_config.do_sample, model.generation_config.num_return_sequences = True, 3
+    ids = torch.zeros(B, P, dtype=torch.int64, device="meta")
+    r = estimate(model, {"input_ids": ids}, device="cpu", mode="generate", new_tokens=N)
+    assert any("num_return_sequences=3" in a and "3x the cache" in a for a in r.capture.assumptions)
+    mask = torch.ones(B, P, dtype=torch.int64)
+    mask[0, :3] = 0
+    padded = estimate(_model("gpt2", real=False), {"input_ids": ids, "attention_mask": mask}, device="cpu",
+                      mode="generate", new_tokens=N)
+    assert any("pads some prompts" in a for a in padded.capture.assumptions)
+
+
 def test_inference_feeds_no_labels_so_the_peak_is_not_the_loss(capsys):
     import json
 
