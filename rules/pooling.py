@@ -314,6 +314,12 @@ def register_inductor_prims() -> None:
         op = _prims_op(name)
         if op is not None and lookup(op) is None:
             register(op, kind=OTHER)(rule)
+    # the random draws of a compiled graph's dropout (Inductor's seeds and its random prims): drawing, as
+    # aten's rand and bernoulli, is not arithmetic (rules/zero.py)
+    for name in ("inductor_seeds", "inductor_lookup_seed", "inductor_random", "inductor_randint"):
+        op = _prims_op(name)
+        if op is not None and lookup(op) is None:
+            register_zero(op)
 
 
 register_late("prims", register_inductor_prims)
