@@ -79,3 +79,22 @@ def test_the_models_own_timeout_error_is_still_a_one_line_user_error():
     with pytest.raises(UserError, match="forward pass failed.*TimeoutError: the model's") as info:
         estimate(Raises(TimeoutError("the model's")), torch.randn(2, 8), device="cpu")
     assert "\n" not in str(info.value)
+
+
+def test_an_extension_whose_ops_do_not_load_is_said_so():
+    """torchvision's PyPI wheel beside a CPU torch cannot load its C++ ops (nms, roi_align): the real step fails as
+    the estimate does, and the hint said to check the input shapes and dtypes. It names the cause now."""
+    from estimator import estimate
+
+    class Detector(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            raise RuntimeError("Couldn't load custom C++ ops. This can happen if your PyTorch and torchvision versions "
+                               "are incompatible")
+
+    with pytest.raises(UserError, match="do not load with this torch, in a real step too") as info:
+        estimate(Detector(), torch.randn(2, 4), device="cpu")
+    assert "input shapes" not in str(info.value)

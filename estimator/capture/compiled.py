@@ -154,7 +154,7 @@ def _compiled_functions_called(called: list[str]) -> Iterator[None]:
         if callback not in (False, None):
             fn = sys._getframe(1).f_locals.get("fn")
             module = getattr(fn, "__module__", None) or ""
-            if fn is not None and not module.startswith("torch"):
+            if fn is not None and module.split(".")[0] != "torch":  # (torchvision's own are named)
                 called.append(getattr(fn, "__qualname__", None) or type(fn).__name__)
         return original(callback)
 

@@ -129,6 +129,9 @@ def _view_hint(first: str) -> str | None:
     autograd refuses to modify in place, so the real step under tensor parallelism fails at the same op."""
     if "derivative for" in first and "is not implemented" in first:  # autograd's own refusal, as in a real step
         return "PyTorch has no gradient for that op and input: the real step fails the same way (detach the input)"
+    if "Couldn't load custom C++ ops" in first:  # (torchvision's wheel built for another torch: the real step too)
+        return ("the extension's C++ ops do not load with this torch, in a real step too: install the build made for "
+                "it (for torchvision beside a CPU torch, see docs/install.md)")
     if "_ToTorchTensor" in first and "inplace" in first:
         return ("the model modifies a tensor-parallel layer's output in place, which autograd refuses on DTensor's "
                 "to_local() view in a real run too: plan it without --tp (or change that op to out-of-place)")
