@@ -399,7 +399,6 @@ def trace_engine(model: torch.nn.Module, inputs: Any, layout: Layout, precision:
     with fake_world(layout.gpus, layout.rank):
         import torch.distributed.fsdp  # noqa: F401  (defines FSDP2's ops)
         from ..rules.distributed import register_distributed as register
-
         register()
         mesh = _mesh(layout)
         stream_names: dict[int, str] = {}  # id of an FSDP2 stream -> its name (see fsdp_streams)
